@@ -1,0 +1,592 @@
+//! `SegmentPool`: the single owner of mounted Memory, CXL and NoF regions.
+//!
+//! Layout (the segment-pool RFC's target): a [`MountedRegionCatalog`] (by id, name, client, status), a
+//! [`PlacementIndex`] (allocatable segments with non-owning references to their resources) and a
+//! [`RegionDriverRegistry`] (the owners of physical resources), all behind one pool `RwLock`.
+//!
+//! * Mount is a transaction: driver prepare → validate catalog → driver commit → publish. Every fallible step
+//!   precedes the first mutation, so a failed mount changes nothing.
+//! * Unmount is two-phase: [`SegmentPool::deactivate`] (instantly unallocatable and every replica unreadable) →
+//!   the caller's metadata sweep, with no pool lock held → [`SegmentPool::erase`].
+//! * Allocation runs under the *shared* lock ([`PlacementAccess`]) from policy selection through the allocator
+//!   call, and deactivation needs the *exclusive* lock: an allocation can never land in a deactivated region.
+//!
+//! Lock order: pool lock → a region's allocator mutex (CXL: binding set → window). Buffer release takes only the
+//! allocator mutex, never the pool lock.
+
+mod catalog;
+mod driver;
+mod index;
+mod resource;
+mod snapshot;
+
+pub use catalog::MountedRegionCatalog;
+pub use driver::{CxlDriver, OwnAllocatorDriver, PreparedRegion, RegionAllocState, RegionDriver, RegionDriverRegistry};
+pub use index::{PlacementGroup, PlacementIndex};
+pub use resource::{AllocatedBuffer, RegionResource, RegionUsage};
+
+use crate::alloc::{AllocError, Allocation};
+use crate::clock::Timestamp;
+use catalog::MountedRegion;
+use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+
+/// Why a pool operation failed. Each maps to one wire [`ErrorCode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// The segment's shape is invalid for its medium.
+    #[error("invalid segment: {0}")]
+    InvalidSpec(String),
+    /// The id is mounted with different fields or by another client.
+    #[error("segment {0} is already mounted with different parameters or by another client")]
+    ConflictingMount(SegmentId),
+    /// The operation is not allowed in the segment's current status.
+    #[error("segment {id} is {status:?}")]
+    UnavailableInStatus {
+        /// The segment.
+        id: SegmentId,
+        /// Its status.
+        status: SegmentStatus,
+    },
+    /// No such segment (or the client owns none).
+    #[error("segment not found")]
+    NotFound,
+    /// The client does not own the segment.
+    #[error("segment {0} is not owned by this client")]
+    NotOwner(SegmentId),
+    /// A live NoF segment already serves this endpoint.
+    #[error("a NoF segment already serves endpoint {0}")]
+    DuplicateEndpoint(String),
+    /// CXL segments need a configured device window.
+    #[error("CXL is not enabled on this master")]
+    CxlDisabled,
+    /// Restore needs an empty pool.
+    #[error("restore needs an empty pool")]
+    NotEmpty,
+    /// The snapshot payload is damaged or inconsistent; nothing was adopted.
+    #[error("corrupt segment pool snapshot: {0}")]
+    CorruptSnapshot(String),
+    /// A restored allocation was not found or does not match.
+    #[error("no restored allocation at segment {0} offset {1} with that size")]
+    NoRestoredAllocation(SegmentId, u64),
+}
+
+impl PoolError {
+    /// The wire code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            PoolError::InvalidSpec(_) | PoolError::ConflictingMount(_) | PoolError::NotOwner(_) => {
+                ErrorCode::InvalidParams
+            }
+            PoolError::UnavailableInStatus { .. } | PoolError::NotEmpty => ErrorCode::UnavailableInCurrentStatus,
+            PoolError::NotFound => ErrorCode::SegmentNotFound,
+            PoolError::DuplicateEndpoint(_) => ErrorCode::SegmentAlreadyExists,
+            PoolError::CxlDisabled => ErrorCode::UnavailableInCurrentMode,
+            PoolError::CorruptSnapshot(_) => ErrorCode::DeserializeFail,
+            PoolError::NoRestoredAllocation(..) => ErrorCode::InvalidReplica,
+        }
+    }
+}
+
+/// Pool construction options.
+#[derive(Debug, Clone, Default)]
+pub struct PoolConfig {
+    /// Bytes of the CXL device window; `None` disables CXL mounts.
+    pub cxl_window: Option<u64>,
+}
+
+/// What a mount did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountOutcome {
+    /// The segment is new and now allocatable.
+    Mounted,
+    /// The identical segment was already mounted; nothing changed.
+    AlreadyMounted,
+}
+
+/// What a remount did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemountReport {
+    /// Segments mounted by this call.
+    pub mounted: Vec<SegmentId>,
+    /// Segments that were already mounted (e.g. restored from a snapshot) and are re-adopted as they are.
+    pub readopted: Vec<SegmentId>,
+}
+
+/// A segment that has been deactivated and awaits erase: the handle the metadata sweep works with.
+#[derive(Debug, Clone)]
+pub struct DeactivatedRegion {
+    /// The segment's description.
+    pub spec: Arc<SegmentSpec>,
+    /// Its owner.
+    pub client: ClientId,
+    /// Accounting frozen at deactivation.
+    pub usage: RegionUsage,
+    resource: Weak<RegionResource>,
+}
+
+impl DeactivatedRegion {
+    /// Whether `buf` lies in this region (the sweep drops such buffers).
+    pub fn holds(&self, buf: &AllocatedBuffer) -> bool {
+        buf.is_in(&self.resource)
+    }
+}
+
+/// A read-only view of one mounted segment.
+#[derive(Debug, Clone)]
+pub struct SegmentInfo {
+    /// The segment's description.
+    pub spec: Arc<SegmentSpec>,
+    /// Its owner.
+    pub client: ClientId,
+    /// Its status.
+    pub status: SegmentStatus,
+    /// Its space accounting.
+    pub usage: RegionUsage,
+    /// When a graceful unmount completes, if one is pending.
+    pub graceful_deadline: Option<Timestamp>,
+}
+
+/// Capacity and use summed over a set of regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    /// Σ capacity.
+    pub capacity: u64,
+    /// Σ requested bytes of live buffers.
+    pub used: u64,
+    /// Σ round-up slack.
+    pub slack: u64,
+}
+
+impl PoolUsage {
+    /// `(used + slack) / capacity`: the fraction of space that cannot be allocated (eviction watermark input).
+    pub fn used_ratio(&self) -> f64 {
+        if self.capacity == 0 { 0.0 } else { (self.used + self.slack) as f64 / self.capacity as f64 }
+    }
+}
+
+pub(crate) struct PoolState {
+    catalog: MountedRegionCatalog,
+    placement: PlacementIndex,
+    drivers: RegionDriverRegistry,
+    /// Restored allocations that the metadata restore has not re-bound yet.
+    pending_rebind: HashMap<SegmentId, HashMap<u64, Allocation>>,
+}
+
+impl PoolState {
+    fn new(config: &PoolConfig) -> Result<Self, PoolError> {
+        Ok(Self {
+            catalog: MountedRegionCatalog::default(),
+            placement: PlacementIndex::default(),
+            drivers: RegionDriverRegistry::new(config.cxl_window)?,
+            pending_rebind: HashMap::new(),
+        })
+    }
+
+    fn resource(&self, spec: &SegmentSpec) -> Option<&Arc<RegionResource>> {
+        self.drivers.driver(spec.kind).ok()?.resource(&spec.id)
+    }
+
+    /// Catalog-level checks for a new segment (the driver has already checked its shape).
+    fn validate_new(&self, spec: &SegmentSpec, batch: &[&SegmentSpec]) -> Result<(), PoolError> {
+        if spec.kind == SegmentKind::Nof {
+            // Retried mounts with a fresh id must not create a second segment over the same target.
+            let taken = self.catalog.iter().any(|(_, r)| {
+                r.spec.kind == SegmentKind::Nof && r.spec.endpoint == spec.endpoint && r.status.is_allocatable()
+            }) || batch.iter().any(|s| s.kind == SegmentKind::Nof && s.endpoint == spec.endpoint);
+            if taken {
+                return Err(PoolError::DuplicateEndpoint(spec.endpoint.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Driver commit + publish: infallible once `prepared` exists and validation passed.
+    fn commit_and_publish(
+        &mut self,
+        client: ClientId,
+        spec: SegmentSpec,
+        status: SegmentStatus,
+        deadline: Option<Timestamp>,
+        prepared: PreparedRegion,
+    ) -> Result<(), PoolError> {
+        self.drivers.driver_mut(spec.kind)?.commit(&prepared);
+        if status.is_allocatable() {
+            self.placement.add(&prepared.resource, &spec.host_id);
+        }
+        if !prepared.adopted.is_empty() {
+            self.pending_rebind.insert(spec.id, prepared.adopted);
+        }
+        self.catalog.insert(MountedRegion { spec: Arc::new(spec), client, status, graceful_deadline: deadline });
+        Ok(())
+    }
+
+    fn info(&self, r: &MountedRegion) -> SegmentInfo {
+        SegmentInfo {
+            spec: r.spec.clone(),
+            client: r.client,
+            status: r.status,
+            usage: self.resource(&r.spec).map(|x| x.usage()).unwrap_or_default(),
+            graceful_deadline: r.graceful_deadline,
+        }
+    }
+
+    /// Moves a segment to `status`, keeping the placement index equal to "status is OK".
+    fn transition(&mut self, id: &SegmentId, status: SegmentStatus, deadline: Option<Timestamp>) {
+        let Some(r) = self.catalog.get(id) else { return };
+        let spec = r.spec.clone();
+        let was_allocatable = r.status.is_allocatable();
+        if was_allocatable && !status.is_allocatable() {
+            self.placement.remove(spec.kind, &spec.name, id);
+        } else if !was_allocatable
+            && status.is_allocatable()
+            && let Some(res) = self.resource(&spec).cloned()
+        {
+            self.placement.add(&res, &spec.host_id);
+        }
+        self.catalog.set_status(id, status, deadline);
+    }
+}
+
+/// The owner of every mounted region. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct SegmentPool {
+    config: PoolConfig,
+    state: RwLock<PoolState>,
+}
+
+impl std::fmt::Debug for SegmentPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentPool").field("segments", &self.state.read().catalog.len()).finish()
+    }
+}
+
+impl SegmentPool {
+    /// An empty pool.
+    pub fn new(config: PoolConfig) -> Result<Self, PoolError> {
+        let state = PoolState::new(&config)?;
+        Ok(Self { config, state: RwLock::new(state) })
+    }
+
+    /// Mounts a segment for `client`. Mounting the identical segment again is OK ([`MountOutcome::AlreadyMounted`]);
+    /// the same id with other fields or another owner is `INVALID_PARAMS`; an identical id in a non-OK status is
+    /// `UNAVAILABLE_IN_CURRENT_STATUS`.
+    pub fn mount(&self, client: ClientId, spec: SegmentSpec) -> Result<MountOutcome, PoolError> {
+        let mut st = self.state.write();
+        if let Some(existing) = st.catalog.get(&spec.id) {
+            if *existing.spec != spec || existing.client != client {
+                return Err(PoolError::ConflictingMount(spec.id));
+            }
+            if !existing.status.is_allocatable() {
+                return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
+            }
+            return Ok(MountOutcome::AlreadyMounted);
+        }
+        let prepared = st.drivers.driver(spec.kind)?.prepare_open(&spec)?;
+        st.validate_new(&spec, &[])?;
+        st.commit_and_publish(client, spec, SegmentStatus::Ok, None, prepared)?;
+        Ok(MountOutcome::Mounted)
+    }
+
+    /// Re-mounts a client's segments after it was told `NEED_REMOUNT` (e.g. after a master restart). Segments
+    /// already mounted must match exactly and belong to `client`; they are re-adopted as they are. The rest are
+    /// mounted. All or nothing: any invalid segment fails the whole call and changes nothing.
+    pub fn remount(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<RemountReport, PoolError> {
+        let mut st = self.state.write();
+        let mut report = RemountReport::default();
+        let mut fresh: Vec<&SegmentSpec> = Vec::new();
+        let mut seen = HashSet::new();
+        for spec in specs {
+            if !seen.insert(spec.id) {
+                return Err(PoolError::InvalidSpec(format!("segment {} listed twice", spec.id)));
+            }
+            match st.catalog.get(&spec.id) {
+                Some(existing) => {
+                    if existing.client != client || *existing.spec != *spec {
+                        return Err(PoolError::ConflictingMount(spec.id));
+                    }
+                    if existing.status == SegmentStatus::Unmounting {
+                        return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
+                    }
+                    report.readopted.push(spec.id);
+                }
+                None => fresh.push(spec),
+            }
+        }
+        let mut prepared = Vec::with_capacity(fresh.len());
+        for (i, spec) in fresh.iter().enumerate() {
+            let p = st.drivers.driver(spec.kind)?.prepare_open(spec)?;
+            st.validate_new(spec, &fresh[..i])?;
+            prepared.push(p);
+        }
+        for (spec, p) in fresh.into_iter().zip(prepared) {
+            report.mounted.push(spec.id);
+            st.commit_and_publish(client, spec.clone(), SegmentStatus::Ok, None, p)?;
+        }
+        Ok(report)
+    }
+
+    /// Phase 1 of unmount: the segment leaves the placement index and every buffer on it becomes unreadable, at
+    /// once. Unknown id → `Ok(None)`. Already deactivated → `UNAVAILABLE_IN_CURRENT_STATUS`.
+    pub fn deactivate(&self, id: SegmentId) -> Result<Option<DeactivatedRegion>, PoolError> {
+        let mut st = self.state.write();
+        let Some(r) = st.catalog.get(&id) else { return Ok(None) };
+        if r.status == SegmentStatus::Unmounting {
+            return Err(PoolError::UnavailableInStatus { id, status: r.status });
+        }
+        let (spec, client) = (r.spec.clone(), r.client);
+        st.transition(&id, SegmentStatus::Unmounting, None);
+        let resource = st.resource(&spec).cloned();
+        let usage = resource.as_ref().map(|x| x.usage()).unwrap_or_default();
+        if let Some(res) = &resource {
+            res.deactivate();
+        }
+        st.pending_rebind.remove(&id);
+        let resource = resource.as_ref().map(Arc::downgrade).unwrap_or_default();
+        tracing::info!(segment = %id, name = %spec.name, "segment deactivated");
+        Ok(Some(DeactivatedRegion { spec, client, usage, resource }))
+    }
+
+    /// Phase 3 of unmount: forgets a deactivated segment and drops its resource. Unknown id → OK.
+    pub fn erase(&self, id: SegmentId) -> Result<(), PoolError> {
+        let dropped = {
+            let mut st = self.state.write();
+            let Some(r) = st.catalog.get(&id) else { return Ok(()) };
+            if r.status != SegmentStatus::Unmounting {
+                return Err(PoolError::UnavailableInStatus { id, status: r.status });
+            }
+            let kind = r.spec.kind;
+            st.catalog.remove(&id);
+            st.drivers.driver_mut(kind)?.erase(&id)
+        };
+        // The allocator (possibly large) is freed here, outside the pool lock.
+        drop(dropped);
+        Ok(())
+    }
+
+    /// Full unmount: deactivate → `sweep` (no pool lock held) → erase. Unknown id → `Ok(None)`.
+    pub fn unmount(
+        &self,
+        id: SegmentId,
+        sweep: impl FnOnce(&DeactivatedRegion),
+    ) -> Result<Option<DeactivatedRegion>, PoolError> {
+        let Some(d) = self.deactivate(id)? else { return Ok(None) };
+        sweep(&d);
+        self.erase(id)?;
+        Ok(Some(d))
+    }
+
+    /// Graceful unmount: the segment stays readable but unallocatable until `deadline`, when
+    /// [`SegmentPool::due_graceful_unmounts`] reports it for a full unmount. Only the owner may ask; asking again is
+    /// OK and keeps the first deadline.
+    pub fn graceful_unmount(&self, id: SegmentId, client: ClientId, deadline: Timestamp) -> Result<(), PoolError> {
+        let mut st = self.state.write();
+        if st.catalog.ids_for_client(&client).is_empty() {
+            return Err(PoolError::NotFound);
+        }
+        let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
+        if r.client != client {
+            return Err(PoolError::NotOwner(id));
+        }
+        match r.status {
+            SegmentStatus::GracefullyUnmounting => Ok(()),
+            SegmentStatus::Ok | SegmentStatus::Draining => {
+                st.transition(&id, SegmentStatus::GracefullyUnmounting, Some(deadline));
+                Ok(())
+            }
+            status => Err(PoolError::UnavailableInStatus { id, status }),
+        }
+    }
+
+    /// Segments whose graceful deadline has passed, earliest deadline first.
+    pub fn due_graceful_unmounts(&self, now: Timestamp) -> Vec<SegmentId> {
+        self.state.read().catalog.due_deadlines(now)
+    }
+
+    /// The earliest pending graceful deadline (for a scheduler to sleep until).
+    pub fn next_graceful_deadline(&self) -> Option<Timestamp> {
+        self.state.read().catalog.next_deadline()
+    }
+
+    /// Sets a drain-related status: `Ok`, `Draining` or `Drained`. Leaving `Ok` makes the segment unallocatable
+    /// (still readable); returning to `Ok` makes it allocatable again.
+    pub fn set_status(&self, id: SegmentId, status: SegmentStatus) -> Result<(), PoolError> {
+        if !matches!(status, SegmentStatus::Ok | SegmentStatus::Draining | SegmentStatus::Drained) {
+            return Err(PoolError::InvalidSpec(format!("status {status:?} cannot be set directly")));
+        }
+        let mut st = self.state.write();
+        let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
+        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting) {
+            return Err(PoolError::UnavailableInStatus { id, status: r.status });
+        }
+        st.transition(&id, status, None);
+        Ok(())
+    }
+
+    /// One segment.
+    pub fn segment(&self, id: SegmentId) -> Option<SegmentInfo> {
+        let st = self.state.read();
+        st.catalog.get(&id).map(|r| st.info(r))
+    }
+
+    /// Every mounted segment (any status), ordered by id.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let st = self.state.read();
+        let mut v: Vec<SegmentInfo> = st.catalog.iter().map(|(_, r)| st.info(r)).collect();
+        v.sort_by_key(|i| i.spec.id);
+        v
+    }
+
+    /// A client's segments.
+    pub fn client_segments(&self, client: ClientId) -> Vec<SegmentId> {
+        self.state.read().catalog.ids_for_client(&client)
+    }
+
+    /// Clients that own at least one mounted segment.
+    pub fn clients(&self) -> Vec<ClientId> {
+        self.state.read().catalog.clients()
+    }
+
+    /// Segments (any status) with this name.
+    pub fn segments_named(&self, name: &str) -> Vec<SegmentId> {
+        self.state.read().catalog.ids_for_name(name)
+    }
+
+    /// Segments in a status.
+    pub fn segments_with_status(&self, status: SegmentStatus) -> Vec<SegmentId> {
+        self.state.read().catalog.ids_with_status(status)
+    }
+
+    /// Whether the segment is in the placement index (receives new replicas). True exactly for status OK.
+    pub fn is_allocatable(&self, id: SegmentId) -> bool {
+        let st = self.state.read();
+        st.catalog.get(&id).is_some_and(|r| st.placement.contains(r.spec.kind, &r.spec.name, &id))
+    }
+
+    /// Number of mounted segments (any status).
+    pub fn len(&self) -> usize {
+        self.state.read().catalog.len()
+    }
+
+    /// Whether no segment is mounted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Capacity and use of the live (not deactivated) segments of one medium.
+    pub fn usage(&self, kind: SegmentKind) -> PoolUsage {
+        let st = self.state.read();
+        let mut u = PoolUsage::default();
+        for (_, r) in st.catalog.iter().filter(|(_, r)| r.spec.kind == kind && r.status.is_readable()) {
+            if let Some(res) = st.resource(&r.spec) {
+                let x = res.usage();
+                u.capacity += x.capacity;
+                u.used += x.used;
+                u.slack += x.slack;
+            }
+        }
+        u
+    }
+
+    /// Shared access for placement: holds the pool's shared lock until dropped, so no segment can be deactivated
+    /// between choosing a target and allocating from it.
+    pub fn placement_access(&self) -> PlacementAccess<'_> {
+        PlacementAccess { state: self.state.read() }
+    }
+
+    /// Re-binds a buffer restored from a snapshot (metadata restore). The allocation must exist at `offset` with
+    /// exactly `size` requested bytes, and each allocation can be re-bound once.
+    pub fn rebind_restored(&self, id: SegmentId, offset: u64, size: u64) -> Result<AllocatedBuffer, PoolError> {
+        let mut st = self.state.write();
+        let st = &mut *st;
+        let region = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
+        let resource = Arc::downgrade(st.resource(&region.spec).ok_or(PoolError::NotFound)?);
+        let pending = st.pending_rebind.get_mut(&id).ok_or(PoolError::NoRestoredAllocation(id, offset))?;
+        match pending.get(&offset) {
+            Some(a) if a.size() == size => {
+                let a = *a;
+                pending.remove(&offset);
+                Ok(AllocatedBuffer::from_parts(resource, a))
+            }
+            _ => Err(PoolError::NoRestoredAllocation(id, offset)),
+        }
+    }
+
+    /// Ends a restore: restored allocations nobody re-bound are freed (their objects did not survive). Returns
+    /// how many were freed.
+    pub fn finish_restore(&self) -> usize {
+        let orphans: Vec<AllocatedBuffer> = {
+            let mut st = self.state.write();
+            let st = &mut *st;
+            let mut out = Vec::new();
+            for (id, allocs) in st.pending_rebind.drain() {
+                let Some(r) = st.catalog.get(&id) else { continue };
+                let Some(res) = st.drivers.driver(r.spec.kind).ok().and_then(|d| d.resource(&id)) else { continue };
+                out.extend(allocs.into_values().map(|a| AllocatedBuffer::from_parts(Arc::downgrade(res), a)));
+            }
+            out
+        };
+        orphans.len()
+    }
+}
+
+/// The pool's shared lock, held for one placement decision (policy selection + allocator calls).
+pub struct PlacementAccess<'a> {
+    state: RwLockReadGuard<'a, PoolState>,
+}
+
+impl PlacementAccess<'_> {
+    /// Allocatable names of a group, in index order.
+    pub fn names(&self, group: PlacementGroup) -> &[Arc<str>] {
+        self.state.placement.group(group).names()
+    }
+
+    /// Whether `name` is allocatable in `group`.
+    pub fn has_name(&self, group: PlacementGroup, name: &str) -> bool {
+        !self.state.placement.group(group).targets(name).is_empty()
+    }
+
+    /// Allocatable names per host (host → names), for local-first ordering.
+    pub fn hosts(&self, group: PlacementGroup) -> impl Iterator<Item = (&Arc<str>, Vec<&Arc<str>>)> {
+        self.state.placement.group(group).hosts().iter().map(|(h, names)| (h, names.keys().collect()))
+    }
+
+    /// Free ratio of a name (Σ free / Σ capacity over its segments).
+    pub fn free_ratio(&self, group: PlacementGroup, name: &str) -> f64 {
+        let (mut cap, mut free) = (0u64, 0u64);
+        for t in self.state.placement.group(group).targets(name) {
+            if let Some(r) = t.resource.upgrade() {
+                let u = r.usage();
+                cap += u.capacity;
+                free += u.capacity.saturating_sub(u.used + u.slack);
+            }
+        }
+        if cap == 0 { 0.0 } else { free as f64 / cap as f64 }
+    }
+
+    /// Allocates `size` bytes from one segment named `name` (segments sharing a name are tried from a random
+    /// start, each once).
+    pub fn allocate_on(&self, group: PlacementGroup, name: &str, size: u64) -> Result<AllocatedBuffer, AllocError> {
+        let targets = self.state.placement.group(group).targets(name);
+        let n = targets.len();
+        let start = if n > 1 { fastrand::usize(..n) } else { 0 };
+        let mut last = AllocError::NoSpace { requested: size, largest_free: 0 };
+        for i in 0..n {
+            let Some(r) = targets[(start + i) % n].resource.upgrade() else { continue };
+            if !r.is_live() || !r.can_fit(size) {
+                continue;
+            }
+            match r.allocate(size) {
+                Ok(b) => return Ok(b),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The segment id behind a name, when exactly one segment carries it (tests and diagnostics).
+    pub fn segment_of(&self, group: PlacementGroup, name: &str) -> Vec<SegmentId> {
+        self.state.placement.group(group).targets(name).iter().map(|t| t.id).collect()
+    }
+}

@@ -1,0 +1,277 @@
+//! Physical region resources and the buffers allocated from them.
+//!
+//! A [`RegionResource`] is owned by its driver (strong `Arc`); the placement index and every
+//! [`AllocatedBuffer`] hold only `Weak` references. Deactivation flips `live` under the pool's write lock:
+//! from then on the region's buffers are unreadable and releasing them is a no-op, and since the pool has
+//! already removed the region from the placement index no allocation can reach it.
+
+use crate::alloc::{AllocError, Allocation, OffsetAllocator};
+use crescent_proto::{ReplicaLocation, SegmentId, SegmentKind};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Space accounting of one region, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegionUsage {
+    /// Bytes the region offers.
+    pub capacity: u64,
+    /// Σ requested sizes of live buffers (what replica descriptors say).
+    pub used: u64,
+    /// Bytes consumed beyond `used` by bin round-up.
+    pub slack: u64,
+    /// Largest single buffer that could be allocated now.
+    pub largest_free: u64,
+    /// Live buffers.
+    pub live_allocations: u64,
+    /// Successful allocations ever made in this region (monotonic).
+    pub allocations_total: u64,
+}
+
+impl RegionUsage {
+    /// `(capacity − used − slack) / capacity`, the free-ratio-first score.
+    pub fn free_ratio(&self) -> f64 {
+        if self.capacity == 0 {
+            return 0.0;
+        }
+        let free = self.capacity.saturating_sub(self.used).saturating_sub(self.slack);
+        free as f64 / self.capacity as f64
+    }
+}
+
+/// Where a region's allocations come from.
+#[allow(clippy::large_enum_variant)] // one per mounted region; boxing would add a hop on every allocation
+pub(crate) enum AllocationTarget {
+    /// Memory and NoF: the region owns one allocator over `[0, size)`.
+    Own(Mutex<OffsetAllocator>),
+    /// CXL: a logical binding onto the device-wide allocator. The binding tracks its live allocations so erasing
+    /// it returns their space to the shared window (dropping a binding frees nothing by itself).
+    CxlBinding { window: Arc<Mutex<OffsetAllocator>>, live: Mutex<HashMap<u64, Allocation>> },
+}
+
+/// One mounted region's physical resource: its allocation target and identity.
+pub struct RegionResource {
+    segment_id: SegmentId,
+    kind: SegmentKind,
+    name: Arc<str>,
+    endpoint: Arc<str>,
+    capacity: u64,
+    /// Published projection of the catalog status "not UNMOUNTING": cleared once, under the pool write lock.
+    live: AtomicBool,
+    target: AllocationTarget,
+}
+
+impl fmt::Debug for RegionResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionResource")
+            .field("segment_id", &self.segment_id)
+            .field("kind", &self.kind)
+            .field("name", &self.name)
+            .field("live", &self.is_live())
+            .finish()
+    }
+}
+
+impl RegionResource {
+    pub(crate) fn new(
+        segment_id: SegmentId,
+        kind: SegmentKind,
+        name: Arc<str>,
+        endpoint: Arc<str>,
+        capacity: u64,
+        target: AllocationTarget,
+    ) -> Self {
+        Self { segment_id, kind, name, endpoint, capacity, live: AtomicBool::new(true), target }
+    }
+
+    /// The segment this resource backs.
+    pub fn segment_id(&self) -> SegmentId {
+        self.segment_id
+    }
+
+    /// The segment's medium.
+    pub fn kind(&self) -> SegmentKind {
+        self.kind
+    }
+
+    /// The segment's placement name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The owner's transfer endpoint.
+    pub fn endpoint(&self) -> &Arc<str> {
+        &self.endpoint
+    }
+
+    /// Whether the region has not been deactivated.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn deactivate(&self) {
+        self.live.store(false, Ordering::Release);
+    }
+
+    /// Allocates `size` bytes. Only the placement executor calls this, with the pool's shared lock held.
+    pub(crate) fn allocate(self: &Arc<Self>, size: u64) -> Result<AllocatedBuffer, AllocError> {
+        let alloc = match &self.target {
+            AllocationTarget::Own(a) => a.lock().allocate(size)?,
+            AllocationTarget::CxlBinding { window, live } => {
+                // Lock order: binding set, then window.
+                let mut live = live.lock();
+                let a = window.lock().allocate(size)?;
+                live.insert(a.offset(), a);
+                a
+            }
+        };
+        Ok(AllocatedBuffer { region: Arc::downgrade(self), alloc })
+    }
+
+    /// Returns a buffer's space; a no-op once the region is deactivated (its space dies with it).
+    fn release(&self, alloc: &Allocation) {
+        if !self.is_live() {
+            return;
+        }
+        let result = match &self.target {
+            AllocationTarget::Own(a) => a.lock().free(alloc),
+            AllocationTarget::CxlBinding { window, live } => {
+                let mut live = live.lock();
+                if live.remove(&alloc.offset()).is_some() { window.lock().free(alloc) } else { Ok(()) }
+            }
+        };
+        if let Err(e) = result {
+            tracing::error!(segment = %self.segment_id, offset = alloc.offset(), error = %e, "buffer release rejected");
+        }
+    }
+
+    /// Frees what a CXL binding still holds in the shared window (erase); memory/NoF space dies with the allocator.
+    pub(crate) fn release_all_bindings(&self) {
+        if let AllocationTarget::CxlBinding { window, live } = &self.target {
+            let mut live = live.lock();
+            let mut window = window.lock();
+            for (_, a) in live.drain() {
+                if let Err(e) = window.free(&a) {
+                    tracing::error!(segment = %self.segment_id, error = %e, "cxl binding release rejected");
+                }
+            }
+        }
+    }
+
+    /// Current accounting.
+    pub fn usage(&self) -> RegionUsage {
+        match &self.target {
+            AllocationTarget::Own(a) => {
+                let a = a.lock();
+                RegionUsage {
+                    capacity: a.capacity(),
+                    used: a.used_bytes(),
+                    slack: a.slack_bytes(),
+                    largest_free: a.largest_free_extent(),
+                    live_allocations: a.live_allocations(),
+                    allocations_total: a.allocations_total(),
+                }
+            }
+            AllocationTarget::CxlBinding { window, live } => {
+                let live = live.lock();
+                let window = window.lock();
+                let used: u64 = live.values().map(|a| a.size()).sum();
+                let consumed: u64 = live.values().filter_map(|a| window.consumed(a)).sum();
+                RegionUsage {
+                    capacity: self.capacity,
+                    used,
+                    slack: consumed.saturating_sub(used),
+                    largest_free: window.largest_free_extent().min(self.capacity),
+                    live_allocations: live.len() as u64,
+                    allocations_total: window.allocations_total(),
+                }
+            }
+        }
+    }
+
+    /// A quick O(1) "could `size` fit" check that never takes a wrong "no" for the normal path.
+    pub(crate) fn can_fit(&self, size: u64) -> bool {
+        match &self.target {
+            AllocationTarget::Own(a) => a.lock().can_fit(size),
+            AllocationTarget::CxlBinding { window, .. } => window.lock().can_fit(size),
+        }
+    }
+
+    pub(crate) fn target(&self) -> &AllocationTarget {
+        &self.target
+    }
+}
+
+/// Space for one replica. Dropping it returns the space to its region (if the region is still live), so a
+/// replica can never leak allocator space. Holds the region weakly: it never keeps a region alive.
+pub struct AllocatedBuffer {
+    region: Weak<RegionResource>,
+    alloc: Allocation,
+}
+
+impl AllocatedBuffer {
+    pub(crate) fn from_parts(region: Weak<RegionResource>, alloc: Allocation) -> Self {
+        Self { region, alloc }
+    }
+
+    /// Byte offset inside the segment.
+    pub fn offset(&self) -> u64 {
+        self.alloc.offset()
+    }
+
+    /// Object bytes this buffer holds (the requested size).
+    pub fn size(&self) -> u64 {
+        self.alloc.size()
+    }
+
+    /// The region, if it still exists.
+    pub fn region(&self) -> Option<Arc<RegionResource>> {
+        self.region.upgrade()
+    }
+
+    /// Whether the bytes are still reachable: the region exists and is not deactivated.
+    pub fn is_readable(&self) -> bool {
+        self.region.upgrade().is_some_and(|r| r.is_live())
+    }
+
+    /// Whether this buffer lies in `region`.
+    pub fn is_in(&self, region: &Weak<RegionResource>) -> bool {
+        Weak::ptr_eq(&self.region, region)
+    }
+
+    /// The segment id, while the region exists.
+    pub fn segment_id(&self) -> Option<SegmentId> {
+        self.region.upgrade().map(|r| r.segment_id())
+    }
+
+    /// The wire address of this buffer, or `None` once its region is deactivated.
+    pub fn location(&self) -> Option<ReplicaLocation> {
+        let r = self.region.upgrade().filter(|r| r.is_live())?;
+        let (segment_id, offset, length, endpoint) = (r.segment_id, self.offset(), self.size(), r.endpoint.clone());
+        Some(match r.kind {
+            SegmentKind::Memory | SegmentKind::Cxl => ReplicaLocation::Memory { segment_id, offset, length, endpoint },
+            SegmentKind::Nof => ReplicaLocation::Nof { segment_id, offset, length, endpoint },
+        })
+    }
+}
+
+impl Drop for AllocatedBuffer {
+    fn drop(&mut self) {
+        if let Some(region) = self.region.upgrade() {
+            region.release(&self.alloc);
+        }
+    }
+}
+
+impl fmt::Debug for AllocatedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllocatedBuffer")
+            .field("segment", &self.segment_id())
+            .field("offset", &self.offset())
+            .field("size", &self.size())
+            .field("readable", &self.is_readable())
+            .finish()
+    }
+}

@@ -1,0 +1,74 @@
+//! Process-independent identifiers (UUIDs).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use uuid::Uuid;
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
+
+        impl $name {
+            /// A fresh random (v4) id.
+            pub fn random() -> Self {
+                Self(Uuid::new_v4())
+            }
+
+            /// The id built from its two 64-bit halves (the original system's `pair<u64,u64>` form).
+            pub fn from_u64_pair(high: u64, low: u64) -> Self {
+                Self(Uuid::from_u64_pair(high, low))
+            }
+
+            /// The id as its two 64-bit halves.
+            pub fn as_u64_pair(&self) -> (u64, u64) {
+                self.0.as_u64_pair()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = uuid::Error;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(s).map(Self)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// Identifies one client process (a library instance or a storage node) for liveness and ownership.
+    ClientId
+);
+uuid_id!(
+    /// Identifies one mounted segment; replica addresses are `(SegmentId, offset)` pairs.
+    SegmentId
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_text_and_pairs() {
+        let id = SegmentId::random();
+        let parsed: SegmentId = id.to_string().parse().unwrap();
+        assert_eq!(parsed, id);
+        let (h, l) = id.as_u64_pair();
+        assert_eq!(SegmentId::from_u64_pair(h, l), id);
+        assert_ne!(ClientId::random(), ClientId::random());
+    }
+}
