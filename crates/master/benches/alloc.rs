@@ -5,8 +5,8 @@
 //!
 //! Throughput: a steady state with the region ~90% full; one iteration frees the oldest allocation and
 //! allocates a new one (one alloc+free pair). Utilisation is printed as `utilisation <workload> ...` lines:
-//! `fresh` fills an empty region until the first failure, `churned` does the same after 200k steady-state
-//! steps (fragmentation shows up there).
+//! `fresh` fills an empty region until the first failure; `churned` first runs 200k steps that free a random
+//! live allocation and allocate a new one at ~90% fill (random frees fragment the region), then fills.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -137,7 +137,13 @@ impl<S: Subject> Steady<S> {
 
     /// One steady-state step: free the oldest, allocate a new one (freeing more if it does not fit).
     fn step(&mut self, size: u64) {
-        if let Some((h, sz)) = self.live.pop_front() {
+        self.step_with_victim(0, size);
+    }
+
+    /// Frees `live[victim % len]`, then allocates `size` (freeing the oldest until it fits).
+    fn step_with_victim(&mut self, victim: usize, size: u64) {
+        if !self.live.is_empty() {
+            let (h, sz) = self.live.swap_remove_front(victim % self.live.len()).expect("index in range");
             self.subject.free(h);
             self.used -= sz;
         }
@@ -175,9 +181,10 @@ fn utilisation<S: Subject>(w: &Workload) -> (f64, f64) {
         .fill_until_failure(&mut next);
     let mut next = w.sizes(0xBEEF);
     let mut s = Steady::<S>::new(w, &mut next);
+    let mut victims = XorShift(0x5EED);
     for _ in 0..CHURN_STEPS {
         let size = next();
-        s.step(size);
+        s.step_with_victim(victims.next() as usize, size);
     }
     (fresh, s.fill_until_failure(&mut next))
 }

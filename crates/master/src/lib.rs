@@ -7,6 +7,9 @@
 
 pub mod alloc;
 pub mod clock;
+pub mod eviction;
 pub mod local_ssd;
+pub mod metadata;
 pub mod placement;
 pub mod segment_pool;
+pub mod service;

@@ -267,7 +267,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     #[test]
     fn alloc_matches_model(capacity in capacity(), ops in prop::collection::vec(op(), 1..150)) {

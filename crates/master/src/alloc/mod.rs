@@ -287,14 +287,13 @@ impl OffsetAllocator {
             (node.offset, node.neighbor_next, node.generation)
         };
         if remainder > 0 {
-            let rest = self.take_slot();
-            {
-                let node = &mut self.nodes[rest as usize];
-                node.offset = offset + consumed;
-                node.size = remainder;
-                node.neighbor_prev = index;
-                node.neighbor_next = next;
-            }
+            let rest = self.take_slot(Node {
+                offset: offset + consumed,
+                size: remainder,
+                neighbor_prev: index,
+                neighbor_next: next,
+                ..Node::blank(0)
+            });
             if next != NIL {
                 self.nodes[next as usize].neighbor_prev = rest;
             }
@@ -451,6 +450,9 @@ impl OffsetAllocator {
     }
 
     /// Rebuilds an allocator from a snapshot, returning the live handles in snapshot order.
+    ///
+    /// The whole snapshot is validated before anything is built. Handles issued by the allocator the snapshot
+    /// was taken from are not meaningful for the restored one; use the returned handles.
     pub fn restore(s: &AllocatorSnapshot) -> Result<(Self, Vec<Allocation>), AllocError> {
         validate_snapshot(s)?;
 
@@ -685,23 +687,24 @@ impl OffsetAllocator {
         }
     }
 
-    /// A blank node slot (recycled if possible); the caller checked that one is available.
-    fn take_slot(&mut self) -> u32 {
+    /// Stores `node` in a recycled slot (keeping the slot's generation) or a new one; the caller checked
+    /// that a slot is available.
+    fn take_slot(&mut self, mut node: Node) -> u32 {
         if let Some(index) = self.free_slots.pop() {
-            let generation = self.nodes[index as usize].generation;
-            self.nodes[index as usize] = Node::blank(generation);
+            let slot = &mut self.nodes[index as usize];
+            node.generation = slot.generation;
+            *slot = node;
             index
         } else {
             let index = self.nodes.len() as u32;
-            self.nodes.push(Node::blank(0));
+            self.nodes.push(node);
             index
         }
     }
 
-    /// Returns a merged-away node slot to the free stack, keeping its generation.
+    /// Returns a merged-away slot to the free stack. Its contents are dead (`used` is already false and
+    /// the generation survives for stale-handle detection); `take_slot` overwrites them.
     fn release_slot(&mut self, index: u32) {
-        let generation = self.nodes[index as usize].generation;
-        self.nodes[index as usize] = Node::blank(generation);
         self.free_slots.push(index);
     }
 }

@@ -38,3 +38,66 @@ pub fn mount_n(pool: &SegmentPool, n: usize, size: u64) -> Vec<(ClientId, Segmen
         })
         .collect()
 }
+
+use crescent_master::clock::{ManualClock, Timestamp};
+use crescent_master::service::{MasterConfig, MasterService};
+use crescent_proto::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A master on a manual clock with `n` memory segments of `size` bytes (one client each).
+pub struct Harness {
+    pub svc: MasterService,
+    pub clock: Arc<ManualClock>,
+    pub writer: ClientId,
+    pub segments: Vec<(ClientId, SegmentId)>,
+}
+
+impl Harness {
+    pub fn new(config: MasterConfig, n: usize, size: u64) -> Self {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let svc = MasterService::new(config, clock.clone()).unwrap();
+        let segments = (0..n)
+            .map(|i| {
+                let c = ClientId::random();
+                let s = spec_on(&format!("seg{i}"), size, &format!("host{i}"));
+                let id = s.id;
+                svc.mount_segment(c, s).unwrap();
+                (c, id)
+            })
+            .collect();
+        Self { svc, clock, writer: ClientId::random(), segments }
+    }
+
+    pub fn default3() -> Self {
+        Self::new(MasterConfig::default(), 3, 64 * MIB)
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    pub fn put_in(
+        &self,
+        tenant: &str,
+        key: &str,
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let d = self.svc.put_start(self.writer, tenant, key, size, cfg)?;
+        self.svc.put_end(self.writer, tenant, key, Some(0xC0FFEE))?;
+        Ok(d)
+    }
+
+    pub fn put(&self, key: &str, size: u64) -> Vec<ReplicaDescriptor> {
+        self.put_in("", key, size, &ReplicateConfig::default()).unwrap()
+    }
+
+    pub fn get(&self, key: &str) -> Result<crescent_master::service::GetReplicaListResponse, ErrorCode> {
+        self.svc.get_replica_list("", key)
+    }
+
+    pub fn used(&self) -> u64 {
+        self.svc.pool().usage(SegmentKind::Memory).used
+    }
+}

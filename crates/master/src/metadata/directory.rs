@@ -1,0 +1,194 @@
+//! `GroupDirectory`: a tenant's objects and explicit groups.
+//!
+//! Point lookup is one hash of the key: it picks a route shard and probes that shard's table, which stores
+//! only `Arc<ObjectEntry>` (the key lives once, in the entry). The route lock is released before the caller
+//! takes any object or group lock. Erase is a *matched unlink*: the route is removed only if it still names
+//! the same entry, so delayed work can never unlink a re-created key.
+//!
+//! Lock order: group members lock → route shard lock (publish/unlink) and group members lock → member object
+//! locks in canonical key order. A route shard lock is never held while taking a group or object lock.
+
+use super::object::ObjectEntry;
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
+
+/// The route hash of a key.
+pub fn route_hash(key: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key.as_bytes())
+}
+
+fn entry_hash(e: &Arc<ObjectEntry>) -> u64 {
+    route_hash(e.key())
+}
+
+/// Membership of an explicit group, guarded by the group lock.
+#[derive(Debug, Default)]
+pub struct GroupMembers {
+    /// Set when the last member left; a removing group takes no new members.
+    pub removing: bool,
+    /// Current members (weak: members own the group, not the reverse).
+    pub members: Vec<Weak<ObjectEntry>>,
+    /// Membership changed since the last shared lease refresh.
+    pub dirty: bool,
+}
+
+impl GroupMembers {
+    /// Live members sorted by key: the canonical order for locking several members.
+    pub fn live_sorted(&self) -> Vec<Arc<ObjectEntry>> {
+        let mut v: Vec<Arc<ObjectEntry>> = self.members.iter().filter_map(Weak::upgrade).collect();
+        v.sort_by(|a, b| a.key().cmp(b.key()));
+        v
+    }
+}
+
+/// An explicit group: a named set of objects that share leases and are evicted together.
+#[derive(Debug)]
+pub struct GroupEntry {
+    name: Arc<str>,
+    members: Mutex<GroupMembers>,
+}
+
+impl GroupEntry {
+    /// The group's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Locks the membership (before any member's object lock).
+    pub fn lock(&self) -> MutexGuard<'_, GroupMembers> {
+        self.members.lock()
+    }
+}
+
+/// A tenant's route index and group catalog.
+#[derive(Debug)]
+pub struct GroupDirectory {
+    routes: Box<[RwLock<HashTable<Arc<ObjectEntry>>>]>,
+    groups: Mutex<HashMap<Arc<str>, Arc<GroupEntry>>>,
+    len: AtomicUsize,
+}
+
+impl Default for GroupDirectory {
+    fn default() -> Self {
+        Self {
+            routes: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+            groups: Mutex::new(HashMap::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl GroupDirectory {
+    fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<ObjectEntry>>> {
+        &self.routes[(hash >> (64 - SHARD_BITS)) as usize]
+    }
+
+    /// The entry routed under `key` (any lifecycle; callers check it under the object lock).
+    pub fn get(&self, key: &str) -> Option<Arc<ObjectEntry>> {
+        let h = route_hash(key);
+        self.shard(h).read().find(h, |e| e.key() == key).cloned()
+    }
+
+    /// Publishes `entry` under its key unless a route exists; returns the existing entry then.
+    pub fn insert_if_absent(&self, entry: Arc<ObjectEntry>) -> Result<(), Arc<ObjectEntry>> {
+        let h = route_hash(entry.key());
+        let mut t = self.shard(h).write();
+        if let Some(existing) = t.find(h, |e| e.key() == entry.key()) {
+            return Err(existing.clone());
+        }
+        t.insert_unique(h, entry, entry_hash);
+        self.len.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes the route of `entry` only if it still names this very entry (matched unlink).
+    pub fn unlink_if_match(&self, entry: &Arc<ObjectEntry>) -> bool {
+        let h = route_hash(entry.key());
+        let mut t = self.shard(h).write();
+        match t.find_entry(h, |e| Arc::ptr_eq(e, entry)) {
+            Ok(occupied) => {
+                drop(occupied.remove());
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Number of routed objects.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no object is routed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Census: copies handles in chunks of at most `chunk` bucket slots under one shard's shared lock, calling
+    /// `f` on each chunk with no lock held. Resumes by bucket index (removals do not move buckets); if a shard
+    /// grew meanwhile its scan restarts, so every object routed for the whole census is visited at least once.
+    pub fn visit_chunks(&self, chunk: usize, mut f: impl FnMut(Vec<Arc<ObjectEntry>>)) {
+        let chunk = chunk.max(1);
+        for shard in self.routes.iter() {
+            let mut cursor = 0usize;
+            let mut buckets = shard.read().num_buckets();
+            loop {
+                let batch: Vec<Arc<ObjectEntry>> = {
+                    let t = shard.read();
+                    if t.num_buckets() != buckets {
+                        buckets = t.num_buckets();
+                        cursor = 0;
+                    }
+                    let end = (cursor + chunk).min(buckets);
+                    let batch = (cursor..end).filter_map(|i| t.get_bucket(i).cloned()).collect();
+                    cursor = end;
+                    batch
+                };
+                if !batch.is_empty() {
+                    f(batch);
+                }
+                if cursor >= buckets {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The live group called `name`, creating it if needed (a removing group is replaced).
+    pub fn group_or_create(&self, name: &str) -> Arc<GroupEntry> {
+        let mut g = self.groups.lock();
+        if let Some(existing) = g.get(name) {
+            return existing.clone();
+        }
+        let name: Arc<str> = Arc::from(name);
+        let entry = Arc::new(GroupEntry { name: name.clone(), members: Mutex::new(GroupMembers::default()) });
+        g.insert(name, entry.clone());
+        entry
+    }
+
+    /// The live group called `name`.
+    pub fn group(&self, name: &str) -> Option<Arc<GroupEntry>> {
+        self.groups.lock().get(name).cloned()
+    }
+
+    /// Forgets `group` if the catalog still names it (called with the group lock held, after its last member
+    /// left and it was marked removing).
+    pub fn remove_group_if_match(&self, group: &Arc<GroupEntry>) {
+        let mut g = self.groups.lock();
+        if g.get(group.name()).is_some_and(|e| Arc::ptr_eq(e, group)) {
+            g.remove(group.name());
+        }
+    }
+
+    /// Number of live explicit groups.
+    pub fn group_count(&self) -> usize {
+        self.groups.lock().len()
+    }
+}

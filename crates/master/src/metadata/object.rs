@@ -1,0 +1,185 @@
+//! `ObjectEntry`: one object, its own lock, its lifecycle and replicas.
+//!
+//! Layout is tuned for memory (a master holds tens of millions of these): the key is stored once (the route
+//! index hashes it from the entry), write-in-flight state is boxed and exists only during a write, a single
+//! replica lives inline, deadlines are 8-byte millisecond stamps.
+
+use super::directory::GroupEntry;
+use crate::clock::Timestamp;
+use crate::segment_pool::AllocatedBuffer;
+use crescent_proto::{ClientId, ObjectDataType, ReplicaDescriptor, ReplicaStatus, SegmentKind, SoftPinAction};
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// Master-lifetime unique object id; erase/recreate of a key yields a new id.
+pub type ObjectId = u64;
+
+/// Publication state. Lookups accept only `Active`; a handle retained past erase sees `Removing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Being built; not yet visible.
+    Creating,
+    /// Published and usable.
+    Active,
+    /// Being (or already) unlinked; every operation treats it as absent.
+    Removing,
+}
+
+/// One replica of an object.
+#[derive(Debug)]
+pub struct Replica {
+    /// Master-assigned replica id (wire `ReplicaDescriptor::id`).
+    pub id: u64,
+    /// The space; dropping the replica frees it.
+    pub buffer: AllocatedBuffer,
+    /// Write state.
+    pub status: ReplicaStatus,
+    /// Master-side pins (copy/move/offload sources); a pinned replica is never evicted and blocks upsert.
+    pub refcnt: u16,
+    /// Whether the replica lives in host memory or CXL (charged to the tenant's quota).
+    pub memory: bool,
+}
+
+impl Replica {
+    /// A fresh replica in `Processing` state.
+    pub fn processing(id: u64, buffer: AllocatedBuffer) -> Self {
+        let memory = buffer.region().is_some_and(|r| matches!(r.kind(), SegmentKind::Memory | SegmentKind::Cxl));
+        Self { id, buffer, status: ReplicaStatus::Processing, refcnt: 0, memory }
+    }
+
+    /// Complete and on a live segment.
+    pub fn is_readable(&self) -> bool {
+        self.status == ReplicaStatus::Complete && self.buffer.is_readable()
+    }
+
+    /// The replica's segment still exists (it may still be written or read).
+    pub fn is_valid(&self) -> bool {
+        self.buffer.is_readable()
+    }
+
+    /// The wire descriptor, `None` if the segment is gone.
+    pub fn descriptor(&self) -> Option<ReplicaDescriptor> {
+        Some(ReplicaDescriptor { id: self.id, location: self.buffer.location()?, status: self.status })
+    }
+}
+
+/// A soft-pin change requested by a write, committed when the write's first replica completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoftPinRequest {
+    /// What to do.
+    pub action: SoftPinAction,
+    /// TTL for `Enable` (already defaulted and validated).
+    pub ttl_ms: u64,
+}
+
+/// State of a write between its Start and End/Revoke.
+#[derive(Debug)]
+pub struct PendingWrite {
+    /// Only this client may End or Revoke.
+    pub writer: ClientId,
+    /// When the write started (discard/release timers).
+    pub started: Timestamp,
+    /// Soft-pin change to commit at End.
+    pub soft_pin: SoftPinRequest,
+    /// Quota charged at Start and not yet settled.
+    pub pending_charge: u64,
+}
+
+/// The mutable state of an object, guarded by the object's lock.
+#[derive(Debug)]
+pub struct ObjectState {
+    /// Publication state.
+    pub lifecycle: Lifecycle,
+    /// Never evicted.
+    pub hard_pinned: bool,
+    /// Stored with the object.
+    pub data_type: ObjectDataType,
+    /// Whether `checksum` holds a value.
+    pub has_checksum: bool,
+    /// Object bytes.
+    pub size: u64,
+    /// Writer-supplied checksum (crc32c of the object), returned to readers.
+    pub checksum: u64,
+    /// Read lease: no eviction or non-forced removal before it (expired ⇔ now ≥ lease).
+    pub lease: Timestamp,
+    /// Soft-pin deadline; `Timestamp(0)` = none.
+    pub soft_pin: Timestamp,
+    /// Quota bytes charged for completed memory replicas (settled charge).
+    pub charged: u64,
+    /// Present while a write is in flight.
+    pub pending: Option<Box<PendingWrite>>,
+    /// Replicas in placement order.
+    pub replicas: SmallVec<[Replica; 1]>,
+}
+
+impl ObjectState {
+    /// Whether any replica is readable.
+    pub fn has_readable(&self) -> bool {
+        self.replicas.iter().any(Replica::is_readable)
+    }
+
+    /// Whether the soft pin is in force at `now`.
+    pub fn soft_pinned(&self, now: Timestamp) -> bool {
+        self.soft_pin.0 != 0 && now < self.soft_pin
+    }
+
+    /// Whether a read lease is in force at `now`.
+    pub fn leased(&self, now: Timestamp) -> bool {
+        now < self.lease
+    }
+
+    /// Bytes that settle as this object's quota charge: size × completed, valid memory replicas.
+    pub fn settled_charge(&self) -> u64 {
+        let n =
+            self.replicas.iter().filter(|r| r.memory && r.status == ReplicaStatus::Complete && r.is_valid()).count();
+        self.size.saturating_mul(n as u64)
+    }
+
+    /// Whether eviction may take this object's memory replicas: complete, unpinned by refcount, readable.
+    pub fn evictable_memory_bytes(&self) -> u64 {
+        self.replicas.iter().filter(|r| r.memory && r.refcnt == 0 && r.is_readable()).map(|r| r.buffer.size()).sum()
+    }
+}
+
+/// One object: identity, its group (if any) and its lock.
+pub struct ObjectEntry {
+    id: ObjectId,
+    key: Box<str>,
+    /// Holds the explicit group alive for as long as any handle to a member exists.
+    group: Option<Arc<GroupEntry>>,
+    state: Mutex<ObjectState>,
+}
+
+impl std::fmt::Debug for ObjectEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectEntry").field("id", &self.id).field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl ObjectEntry {
+    /// A new entry (lifecycle taken from `state`).
+    pub fn new(id: ObjectId, key: Box<str>, group: Option<Arc<GroupEntry>>, state: ObjectState) -> Self {
+        Self { id, key, group, state: Mutex::new(state) }
+    }
+
+    /// The object id.
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    /// The user key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The explicit group, if the object is a member of one.
+    pub fn group(&self) -> Option<&Arc<GroupEntry>> {
+        self.group.as_ref()
+    }
+
+    /// Locks the object.
+    pub fn lock(&self) -> MutexGuard<'_, ObjectState> {
+        self.state.lock()
+    }
+}

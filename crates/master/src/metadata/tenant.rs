@@ -1,0 +1,176 @@
+//! `TenantRegistry` and `TenantState`: the outer ownership boundary of object metadata.
+//!
+//! The registry is sharded; each shard is an immutable map behind an `ArcSwap`, so a lookup is a lock-free
+//! load plus one hash probe, and registering a tenant copies only its shard.
+
+use super::directory::GroupDirectory;
+use super::object::{ObjectEntry, ObjectState, Replica};
+use super::quota::QuotaAccount;
+use arc_swap::ArcSwap;
+use crescent_proto::TenantId;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+const SHARDS: usize = 16;
+
+/// One tenant: its quota account and its objects.
+#[derive(Debug)]
+pub struct TenantState {
+    id: TenantId,
+    quota: QuotaAccount,
+    directory: GroupDirectory,
+}
+
+impl TenantState {
+    /// A tenant with the given account.
+    pub fn new(id: TenantId, quota: QuotaAccount) -> Self {
+        Self { id, quota, directory: GroupDirectory::default() }
+    }
+
+    /// The tenant id.
+    pub fn id(&self) -> &TenantId {
+        &self.id
+    }
+
+    /// The quota account.
+    pub fn quota(&self) -> &QuotaAccount {
+        &self.quota
+    }
+
+    /// The tenant's objects and groups.
+    pub fn directory(&self) -> &GroupDirectory {
+        &self.directory
+    }
+
+    /// Step 1 of erasing an object, under its lock: mark it `Removing`, take its replicas and return its quota
+    /// (settled and pending). The caller drops the replicas and calls [`TenantState::detach`] after unlocking.
+    pub fn retire(&self, st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
+        st.lifecycle = super::object::Lifecycle::Removing;
+        let pending = st.pending.take().map_or(0, |p| p.pending_charge);
+        self.release_quota(st.charged + pending);
+        st.charged = 0;
+        std::mem::take(&mut st.replicas)
+    }
+
+    /// Re-settles an object's charge after replicas were removed from it (under its lock).
+    pub fn resettle(&self, st: &mut ObjectState) {
+        let now = st.settled_charge();
+        if now < st.charged {
+            self.release_quota(st.charged - now);
+            st.charged = now;
+        }
+    }
+
+    /// Releases quota, logging (never failing) on a bookkeeping mismatch.
+    pub fn release_quota(&self, bytes: u64) {
+        if bytes != 0
+            && let Err(e) = self.quota.release(bytes)
+        {
+            tracing::error!(tenant = %self.id, bytes, error = %e, "quota release mismatch");
+        }
+    }
+
+    /// Step 2 of erasing an object, with no object lock held: leave its group (dropping the group when it
+    /// empties) and matched-unlink its route.
+    pub fn detach(&self, entry: &Arc<ObjectEntry>) {
+        if let Some(group) = entry.group() {
+            let mut members = group.lock();
+            self.detach_locked(entry, group, &mut members);
+        } else {
+            self.directory.unlink_if_match(entry);
+        }
+    }
+
+    /// [`TenantState::detach`] for a caller that already holds the group's lock.
+    pub fn detach_locked(
+        &self,
+        entry: &Arc<ObjectEntry>,
+        group: &Arc<super::directory::GroupEntry>,
+        members: &mut super::directory::GroupMembers,
+    ) {
+        let before = members.members.len();
+        members.members.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)) && w.strong_count() > 0);
+        if members.members.len() != before {
+            members.dirty = true;
+        }
+        self.directory.unlink_if_match(entry);
+        if members.members.is_empty() && !members.removing {
+            members.removing = true;
+            self.directory.remove_group_if_match(group);
+        }
+    }
+}
+
+type Shard = HashMap<TenantId, Arc<TenantState>>;
+
+/// Every known tenant.
+#[derive(Debug)]
+pub struct TenantRegistry {
+    shards: Box<[ArcSwap<Shard>]>,
+    writers: Box<[Mutex<()>]>,
+    hasher: std::hash::RandomState,
+}
+
+impl Default for TenantRegistry {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| ArcSwap::from_pointee(HashMap::new())).collect(),
+            writers: (0..SHARDS).map(|_| Mutex::new(())).collect(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+}
+
+impl TenantRegistry {
+    fn shard_of(&self, id: &TenantId) -> usize {
+        (self.hasher.hash_one(id) as usize) % SHARDS
+    }
+
+    /// The tenant, if registered.
+    pub fn get(&self, id: &TenantId) -> Option<Arc<TenantState>> {
+        self.shards[self.shard_of(id)].load().get(id).cloned()
+    }
+
+    /// The tenant, creating it with `make` if absent (copy-on-write of one shard).
+    pub fn get_or_insert_with(&self, id: &TenantId, make: impl FnOnce() -> TenantState) -> Arc<TenantState> {
+        let i = self.shard_of(id);
+        if let Some(t) = self.shards[i].load().get(id) {
+            return t.clone();
+        }
+        let _w = self.writers[i].lock();
+        let cur = self.shards[i].load_full();
+        if let Some(t) = cur.get(id) {
+            return t.clone();
+        }
+        let t = Arc::new(make());
+        let mut next = (*cur).clone();
+        next.insert(id.clone(), t.clone());
+        self.shards[i].store(Arc::new(next));
+        t
+    }
+
+    /// Unregisters the tenant if the registry still holds this very state.
+    pub fn remove_if_match(&self, state: &Arc<TenantState>) -> bool {
+        let i = self.shard_of(state.id());
+        let _w = self.writers[i].lock();
+        let cur = self.shards[i].load_full();
+        if !cur.get(state.id()).is_some_and(|t| Arc::ptr_eq(t, state)) {
+            return false;
+        }
+        let mut next = (*cur).clone();
+        next.remove(state.id());
+        self.shards[i].store(Arc::new(next));
+        true
+    }
+
+    /// Every tenant, ordered by id.
+    pub fn all(&self) -> Vec<Arc<TenantState>> {
+        let mut v: Vec<Arc<TenantState>> =
+            self.shards.iter().flat_map(|s| s.load().values().cloned().collect::<Vec<_>>()).collect();
+        v.sort_by(|a, b| a.id().cmp(b.id()));
+        v
+    }
+}

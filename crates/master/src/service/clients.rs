@@ -1,0 +1,79 @@
+//! The client table: liveness deadlines, remount state and hosts of the clients the master has heard from.
+
+use crate::clock::Timestamp;
+use crescent_proto::ClientId;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// What `Ping` tells a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum ClientStatus {
+    /// The master knows the client's segments.
+    Ok = 1,
+    /// The master lost (or never had) the client's state: call remount with every segment.
+    NeedRemount = 2,
+}
+
+#[derive(Debug, Clone)]
+struct ClientRecord {
+    deadline: Timestamp,
+    /// Set by remount: the master has the client's full segment list.
+    remounted: bool,
+    host: Option<String>,
+}
+
+/// Liveness of every tracked client.
+#[derive(Debug, Default)]
+pub(super) struct ClientTable {
+    clients: Mutex<HashMap<ClientId, ClientRecord>>,
+}
+
+impl ClientTable {
+    /// Refreshes (or starts) a client's TTL; returns its status.
+    pub fn touch(&self, client: ClientId, deadline: Timestamp) -> ClientStatus {
+        let mut m = self.clients.lock();
+        let r = m.entry(client).or_insert(ClientRecord { deadline, remounted: false, host: None });
+        r.deadline = r.deadline.max(deadline);
+        if r.remounted { ClientStatus::Ok } else { ClientStatus::NeedRemount }
+    }
+
+    /// Marks a client remounted (and alive until `deadline`).
+    pub fn mark_remounted(&self, client: ClientId, deadline: Timestamp) {
+        let mut m = self.clients.lock();
+        let r = m.entry(client).or_insert(ClientRecord { deadline, remounted: true, host: None });
+        r.remounted = true;
+        r.deadline = r.deadline.max(deadline);
+    }
+
+    /// Records the host a client's segments live on.
+    pub fn set_host(&self, client: ClientId, host: &str) {
+        if host.is_empty() {
+            return;
+        }
+        if let Some(r) = self.clients.lock().get_mut(&client) {
+            r.host = Some(host.to_owned());
+        }
+    }
+
+    /// The client's host, if known.
+    pub fn host(&self, client: ClientId) -> Option<String> {
+        self.clients.lock().get(&client).and_then(|r| r.host.clone())
+    }
+
+    /// Removes and returns the clients whose deadline passed.
+    pub fn take_expired(&self, now: Timestamp) -> Vec<ClientId> {
+        let mut m = self.clients.lock();
+        let expired: Vec<ClientId> = m.iter().filter(|(_, r)| r.deadline <= now).map(|(c, _)| *c).collect();
+        for c in &expired {
+            m.remove(c);
+        }
+        expired
+    }
+
+    /// Number of tracked clients.
+    pub fn len(&self) -> usize {
+        self.clients.lock().len()
+    }
+}

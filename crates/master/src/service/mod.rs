@@ -1,0 +1,366 @@
+//! `MasterService`: request orchestration over the segment pool, object metadata and eviction.
+//!
+//! This is the in-process form of every master RPC; the network server exposes it 1:1. Errors are wire
+//! [`ErrorCode`]s because every failure here is reported to a client as one.
+//!
+//! Lock order (outermost first): group members lock → object lock → (pool shared lock → allocator mutex) only
+//! for placement, which runs with no metadata lock held. Route shard locks are leaf locks. The client table,
+//! the discard queue and the quota-policy mutex are never held while taking any other lock.
+
+mod clients;
+mod discard;
+mod read;
+mod remove;
+mod segments;
+mod tenants;
+mod write;
+
+pub use clients::ClientStatus;
+pub use read::GetReplicaListResponse;
+pub use tenants::TenantQuotaSnapshot;
+
+use crate::clock::{Clock, Timestamp};
+use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};
+use crate::local_ssd::LocalSsdManager;
+use crate::metadata::{QuotaAccount, QuotaPolicies, TenantRegistry, TenantState};
+use crate::placement::{PlacementPolicy, ReplicaAllocator};
+use crate::segment_pool::{PoolConfig, SegmentPool};
+use crescent_proto::{ErrorCode, SegmentKind, TenantId};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Master behaviour knobs; defaults are the reference's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MasterConfig {
+    /// Read lease granted by Get/Exist (ms).
+    pub lease_ttl_ms: u64,
+    /// A client silent this long loses its segments (ms).
+    pub client_ttl_ms: u64,
+    /// An unfinished write may be preempted by a new PutStart after this long (ms).
+    pub put_start_discard_timeout_ms: u64,
+    /// Buffers of a preempted write are freed this long after its start (ms): a zombie writer may still write.
+    pub put_start_release_timeout_ms: u64,
+    /// Soft-pin TTL when a write enables soft pin without a TTL (ms).
+    pub default_soft_pin_ttl_ms: u64,
+    /// Largest soft-pin TTL accepted (ms).
+    pub max_soft_pin_ttl_ms: u64,
+    /// Whether eviction may take soft-pinned objects (after all others).
+    pub allow_evict_soft_pinned: bool,
+    /// Evict when used/capacity exceeds this.
+    pub eviction_high_watermark: f64,
+    /// Fraction of evictable objects one eviction round removes.
+    pub eviction_ratio: f64,
+    /// Namespaces and quotas per tenant; off = every request in `default`.
+    pub enable_multi_tenants: bool,
+    /// Replica placement policy.
+    pub placement_policy: PlacementPolicySetting,
+    /// CXL device window in bytes (enables CXL segments).
+    pub cxl_window: Option<u64>,
+    /// Handles copied per route-lock hold during a census.
+    pub census_chunk: usize,
+}
+
+/// Placement policy as written in config files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementPolicySetting {
+    /// Random start.
+    #[default]
+    Random,
+    /// Emptiest of a sample.
+    FreeRatioFirst,
+    /// Writer's host first.
+    LocalFirst,
+}
+
+impl From<PlacementPolicySetting> for PlacementPolicy {
+    fn from(p: PlacementPolicySetting) -> Self {
+        match p {
+            PlacementPolicySetting::Random => PlacementPolicy::Random,
+            PlacementPolicySetting::FreeRatioFirst => PlacementPolicy::FreeRatioFirst,
+            PlacementPolicySetting::LocalFirst => PlacementPolicy::LocalFirst,
+        }
+    }
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl_ms: 10_000,
+            client_ttl_ms: 10_000,
+            put_start_discard_timeout_ms: 30_000,
+            put_start_release_timeout_ms: 600_000,
+            default_soft_pin_ttl_ms: 30 * 60 * 1000,
+            max_soft_pin_ttl_ms: 24 * 3600 * 1000,
+            allow_evict_soft_pinned: true,
+            eviction_high_watermark: 0.90,
+            eviction_ratio: 0.05,
+            enable_multi_tenants: false,
+            placement_policy: PlacementPolicySetting::Random,
+            cxl_window: None,
+            census_chunk: 1024,
+        }
+    }
+}
+
+/// Monotonic counters (read with [`MasterService::metrics`]).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Per operation: requests and failures.
+    pub put_start: OpCounter,
+    /// PutEnd.
+    pub put_end: OpCounter,
+    /// PutRevoke.
+    pub put_revoke: OpCounter,
+    /// UpsertStart.
+    pub upsert_start: OpCounter,
+    /// GetReplicaList.
+    pub get_replica_list: OpCounter,
+    /// ExistKey.
+    pub exist_key: OpCounter,
+    /// Remove.
+    pub remove: OpCounter,
+    /// PutStarts that placed fewer replicas than asked.
+    pub partial_placements: AtomicU64,
+    /// Writes refused for quota after eviction retries.
+    pub tenant_quota_rejects: AtomicU64,
+    /// Eviction rounds run.
+    pub eviction_runs: AtomicU64,
+    /// Objects evicted.
+    pub evicted_objects: AtomicU64,
+    /// Bytes of replicas evicted.
+    pub evicted_bytes: AtomicU64,
+    /// Clients expired by the liveness monitor.
+    pub expired_clients: AtomicU64,
+    /// Background loop iterations (liveness of the loop itself).
+    pub background_ticks: AtomicU64,
+}
+
+/// Requests and failures of one operation.
+#[derive(Debug, Default)]
+pub struct OpCounter {
+    /// Calls.
+    pub requests: AtomicU64,
+    /// Calls that returned an error.
+    pub failures: AtomicU64,
+}
+
+impl OpCounter {
+    fn record<T>(&self, r: &Result<T, ErrorCode>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if r.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The master core.
+pub struct MasterService {
+    config: MasterConfig,
+    clock: Arc<dyn Clock>,
+    pool: SegmentPool,
+    placement: ReplicaAllocator,
+    local_ssd: LocalSsdManager,
+    tenants: TenantRegistry,
+    /// Requested quotas (multi-tenant mode); recomputation serialises on this lock.
+    policies: Mutex<QuotaPolicies>,
+    clients: clients::ClientTable,
+    discards: discard::DiscardQueue,
+    /// Set by a failed allocation; the next eviction step runs even below the watermark.
+    need_eviction: AtomicBool,
+    /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
+    eviction_gate: Mutex<()>,
+    next_object_id: AtomicU64,
+    next_replica_id: AtomicU64,
+    metrics: Metrics,
+}
+
+impl std::fmt::Debug for MasterService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MasterService").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// The result of one eviction step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvictionStep {
+    /// Whether a round ran.
+    pub ran: bool,
+    /// Used ratio before the round.
+    pub used_ratio: f64,
+    /// What the round evicted.
+    pub report: EvictionReport,
+}
+
+impl MasterService {
+    /// A master with the given config and clock.
+    pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
+        let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window }).map_err(|e| e.code())?;
+        let svc = Self {
+            placement: ReplicaAllocator::new(config.placement_policy.into()),
+            config,
+            clock,
+            pool,
+            local_ssd: LocalSsdManager::new(),
+            tenants: TenantRegistry::default(),
+            policies: Mutex::new(QuotaPolicies::default()),
+            clients: clients::ClientTable::default(),
+            discards: discard::DiscardQueue::default(),
+            need_eviction: AtomicBool::new(false),
+            eviction_gate: Mutex::new(()),
+            next_object_id: AtomicU64::new(1),
+            next_replica_id: AtomicU64::new(1),
+            metrics: Metrics::default(),
+        };
+        if !svc.config.enable_multi_tenants {
+            svc.tenants.get_or_insert_with(&TenantId::default_tenant(), || {
+                TenantState::new(TenantId::default_tenant(), QuotaAccount::unlimited())
+            });
+        }
+        Ok(svc)
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    /// The segment pool (read-only use: queries, snapshots).
+    pub fn pool(&self) -> &SegmentPool {
+        &self.pool
+    }
+
+    /// The local SSD registry.
+    pub fn local_ssd(&self) -> &LocalSsdManager {
+        &self.local_ssd
+    }
+
+    /// Counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The current time on the master's clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.config.lease_ttl_ms)
+    }
+
+    /// Resolves the tenant of a read-type request. `Ok(None)`: a valid tenant with no state (nothing to find).
+    fn read_tenant(&self, tenant: &str) -> Result<Option<Arc<TenantState>>, ErrorCode> {
+        if !self.config.enable_multi_tenants {
+            return Ok(self.tenants.get(&TenantId::default_tenant()));
+        }
+        let id = TenantId::new(tenant).map_err(|_| ErrorCode::InvalidParams)?;
+        Ok(self.tenants.get(&id))
+    }
+
+    /// Resolves the tenant of a write: it must exist and be open for admission.
+    fn write_tenant(&self, tenant: &str) -> Result<Arc<TenantState>, ErrorCode> {
+        if !self.config.enable_multi_tenants {
+            return self.tenants.get(&TenantId::default_tenant()).ok_or(ErrorCode::InternalError);
+        }
+        if tenant.is_empty() {
+            return Err(ErrorCode::TenantNotRegistered);
+        }
+        let id = TenantId::new(tenant).map_err(|_| ErrorCode::TenantNotRegistered)?;
+        let t = self.tenants.get(&id).ok_or(ErrorCode::TenantNotRegistered)?;
+        t.quota().admit().map_err(|e| e.code())?;
+        Ok(t)
+    }
+
+    fn next_replica_id(&self) -> u64 {
+        self.next_replica_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// One eviction step: runs a round if memory use is above the high watermark or an allocation failed since
+    /// the last step. The background loop calls this every 10 ms; tests call it directly.
+    pub fn step_eviction(&self) -> EvictionStep {
+        let used = self.pool.usage(SegmentKind::Memory).used_ratio();
+        let hw = self.config.eviction_high_watermark;
+        let forced = self.need_eviction.swap(false, Ordering::AcqRel);
+        if used <= hw && !(forced && self.config.eviction_ratio > 0.0) {
+            return EvictionStep { ran: false, used_ratio: used, report: EvictionReport::default() };
+        }
+        let ratio = self.config.eviction_ratio;
+        let target = ratio.max(used - hw + ratio);
+        let lower = (target * 0.5).max(used - hw);
+        let report = self.evict(EvictionScope::All, EvictionTarget::Fraction { target, lower });
+        EvictionStep { ran: true, used_ratio: used, report }
+    }
+
+    /// Runs one eviction round over `scope`.
+    pub fn evict(&self, scope: EvictionScope, target: EvictionTarget) -> EvictionReport {
+        let tenants = match &scope {
+            EvictionScope::All => self.tenants.all(),
+            EvictionScope::Tenant(t) => self.tenants.get(t).into_iter().collect(),
+        };
+        let report = crate::eviction::run(
+            &tenants,
+            target,
+            self.clock.now(),
+            self.config.allow_evict_soft_pinned,
+            self.config.census_chunk,
+        );
+        self.metrics.eviction_runs.fetch_add(1, Ordering::Relaxed);
+        self.metrics.evicted_objects.fetch_add(report.objects, Ordering::Relaxed);
+        self.metrics.evicted_bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        report
+    }
+
+    /// Frees discarded buffers whose release time has come; returns how many were freed.
+    pub fn step_discards(&self) -> usize {
+        self.discards.release_due(self.clock.now())
+    }
+
+    /// Bytes held by discarded buffers awaiting release.
+    pub fn discarded_bytes(&self) -> u64 {
+        self.discards.bytes()
+    }
+
+    /// Starts the background loop (eviction every 10 ms; liveness, graceful unmounts and discards every
+    /// second). It stops when the returned handle is dropped.
+    pub fn spawn_background(self: &Arc<Self>) -> std::io::Result<BackgroundLoop> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (svc, flag) = (Arc::clone(self), Arc::clone(&stop));
+        let thread = std::thread::Builder::new().name("crescent-master-bg".into()).spawn(move || {
+            let mut ticks = 0u64;
+            while !flag.load(Ordering::Acquire) {
+                svc.step_eviction();
+                if ticks.is_multiple_of(100) {
+                    svc.step_liveness();
+                    svc.step_graceful_unmounts();
+                    svc.step_discards();
+                }
+                ticks += 1;
+                svc.metrics.background_ticks.fetch_add(1, Ordering::Relaxed);
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+        })?;
+        Ok(BackgroundLoop { stop, thread: Some(thread) })
+    }
+}
+
+/// Handle of the background loop; dropping it stops the loop and joins the thread.
+#[derive(Debug)]
+pub struct BackgroundLoop {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for BackgroundLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The read path: GetReplicaList, ExistKey and batch forms. Reads grant leases (group-aware).
+
+use super::MasterService;
+use crate::clock::Timestamp;
+use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState};
+use crescent_proto::{ErrorCode, ReplicaDescriptor, ReplicaStatus};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// What a reader needs to fetch an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetReplicaListResponse {
+    /// Readable replicas, in placement order.
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// The lease granted: the reader must finish within this many ms of the request.
+    pub lease_ttl_ms: u64,
+    /// The checksum the writer stored at PutEnd.
+    pub checksum: Option<u64>,
+    /// Object bytes.
+    pub size: u64,
+}
+
+/// The outcome of looking an object up for reading.
+enum Lookup {
+    Found { descriptors: Vec<ReplicaDescriptor>, checksum: Option<u64>, size: u64 },
+    NotReady,
+    Missing,
+}
+
+impl MasterService {
+    /// GetReplicaList: readable replicas + lease + checksum. `OBJECT_NOT_FOUND` if absent,
+    /// `REPLICA_IS_NOT_READY` while only unfinished replicas exist.
+    pub fn get_replica_list(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
+        let r = self.get_one(tenant, key);
+        self.metrics.get_replica_list.record(&r);
+        r
+    }
+
+    /// BatchGetReplicaList: per key, in input order.
+    pub fn batch_get_replica_list(
+        &self,
+        tenant: &str,
+        keys: &[&str],
+    ) -> Vec<Result<GetReplicaListResponse, ErrorCode>> {
+        match self.read_tenant(tenant) {
+            Err(e) => vec![Err(e); keys.len()],
+            Ok(t) => keys
+                .iter()
+                .map(|k| {
+                    let r = self.get_in(t.as_ref(), k);
+                    self.metrics.get_replica_list.record(&r);
+                    r
+                })
+                .collect(),
+        }
+    }
+
+    fn get_one(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
+        let t = self.read_tenant(tenant)?;
+        self.get_in(t.as_ref(), key)
+    }
+
+    fn get_in(&self, tenant: Option<&Arc<TenantState>>, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
+        match self.lookup_and_lease(tenant, key, true) {
+            Lookup::Found { descriptors, checksum, size } => Ok(GetReplicaListResponse {
+                replicas: descriptors,
+                lease_ttl_ms: self.config.lease_ttl_ms,
+                checksum,
+                size,
+            }),
+            Lookup::NotReady => Err(ErrorCode::ReplicaIsNotReady),
+            Lookup::Missing => Err(ErrorCode::ObjectNotFound),
+        }
+    }
+
+    /// ExistKey: whether the object has a readable replica (and, if so, a lease is granted). A missing key or
+    /// tenant is `false`, not an error; an invalid tenant id is `INVALID_PARAMS`.
+    pub fn exist_key(&self, tenant: &str, key: &str) -> Result<bool, ErrorCode> {
+        let r = self.read_tenant(tenant).map(|t| self.exists_in(t.as_ref(), key));
+        self.metrics.exist_key.record(&r);
+        r
+    }
+
+    /// BatchExistKey: per key, in input order.
+    pub fn batch_exist_key(&self, tenant: &str, keys: &[&str]) -> Vec<Result<bool, ErrorCode>> {
+        match self.read_tenant(tenant) {
+            Err(e) => vec![Err(e); keys.len()],
+            Ok(t) => keys
+                .iter()
+                .map(|k| {
+                    let r = Ok(self.exists_in(t.as_ref(), k));
+                    self.metrics.exist_key.record(&r);
+                    r
+                })
+                .collect(),
+        }
+    }
+
+    fn exists_in(&self, tenant: Option<&Arc<TenantState>>, key: &str) -> bool {
+        matches!(self.lookup_and_lease(tenant, key, false), Lookup::Found { .. })
+    }
+
+    /// Finds readable replicas and grants the lease; refreshes the whole group's leases when this member's
+    /// lease was within half a TTL of expiry or the group's membership changed.
+    fn lookup_and_lease(&self, tenant: Option<&Arc<TenantState>>, key: &str, want_descriptors: bool) -> Lookup {
+        let Some(tenant) = tenant else { return Lookup::Missing };
+        let Some(entry) = tenant.directory().get(key) else { return Lookup::Missing };
+        let now = self.clock.now();
+        let deadline = now.saturating_add(self.lease_ttl());
+        let (found, refresh_group) = {
+            let mut st = entry.lock();
+            if st.lifecycle != Lifecycle::Active {
+                return Lookup::Missing;
+            }
+            if !st.has_readable() {
+                let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
+                return if in_flight || st.pending.is_some() { Lookup::NotReady } else { Lookup::Missing };
+            }
+            let descriptors: Vec<ReplicaDescriptor> = if want_descriptors {
+                st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect()
+            } else {
+                Vec::new()
+            };
+            let half = self.config.lease_ttl_ms / 2;
+            let near_expiry = st.lease.0 <= now.0.saturating_add(half);
+            st.lease = st.lease.max(deadline);
+            let checksum = st.has_checksum.then_some(st.checksum);
+            (Lookup::Found { descriptors, checksum, size: st.size }, near_expiry)
+        };
+        if entry.group().is_some() {
+            refresh_group_leases(&entry, deadline, refresh_group);
+        }
+        found
+    }
+}
+
+/// Extends every member's lease to `deadline` if `needed` or the membership changed since the last refresh.
+/// Group lock first, then each member's lock in canonical key order (one at a time).
+fn refresh_group_leases(entry: &Arc<ObjectEntry>, deadline: Timestamp, needed: bool) {
+    let Some(group) = entry.group() else { return };
+    let mut members = group.lock();
+    if !needed && !members.dirty {
+        return;
+    }
+    members.dirty = false;
+    for m in members.live_sorted() {
+        let mut st = m.lock();
+        if st.lifecycle == Lifecycle::Active {
+            st.lease = st.lease.max(deadline);
+        }
+    }
+}

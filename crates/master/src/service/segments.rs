@@ -1,0 +1,136 @@
+//! Segments and client liveness: mount / remount / unmount / graceful unmount wired to the pool's two-phase
+//! unmount and the metadata sweep; Ping and the client TTL.
+
+use super::{ClientStatus, MasterService};
+use crate::metadata::{Lifecycle, Replica};
+use crate::segment_pool::{DeactivatedRegion, MountOutcome};
+use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use smallvec::SmallVec;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+impl MasterService {
+    fn liveness_deadline(&self) -> crate::clock::Timestamp {
+        self.clock.now().saturating_add(Duration::from_millis(self.config.client_ttl_ms))
+    }
+
+    /// MountSegment: idempotent for an identical segment. Starts the client's TTL; `Ping` keeps answering
+    /// `NEED_REMOUNT` until the client remounts.
+    pub fn mount_segment(&self, client: ClientId, spec: SegmentSpec) -> Result<(), ErrorCode> {
+        let host = spec.host_id.clone();
+        self.clients.touch(client, self.liveness_deadline());
+        let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
+        self.clients.set_host(client, &host);
+        if outcome == MountOutcome::Mounted {
+            self.recompute_quotas();
+        }
+        Ok(())
+    }
+
+    /// ReMountSegment: re-adopts (or mounts) all of a client's segments after `NEED_REMOUNT`; afterwards
+    /// `Ping` answers `OK`. All or nothing.
+    pub fn remount_segments(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<(), ErrorCode> {
+        let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
+        self.clients.mark_remounted(client, self.liveness_deadline());
+        if let Some(host) = specs.iter().map(|s| s.host_id.as_str()).find(|h| !h.is_empty()) {
+            self.clients.set_host(client, host);
+        }
+        if !report.mounted.is_empty() {
+            self.recompute_quotas();
+        }
+        Ok(())
+    }
+
+    /// UnmountSegment: replicas on the segment become unreadable at once; objects left with no replica are
+    /// erased and their quota released. Unknown id → OK.
+    pub fn unmount_segment(&self, segment: SegmentId) -> Result<(), ErrorCode> {
+        let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
+        if done.is_some() {
+            self.recompute_quotas();
+        }
+        Ok(())
+    }
+
+    /// GracefulUnmountSegment: readable but unallocatable for `grace`, then unmounted. Owner only.
+    pub fn graceful_unmount_segment(
+        &self,
+        segment: SegmentId,
+        client: ClientId,
+        grace: Duration,
+    ) -> Result<(), ErrorCode> {
+        let deadline = self.clock.now().saturating_add(grace);
+        self.pool.graceful_unmount(segment, client, deadline).map_err(|e| e.code())
+    }
+
+    /// Unmounts segments whose graceful deadline passed; returns how many.
+    pub fn step_graceful_unmounts(&self) -> usize {
+        let due = self.pool.due_graceful_unmounts(self.clock.now());
+        for id in &due {
+            if let Err(e) = self.unmount_segment(*id) {
+                tracing::warn!(segment = %id, error = %e, "graceful unmount failed");
+            }
+        }
+        due.len()
+    }
+
+    /// The status of a segment.
+    pub fn segment_status(&self, segment: SegmentId) -> Result<SegmentStatus, ErrorCode> {
+        self.pool.segment(segment).map(|s| s.status).ok_or(ErrorCode::SegmentNotFound)
+    }
+
+    /// Ping: refreshes the client's TTL and tells it whether to remount.
+    pub fn ping(&self, client: ClientId) -> ClientStatus {
+        self.clients.touch(client, self.liveness_deadline())
+    }
+
+    /// Number of clients the liveness monitor tracks.
+    pub fn active_clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Expires clients silent for `client_ttl`: their memory segments are unmounted (NoF segments are not
+    /// tied to client liveness) and their local SSD registration dropped. Returns the expired clients.
+    pub fn step_liveness(&self) -> Vec<ClientId> {
+        let expired = self.clients.take_expired(self.clock.now());
+        for c in &expired {
+            tracing::warn!(client = %c, "client expired");
+            for id in self.pool.client_segments(*c) {
+                let memory = self.pool.segment(id).is_some_and(|s| s.spec.kind != SegmentKind::Nof);
+                if memory && let Err(e) = self.unmount_segment(id) {
+                    tracing::warn!(segment = %id, error = %e, "unmount of an expired client's segment failed");
+                }
+            }
+            self.local_ssd.unregister(*c);
+            self.metrics.expired_clients.fetch_add(1, Ordering::Relaxed);
+        }
+        expired
+    }
+
+    /// The metadata sweep between deactivate and erase: drops every replica in `region`, erases objects left
+    /// with nothing, and re-settles quota. Readers already ignore these replicas; this reclaims metadata.
+    pub(super) fn sweep(&self, region: &DeactivatedRegion) {
+        for tenant in self.tenants.all() {
+            tenant.directory().visit_chunks(self.config.census_chunk, |chunk| {
+                for entry in chunk {
+                    let mut st = entry.lock();
+                    if st.lifecycle != Lifecycle::Active || !st.replicas.iter().any(|r| region.holds(&r.buffer)) {
+                        continue;
+                    }
+                    let (gone, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+                        std::mem::take(&mut st.replicas).into_iter().partition(|r| region.holds(&r.buffer));
+                    st.replicas = keep;
+                    tenant.resettle(&mut st);
+                    if st.replicas.is_empty() {
+                        let dead = tenant.retire(&mut st);
+                        drop(st);
+                        tenant.detach(&entry);
+                        drop((gone, dead));
+                    } else {
+                        drop(st);
+                        drop(gone);
+                    }
+                }
+            });
+        }
+    }
+}

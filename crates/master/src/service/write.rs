@@ -1,0 +1,651 @@
+//! The write path: PutStart / PutEnd / PutRevoke, UpsertStart / End / Revoke, and their batch forms.
+
+use super::MasterService;
+use crate::clock::Timestamp;
+use crate::eviction::{EvictionScope, EvictionTarget};
+use crate::metadata::{
+    GroupEntry, Lifecycle, ObjectEntry, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest, TenantState,
+    route_hash,
+};
+use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
+use crate::segment_pool::{AllocatedBuffer, PlacementGroup};
+use crescent_proto::{
+    ClientId, ErrorCode, KeyError, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SoftPinAction,
+};
+use smallvec::SmallVec;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Quota-triggered eviction rounds before a write gives up (the reference's two retries).
+const QUOTA_EVICTION_RETRIES: usize = 2;
+/// Re-lookups when a write races an erase of the same key.
+const RACE_RETRIES: usize = 16;
+
+/// A validated write request.
+struct WriteSpec<'a> {
+    key: &'a str,
+    size: u64,
+    config: &'a ReplicateConfig,
+    soft_pin: SoftPinRequest,
+    /// `None`: not given (upsert keeps the existing group); `Some("")`: ungrouped; `Some(g)`: group `g`.
+    group: Option<&'a str>,
+}
+
+/// What resolving an existing object left to do.
+enum Next {
+    /// The key is free: create a new object.
+    Create,
+    /// The write was satisfied in place (upsert of the same size): these are the descriptors.
+    Done(Vec<ReplicaDescriptor>),
+    /// Upsert of a different size: allocate, then swap into this entry.
+    Replace { entry: Arc<ObjectEntry>, hard_pinned: bool },
+}
+
+fn key_error(e: KeyError) -> ErrorCode {
+    match e {
+        KeyError::Empty => ErrorCode::InvalidParams,
+        KeyError::TooLong { .. } => ErrorCode::InvalidKey,
+    }
+}
+
+fn descriptors(replicas: &[Replica]) -> Vec<ReplicaDescriptor> {
+    replicas.iter().filter_map(Replica::descriptor).collect()
+}
+
+impl MasterService {
+    fn validate_write<'a>(
+        &self,
+        key: &'a str,
+        size: u64,
+        config: &'a ReplicateConfig,
+    ) -> Result<WriteSpec<'a>, ErrorCode> {
+        ObjectKey::check(key).map_err(key_error)?;
+        if size == 0 || (config.replica_num == 0 && config.nof_replica_num == 0) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if config.prefer_same_node && config.nof_replica_num > 0 {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let ttl_ms = match (config.soft_pin_action, config.soft_pin_ttl_ms) {
+            (SoftPinAction::Preserve | SoftPinAction::Disable, Some(_)) => return Err(ErrorCode::InvalidParams),
+            (SoftPinAction::Enable, ttl) => {
+                let ttl = ttl.unwrap_or(self.config.default_soft_pin_ttl_ms);
+                if ttl > self.config.max_soft_pin_ttl_ms {
+                    return Err(ErrorCode::InvalidParams);
+                }
+                ttl
+            }
+            _ => 0,
+        };
+        Ok(WriteSpec {
+            key,
+            size,
+            config,
+            soft_pin: SoftPinRequest { action: config.soft_pin_action, ttl_ms },
+            group: config.group_id.as_deref(),
+        })
+    }
+
+    /// PutStart: reserves space for a new object and returns where to write it (all replicas `Processing`).
+    /// Put-if-absent: an existing readable object or a recent unfinished write → `OBJECT_ALREADY_EXISTS`.
+    pub fn put_start(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let r = self.start_write(client, tenant, key, size, config, false);
+        self.metrics.put_start.record(&r);
+        r
+    }
+
+    /// UpsertStart: insert or update. Same size reuses the buffers in place (the key is unreadable until End);
+    /// a different size allocates anew; an unfinished write is preempted at once.
+    pub fn upsert_start(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let r = self.start_write(client, tenant, key, size, config, true);
+        self.metrics.upsert_start.record(&r);
+        r
+    }
+
+    /// BatchPutStart: per key, in input order. `group_ids`, when given, must have one entry per key.
+    pub fn batch_put_start(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        items: &[(&str, u64)],
+        config: &ReplicateConfig,
+        group_ids: Option<&[String]>,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        self.batch_start(client, tenant, items, config, group_ids, false)
+    }
+
+    /// BatchUpsertStart: per key, in input order.
+    pub fn batch_upsert_start(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        items: &[(&str, u64)],
+        config: &ReplicateConfig,
+        group_ids: Option<&[String]>,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        self.batch_start(client, tenant, items, config, group_ids, true)
+    }
+
+    fn batch_start(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        items: &[(&str, u64)],
+        config: &ReplicateConfig,
+        group_ids: Option<&[String]>,
+        upsert: bool,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        if group_ids.is_some_and(|g| g.len() != items.len()) {
+            return vec![Err(ErrorCode::InvalidParams); items.len()];
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, (key, size))| {
+                let r = match group_ids {
+                    Some(g) => {
+                        let cfg = ReplicateConfig { group_id: Some(g[i].clone()), ..config.clone() };
+                        self.start_write(client, tenant, key, *size, &cfg, upsert)
+                    }
+                    None => self.start_write(client, tenant, key, *size, config, upsert),
+                };
+                if upsert {
+                    self.metrics.upsert_start.record(&r)
+                } else {
+                    self.metrics.put_start.record(&r)
+                }
+                r
+            })
+            .collect()
+    }
+
+    fn start_write(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let spec = self.validate_write(key, size, config)?;
+        let tenant = self.write_tenant(tenant)?;
+        for _ in 0..RACE_RETRIES {
+            let next = match tenant.directory().get(key) {
+                None => Next::Create,
+                Some(entry) => self.resolve_existing(&tenant, entry, client, &spec, upsert)?,
+            };
+            let result = match next {
+                Next::Done(d) => return Ok(d),
+                Next::Create => self.create(&tenant, client, &spec),
+                Next::Replace { entry, hard_pinned } => self.replace(&tenant, client, &spec, &entry, hard_pinned),
+            };
+            match result {
+                Err(ErrorCode::ObjectAlreadyExists) if upsert => continue,
+                Err(ErrorCode::ObjectAlreadyExists) => {
+                    // Lost a creation race; if the winner is an erase in progress, look again.
+                    match tenant.directory().get(key) {
+                        Some(e) if e.lock().lifecycle == Lifecycle::Active => {
+                            return Err(ErrorCode::ObjectAlreadyExists);
+                        }
+                        _ => std::thread::yield_now(),
+                    }
+                }
+                other => return other,
+            }
+        }
+        Err(ErrorCode::ObjectAlreadyExists)
+    }
+
+    /// Decides what a write does about an object already routed under its key.
+    fn resolve_existing(
+        &self,
+        tenant: &Arc<TenantState>,
+        entry: Arc<ObjectEntry>,
+        client: ClientId,
+        spec: &WriteSpec<'_>,
+        upsert: bool,
+    ) -> Result<Next, ErrorCode> {
+        let now = self.clock.now();
+        let mut st = entry.lock();
+        if st.lifecycle != Lifecycle::Active {
+            return Ok(Next::Create);
+        }
+        // Replicas whose segment vanished are dead weight: drop them now.
+        let stale: SmallVec<[Replica; 1]> = drain_invalid(&mut st);
+        tenant.resettle(&mut st);
+        let readable = st.has_readable();
+        if !upsert {
+            let young = st.pending.as_ref().is_some_and(|p| {
+                now.saturating_since(p.started) < Duration::from_millis(self.config.put_start_discard_timeout_ms)
+            });
+            if readable || young {
+                drop(st);
+                drop(stale);
+                return Err(ErrorCode::ObjectAlreadyExists);
+            }
+            // A stale unfinished write (or an object with nothing left): preempt it and start afresh.
+            self.discard_pending(tenant, &mut st);
+            let dead = tenant.retire(&mut st);
+            drop(st);
+            tenant.detach(&entry);
+            drop((stale, dead));
+            return Ok(Next::Create);
+        }
+        // Upsert: group membership is immutable.
+        let existing_group = entry.group().map(|g| &**g.name());
+        match (spec.group, existing_group) {
+            (None, _) => {}
+            (Some(""), None) => {}
+            (Some(g), Some(e)) if g == e => {}
+            _ => return Err(ErrorCode::InvalidParams),
+        }
+        if st.replicas.iter().any(|r| r.refcnt > 0) {
+            return Err(ErrorCode::ObjectReplicaBusy);
+        }
+        self.discard_pending(tenant, &mut st);
+        if !st.has_readable() {
+            let dead = tenant.retire(&mut st);
+            drop(st);
+            tenant.detach(&entry);
+            drop((stale, dead));
+            return Ok(Next::Create);
+        }
+        if st.size != spec.size {
+            let hard_pinned = st.hard_pinned;
+            drop(st);
+            drop(stale);
+            return Ok(Next::Replace { entry, hard_pinned });
+        }
+        // Same size: rewrite in place. The settled charge becomes the write's pending charge.
+        for r in st.replicas.iter_mut() {
+            r.status = ReplicaStatus::Processing;
+        }
+        let pending_charge = std::mem::take(&mut st.charged);
+        st.pending =
+            Some(Box::new(PendingWrite { writer: client, started: now, soft_pin: spec.soft_pin, pending_charge }));
+        let d = descriptors(&st.replicas);
+        drop(st);
+        drop(stale);
+        Ok(Next::Done(d))
+    }
+
+    /// Moves an unfinished write's `Processing` replicas to the discard queue (its writer may still be writing
+    /// into them) and refunds its pending charge.
+    fn discard_pending(&self, tenant: &TenantState, st: &mut ObjectState) {
+        let Some(p) = st.pending.take() else { return };
+        tenant.release_quota(p.pending_charge);
+        let (processing, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+            std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
+        st.replicas = keep;
+        let release_at = p.started.saturating_add(Duration::from_millis(self.config.put_start_release_timeout_ms));
+        self.discards.push(release_at, processing.into_iter().map(|r| r.buffer).collect());
+    }
+
+    /// Charges a new write's quota, evicting the tenant's own objects up to twice when it is over quota.
+    fn charge_write(&self, tenant: &TenantState, bytes: u64) -> Result<(), ErrorCode> {
+        for attempt in 0..=QUOTA_EVICTION_RETRIES {
+            match tenant.quota().try_charge(bytes) {
+                Ok(()) => return Ok(()),
+                Err(QuotaError::Exceeded { deficit }) if attempt < QUOTA_EVICTION_RETRIES => {
+                    self.evict(EvictionScope::Tenant(tenant.id().clone()), EvictionTarget::Bytes(deficit));
+                }
+                Err(QuotaError::Exceeded { .. }) => {
+                    self.metrics.tenant_quota_rejects.fetch_add(1, Ordering::Relaxed);
+                    return Err(ErrorCode::TenantQuotaExceeded);
+                }
+                Err(e) => return Err(e.code()),
+            }
+        }
+        Err(ErrorCode::TenantQuotaExceeded)
+    }
+
+    fn charge_for(spec: &WriteSpec<'_>) -> u64 {
+        spec.size.saturating_mul(u64::from(spec.config.replica_num))
+    }
+
+    /// Places the replicas of one write (memory best effort, then NoF), evicting once on allocation failure.
+    fn place_write(&self, client: ClientId, spec: &WriteSpec<'_>) -> Result<Vec<Replica>, ErrorCode> {
+        let host = spec.config.host_id.clone().or_else(|| self.clients.host(client));
+        let group = if self.config.cxl_window.is_some() { PlacementGroup::Cxl } else { PlacementGroup::Memory };
+        let mut req = PlacementRequest {
+            group,
+            size: spec.size,
+            replica_num: spec.config.replica_num as usize,
+            preferred: &spec.config.preferred_segments,
+            excluded: &[],
+            writer_host: host.as_deref(),
+            prefer_same_node: spec.config.prefer_same_node,
+            key_hash: route_hash(spec.key),
+        };
+        let placement = ReplicaPlacement::new(&self.pool, &self.placement);
+        let mut buffers: Vec<AllocatedBuffer> = Vec::new();
+        if spec.config.replica_num > 0 {
+            match placement.place(&req) {
+                Ok(b) => buffers = b,
+                Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
+                    // Allocation failure: free space (one round at a time across writers), then retry once.
+                    self.need_eviction.store(true, Ordering::Release);
+                    let _gate = self.eviction_gate.lock();
+                    buffers = match placement.place(&req) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            let ratio = self.config.eviction_ratio;
+                            self.evict(EvictionScope::All, EvictionTarget::Fraction { target: ratio, lower: ratio });
+                            placement.place(&req).unwrap_or_default()
+                        }
+                    };
+                }
+                Err(PlacementError::NoAvailableHandle { .. }) => {}
+                Err(e) => return Err(e.code()),
+            }
+            if !buffers.is_empty() && buffers.len() < spec.config.replica_num as usize {
+                self.metrics.partial_placements.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if spec.config.nof_replica_num > 0 {
+            req.group = PlacementGroup::Nof;
+            req.replica_num = spec.config.nof_replica_num as usize;
+            req.preferred = &spec.config.preferred_nof_segments;
+            req.writer_host = None;
+            if let Ok(b) = placement.place(&req) {
+                buffers.extend(b);
+            }
+        }
+        if buffers.is_empty() {
+            return Err(ErrorCode::NoAvailableHandle);
+        }
+        Ok(buffers.into_iter().map(|b| Replica::processing(self.next_replica_id(), b)).collect())
+    }
+
+    /// Case A: a brand-new object.
+    fn create(
+        &self,
+        tenant: &Arc<TenantState>,
+        client: ClientId,
+        spec: &WriteSpec<'_>,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let charge = Self::charge_for(spec);
+        self.charge_write(tenant, charge)?;
+        let replicas = match self.place_write(client, spec) {
+            Ok(r) => r,
+            Err(e) => {
+                tenant.release_quota(charge);
+                return Err(e);
+            }
+        };
+        let state = ObjectState {
+            lifecycle: Lifecycle::Active,
+            hard_pinned: spec.config.with_hard_pin,
+            data_type: spec.config.data_type,
+            has_checksum: false,
+            size: spec.size,
+            checksum: 0,
+            lease: Timestamp(0),
+            soft_pin: Timestamp(0),
+            charged: 0,
+            pending: Some(Box::new(PendingWrite {
+                writer: client,
+                started: self.clock.now(),
+                soft_pin: spec.soft_pin,
+                pending_charge: charge,
+            })),
+            replicas: replicas.into_iter().collect(),
+        };
+        let descs = descriptors(&state.replicas);
+        let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
+        let key: Box<str> = spec.key.into();
+        let published = match spec.group.filter(|g| !g.is_empty()) {
+            None => {
+                let entry = Arc::new(ObjectEntry::new(id, key, None, state));
+                tenant.directory().insert_if_absent(entry.clone()).map_err(|_| entry)
+            }
+            Some(name) => publish_member(tenant, name, id, key, state),
+        };
+        match published {
+            Ok(()) => Ok(descs),
+            Err(loser) => {
+                // Someone else created the key first: undo ours (buffers are freed with no lock held).
+                let mut st = loser.lock();
+                let dead = tenant.retire(&mut st);
+                drop(st);
+                drop(dead);
+                Err(ErrorCode::ObjectAlreadyExists)
+            }
+        }
+    }
+
+    /// Case C: an upsert of a different size — allocate, then swap the new replicas into the same entry.
+    fn replace(
+        &self,
+        tenant: &Arc<TenantState>,
+        client: ClientId,
+        spec: &WriteSpec<'_>,
+        entry: &Arc<ObjectEntry>,
+        hard_pinned: bool,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let charge = Self::charge_for(spec);
+        self.charge_write(tenant, charge)?;
+        let replicas = match self.place_write(client, spec) {
+            Ok(r) => r,
+            Err(e) => {
+                tenant.release_quota(charge);
+                return Err(e);
+            }
+        };
+        let now = self.clock.now();
+        let mut st = entry.lock();
+        // Revalidate: the object may have changed while we allocated.
+        if st.lifecycle != Lifecycle::Active || st.pending.is_some() || st.replicas.iter().any(|r| r.refcnt > 0) {
+            drop(st);
+            tenant.release_quota(charge);
+            drop(replicas);
+            return Err(ErrorCode::ObjectAlreadyExists); // retried by start_write
+        }
+        let old = std::mem::take(&mut st.replicas);
+        tenant.release_quota(std::mem::take(&mut st.charged));
+        // Readers may still be reading the old bytes under their lease.
+        let release_at = st.lease.max(now);
+        st.replicas = replicas.into_iter().collect();
+        st.size = spec.size;
+        st.hard_pinned = hard_pinned || spec.config.with_hard_pin;
+        st.has_checksum = false;
+        st.pending = Some(Box::new(PendingWrite {
+            writer: client,
+            started: now,
+            soft_pin: spec.soft_pin,
+            pending_charge: charge,
+        }));
+        let d = descriptors(&st.replicas);
+        drop(st);
+        self.discards.push(release_at, old.into_iter().map(|r| r.buffer).collect());
+        Ok(d)
+    }
+
+    /// PutEnd: the writer finished writing every replica; the object becomes readable. Idempotent.
+    pub fn put_end(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
+        let r = self.end_write(client, tenant, key, checksum);
+        self.metrics.put_end.record(&r);
+        r
+    }
+
+    /// UpsertEnd (same as PutEnd).
+    pub fn upsert_end(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        key: &str,
+        checksum: Option<u64>,
+    ) -> Result<(), ErrorCode> {
+        self.put_end(client, tenant, key, checksum)
+    }
+
+    /// BatchPutEnd: per key, in input order.
+    pub fn batch_put_end(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        items: &[(&str, Option<u64>)],
+    ) -> Vec<Result<(), ErrorCode>> {
+        items.iter().map(|(k, c)| self.put_end(client, tenant, k, *c)).collect()
+    }
+
+    fn end_write(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
+        let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = tenant.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let now = self.clock.now();
+        let mut st = entry.lock();
+        if st.lifecycle != Lifecycle::Active {
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        let Some(pending) = st.pending.as_ref() else {
+            return if st.replicas.iter().all(|r| r.status == ReplicaStatus::Complete) {
+                Ok(())
+            } else {
+                Err(ErrorCode::InvalidWrite)
+            };
+        };
+        if pending.writer != client {
+            return Err(ErrorCode::IllegalClient);
+        }
+        let stale = drain_invalid(&mut st);
+        let Some(pending) = st.pending.take() else { return Err(ErrorCode::InvalidWrite) };
+        if st.replicas.is_empty() {
+            // Every segment of this write vanished while it was in flight.
+            st.pending = Some(pending);
+            let dead = tenant.retire(&mut st);
+            drop(st);
+            tenant.detach(&entry);
+            drop((stale, dead));
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        for r in st.replicas.iter_mut() {
+            r.status = ReplicaStatus::Complete;
+        }
+        match pending.soft_pin.action {
+            SoftPinAction::Enable if pending.soft_pin.ttl_ms > 0 => {
+                st.soft_pin = now.saturating_add(Duration::from_millis(pending.soft_pin.ttl_ms));
+            }
+            SoftPinAction::Enable | SoftPinAction::Disable => st.soft_pin = Timestamp(0),
+            SoftPinAction::Preserve => {}
+        }
+        st.has_checksum = checksum.is_some();
+        st.checksum = checksum.unwrap_or(0);
+        // Settle: the charge becomes size × completed memory replicas; partial placements are refunded here.
+        let settled = st.settled_charge();
+        let held = pending.pending_charge + st.charged;
+        if settled <= held {
+            tenant.release_quota(held - settled);
+        } else {
+            tenant.quota().force_charge(settled - held);
+        }
+        st.charged = settled;
+        st.lease = st.lease.max(now);
+        drop(st);
+        drop(stale);
+        Ok(())
+    }
+
+    /// PutRevoke: the writer gives up; its `Processing` replicas are freed, and the object with them if nothing
+    /// readable remains.
+    pub fn put_revoke(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+        let r = self.revoke_write(client, tenant, key);
+        self.metrics.put_revoke.record(&r);
+        r
+    }
+
+    /// UpsertRevoke (same as PutRevoke).
+    pub fn upsert_revoke(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+        self.put_revoke(client, tenant, key)
+    }
+
+    /// BatchPutRevoke: per key, in input order.
+    pub fn batch_put_revoke(&self, client: ClientId, tenant: &str, keys: &[&str]) -> Vec<Result<(), ErrorCode>> {
+        keys.iter().map(|k| self.put_revoke(client, tenant, k)).collect()
+    }
+
+    fn revoke_write(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+        let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = tenant.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let mut st = entry.lock();
+        if st.lifecycle != Lifecycle::Active {
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        match st.pending.as_ref() {
+            None => return Err(ErrorCode::InvalidWrite),
+            Some(p) if p.writer != client => return Err(ErrorCode::IllegalClient),
+            Some(_) => {}
+        }
+        let pending = st.pending.take().map_or(0, |p| p.pending_charge);
+        tenant.release_quota(pending);
+        let (revoked, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+            std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
+        st.replicas = keep;
+        if st.has_readable() {
+            drop(st);
+            drop(revoked);
+            return Ok(());
+        }
+        let dead = tenant.retire(&mut st);
+        drop(st);
+        tenant.detach(&entry);
+        drop((revoked, dead));
+        Ok(())
+    }
+}
+
+/// Takes out replicas whose segment is gone.
+pub(super) fn drain_invalid(st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
+    if st.replicas.iter().all(Replica::is_valid) {
+        return SmallVec::new();
+    }
+    let (keep, gone): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+        std::mem::take(&mut st.replicas).into_iter().partition(Replica::is_valid);
+    st.replicas = keep;
+    gone
+}
+
+/// Creates a member of group `name` and publishes its route, under the group lock (group → route order).
+fn publish_member(
+    tenant: &TenantState,
+    name: &str,
+    id: u64,
+    key: Box<str>,
+    state: ObjectState,
+) -> Result<(), Arc<ObjectEntry>> {
+    loop {
+        let group: Arc<GroupEntry> = tenant.directory().group_or_create(name);
+        let mut members = group.lock();
+        if members.removing {
+            // The group emptied and left the catalog between our lookup and lock: take the new one.
+            continue;
+        }
+        let entry = Arc::new(ObjectEntry::new(id, key, Some(group.clone()), state));
+        let result = tenant.directory().insert_if_absent(entry.clone());
+        if result.is_ok() {
+            members.members.push(Arc::downgrade(&entry));
+            members.dirty = true;
+            return Ok(());
+        }
+        if members.members.is_empty() {
+            members.removing = true;
+            tenant.directory().remove_group_if_match(&group);
+        }
+        return Err(entry);
+    }
+}

@@ -1,0 +1,275 @@
+//! Write/read/remove behaviours of the master (mooncake-master_api.md §9, behaviours 1–13 and 22).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use crescent_master::service::MasterConfig;
+use crescent_proto::{
+    ClientId, ErrorCode, MAX_KEY_LEN, ReplicaLocation, ReplicaStatus, ReplicateConfig, SoftPinAction,
+};
+use std::collections::HashSet;
+use std::time::Duration;
+
+fn cfg(n: u32) -> ReplicateConfig {
+    ReplicateConfig::with_replicas(n)
+}
+
+fn segment_of(d: &crescent_proto::ReplicaDescriptor) -> crescent_proto::SegmentId {
+    d.location.segment_id().unwrap()
+}
+
+// 1
+#[test]
+fn put_start_rejects_invalid_requests() {
+    let h = Harness::default3();
+    let w = h.writer;
+    let bad = |k: &str, size: u64, c: &ReplicateConfig| h.svc.put_start(w, "", k, size, c).unwrap_err();
+    assert_eq!(bad("k", 10, &ReplicateConfig { replica_num: 0, ..cfg(1) }), ErrorCode::InvalidParams);
+    assert_eq!(bad("", 10, &cfg(1)), ErrorCode::InvalidParams);
+    assert_eq!(bad("k", 0, &cfg(1)), ErrorCode::InvalidParams);
+    assert_eq!(bad(&"k".repeat(MAX_KEY_LEN + 1), 10, &cfg(1)), ErrorCode::InvalidKey);
+    let ttl_without_enable = ReplicateConfig { soft_pin_ttl_ms: Some(5), ..cfg(1) };
+    assert_eq!(bad("k", 10, &ttl_without_enable), ErrorCode::InvalidParams);
+    let disable_with_ttl =
+        ReplicateConfig { soft_pin_action: SoftPinAction::Disable, soft_pin_ttl_ms: Some(5), ..cfg(1) };
+    assert_eq!(bad("k", 10, &disable_with_ttl), ErrorCode::InvalidParams);
+    let too_long = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(h.svc.config().max_soft_pin_ttl_ms + 1),
+        ..cfg(1)
+    };
+    assert_eq!(bad("k", 10, &too_long), ErrorCode::InvalidParams);
+    let same_node_nof = ReplicateConfig { prefer_same_node: true, nof_replica_num: 1, ..cfg(1) };
+    assert_eq!(bad("k", 10, &same_node_nof), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.key_count(None), 0, "nothing was created");
+    assert_eq!(h.used(), 0);
+}
+
+// 2
+#[test]
+fn put_start_is_best_effort_on_distinct_segments() {
+    let h = Harness::default3();
+    let d = h.svc.put_start(h.writer, "", "two", 4096, &cfg(2)).unwrap();
+    assert_eq!(d.len(), 2);
+    assert!(d.iter().all(|r| r.status == ReplicaStatus::Processing));
+    assert_ne!(segment_of(&d[0]), segment_of(&d[1]));
+    let d = h.svc.put_start(h.writer, "", "five", 4096, &cfg(5)).unwrap();
+    let segs: HashSet<_> = d.iter().map(segment_of).collect();
+    assert_eq!((d.len(), segs.len()), (3, 3));
+    assert_eq!(h.svc.metrics().partial_placements.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let empty = Harness::new(MasterConfig::default(), 0, 0);
+    assert_eq!(empty.svc.put_start(h.writer, "", "k", 1, &cfg(1)).unwrap_err(), ErrorCode::NoAvailableHandle);
+    let small = Harness::new(MasterConfig::default(), 1, MIB);
+    assert_eq!(small.svc.put_start(h.writer, "", "k", 2 * MIB, &cfg(1)).unwrap_err(), ErrorCode::NoAvailableHandle);
+}
+
+// 3, 4
+#[test]
+fn put_if_absent_and_preemption_of_stale_writes() {
+    let h = Harness::default3();
+    h.put("done", 100);
+    assert_eq!(h.svc.put_start(h.writer, "", "done", 100, &cfg(1)).unwrap_err(), ErrorCode::ObjectAlreadyExists);
+
+    let zombie = ClientId::random();
+    let first = h.svc.put_start(zombie, "", "k", MIB, &cfg(1)).unwrap();
+    h.advance(Duration::from_secs(29));
+    assert_eq!(h.svc.put_start(h.writer, "", "k", MIB, &cfg(1)).unwrap_err(), ErrorCode::ObjectAlreadyExists);
+    h.advance(Duration::from_secs(1));
+    let second = h.svc.put_start(h.writer, "", "k", MIB, &cfg(1)).unwrap();
+    assert_ne!(first[0].location, second[0].location, "fresh buffers");
+    // The zombie's buffer stays allocated (it may still be writing) until put_start + 600 s.
+    assert_eq!(h.used(), 100 + 2 * MIB);
+    assert_eq!(h.svc.discarded_bytes(), MIB);
+    assert_eq!(h.svc.put_end(zombie, "", "k", None).unwrap_err(), ErrorCode::IllegalClient);
+    h.advance(Duration::from_secs(569));
+    assert_eq!(h.svc.step_discards(), 0);
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.svc.step_discards(), 1);
+    assert_eq!(h.used(), 100 + MIB);
+    h.svc.put_end(h.writer, "", "k", None).unwrap();
+}
+
+// 5, 9
+#[test]
+fn objects_are_invisible_until_put_end_and_reads_return_complete_replicas() {
+    let h = Harness::default3();
+    h.svc.put_start(h.writer, "", "k", 4096, &cfg(2)).unwrap();
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ReplicaIsNotReady);
+    assert_eq!(h.svc.exist_key("", "k"), Ok(false));
+    h.svc.put_end(h.writer, "", "k", Some(42)).unwrap();
+    let r = h.get("k").unwrap();
+    assert_eq!(r.replicas.len(), 2);
+    assert!(r.replicas.iter().all(|d| d.status == ReplicaStatus::Complete));
+    assert_eq!((r.lease_ttl_ms, r.checksum, r.size), (10_000, Some(42), 4096));
+    assert!(matches!(&r.replicas[0].location, ReplicaLocation::Memory { length: 4096, .. }));
+    assert_eq!(h.svc.exist_key("", "k"), Ok(true));
+    assert_eq!(h.get("absent").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.svc.exist_key("", "absent"), Ok(false));
+}
+
+// 6, 7, 8
+#[test]
+fn end_and_revoke_are_writer_only_idempotent_and_revoke_frees() {
+    let h = Harness::default3();
+    let other = ClientId::random();
+    assert_eq!(h.svc.put_end(h.writer, "", "nope", None).unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.svc.put_revoke(h.writer, "", "nope").unwrap_err(), ErrorCode::ObjectNotFound);
+    h.svc.put_start(h.writer, "", "k", MIB, &cfg(2)).unwrap();
+    assert_eq!(h.svc.put_end(other, "", "k", None).unwrap_err(), ErrorCode::IllegalClient);
+    assert_eq!(h.svc.put_revoke(other, "", "k").unwrap_err(), ErrorCode::IllegalClient);
+    assert_eq!(h.used(), 2 * MIB);
+    h.svc.put_revoke(h.writer, "", "k").unwrap();
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.used(), 0, "revoke frees the bytes");
+    h.put("done", 10);
+    h.svc.put_end(h.writer, "", "done", None).unwrap();
+    h.svc.put_end(other, "", "done", None).unwrap();
+    assert_eq!(h.svc.put_revoke(h.writer, "", "done").unwrap_err(), ErrorCode::InvalidWrite);
+}
+
+// 10, 11
+#[test]
+fn read_leases_block_non_forced_removal() {
+    let h = Harness::default3();
+    h.put("fresh", 10);
+    h.svc.remove("", "fresh", false).unwrap();
+    h.put("read", 10);
+    h.get("read").unwrap();
+    assert_eq!(h.svc.remove("", "read", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.advance(Duration::from_millis(9_999));
+    assert_eq!(h.svc.remove("", "read", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.advance(Duration::from_millis(1));
+    h.svc.remove("", "read", false).unwrap();
+    h.put("exist", 10);
+    assert_eq!(h.svc.exist_key("", "exist"), Ok(true));
+    assert_eq!(h.svc.remove("", "exist", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.svc.remove("", "exist", true).unwrap();
+    assert_eq!(h.svc.remove("", "exist", true).unwrap_err(), ErrorCode::ObjectNotFound);
+}
+
+#[test]
+fn leases_extend_but_never_shrink() {
+    let h = Harness::default3();
+    h.put("k", 10);
+    h.get("k").unwrap();
+    h.advance(Duration::from_secs(6));
+    h.get("k").unwrap(); // lease now ends at +16 s
+    h.advance(Duration::from_secs(9));
+    assert_eq!(h.svc.remove("", "k", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.advance(Duration::from_secs(1));
+    h.svc.remove("", "k", false).unwrap();
+}
+
+// 12
+#[test]
+fn unfinished_writes_cannot_be_removed_even_by_force() {
+    let h = Harness::default3();
+    h.svc.put_start(h.writer, "", "k", 10, &cfg(1)).unwrap();
+    assert_eq!(h.svc.remove("", "k", true).unwrap_err(), ErrorCode::ReplicaIsNotReady);
+    assert_eq!(h.svc.remove("", "k", false).unwrap_err(), ErrorCode::ReplicaIsNotReady);
+}
+
+// 13
+#[test]
+fn remove_all_and_remove_by_regex() {
+    let h = Harness::default3();
+    for i in 0..10 {
+        h.put(&format!("prefix/{i}"), 10);
+    }
+    h.put("other/a", 10);
+    h.svc.put_start(h.writer, "", "pending", 10, &cfg(1)).unwrap();
+    h.get("prefix/0").unwrap();
+    assert_eq!(h.svc.remove_by_regex("", "(", false).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.remove_by_regex("", "fix/[1-3]", false), Ok(3), "search, not full match");
+    assert_eq!(h.svc.remove_all(None, false), 7, "complete, unleased objects only");
+    assert_eq!(h.svc.key_count(None), 2);
+    assert_eq!(h.svc.remove_all(None, true), 1, "force takes the leased one, never the pending write");
+    assert_eq!(h.svc.list_keys("", "", 100).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn batch_calls_answer_per_key_in_order() {
+    let h = Harness::default3();
+    let items = [("a", 10u64), ("", 10), ("b", 0), ("c", 10)];
+    let r = h.svc.batch_put_start(h.writer, "", &items, &cfg(1), None);
+    assert!(r[0].is_ok() && r[3].is_ok());
+    assert_eq!(
+        (r[1].clone().unwrap_err(), r[2].clone().unwrap_err()),
+        (ErrorCode::InvalidParams, ErrorCode::InvalidParams)
+    );
+    let ends = h.svc.batch_put_end(h.writer, "", &[("a", None), ("missing", None), ("c", Some(1))]);
+    assert_eq!(ends, vec![Ok(()), Err(ErrorCode::ObjectNotFound), Ok(())]);
+    assert_eq!(h.svc.batch_exist_key("", &["c", "zz", "a"]), vec![Ok(true), Ok(false), Ok(true)]);
+    let gets = h.svc.batch_get_replica_list("", &["a", "zz"]);
+    assert!(gets[0].is_ok());
+    assert_eq!(gets[1].clone().unwrap_err(), ErrorCode::ObjectNotFound);
+    let groups = vec!["g".to_string()];
+    let mismatch = h.svc.batch_put_start(h.writer, "", &[("x", 1), ("y", 1)], &cfg(1), Some(&groups));
+    assert!(mismatch.iter().all(|r| r.clone().unwrap_err() == ErrorCode::InvalidParams));
+    h.advance(Duration::from_secs(11));
+    assert_eq!(h.svc.batch_remove("", &["a", "zz"], false), vec![Ok(()), Err(ErrorCode::ObjectNotFound)]);
+    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["c"]), vec![Err(ErrorCode::InvalidWrite)]);
+}
+
+// 22
+#[test]
+fn upsert_same_size_reuses_buffers_and_hides_the_key_until_end() {
+    let h = Harness::default3();
+    let first = h.put("k", 4096);
+    let again = h.svc.upsert_start(h.writer, "", "k", 4096, &cfg(1)).unwrap();
+    assert_eq!(
+        first.iter().map(|d| &d.location).collect::<Vec<_>>(),
+        again.iter().map(|d| &d.location).collect::<Vec<_>>()
+    );
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ReplicaIsNotReady);
+    assert_eq!(h.svc.exist_key("", "k"), Ok(false));
+    h.svc.upsert_end(h.writer, "", "k", Some(7)).unwrap();
+    assert_eq!(h.get("k").unwrap().checksum, Some(7));
+    assert_eq!(h.used(), 4096);
+}
+
+#[test]
+fn upsert_of_another_size_allocates_anew_and_frees_the_old_after_the_lease() {
+    let h = Harness::default3();
+    let first = h.put("k", 4096);
+    h.get("k").unwrap(); // a reader holds a lease on the old bytes
+    let next = h.svc.upsert_start(h.writer, "", "k", 8192, &cfg(1)).unwrap();
+    assert_ne!(first[0].location, next[0].location);
+    assert_eq!(h.used(), 4096 + 8192, "old bytes wait for the reader's lease");
+    h.svc.upsert_end(h.writer, "", "k", None).unwrap();
+    assert_eq!(h.get("k").unwrap().size, 8192);
+    h.advance(Duration::from_secs(10));
+    h.svc.step_discards();
+    assert_eq!(h.used(), 8192);
+}
+
+#[test]
+fn upsert_preempts_an_unfinished_write_at_once_and_creates_when_absent() {
+    let h = Harness::default3();
+    let zombie = ClientId::random();
+    h.svc.put_start(zombie, "", "k", 100, &cfg(1)).unwrap();
+    h.svc.upsert_start(h.writer, "", "k", 100, &cfg(1)).unwrap();
+    assert_eq!(h.svc.put_end(zombie, "", "k", None).unwrap_err(), ErrorCode::IllegalClient);
+    h.svc.upsert_end(h.writer, "", "k", None).unwrap();
+    assert!(h.get("k").is_ok());
+    h.svc.upsert_start(h.writer, "", "new", 5, &cfg(1)).unwrap();
+    h.svc.upsert_revoke(h.writer, "", "new").unwrap();
+    assert_eq!(h.get("new").unwrap_err(), ErrorCode::ObjectNotFound);
+    // Revoking an in-place upsert loses the object (its buffers were being rewritten).
+    h.svc.upsert_start(h.writer, "", "k", 100, &cfg(1)).unwrap();
+    h.svc.upsert_revoke(h.writer, "", "k").unwrap();
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
+}
+
+#[test]
+fn soft_pin_commits_at_put_end_and_hard_pin_is_kept() {
+    let h = Harness::default3();
+    let c = ReplicateConfig { soft_pin_action: SoftPinAction::Enable, soft_pin_ttl_ms: Some(1000), ..cfg(1) };
+    h.put_in("", "soft", 10, &c).unwrap();
+    // Remove ignores soft pins.
+    h.svc.remove("", "soft", false).unwrap();
+    let hard = ReplicateConfig { with_hard_pin: true, ..cfg(1) };
+    h.put_in("", "hard", 10, &hard).unwrap();
+    h.svc.remove("", "hard", false).unwrap();
+}
