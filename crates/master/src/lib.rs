@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod clock;
 pub mod eviction;
 pub mod local_ssd;
+pub mod memory;
 pub mod metadata;
 pub mod placement;
 pub mod segment_pool;

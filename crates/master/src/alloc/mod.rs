@@ -189,6 +189,9 @@ pub struct OffsetAllocator {
     nodes: Vec<Node>,
     /// Recycled node slots (a stack, so hot slots are reused first).
     free_slots: Vec<u32>,
+    /// Generation given to brand-new slots: above every generation handed out before the last compaction, so
+    /// handles from before it can never match a new node.
+    gen_floor: u32,
     /// Node at offset 0 (start of the address-ordered neighbour list).
     first: u32,
     used_bytes: u64,
@@ -234,6 +237,7 @@ impl OffsetAllocator {
             bin_heads: [NIL; NUM_BINS],
             nodes: Vec::new(),
             free_slots: Vec::new(),
+            gen_floor: 0,
             first: NIL,
             used_bytes: 0,
             consumed_bytes: 0,
@@ -353,6 +357,7 @@ impl OffsetAllocator {
         }
         // Head insertion: an immediate re-allocation of the same size finds this extent first.
         self.bin_insert(merged);
+        self.compact_if_empty();
         Ok(())
     }
 
@@ -697,9 +702,30 @@ impl OffsetAllocator {
             index
         } else {
             let index = self.nodes.len() as u32;
+            node.generation = self.gen_floor;
             self.nodes.push(node);
             index
         }
+    }
+
+    /// When the last allocation is freed, drops the node storage grown by past allocations so an emptied
+    /// region returns its metadata memory (a master that evicted or removed everything shrinks back).
+    fn compact_if_empty(&mut self) {
+        const KEEP: usize = 64;
+        if self.live != 0 || self.nodes.len() <= KEEP {
+            return;
+        }
+        let floor = self.nodes.iter().map(|n| n.generation).max().unwrap_or(0).wrapping_add(1);
+        let total = self.total;
+        let mut fresh = Self::empty(self.capacity);
+        fresh.gen_floor = floor;
+        let mut node = Node::blank(floor);
+        node.size = self.capacity;
+        fresh.nodes.push(node);
+        fresh.first = 0;
+        fresh.bin_insert(0);
+        fresh.total = total;
+        *self = fresh;
     }
 
     /// Returns a merged-away slot to the free stack. Its contents are dead (`used` is already false and
@@ -1133,5 +1159,26 @@ mod tests {
         assert!(h.is_empty());
         assert_eq!(d.largest_free_extent(), 10);
         check(&d);
+    }
+
+    #[test]
+    fn emptying_compacts_node_storage_and_stale_handles_stay_invalid() {
+        let mut a = OffsetAllocator::new(1 << 30).unwrap();
+        let handles: Vec<_> = (0..10_000).map(|_| a.allocate(4096).unwrap()).collect();
+        assert!(a.nodes.len() > 10_000);
+        for h in &handles {
+            a.free(h).unwrap();
+        }
+        assert_eq!(a.nodes.len(), 1, "node storage shrank back");
+        assert_eq!(a.allocations_total(), 10_000);
+        let fresh: Vec<_> = (0..100).map(|_| a.allocate(4096).unwrap()).collect();
+        for h in &handles[..100] {
+            assert_eq!(a.free(h), Err(AllocError::InvalidHandle), "a pre-compaction handle never matches");
+        }
+        for h in &fresh {
+            a.free(h).unwrap();
+        }
+        assert_eq!(a.largest_free_extent(), 1 << 30);
+        a.check_invariants().unwrap();
     }
 }

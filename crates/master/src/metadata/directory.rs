@@ -113,7 +113,13 @@ impl GroupDirectory {
         let mut t = self.shard(h).write();
         match t.find_entry(h, |e| Arc::ptr_eq(e, entry)) {
             Ok(occupied) => {
-                drop(occupied.remove());
+                let (removed, absent) = occupied.remove();
+                let table = absent.into_table();
+                // Give memory back once a shard has emptied out (mass removal or eviction).
+                if table.capacity() > 64 && table.len() * 4 < table.capacity() {
+                    table.shrink_to(table.len() * 2, entry_hash);
+                }
+                drop(removed);
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 true
             }
@@ -190,5 +196,64 @@ impl GroupDirectory {
     /// Number of live explicit groups.
     pub fn group_count(&self) -> usize {
         self.groups.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::metadata::{Lifecycle, ObjectState};
+    use crescent_proto::ObjectDataType;
+
+    fn entry(id: u64, key: &str) -> Arc<ObjectEntry> {
+        let st = ObjectState {
+            lifecycle: Lifecycle::Active,
+            hard_pinned: false,
+            data_type: ObjectDataType::Unknown,
+            has_checksum: false,
+            size: 1,
+            checksum: 0,
+            lease: Timestamp(0),
+            soft_pin: Timestamp(0),
+            charged: 0,
+            pending: None,
+            replicas: Default::default(),
+        };
+        Arc::new(ObjectEntry::new(id, key, None, st))
+    }
+
+    #[test]
+    fn matched_unlink_never_removes_a_recreated_key() {
+        let d = GroupDirectory::default();
+        let old = entry(1, "k");
+        d.insert_if_absent(old.clone()).unwrap();
+        assert!(d.insert_if_absent(entry(2, "k")).is_err(), "one route per key");
+        assert!(d.unlink_if_match(&old));
+        let new = entry(3, "k");
+        d.insert_if_absent(new.clone()).unwrap();
+        // Stale work holding the old handle cannot unlink the new object.
+        assert!(!d.unlink_if_match(&old));
+        assert_eq!(d.get("k").map(|e| e.id()), Some(3));
+        assert_eq!(d.len(), 1);
+    }
+
+    #[test]
+    fn census_visits_every_entry_and_tables_shrink_after_mass_removal() {
+        let d = GroupDirectory::default();
+        let all: Vec<_> = (0..40_000).map(|i| entry(i, &format!("key-{i}"))).collect();
+        for e in &all {
+            d.insert_if_absent(e.clone()).unwrap();
+        }
+        let mut seen = std::collections::HashSet::new();
+        d.visit_chunks(100, |chunk| seen.extend(chunk.iter().map(|e| e.id())));
+        assert_eq!(seen.len(), 40_000);
+        let cap_before: usize = d.routes.iter().map(|s| s.read().capacity()).sum();
+        for e in &all {
+            assert!(d.unlink_if_match(e));
+        }
+        let cap_after: usize = d.routes.iter().map(|s| s.read().capacity()).sum();
+        assert!(cap_after <= SHARDS * 64 && cap_after * 8 < cap_before, "{cap_after} vs {cap_before}");
+        assert!(d.is_empty());
     }
 }

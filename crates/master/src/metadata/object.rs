@@ -7,6 +7,7 @@
 use super::directory::GroupEntry;
 use crate::clock::Timestamp;
 use crate::segment_pool::AllocatedBuffer;
+use compact_str::CompactString;
 use crescent_proto::{ClientId, ObjectDataType, ReplicaDescriptor, ReplicaStatus, SegmentKind, SoftPinAction};
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
@@ -145,7 +146,8 @@ impl ObjectState {
 /// One object: identity, its group (if any) and its lock.
 pub struct ObjectEntry {
     id: ObjectId,
-    key: Box<str>,
+    /// Keys up to 24 bytes are stored inline (no second allocation per object).
+    key: CompactString,
     /// Holds the explicit group alive for as long as any handle to a member exists.
     group: Option<Arc<GroupEntry>>,
     state: Mutex<ObjectState>,
@@ -159,8 +161,8 @@ impl std::fmt::Debug for ObjectEntry {
 
 impl ObjectEntry {
     /// A new entry (lifecycle taken from `state`).
-    pub fn new(id: ObjectId, key: Box<str>, group: Option<Arc<GroupEntry>>, state: ObjectState) -> Self {
-        Self { id, key, group, state: Mutex::new(state) }
+    pub fn new(id: ObjectId, key: &str, group: Option<Arc<GroupEntry>>, state: ObjectState) -> Self {
+        Self { id, key: CompactString::new(key), group, state: Mutex::new(state) }
     }
 
     /// The object id.
@@ -181,5 +183,20 @@ impl ObjectEntry {
     /// Locks the object.
     pub fn lock(&self) -> MutexGuard<'_, ObjectState> {
         self.state.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_stays_compact() {
+        // Memory per object is a target (≤ 280 B with a ~20-byte key): keep an eye on the hot structs.
+        let (entry, state, replica) =
+            (std::mem::size_of::<ObjectEntry>(), std::mem::size_of::<ObjectState>(), std::mem::size_of::<Replica>());
+        eprintln!("ObjectEntry {entry} B, ObjectState {state} B, Replica {replica} B");
+        assert!(replica <= 48, "Replica grew to {replica} B");
+        assert!(entry <= 160, "ObjectEntry grew to {entry} B");
     }
 }

@@ -312,6 +312,9 @@ impl MasterService {
         self.metrics.eviction_runs.fetch_add(1, Ordering::Relaxed);
         self.metrics.evicted_objects.fetch_add(report.objects, Ordering::Relaxed);
         self.metrics.evicted_bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        if report.objects >= crate::memory::TRIM_THRESHOLD {
+            crate::memory::release_free_memory();
+        }
         report
     }
 
@@ -345,6 +348,53 @@ impl MasterService {
             }
         })?;
         Ok(BackgroundLoop { stop, thread: Some(thread) })
+    }
+}
+
+/// A consistency report over all metadata (see [`MasterService::audit`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// Routed objects (any state).
+    pub objects: u64,
+    /// Σ bytes of replicas on live segments.
+    pub replica_bytes: u64,
+    /// Keys routed more than once in one tenant (must be 0).
+    pub duplicate_keys: u64,
+    /// Objects routed while not `Active` (must be 0 when no operation is in flight).
+    pub not_active: u64,
+    /// Tenants whose account disagrees with Σ of their objects' charges: (tenant, account, objects).
+    pub quota_mismatches: Vec<(String, u64, u64)>,
+}
+
+impl MasterService {
+    /// Walks every object and cross-checks the accounting owners: replica bytes (to compare with the pool),
+    /// per-tenant quota (account vs Σ settled + pending charges), uniqueness of routes. Meant for quiescent
+    /// moments (tests, admin diagnostics): concurrent operations make the sums approximate.
+    pub fn audit(&self) -> Audit {
+        let mut a = Audit::default();
+        for t in self.tenants.all() {
+            let mut keys = std::collections::HashSet::new();
+            let mut charged = 0u64;
+            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+                for e in chunk {
+                    a.objects += 1;
+                    if !keys.insert(e.key().to_owned()) {
+                        a.duplicate_keys += 1;
+                    }
+                    let st = e.lock();
+                    if st.lifecycle != crate::metadata::Lifecycle::Active {
+                        a.not_active += 1;
+                    }
+                    a.replica_bytes +=
+                        st.replicas.iter().filter(|r| r.is_valid()).map(|r| r.buffer.size()).sum::<u64>();
+                    charged += st.charged + st.pending.as_ref().map_or(0, |p| p.pending_charge);
+                }
+            });
+            if t.quota().charged() != charged {
+                a.quota_mismatches.push((t.id().to_string(), t.quota().charged(), charged));
+            }
+        }
+        a
     }
 }
 

@@ -74,6 +74,9 @@ impl MasterService {
                 }
             });
         }
+        if n >= crate::memory::TRIM_THRESHOLD {
+            crate::memory::release_free_memory();
+        }
         n
     }
 

@@ -109,6 +109,13 @@ impl MasterService {
     /// The metadata sweep between deactivate and erase: drops every replica in `region`, erases objects left
     /// with nothing, and re-settles quota. Readers already ignore these replicas; this reclaims metadata.
     pub(super) fn sweep(&self, region: &DeactivatedRegion) {
+        self.sweep_objects(region);
+        if region.usage.live_allocations >= crate::memory::TRIM_THRESHOLD {
+            crate::memory::release_free_memory();
+        }
+    }
+
+    fn sweep_objects(&self, region: &DeactivatedRegion) {
         for tenant in self.tenants.all() {
             tenant.directory().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {

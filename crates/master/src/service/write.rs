@@ -249,14 +249,17 @@ impl MasterService {
         }
         // Upsert: group membership is immutable.
         let existing_group = entry.group().map(|g| &**g.name());
-        match (spec.group, existing_group) {
-            (None, _) => {}
-            (Some(""), None) => {}
-            (Some(g), Some(e)) if g == e => {}
-            _ => return Err(ErrorCode::InvalidParams),
+        let refusal = match (spec.group, existing_group) {
+            (None, _) | (Some(""), None) => None,
+            (Some(g), Some(e)) if g == e => None,
+            _ => Some(ErrorCode::InvalidParams),
         }
-        if st.replicas.iter().any(|r| r.refcnt > 0) {
-            return Err(ErrorCode::ObjectReplicaBusy);
+        .or_else(|| st.replicas.iter().any(|r| r.refcnt > 0).then_some(ErrorCode::ObjectReplicaBusy));
+        if let Some(e) = refusal {
+            // Stale buffers are freed only after the object lock is released.
+            drop(st);
+            drop(stale);
+            return Err(e);
         }
         self.discard_pending(tenant, &mut st);
         if !st.has_readable() {
@@ -409,7 +412,7 @@ impl MasterService {
         };
         let descs = descriptors(&state.replicas);
         let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
-        let key: Box<str> = spec.key.into();
+        let key = spec.key;
         let published = match spec.group.filter(|g| !g.is_empty()) {
             None => {
                 let entry = Arc::new(ObjectEntry::new(id, key, None, state));
@@ -524,7 +527,11 @@ impl MasterService {
             return Err(ErrorCode::IllegalClient);
         }
         let stale = drain_invalid(&mut st);
-        let Some(pending) = st.pending.take() else { return Err(ErrorCode::InvalidWrite) };
+        let Some(pending) = st.pending.take() else {
+            drop(st);
+            drop(stale);
+            return Err(ErrorCode::InvalidWrite);
+        };
         if st.replicas.is_empty() {
             // Every segment of this write vanished while it was in flight.
             st.pending = Some(pending);
@@ -572,6 +579,21 @@ impl MasterService {
     /// UpsertRevoke (same as PutRevoke).
     pub fn upsert_revoke(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
         self.put_revoke(client, tenant, key)
+    }
+
+    /// BatchUpsertEnd: per key, in input order.
+    pub fn batch_upsert_end(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        items: &[(&str, Option<u64>)],
+    ) -> Vec<Result<(), ErrorCode>> {
+        self.batch_put_end(client, tenant, items)
+    }
+
+    /// BatchUpsertRevoke: per key, in input order.
+    pub fn batch_upsert_revoke(&self, client: ClientId, tenant: &str, keys: &[&str]) -> Vec<Result<(), ErrorCode>> {
+        self.batch_put_revoke(client, tenant, keys)
     }
 
     /// BatchPutRevoke: per key, in input order.
@@ -625,7 +647,7 @@ fn publish_member(
     tenant: &TenantState,
     name: &str,
     id: u64,
-    key: Box<str>,
+    key: &str,
     state: ObjectState,
 ) -> Result<(), Arc<ObjectEntry>> {
     loop {

@@ -1,0 +1,129 @@
+//! Segments and liveness through the master (behaviours 14–17; properties 4–8 with metadata).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use crescent_master::service::{ClientStatus, MasterConfig};
+use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentId, SegmentStatus};
+use std::time::Duration;
+
+// 14
+#[test]
+fn mount_is_idempotent_and_validated_unmount_of_unknown_is_ok() {
+    let h = Harness::default3();
+    let c = ClientId::random();
+    let s = spec("x", 16 * MIB);
+    h.svc.mount_segment(c, s.clone()).unwrap();
+    h.svc.mount_segment(c, s.clone()).unwrap();
+    let mut bad = spec("y", 16 * MIB);
+    bad.base = 0;
+    assert_eq!(h.svc.mount_segment(c, bad).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.mount_segment(c, spec("z", 0)).unwrap_err(), ErrorCode::InvalidParams);
+    h.svc.unmount_segment(SegmentId::random()).unwrap();
+    h.svc.unmount_segment(s.id).unwrap();
+    h.svc.unmount_segment(s.id).unwrap();
+    assert_eq!(h.svc.segment_status(s.id).unwrap_err(), ErrorCode::SegmentNotFound);
+}
+
+// 15 / property 4 / property 6
+#[test]
+fn unmount_hides_replicas_at_once_and_keeps_objects_with_survivors() {
+    let h = Harness::default3();
+    let (_, s0) = h.segments[0];
+    let pinned = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    for i in 0..1000 {
+        h.put_in("", &format!("only{i}"), 100, &pinned).unwrap();
+    }
+    let both =
+        ReplicateConfig { preferred_segments: vec!["seg0".into(), "seg1".into()], ..ReplicateConfig::with_replicas(2) };
+    h.put_in("", "both", 100, &both).unwrap();
+    h.get("only0").unwrap(); // leases do not block unmount
+    h.svc.unmount_segment(s0).unwrap();
+    for i in [0, 1, 999] {
+        assert_eq!(h.get(&format!("only{i}")).unwrap_err(), ErrorCode::ObjectNotFound);
+        assert_eq!(h.svc.exist_key("", &format!("only{i}")), Ok(false));
+    }
+    let r = h.get("both").unwrap();
+    assert_eq!(r.replicas.len(), 1);
+    assert_eq!(r.replicas[0].location.segment_id(), Some(h.segments[1].1));
+    assert_eq!(h.svc.key_count(None), 1, "the sweep erased the objects with nothing left");
+    assert_eq!(h.used(), 100);
+    // A write whose only segment vanishes mid-flight ends with OBJECT_NOT_FOUND, not a half object.
+    let only1 = ReplicateConfig { preferred_segments: vec!["seg1".into()], ..ReplicateConfig::with_replicas(1) };
+    h.svc.put_start(h.writer, "", "inflight", 10, &only1).unwrap();
+    h.svc.unmount_segment(h.segments[1].1).unwrap();
+    assert_eq!(h.svc.put_end(h.writer, "", "inflight", None).unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.get("both").unwrap_err(), ErrorCode::ObjectNotFound);
+}
+
+// 16
+#[test]
+fn ping_asks_for_remount_until_the_client_remounts() {
+    let h = Harness::new(MasterConfig::default(), 0, 0);
+    let c = ClientId::random();
+    assert_eq!(h.svc.ping(c), ClientStatus::NeedRemount);
+    let s = spec("a", 16 * MIB);
+    h.svc.mount_segment(c, s.clone()).unwrap();
+    assert_eq!(h.svc.ping(c), ClientStatus::NeedRemount);
+    let mut changed = s.clone();
+    changed.size = 32 * MIB;
+    assert_eq!(h.svc.remount_segments(c, &[changed]).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.ping(c), ClientStatus::NeedRemount);
+    h.svc.remount_segments(c, &[s]).unwrap();
+    assert_eq!(h.svc.ping(c), ClientStatus::Ok);
+    // Remount with an empty list is valid too.
+    let d = ClientId::random();
+    h.svc.remount_segments(d, &[]).unwrap();
+    assert_eq!(h.svc.ping(d), ClientStatus::Ok);
+}
+
+// 17 / property 8
+#[test]
+fn silent_clients_lose_their_memory_segments_and_must_remount() {
+    let h = Harness::default3();
+    let (c0, s0) = h.segments[0];
+    let (c1, _) = h.segments[1];
+    let mut nof = spec("nof", 16 * MIB);
+    nof.kind = crescent_proto::SegmentKind::Nof;
+    h.svc.mount_segment(c0, nof.clone()).unwrap();
+    let pinned = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    h.put_in("", "on0", 10, &pinned).unwrap();
+    h.svc.local_ssd().register(c0, true).unwrap();
+    for _ in 0..9 {
+        h.advance(Duration::from_secs(1));
+        h.svc.ping(c1);
+        h.svc.ping(h.segments[2].0);
+        assert!(h.svc.step_liveness().is_empty());
+    }
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.svc.step_liveness(), vec![c0]);
+    assert_eq!(h.svc.segment_status(s0).unwrap_err(), ErrorCode::SegmentNotFound);
+    assert_eq!(h.svc.segment_status(nof.id), Ok(SegmentStatus::Ok), "NoF is not tied to client TTL");
+    assert_eq!(h.get("on0").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert!(!h.svc.local_ssd().is_registered(c0));
+    assert_eq!(h.svc.ping(c0), ClientStatus::NeedRemount);
+    assert_eq!(h.svc.metrics().expired_clients.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+// property 7 through the master
+#[test]
+fn graceful_unmount_runs_at_its_deadline() {
+    let h = Harness::default3();
+    let (c0, s0) = h.segments[0];
+    let pinned = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    h.put_in("", "k", 10, &pinned).unwrap();
+    assert_eq!(
+        h.svc.graceful_unmount_segment(s0, h.segments[1].0, Duration::from_millis(50)).unwrap_err(),
+        ErrorCode::InvalidParams
+    );
+    h.svc.graceful_unmount_segment(s0, c0, Duration::from_millis(50)).unwrap();
+    assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::GracefullyUnmounting));
+    assert!(h.get("k").is_ok(), "readable during the grace period");
+    let d = h.svc.put_start(h.writer, "", "new", 10, &pinned).unwrap();
+    assert_ne!(d[0].location.segment_id(), Some(s0), "no new replicas on it");
+    assert_eq!(h.svc.step_graceful_unmounts(), 0);
+    h.advance(Duration::from_millis(50));
+    assert_eq!(h.svc.step_graceful_unmounts(), 1);
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
+}
