@@ -273,3 +273,26 @@ fn soft_pin_commits_at_put_end_and_hard_pin_is_kept() {
     h.put_in("", "hard", 10, &hard).unwrap();
     h.svc.remove("", "hard", false).unwrap();
 }
+
+#[test]
+fn abandoned_writes_are_reclaimed_after_the_release_timeout() {
+    let h = Harness::default3();
+    let zombie = ClientId::random();
+    h.svc.put_start(zombie, "", "abandoned", MIB, &cfg(2)).unwrap();
+    h.put("done", 10);
+    h.advance(Duration::from_secs(599));
+    assert_eq!(h.svc.step_stale_writes(), 0);
+    assert_eq!(h.used(), 2 * MIB + 10);
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.svc.step_stale_writes(), 1);
+    assert_eq!(h.used(), 10);
+    assert_eq!(h.get("abandoned").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.svc.put_end(zombie, "", "abandoned", None).unwrap_err(), ErrorCode::ObjectNotFound);
+    assert!(h.get("done").is_ok());
+    // An abandoned in-place upsert keeps nothing readable either (its buffers were being rewritten).
+    h.svc.upsert_start(zombie, "", "done", 10, &cfg(1)).unwrap();
+    h.advance(Duration::from_secs(600));
+    assert_eq!(h.svc.step_stale_writes(), 1);
+    assert_eq!(h.used(), 0);
+    assert_eq!(h.svc.audit().quota_mismatches, Vec::new());
+}

@@ -323,6 +323,39 @@ impl MasterService {
         self.discards.release_due(self.clock.now())
     }
 
+    /// Erases writes abandoned for longer than `put_start_release_timeout` that no new write preempted: their
+    /// buffers are freed (no writer can still be writing) and the object goes unless something readable is
+    /// left. The background loop runs this every minute. Returns how many writes were reclaimed.
+    pub fn step_stale_writes(&self) -> u64 {
+        let now = self.clock.now();
+        let timeout = Duration::from_millis(self.config.put_start_release_timeout_ms);
+        let mut n = 0;
+        for t in self.tenants.all() {
+            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+                for e in chunk {
+                    let mut st = e.lock();
+                    let stale = st.lifecycle == crate::metadata::Lifecycle::Active
+                        && st.pending.as_ref().is_some_and(|p| p.started.saturating_add(timeout) <= now);
+                    if !stale {
+                        continue;
+                    }
+                    n += 1;
+                    self.discard_pending(&t, &mut st);
+                    if st.has_readable() {
+                        continue;
+                    }
+                    let dead = t.retire(&mut st);
+                    drop(st);
+                    t.detach(&e);
+                    drop(dead);
+                }
+            });
+        }
+        // Their release time has passed: free them now rather than at the next discard step.
+        self.discards.release_due(now);
+        n
+    }
+
     /// Bytes held by discarded buffers awaiting release.
     pub fn discarded_bytes(&self) -> u64 {
         self.discards.bytes()
@@ -341,6 +374,9 @@ impl MasterService {
                     svc.step_liveness();
                     svc.step_graceful_unmounts();
                     svc.step_discards();
+                }
+                if ticks.is_multiple_of(6000) {
+                    svc.step_stale_writes();
                 }
                 ticks += 1;
                 svc.metrics.background_ticks.fetch_add(1, Ordering::Relaxed);

@@ -290,7 +290,7 @@ impl MasterService {
 
     /// Moves an unfinished write's `Processing` replicas to the discard queue (its writer may still be writing
     /// into them) and refunds its pending charge.
-    fn discard_pending(&self, tenant: &TenantState, st: &mut ObjectState) {
+    pub(super) fn discard_pending(&self, tenant: &TenantState, st: &mut ObjectState) {
         let Some(p) = st.pending.take() else { return };
         tenant.release_quota(p.pending_charge);
         let (processing, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
