@@ -1,6 +1,16 @@
-//! The client library and storage-node runtime.
+//! The Crescent client library and storage-node runtime.
 //!
-//! This crate will own: `Client` (async) and its blocking facade (put/get, zero-copy batch forms, replica
-//! selection own process > same host > remote), the master connection with leader discovery, and the
-//! storage-node runtime (mount, 1 s ping, remount on `NEED_REMOUNT`, graceful unmount on SIGTERM).
-//! Nothing is implemented yet (issue: network cluster).
+//! [`Client`] (async) and [`BlockingClient`] put and get objects: control through the master
+//! ([`master::MasterConnection`]), bytes straight to and from storage nodes over the data plane
+//! (`crescent-transfer`). [`node::StorageNode`] hosts segments, mounts them, pings the master every second and
+//! remounts when told to.
+
+pub mod blocking;
+pub mod client;
+pub mod error;
+pub mod master;
+pub mod node;
+
+pub use blocking::BlockingClient;
+pub use client::{Client, ClientConfig};
+pub use error::ClientError;

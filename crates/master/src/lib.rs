@@ -13,4 +13,5 @@ pub mod memory;
 pub mod metadata;
 pub mod placement;
 pub mod segment_pool;
+pub mod server;
 pub mod service;

@@ -9,13 +9,17 @@ pub mod error;
 pub mod ids;
 pub mod key;
 pub mod replica;
+pub mod rpc;
 pub mod segment;
 pub mod tenant;
+pub mod transfer;
+pub mod wire;
 
 pub use config::{ObjectDataType, ReplicateConfig, SoftPinAction};
 pub use error::{ErrorCode, ErrorCodeUnknown};
 pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
+pub use rpc::{ClientStatus, GetReplicaListResponse, MasterReply, MasterRequest, MasterResponse};
 pub use segment::{SegmentKind, SegmentSpec, SegmentStatus};
 pub use tenant::{TenantId, TenantIdError};

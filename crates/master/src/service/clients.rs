@@ -1,20 +1,9 @@
 //! The client table: liveness deadlines, remount state and hosts of the clients the master has heard from.
 
 use crate::clock::Timestamp;
-use crescent_proto::ClientId;
+use crescent_proto::{ClientId, ClientStatus};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-
-/// What `Ping` tells a client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum ClientStatus {
-    /// The master knows the client's segments.
-    Ok = 1,
-    /// The master lost (or never had) the client's state: call remount with every segment.
-    NeedRemount = 2,
-}
 
 #[derive(Debug, Clone)]
 struct ClientRecord {

@@ -15,8 +15,7 @@ mod segments;
 mod tenants;
 mod write;
 
-pub use clients::ClientStatus;
-pub use read::GetReplicaListResponse;
+pub use crescent_proto::{ClientStatus, GetReplicaListResponse};
 pub use tenants::TenantQuotaSnapshot;
 
 use crate::clock::{Clock, Timestamp};

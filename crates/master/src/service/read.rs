@@ -3,22 +3,8 @@
 use super::MasterService;
 use crate::clock::Timestamp;
 use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState};
-use crescent_proto::{ErrorCode, ReplicaDescriptor, ReplicaStatus};
-use serde::{Deserialize, Serialize};
+use crescent_proto::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaStatus};
 use std::sync::Arc;
-
-/// What a reader needs to fetch an object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GetReplicaListResponse {
-    /// Readable replicas, in placement order.
-    pub replicas: Vec<ReplicaDescriptor>,
-    /// The lease granted: the reader must finish within this many ms of the request.
-    pub lease_ttl_ms: u64,
-    /// The checksum the writer stored at PutEnd.
-    pub checksum: Option<u64>,
-    /// Object bytes.
-    pub size: u64,
-}
 
 /// The outcome of looking an object up for reading.
 enum Lookup {

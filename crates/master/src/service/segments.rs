@@ -1,10 +1,10 @@
 //! Segments and client liveness: mount / remount / unmount / graceful unmount wired to the pool's two-phase
 //! unmount and the metadata sweep; Ping and the client TTL.
 
-use super::{ClientStatus, MasterService};
+use super::MasterService;
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedRegion, MountOutcome};
-use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use crescent_proto::{ClientId, ClientStatus, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

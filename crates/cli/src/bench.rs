@@ -1,0 +1,397 @@
+//! `crescent bench`: throughput and latency against a running cluster, phase by phase.
+//!
+//! Phases: `write` (put new keys), `read` (get the keys written), `mixed` (half reads, half writes), `dedup`
+//! (batch-exists a batch, then put only the missing keys, as inference connectors do) and `metadata` (batch
+//! exists only: the master's keys/s). Values carry a per-key pattern so `--verify` checks every byte read.
+
+use crate::config::{FileConfig, Global};
+use anyhow::{Result, anyhow, bail};
+use crescent_client::Client;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// `bench` flags.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Comma-separated phases: write, read, mixed, dedup, metadata.
+    #[arg(long, default_value = "write,read")]
+    phases: String,
+    /// Bytes per value (e.g. 4KiB, 1MiB).
+    #[arg(long, default_value = "1MiB")]
+    value_size: String,
+    /// Keys per request.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Concurrent requests.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Replicas per value.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Seconds per phase (ignored with --count).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Requests per phase (overrides --duration).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Check every byte read against the written pattern.
+    #[arg(long)]
+    verify: bool,
+    /// Write one JSON object per phase to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One phase's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseResult {
+    phase: String,
+    value_size: u64,
+    batch: usize,
+    concurrency: usize,
+    requests: u64,
+    keys: u64,
+    bytes: u64,
+    seconds: f64,
+    req_per_s: f64,
+    keys_per_s: f64,
+    mib_per_s: f64,
+    p50_us: u64,
+    p95_us: u64,
+    p99_us: u64,
+    errors: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Write,
+    Read,
+    Mixed,
+    Dedup,
+    Metadata,
+}
+
+impl Phase {
+    fn parse(s: &str) -> Result<Phase> {
+        Ok(match s.trim() {
+            "write" => Phase::Write,
+            "read" => Phase::Read,
+            "mixed" => Phase::Mixed,
+            "dedup" => Phase::Dedup,
+            "metadata" => Phase::Metadata,
+            other => bail!("unknown phase {other:?}"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Write => "write",
+            Phase::Read => "read",
+            Phase::Mixed => "mixed",
+            Phase::Dedup => "dedup",
+            Phase::Metadata => "metadata",
+        }
+    }
+}
+
+/// The value stored under key number `k`: a shared base pattern whose first 8 bytes are the key number.
+fn fill(base: &[u8], k: u64, out: &mut [u8]) {
+    out.copy_from_slice(base);
+    let n = out.len().min(8);
+    out[..n].copy_from_slice(&k.to_le_bytes()[..n]);
+}
+
+fn check(base: &[u8], k: u64, got: &[u8]) -> bool {
+    let n = got.len().min(8);
+    got.len() == base.len() && got[..n] == k.to_le_bytes()[..n] && got[n..] == base[n..]
+}
+
+struct Shared {
+    client: Client,
+    base: Vec<u8>,
+    run: String,
+    batch: usize,
+    replicate: crescent_proto::ReplicateConfig,
+    verify: bool,
+    /// Keys written so far (key numbers `0..written`).
+    written: AtomicU64,
+    next_key: AtomicU64,
+    requests: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Shared {
+    fn key(&self, k: u64) -> String {
+        format!("bench-{}-{k}", self.run)
+    }
+
+    /// Puts keys `ks`; returns (keys ok, errors).
+    async fn write(&self, ks: &[u64]) -> (u64, u64) {
+        let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; self.base.len()]).collect();
+        for (b, k) in bufs.iter_mut().zip(ks) {
+            fill(&self.base, *k, b);
+        }
+        let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
+        if ks.len() == 1 {
+            match self.client.put_from(&names[0], &bufs[0], &self.replicate).await {
+                Ok(()) => (1, 0),
+                Err(e) => {
+                    tracing::debug!(error = %e, "put failed");
+                    (0, 1)
+                }
+            }
+        } else {
+            let items: Vec<(&str, &[u8])> =
+                names.iter().map(String::as_str).zip(bufs.iter().map(Vec::as_slice)).collect();
+            let r = self.client.batch_put_from(&items, &self.replicate).await;
+            let ok = r.iter().filter(|x| x.is_ok()).count() as u64;
+            (ok, r.len() as u64 - ok)
+        }
+    }
+
+    /// Gets keys `ks`; returns (keys ok, errors).
+    async fn read(&self, ks: &[u64]) -> (u64, u64) {
+        let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
+        let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; self.base.len()]).collect();
+        let results: Vec<bool> = if ks.len() == 1 {
+            vec![self.client.get_into(&names[0], &mut bufs[0]).await.is_ok()]
+        } else {
+            let mut items: Vec<(&str, &mut [u8])> =
+                names.iter().map(String::as_str).zip(bufs.iter_mut().map(Vec::as_mut_slice)).collect();
+            self.client.batch_get_into(&mut items).await.iter().map(Result::is_ok).collect()
+        };
+        let mut ok = 0;
+        for ((good, buf), k) in results.iter().zip(&bufs).zip(ks) {
+            if *good && (!self.verify || check(&self.base, *k, buf)) {
+                ok += 1;
+            }
+        }
+        (ok, ks.len() as u64 - ok)
+    }
+
+    fn fresh_keys(&self) -> Vec<u64> {
+        let start = self.next_key.fetch_add(self.batch as u64, Ordering::Relaxed);
+        (start..start + self.batch as u64).collect()
+    }
+
+    fn existing_keys(&self, rng: &mut fastrand::Rng) -> Vec<u64> {
+        let n = self.written.load(Ordering::Relaxed).max(1);
+        (0..self.batch).map(|_| rng.u64(..n)).collect()
+    }
+}
+
+/// Runs one request of `phase`; returns (keys done, bytes moved, errors).
+async fn request(s: &Shared, phase: Phase, rng: &mut fastrand::Rng) -> (u64, u64, u64) {
+    let size = s.base.len() as u64;
+    match phase {
+        Phase::Write => {
+            let (ok, err) = s.write(&s.fresh_keys()).await;
+            (ok, ok * size, err)
+        }
+        Phase::Read => {
+            let (ok, err) = s.read(&s.existing_keys(rng)).await;
+            (ok, ok * size, err)
+        }
+        Phase::Mixed => {
+            if rng.bool() {
+                let (ok, err) = s.write(&s.fresh_keys()).await;
+                (ok, ok * size, err)
+            } else {
+                let (ok, err) = s.read(&s.existing_keys(rng)).await;
+                (ok, ok * size, err)
+            }
+        }
+        Phase::Dedup | Phase::Metadata => {
+            // Half the batch was written before, half is new: the connector pattern.
+            let mut ks = s.existing_keys(rng);
+            let fresh = s.fresh_keys();
+            for (i, k) in ks.iter_mut().enumerate() {
+                if i % 2 == 1 {
+                    *k = fresh[i];
+                }
+            }
+            let names: Vec<String> = ks.iter().map(|k| s.key(*k)).collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let exist = s.client.batch_is_exist(&refs).await;
+            let errors = exist.iter().filter(|e| e.is_err()).count() as u64;
+            if phase == Phase::Metadata {
+                return (ks.len() as u64 - errors, 0, errors);
+            }
+            let missing: Vec<u64> =
+                ks.iter().zip(&exist).filter(|(_, e)| matches!(e, Ok(false))).map(|(k, _)| *k).collect();
+            let (ok, err) = if missing.is_empty() { (0, 0) } else { s.write(&missing).await };
+            (ks.len() as u64 - errors - err, ok * size, errors + err)
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult {
+    let deadline = Duration::from_secs_f64(a.duration.max(0.0));
+    let bar = match a.count {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new(deadline.as_millis() as u64),
+    };
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} {msg}") {
+        bar.set_style(style);
+    }
+    bar.set_prefix(phase.name());
+    s.requests.store(0, Ordering::Relaxed);
+    s.errors.store(0, Ordering::Relaxed);
+    let started = Instant::now();
+    let (keys, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for w in 0..a.concurrency.max(1) {
+        let (s, keys, bytes, bar) = (s.clone(), keys.clone(), bytes.clone(), bar.clone());
+        let count = a.count;
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(w as u64 + 1);
+            let mut lat = Vec::new();
+            loop {
+                let n = s.requests.fetch_add(1, Ordering::Relaxed);
+                match count {
+                    Some(c) if n >= c => break,
+                    None if started.elapsed() >= deadline => break,
+                    _ => {}
+                }
+                let t = Instant::now();
+                let (k, b, e) = request(&s, phase, &mut rng).await;
+                lat.push(t.elapsed().as_micros() as u64);
+                keys.fetch_add(k, Ordering::Relaxed);
+                bytes.fetch_add(b, Ordering::Relaxed);
+                s.errors.fetch_add(e, Ordering::Relaxed);
+                if phase == Phase::Write || phase == Phase::Mixed || phase == Phase::Dedup {
+                    s.written.fetch_max(s.next_key.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                if count.is_some() {
+                    bar.inc(1);
+                } else {
+                    bar.set_position(started.elapsed().as_millis() as u64);
+                }
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        if let Ok(l) = t.await {
+            lat.extend(l);
+        }
+    }
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    lat.sort_unstable();
+    let requests = lat.len() as u64;
+    let (keys, bytes) = (keys.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
+    PhaseResult {
+        phase: phase.name().to_owned(),
+        value_size: s.base.len() as u64,
+        batch: a.batch,
+        concurrency: a.concurrency,
+        requests,
+        keys,
+        bytes,
+        seconds,
+        req_per_s: requests as f64 / seconds,
+        keys_per_s: keys as f64 / seconds,
+        mib_per_s: bytes as f64 / seconds / (1 << 20) as f64,
+        p50_us: percentile(&lat, 0.50),
+        p95_us: percentile(&lat, 0.95),
+        p99_us: percentile(&lat, 0.99),
+        errors: s.errors.load(Ordering::Relaxed),
+    }
+}
+
+/// `crescent bench`.
+pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
+    let phases: Vec<Phase> = a.phases.split(',').map(Phase::parse).collect::<Result<_>>()?;
+    let size = crate::parse_size(&a.value_size).map_err(|e| anyhow!(e))?;
+    if size == 0 || a.batch == 0 {
+        bail!("--value-size and --batch must be positive");
+    }
+    let mut cfg = g.client_config();
+    cfg.master_connections = a.concurrency.clamp(1, 8);
+    cfg.replicate.replica_num = a.replicas;
+    let mut base = vec![0u8; usize::try_from(size)?];
+    fastrand::Rng::with_seed(7).fill(&mut base);
+    let shared = Arc::new(Shared {
+        replicate: cfg.replicate.clone(),
+        client: Client::new(cfg),
+        base,
+        run: format!("{:08x}", fastrand::u32(..)),
+        batch: a.batch,
+        verify: a.verify,
+        written: AtomicU64::new(0),
+        next_key: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    let mut json = match &a.json {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    println!(
+        "{:<9} {:>10} {:>6} {:>5} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "phase", "value", "batch", "conc", "req/s", "keys/s", "MiB/s", "p50(us)", "p95(us)", "p99(us)", "errors"
+    );
+    for phase in phases {
+        let r = run_phase(&shared, phase, &a).await;
+        println!(
+            "{:<9} {:>10} {:>6} {:>5} {:>10.0} {:>11.0} {:>10.1} {:>9} {:>9} {:>9} {:>7}",
+            r.phase,
+            r.value_size,
+            r.batch,
+            r.concurrency,
+            r.req_per_s,
+            r.keys_per_s,
+            r.mib_per_s,
+            r.p50_us,
+            r.p95_us,
+            r.p99_us,
+            r.errors
+        );
+        if let Some(f) = json.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&r)?)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_identify_their_key() {
+        let base: Vec<u8> = (0..100u8).collect();
+        let mut a = vec![0u8; 100];
+        fill(&base, 42, &mut a);
+        assert!(check(&base, 42, &a));
+        assert!(!check(&base, 43, &a));
+        a[50] ^= 1;
+        assert!(!check(&base, 42, &a));
+        let mut tiny = vec![0u8; 3];
+        fill(&base[..3], 5, &mut tiny);
+        assert!(check(&base[..3], 5, &tiny));
+    }
+
+    #[test]
+    fn phases_parse() {
+        assert_eq!(Phase::parse("dedup").unwrap(), Phase::Dedup);
+        assert!(Phase::parse("nope").is_err());
+        assert_eq!(percentile(&[1, 2, 3, 4], 0.5), 3);
+        assert_eq!(percentile(&[], 0.99), 0);
+    }
+}

@@ -1,0 +1,146 @@
+//! The TOML config file. Every flag has a key here; the command line wins over the file, the file over
+//! built-in defaults.
+
+use anyhow::{Context, Result};
+use crescent_master::service::MasterConfig;
+use serde::Deserialize;
+use std::path::Path;
+
+/// The default master address.
+pub const DEFAULT_MASTER: &str = "127.0.0.1:50051";
+
+/// Settings of `crescent master` / `up`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ServerSection {
+    /// RPC listen address.
+    pub listen: Option<String>,
+    /// Admin HTTP listen address.
+    pub admin: Option<String>,
+    /// Master behaviour (lease, TTLs, eviction, tenants, placement).
+    #[serde(flatten)]
+    pub master: MasterConfig,
+}
+
+/// Settings of `crescent node` (and the node inside `up`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NodeSection {
+    /// Data-plane listen address.
+    pub listen: Option<String>,
+    /// Bytes per segment (e.g. "1GiB").
+    pub segment_size: Option<String>,
+    /// Segments to host.
+    pub segments: Option<usize>,
+    /// memfd-backed segments.
+    pub memfd: Option<bool>,
+    /// Host id for local-first placement.
+    pub host_id: Option<String>,
+    /// Seconds to keep serving reads after SIGTERM before unmounting.
+    pub shutdown_grace_ms: Option<u64>,
+}
+
+/// Settings of client commands.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ClientSection {
+    /// Replicas per object.
+    pub replicas: Option<u32>,
+    /// Data-plane lanes per peer.
+    pub lanes: Option<usize>,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// Master address for client commands and nodes.
+    pub master: Option<String>,
+    /// Tenant for client commands.
+    pub tenant: Option<String>,
+    /// `[server]`.
+    pub server: ServerSection,
+    /// `[node]`.
+    pub node: NodeSection,
+    /// `[client]`.
+    pub client: ClientSection,
+}
+
+impl FileConfig {
+    /// Reads the file (or the empty config when none is given).
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let Some(path) = path else { return Ok(Self::default()) };
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+}
+
+/// Settings shared by client commands.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// Master address.
+    pub master: String,
+    /// Tenant.
+    pub tenant: String,
+    /// `[client]` section.
+    pub client: ClientSection,
+}
+
+impl Global {
+    /// Flags over file over defaults.
+    pub fn resolve(master: &Option<String>, tenant: &Option<String>, file: &FileConfig) -> Self {
+        Self {
+            master: master.clone().or_else(|| file.master.clone()).unwrap_or_else(|| DEFAULT_MASTER.to_owned()),
+            tenant: tenant.clone().or_else(|| file.tenant.clone()).unwrap_or_default(),
+            client: file.client.clone(),
+        }
+    }
+
+    /// A client config for these settings.
+    pub fn client_config(&self) -> crescent_client::ClientConfig {
+        let mut c = crescent_client::ClientConfig::new(self.master.clone());
+        c.tenant = self.tenant.clone();
+        if let Some(r) = self.client.replicas {
+            c.replicate.replica_num = r;
+        }
+        if let Some(l) = self.client.lanes {
+            c.transfer.lanes_per_peer = l;
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_sections_parse_and_unknown_keys_are_refused() {
+        let f: FileConfig = toml::from_str(
+            r#"
+            master = "10.0.0.1:1"
+            [server]
+            listen = "127.0.0.1:0"
+            lease_ttl_ms = 5000
+            enable_multi_tenants = true
+            placement_policy = "local-first"
+            [node]
+            segment_size = "64MiB"
+            segments = 2
+            [client]
+            replicas = 2
+            "#,
+        )
+        .unwrap();
+        assert_eq!(f.server.master.lease_ttl_ms, 5000);
+        assert!(f.server.master.enable_multi_tenants);
+        assert_eq!(f.server.master.client_ttl_ms, MasterConfig::default().client_ttl_ms);
+        assert_eq!(f.node.segments, Some(2));
+        let g = Global::resolve(&None, &None, &f);
+        assert_eq!(g.master, "10.0.0.1:1");
+        assert_eq!(g.client_config().replicate.replica_num, 2);
+        let g = Global::resolve(&Some("x:1".into()), &None, &f);
+        assert_eq!(g.master, "x:1", "the flag wins");
+        assert!(toml::from_str::<FileConfig>("nonsense = 1").is_err());
+    }
+}

@@ -1,0 +1,294 @@
+//! A real cluster: one master and three storage nodes as separate `crescent` processes on free loopback
+//! ports, and clients talking to them over TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crescent_client::{Client, ClientConfig};
+use crescent_proto::{ErrorCode, ReplicateConfig};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_crescent");
+
+/// A child process killed on drop.
+struct Proc {
+    child: Child,
+    ready: serde_json::Value,
+}
+
+impl Proc {
+    /// Starts `crescent args…` and waits (bounded) for its one-line JSON readiness report.
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn crescent");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("process did not report readiness");
+        let ready = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+        Proc { child, ready }
+    }
+
+    fn field(&self, name: &str) -> String {
+        self.ready[name].as_str().unwrap().to_owned()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Cluster {
+    master: Proc,
+    nodes: Vec<Proc>,
+}
+
+impl Cluster {
+    fn start(master_args: &[&str], nodes: usize, segment: &str) -> Cluster {
+        let mut args = vec!["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        args.extend_from_slice(master_args);
+        let master = Proc::start(&args);
+        let addr = master.field("master");
+        let nodes = (0..nodes)
+            .map(|_| Proc::start(&["node", "--master", &addr, "--listen", "127.0.0.1:0", "--segment-size", segment]))
+            .collect();
+        Cluster { master, nodes }
+    }
+
+    fn addr(&self) -> String {
+        self.master.field("master")
+    }
+
+    fn client(&self) -> Client {
+        Client::new(ClientConfig::new(self.addr()))
+    }
+}
+
+/// Polls an async condition until it holds or the bound passes.
+async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_from_one_byte_to_64_mib_with_one_and_two_replicas() {
+    let c = Cluster::start(&[], 3, "256MiB");
+    let client = c.client();
+    for replicas in [1u32, 2] {
+        let cfg = ReplicateConfig::with_replicas(replicas);
+        for (i, size) in [1usize, 4096, 1 << 20, (4 << 20) + 7, 64 << 20].into_iter().enumerate() {
+            let key = format!("obj-{replicas}-{size}");
+            let value = pattern(size, i as u8);
+            client.put_from(&key, &value, &cfg).await.unwrap();
+            assert_eq!(client.get(&key).await.unwrap(), value, "{key}");
+            let stat = client.stat(&key).await.unwrap();
+            assert_eq!(stat.replicas.len(), replicas as usize);
+            assert_eq!(stat.checksum, Some(u64::from(crc32c::crc32c(&value))));
+            let mut buf = vec![0u8; size + 10];
+            assert_eq!(client.get_into(&key, &mut buf).await.unwrap(), size);
+            assert_eq!(&buf[..size], &value[..]);
+            client.remove(&key, true).await.unwrap();
+        }
+    }
+    assert_eq!(client.get("obj-1-1").await.unwrap_err().code(), ErrorCode::ObjectNotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_calls_answer_per_key_with_present_absent_and_invalid_keys() {
+    let c = Cluster::start(&[], 3, "64MiB");
+    let client = c.client();
+    let long = "k".repeat(5000);
+    let cfg = ReplicateConfig::default();
+    let a = pattern(1000, 1);
+    let b = pattern(2000, 2);
+    let puts = client.batch_put_from(&[("a", &a), ("", &a), (&long, &a), ("b", &b)], &cfg).await;
+    assert!(puts[0].is_ok() && puts[3].is_ok());
+    assert_eq!(puts[1].as_ref().unwrap_err().code(), ErrorCode::InvalidParams);
+    assert_eq!(puts[2].as_ref().unwrap_err().code(), ErrorCode::InvalidKey);
+    let exist = client.batch_is_exist(&["a", "missing", &long, "b"]).await;
+    assert_eq!(exist[0].as_ref().unwrap(), &true);
+    assert_eq!(exist[1].as_ref().unwrap(), &false);
+    assert_eq!(exist[2].as_ref().unwrap_err().code(), ErrorCode::InvalidKey);
+    assert_eq!(exist[3].as_ref().unwrap(), &true);
+    let mut ba = vec![0u8; 1000];
+    let mut bm = vec![0u8; 10];
+    let mut bb = vec![0u8; 4000];
+    let mut items: Vec<(&str, &mut [u8])> = vec![("a", &mut ba), ("missing", &mut bm), ("b", &mut bb)];
+    let got = client.batch_get_into(&mut items).await;
+    assert_eq!(*got[0].as_ref().unwrap(), 1000);
+    assert_eq!(got[1].as_ref().unwrap_err().code(), ErrorCode::ObjectNotFound);
+    assert_eq!(*got[2].as_ref().unwrap(), 2000);
+    assert_eq!(ba, a);
+    assert_eq!(&bb[..2000], &b[..]);
+    let removed = client.batch_remove(&["a", "missing", "b"], true).await;
+    assert!(removed[0].is_ok() && removed[2].is_ok());
+    assert_eq!(removed[1].as_ref().unwrap_err().code(), ErrorCode::ObjectNotFound);
+    assert!(client.list_keys("", 10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
+    let mut c = Cluster::start(&["--client-ttl-ms", "2000"], 3, "64MiB");
+    let client = c.client();
+    let victim = c.nodes[0].field("node");
+    let mut single_on_victim = Vec::new();
+    let mut doubles = Vec::new();
+    for i in 0..30 {
+        let k1 = format!("one-{i}");
+        client.put_from(&k1, &pattern(4096, i), &ReplicateConfig::with_replicas(1)).await.unwrap();
+        let s = client.stat(&k1).await.unwrap();
+        if s.replicas.iter().any(|r| r.location_endpoint() == victim) {
+            single_on_victim.push(k1);
+        }
+        let k2 = format!("two-{i}");
+        client.put_from(&k2, &pattern(4096, i), &ReplicateConfig::with_replicas(2)).await.unwrap();
+        doubles.push(k2);
+    }
+    assert!(!single_on_victim.is_empty(), "random placement put some single replicas on the victim");
+    c.nodes[0].kill9();
+    // Every object with a replica elsewhere stays readable (the reader falls back past the dead node).
+    for k in &doubles {
+        assert_eq!(client.get(k).await.unwrap(), pattern(4096, k[4..].parse::<u8>().unwrap()), "{k}");
+    }
+    // After the client TTL the master drops the dead node's segments: its single-replica objects are gone.
+    let gone = eventually(Duration::from_secs(30), || {
+        let client = client.clone();
+        let k = single_on_victim[0].clone();
+        async move { matches!(client.get(&k).await, Err(e) if e.code() == ErrorCode::ObjectNotFound) }
+    })
+    .await;
+    assert!(gone, "objects on the dead node became OBJECT_NOT_FOUND");
+    for k in &single_on_victim {
+        assert_eq!(client.get(k).await.unwrap_err().code(), ErrorCode::ObjectNotFound);
+    }
+    for k in &doubles {
+        let s = client.stat(k).await.unwrap();
+        assert!(s.replicas.iter().all(|r| r.location_endpoint() != victim));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_remount_by_themselves_after_a_master_restart() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut master = Proc::start(&["master", "--listen", &listen, "--admin", "127.0.0.1:0"]);
+    let nodes: Vec<Proc> = (0..2)
+        .map(|_| Proc::start(&["node", "--master", &listen, "--listen", "127.0.0.1:0", "--segment-size", "32MiB"]))
+        .collect();
+    let client = Client::new(ClientConfig::new(listen.clone()));
+    client.put("before", b"x").await.unwrap();
+    master.kill9();
+    let _master = Proc::start(&["master", "--listen", &listen, "--admin", "127.0.0.1:0"]);
+    // The new master knows nothing until the nodes remount (they ping every second).
+    let ok = eventually(Duration::from_secs(30), || {
+        let client = client.clone();
+        async move { client.put_from("after", &pattern(100_000, 9), &ReplicateConfig::with_replicas(2)).await.is_ok() }
+    })
+    .await;
+    assert!(ok, "puts work again after the nodes remounted");
+    assert_eq!(client.get("after").await.unwrap(), pattern(100_000, 9));
+    assert_eq!(client.stat("after").await.unwrap().replicas.len(), 2, "both nodes are back");
+    drop(nodes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_get_error_frames_and_other_clients_keep_working() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = Cluster::start(&[], 1, "16MiB");
+    let client = c.client();
+    client.put("k", b"value").await.unwrap();
+    // Garbage instead of a hello: an error reply, then the connection closes.
+    let mut s = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
+    s.write_all(&[0, 0, 0, 5, 0, 3, 0xde, 0xad, 0xbe]).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.unwrap().unwrap();
+    assert!(buf.len() > 6, "an error frame came back before the close");
+    // An announced frame far beyond the limit: refused without reading it.
+    let mut s = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
+    s.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.unwrap().unwrap();
+    assert!(!buf.is_empty());
+    // An oversized key sent by a raw peer is refused for that request only (the server never copies it).
+    {
+        use crescent_proto::wire::{Frame, FrameCodec, Hello, HelloReply, Limits, PeerRole, WireKey};
+        use futures_util::{SinkExt, StreamExt};
+        let s = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
+        let mut f = tokio_util::codec::Framed::new(s, FrameCodec::new(Limits::CONTROL));
+        f.send(Frame::encode(0, &Hello::new(PeerRole::Admin, None), bytes::Bytes::new()).unwrap()).await.unwrap();
+        let ack = f.next().await.unwrap().unwrap();
+        assert!(ack.decode::<HelloReply>().unwrap().body.is_ok());
+        let req = crescent_proto::MasterRequest::GetReplicaList {
+            tenant: String::new(),
+            key: WireKey::Key("x".repeat(5000)),
+        };
+        f.send(Frame::encode(1, &req, bytes::Bytes::new()).unwrap()).await.unwrap();
+        let reply = f.next().await.unwrap().unwrap().decode::<crescent_proto::MasterReply>().unwrap();
+        assert_eq!((reply.id, reply.body), (1, Err(ErrorCode::InvalidKey)));
+        let ok = crescent_proto::MasterRequest::ExistKey { tenant: String::new(), key: WireKey::from("k") };
+        f.send(Frame::encode(2, &ok, bytes::Bytes::new()).unwrap()).await.unwrap();
+        let reply = f.next().await.unwrap().unwrap().decode::<crescent_proto::MasterReply>().unwrap();
+        assert_eq!(reply.body, Ok(crescent_proto::MasterResponse::Exists(true)), "same connection still serves");
+    }
+    // The client library refuses an oversized key before sending it.
+    let long = "x".repeat(100_000);
+    assert_eq!(client.put(&long, b"v").await.unwrap_err().code(), ErrorCode::InvalidKey);
+    assert_eq!(client.get("k").await.unwrap(), b"value");
+    // A data-plane request outside the hosted segment is refused.
+    let node = c.nodes[0].field("node");
+    let t = crescent_transfer::TransferClient::new(Default::default(), Default::default());
+    let seg = client.stat("k").await.unwrap().replicas[0].location.segment_id().unwrap();
+    let err = t.read(&node, seg, (16 << 20) - 2, 10).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidParams);
+    let err = t.read(&node, crescent_proto::SegmentId::random(), 0, 10).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SegmentNotFound);
+    assert_eq!(client.get("k").await.unwrap(), b"value");
+}
+
+trait Endpoint {
+    fn location_endpoint(&self) -> String;
+}
+
+impl Endpoint for crescent_proto::ReplicaDescriptor {
+    fn location_endpoint(&self) -> String {
+        match &self.location {
+            crescent_proto::ReplicaLocation::Memory { endpoint, .. }
+            | crescent_proto::ReplicaLocation::Nof { endpoint, .. }
+            | crescent_proto::ReplicaLocation::LocalDisk { endpoint, .. } => endpoint.to_string(),
+        }
+    }
+}

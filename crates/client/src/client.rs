@@ -1,0 +1,507 @@
+//! `Client`: put/get and their batch and zero-copy forms over the master connection and the data plane.
+//!
+//! put  = PutStart (the master places replicas) → write every replica (in parallel) → PutEnd with the crc32c
+//!        of the object; any failed replica write → PutRevoke and an error (never a partially visible object).
+//! get  = GetReplicaList (grants a lease) → best replica (this process > same host > remote) → read →
+//!        verify the crc32c → fail with `LEASE_EXPIRED` if the read outlived the lease.
+
+use crate::error::ClientError;
+use crate::master::MasterConnection;
+use bytes::Bytes;
+use crescent_proto::wire::{Batch, PeerRole, WireKey};
+use crescent_proto::{
+    ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,
+    ReplicateConfig,
+};
+use crescent_transfer::{SegmentRegistry, TransferClient, TransferConfig};
+use futures_util::future::join_all;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Master address (`host:port`).
+    pub master: String,
+    /// Tenant of every request (`""` = default).
+    pub tenant: String,
+    /// Replication for `put` when no config is given.
+    pub replicate: ReplicateConfig,
+    /// Sockets to the master.
+    pub master_connections: usize,
+    /// Master request timeout.
+    pub rpc_timeout: Duration,
+    /// Data-plane settings.
+    pub transfer: TransferConfig,
+    /// This client's host (for replica choice and local-first placement).
+    pub host_id: Option<String>,
+}
+
+impl ClientConfig {
+    /// Defaults for a master at `master`.
+    pub fn new(master: impl Into<String>) -> Self {
+        Self {
+            master: master.into(),
+            tenant: String::new(),
+            replicate: ReplicateConfig::default(),
+            master_connections: 2,
+            rpc_timeout: Duration::from_secs(30),
+            transfer: TransferConfig::default(),
+            host_id: None,
+        }
+    }
+}
+
+struct Inner {
+    id: ClientId,
+    config: ClientConfig,
+    master: MasterConnection,
+    transfer: TransferClient,
+    local: SegmentRegistry,
+}
+
+/// An asynchronous Crescent client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("id", &self.inner.id).field("master", &self.inner.config.master).finish()
+    }
+}
+
+/// Validates a key before it is sent (same rules as the master: empty → `INVALID_PARAMS`, longer than 4096
+/// bytes → `INVALID_KEY`), so an invalid key costs no round trip and never inflates a request.
+fn check_key(key: &str) -> Result<(), ClientError> {
+    crescent_proto::ObjectKey::check(key).map_err(|e| match e {
+        crescent_proto::KeyError::Empty => ClientError::Code(ErrorCode::InvalidParams),
+        crescent_proto::KeyError::TooLong { .. } => ClientError::Code(ErrorCode::InvalidKey),
+    })
+}
+
+/// Runs a batch call on the valid keys only and puts each answer back in its input slot; invalid keys get
+/// their own error and never reach the master.
+async fn per_key<T, F, Fut>(keys: &[&str], call: F) -> Vec<Result<T, ClientError>>
+where
+    F: FnOnce(Vec<usize>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Result<T, ClientError>>>,
+{
+    let mut out: Vec<Option<Result<T, ClientError>>> = keys.iter().map(|k| check_key(k).err().map(Err)).collect();
+    let valid: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+    if !valid.is_empty() {
+        let answers = call(valid.clone()).await;
+        for (i, a) in valid.into_iter().zip(answers) {
+            out[i] = Some(a);
+        }
+    }
+    out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    u64::from(crc32c::crc32c(data))
+}
+
+/// Replica location for the data plane: `(endpoint, segment, offset, length)`.
+fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64)> {
+    match &d.location {
+        ReplicaLocation::Memory { segment_id, offset, length, endpoint }
+        | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
+            Some((endpoint, *segment_id, *offset, *length))
+        }
+        ReplicaLocation::LocalDisk { .. } => None,
+    }
+}
+
+impl Client {
+    /// A client talking to `config.master` (connections are dialled lazily).
+    pub fn new(config: ClientConfig) -> Self {
+        Self::with_local_segments(config, SegmentRegistry::default())
+    }
+
+    /// A client that also hosts `local` segments (embedded mode): replicas there are read and written by
+    /// memcpy.
+    pub fn with_local_segments(config: ClientConfig, local: SegmentRegistry) -> Self {
+        let id = ClientId::random();
+        let master =
+            MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout);
+        let transfer = TransferClient::new(config.transfer.clone(), local.clone());
+        Self { inner: Arc::new(Inner { id, config, master, transfer, local }) }
+    }
+
+    /// This client's id.
+    pub fn id(&self) -> ClientId {
+        self.inner.id
+    }
+
+    /// The master connection (for admin-style calls).
+    pub fn master(&self) -> &MasterConnection {
+        &self.inner.master
+    }
+
+    fn tenant(&self) -> String {
+        self.inner.config.tenant.clone()
+    }
+
+    fn with_host(&self, cfg: &ReplicateConfig) -> ReplicateConfig {
+        let mut c = cfg.clone();
+        if c.host_id.is_none() {
+            c.host_id = self.inner.config.host_id.clone();
+        }
+        c
+    }
+
+    /// Stores `value` under `key` with the default replication. An existing key is left as it is and reported
+    /// as success (put-if-absent).
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), ClientError> {
+        let cfg = self.inner.config.replicate.clone();
+        self.put_from(key, value, &cfg).await
+    }
+
+    /// Stores `value` (the caller's buffer) under `key`.
+    pub async fn put_from(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::PutStart {
+            client: self.inner.id,
+            tenant: self.tenant(),
+            key: WireKey::from(key),
+            size: value.len() as u64,
+            config: self.with_host(cfg),
+        };
+        let replicas = match self.inner.master.call(&req).await {
+            Ok(MasterResponse::Replicas(r)) => r,
+            Ok(_) => return Err(ErrorCode::InternalError.into()),
+            Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.finish_put(key, value, &replicas).await
+    }
+
+    /// Writes every replica, then PutEnd; on any failure PutRevoke.
+    async fn finish_put(&self, key: &str, value: &[u8], replicas: &[ReplicaDescriptor]) -> Result<(), ClientError> {
+        let data = Bytes::copy_from_slice(value);
+        let writes = replicas.iter().map(|d| {
+            let data = data.clone();
+            async move {
+                let (endpoint, segment, offset, _) = address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
+                self.inner.transfer.write(endpoint, segment, offset, data).await.map_err(ClientError::from)
+            }
+        });
+        let results = join_all(writes).await;
+        if let Some(err) = results.into_iter().find_map(Result::err) {
+            let revoke =
+                MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
+            if let Err(e) = self.inner.master.call(&revoke).await {
+                tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
+            }
+            return Err(err);
+        }
+        let end = MasterRequest::PutEnd {
+            client: self.inner.id,
+            tenant: self.tenant(),
+            key: WireKey::from(key),
+            checksum: Some(checksum(value)),
+        };
+        self.inner.master.call(&end).await.map(|_| ())
+    }
+
+    /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
+    /// input order; one bad key never fails the others.
+    pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        per_key(&keys, |valid| async move {
+            let sub: Vec<(&str, &[u8])> = valid.iter().map(|&i| items[i]).collect();
+            self.batch_put_valid(&sub, cfg).await
+        })
+        .await
+    }
+
+    async fn batch_put_valid(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
+        let req = MasterRequest::BatchPutStart {
+            client: self.inner.id,
+            tenant: self.tenant(),
+            items: Batch(items.iter().map(|(k, v)| (WireKey::from(*k), v.len() as u64)).collect()),
+            config: self.with_host(cfg),
+            group_ids: None,
+            upsert: false,
+        };
+        let starts = match self.inner.master.call(&req).await {
+            Ok(MasterResponse::BatchReplicas(v)) if v.len() == items.len() => v,
+            Ok(_) => return items.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
+            Err(e) => {
+                let code = e.code();
+                return items.iter().map(|_| Err(code.into())).collect();
+            }
+        };
+        // Write every started object's replicas concurrently.
+        let writes = items.iter().zip(starts.iter()).map(|((_, value), start)| async move {
+            let Ok(replicas) = start else { return None };
+            let data = Bytes::copy_from_slice(value);
+            let rs = join_all(replicas.iter().map(|d| {
+                let data = data.clone();
+                async move {
+                    let (endpoint, segment, offset, _) =
+                        address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
+                    self.inner.transfer.write(endpoint, segment, offset, data).await.map_err(ClientError::from)
+                }
+            }))
+            .await;
+            Some(rs.into_iter().find_map(Result::err))
+        });
+        let written: Vec<Option<Option<ClientError>>> = join_all(writes).await;
+        let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
+        let mut to_end = Vec::new();
+        let mut to_revoke = Vec::new();
+        for (i, (start, w)) in starts.into_iter().zip(written).enumerate() {
+            match (start, w) {
+                (Err(ErrorCode::ObjectAlreadyExists), _) => out.push(Ok(())),
+                (Err(c), _) => out.push(Err(c.into())),
+                (Ok(_), Some(None)) => {
+                    to_end.push(i);
+                    out.push(Ok(()));
+                }
+                (Ok(_), Some(Some(e))) => {
+                    to_revoke.push(i);
+                    out.push(Err(e));
+                }
+                (Ok(_), None) => out.push(Err(ErrorCode::InternalError.into())),
+            }
+        }
+        if !to_revoke.is_empty() {
+            let keys = Batch(to_revoke.iter().map(|&i| WireKey::from(items[i].0)).collect());
+            let req = MasterRequest::BatchPutRevoke { client: self.inner.id, tenant: self.tenant(), keys };
+            if let Err(e) = self.inner.master.call(&req).await {
+                tracing::warn!(error = %e, "batch revoke failed");
+            }
+        }
+        if !to_end.is_empty() {
+            let ends = Batch(to_end.iter().map(|&i| (WireKey::from(items[i].0), Some(checksum(items[i].1)))).collect());
+            let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
+            match self.inner.master.call(&req).await {
+                Ok(MasterResponse::BatchDone(v)) if v.len() == to_end.len() => {
+                    for (&i, r) in to_end.iter().zip(v) {
+                        if let Err(c) = r {
+                            out[i] = Err(c.into());
+                        }
+                    }
+                }
+                other => {
+                    let code = other.err().map_or(ErrorCode::InternalError, |e| e.code());
+                    for &i in &to_end {
+                        out[i] = Err(code.into());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The replica list (and lease) of an object, without reading it.
+    pub async fn stat(&self, key: &str) -> Result<GetReplicaListResponse, ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::GetReplicaList { tenant: self.tenant(), key: WireKey::from(key) };
+        self.inner
+            .master
+            .call_expect(&req, |r| if let MasterResponse::ReplicaList(l) = r { Some(l) } else { None })
+            .await
+    }
+
+    /// The object's size.
+    pub async fn get_size(&self, key: &str) -> Result<u64, ClientError> {
+        Ok(self.stat(key).await?.size)
+    }
+
+    /// Reads an object into a new buffer.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
+        let started = Instant::now();
+        let list = self.stat(key).await?;
+        let mut buf = vec![0u8; usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?];
+        self.read_replica(key, &list, &mut buf, started).await?;
+        Ok(buf)
+    }
+
+    /// Reads an object into the caller's buffer; returns its size.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
+        let started = Instant::now();
+        let list = self.stat(key).await?;
+        let n = usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?;
+        if n > buf.len() {
+            return Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() });
+        }
+        self.read_replica(key, &list, &mut buf[..n], started).await?;
+        Ok(n)
+    }
+
+    /// Orders replicas: this process's segments, then the same host, then remote.
+    fn ranked<'a>(&self, list: &'a GetReplicaListResponse) -> Vec<&'a ReplicaDescriptor> {
+        let host = self.inner.config.host_id.as_deref();
+        let mut v: Vec<(u8, &ReplicaDescriptor)> = list
+            .replicas
+            .iter()
+            .filter_map(|d| {
+                let (endpoint, segment, _, _) = address(d)?;
+                let rank = if self.inner.local.get(&segment).is_some() {
+                    0
+                } else if host.is_some_and(|h| endpoint.rsplit_once(':').is_some_and(|(ip, _)| ip == h)) {
+                    1
+                } else {
+                    2
+                };
+                Some((rank, d))
+            })
+            .collect();
+        v.sort_by_key(|(r, _)| *r);
+        v.into_iter().map(|(_, d)| d).collect()
+    }
+
+    /// Reads the best readable replica (falling back to the next on a transfer error) and verifies it.
+    async fn read_replica(
+        &self,
+        key: &str,
+        list: &GetReplicaListResponse,
+        buf: &mut [u8],
+        started: Instant,
+    ) -> Result<(), ClientError> {
+        let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
+        for d in self.ranked(list) {
+            let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            match self.inner.transfer.read_into(endpoint, segment, offset, buf).await {
+                Ok(()) => {
+                    if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
+                        return Err(ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms });
+                    }
+                    if list.checksum.is_some_and(|c| c != checksum(buf)) {
+                        return Err(ClientError::ChecksumMismatch { key: key.to_owned() });
+                    }
+                    return Ok(());
+                }
+                Err(e) => last = e.into(),
+            }
+        }
+        Err(last)
+    }
+
+    /// Reads many objects into the caller's buffers; results per key (object size), in input order.
+    pub async fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
+        let mut out: Vec<Option<Result<usize, ClientError>>> =
+            items.iter().map(|(k, _)| check_key(k).err().map(Err)).collect();
+        let mut valid: Vec<(&str, &mut [u8])> = Vec::new();
+        let mut slots = Vec::new();
+        for (i, (k, buf)) in items.iter_mut().enumerate() {
+            if out[i].is_none() {
+                valid.push((*k, &mut **buf));
+                slots.push(i);
+            }
+        }
+        if !valid.is_empty() {
+            for (i, r) in slots.into_iter().zip(self.batch_get_valid(&mut valid).await) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
+    }
+
+    async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
+        let started = Instant::now();
+        let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
+        let lists =
+            match self.inner.master.call(&MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys }).await {
+                Ok(MasterResponse::BatchReplicaList(v)) if v.len() == items.len() => v,
+                Ok(_) => return items.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
+                Err(e) => {
+                    let code = e.code();
+                    return items.iter().map(|_| Err(code.into())).collect();
+                }
+            };
+        let reads = items.iter_mut().zip(lists.iter()).map(|((key, buf), list)| async move {
+            let list = list.as_ref().map_err(|c| ClientError::Code(*c))?;
+            let n = usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?;
+            if n > buf.len() {
+                return Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() });
+            }
+            self.read_replica(key, list, &mut buf[..n], started).await?;
+            Ok(n)
+        });
+        join_all(reads).await
+    }
+
+    /// Whether an object is readable (grants a lease if so).
+    pub async fn is_exist(&self, key: &str) -> Result<bool, ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::ExistKey { tenant: self.tenant(), key: WireKey::from(key) };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Exists(b) = r { Some(b) } else { None }).await
+    }
+
+    /// Existence of many keys, per key in input order.
+    pub async fn batch_is_exist(&self, keys: &[&str]) -> Vec<Result<bool, ClientError>> {
+        per_key(keys, |valid| async move {
+            let sub: Vec<&str> = valid.iter().map(|&i| keys[i]).collect();
+            self.batch_exist_valid(&sub).await
+        })
+        .await
+    }
+
+    async fn batch_exist_valid(&self, keys: &[&str]) -> Vec<Result<bool, ClientError>> {
+        let req = MasterRequest::BatchExistKey {
+            tenant: self.tenant(),
+            keys: Batch(keys.iter().map(|k| WireKey::from(*k)).collect()),
+        };
+        match self.inner.master.call(&req).await {
+            Ok(MasterResponse::BatchExists(v)) if v.len() == keys.len() => {
+                v.into_iter().map(|r| r.map_err(ClientError::Code)).collect()
+            }
+            Ok(_) => keys.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
+            Err(e) => {
+                let code = e.code();
+                keys.iter().map(|_| Err(code.into())).collect()
+            }
+        }
+    }
+
+    /// Removes one object (`force` ignores read leases).
+    pub async fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::Remove { tenant: self.tenant(), key: WireKey::from(key), force };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Removes many objects, per key in input order.
+    pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<Result<(), ClientError>> {
+        per_key(keys, |valid| async move {
+            let sub: Vec<&str> = valid.iter().map(|&i| keys[i]).collect();
+            self.batch_remove_valid(&sub, force).await
+        })
+        .await
+    }
+
+    async fn batch_remove_valid(&self, keys: &[&str], force: bool) -> Vec<Result<(), ClientError>> {
+        let req = MasterRequest::BatchRemove {
+            tenant: self.tenant(),
+            keys: Batch(keys.iter().map(|k| WireKey::from(*k)).collect()),
+            force,
+        };
+        match self.inner.master.call(&req).await {
+            Ok(MasterResponse::BatchDone(v)) if v.len() == keys.len() => {
+                v.into_iter().map(|r| r.map_err(ClientError::Code)).collect()
+            }
+            Ok(_) => keys.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
+            Err(e) => {
+                let code = e.code();
+                keys.iter().map(|_| Err(code.into())).collect()
+            }
+        }
+    }
+
+    /// Removes every object of this client's tenant; returns how many.
+    pub async fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
+        let req = MasterRequest::RemoveAll { tenant: Some(self.tenant()), force };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Count(n) = r { Some(n) } else { None }).await
+    }
+
+    /// Readable keys starting with `prefix` (sorted, at most `limit`).
+    pub async fn list_keys(&self, prefix: &str, limit: u32) -> Result<Vec<String>, ClientError> {
+        let req = MasterRequest::ListKeys { tenant: self.tenant(), prefix: prefix.to_owned(), limit };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Keys(k) = r { Some(k) } else { None }).await
+    }
+}

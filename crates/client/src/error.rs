@@ -1,0 +1,64 @@
+//! Client errors: every failure carries the wire [`ErrorCode`] it is reported as.
+
+use crescent_proto::ErrorCode;
+use crescent_proto::wire::WireError;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The master (or a storage node) answered with an error code.
+    #[error("{0}")]
+    Code(ErrorCode),
+    /// The connection to the master failed.
+    #[error("master connection: {0}")]
+    Wire(#[from] WireError),
+    /// Moving bytes to or from a storage node failed.
+    #[error("transfer: {0}")]
+    Transfer(#[from] crescent_transfer::TransferError),
+    /// The master did not answer in time.
+    #[error("master request timed out")]
+    Timeout,
+    /// The bytes read do not match the checksum stored at PutEnd (nothing is returned).
+    #[error("checksum mismatch reading {key}")]
+    ChecksumMismatch {
+        /// The object.
+        key: String,
+    },
+    /// A read took longer than the lease it was granted (the bytes may have been evicted meanwhile).
+    #[error("read of {key} outlived its {lease_ms} ms lease")]
+    LeaseExpired {
+        /// The object.
+        key: String,
+        /// The lease granted.
+        lease_ms: u64,
+    },
+    /// The caller's buffer is smaller than the object.
+    #[error("buffer of {have} bytes cannot hold {need} bytes")]
+    BufferTooSmall {
+        /// Object size.
+        need: u64,
+        /// Buffer size.
+        have: usize,
+    },
+}
+
+impl ClientError {
+    /// The wire code for this error (what the CLI prints).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Code(c) => *c,
+            ClientError::Wire(e) => e.code(),
+            ClientError::Transfer(e) => e.code(),
+            ClientError::Timeout => ErrorCode::RpcTimeout,
+            ClientError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
+            ClientError::LeaseExpired { .. } => ErrorCode::LeaseExpired,
+            ClientError::BufferTooSmall { .. } => ErrorCode::BufferOverflow,
+        }
+    }
+}
+
+impl From<ErrorCode> for ClientError {
+    fn from(c: ErrorCode) -> Self {
+        ClientError::Code(c)
+    }
+}

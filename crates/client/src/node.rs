@@ -1,0 +1,215 @@
+//! The storage-node runtime: hosts segments, serves the data plane, mounts at the master, pings every
+//! second, remounts by itself when the master answers `NEED_REMOUNT` (e.g. after a master restart), and
+//! unmounts on shutdown.
+
+use crate::error::ClientError;
+use crate::master::MasterConnection;
+use crescent_proto::wire::{Batch, PeerRole};
+use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
+use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Storage-node settings.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Master address.
+    pub master: String,
+    /// Where the transfer server listens (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Bytes per segment.
+    pub segment_size: u64,
+    /// Segments to host.
+    pub segments: usize,
+    /// Back segments with memfd instead of anonymous memory.
+    pub memfd: bool,
+    /// This node's host (for local-first placement); defaults to the listen IP.
+    pub host_id: Option<String>,
+    /// Liveness ping period.
+    pub ping_interval: Duration,
+    /// Master request timeout.
+    pub rpc_timeout: Duration,
+}
+
+impl NodeConfig {
+    /// One segment of `segment_size` bytes, listening on an ephemeral loopback port.
+    pub fn new(master: impl Into<String>, segment_size: u64) -> Self {
+        Self {
+            master: master.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            segment_size,
+            segments: 1,
+            memfd: false,
+            host_id: None,
+            ping_interval: Duration::from_secs(1),
+            rpc_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running storage node.
+pub struct StorageNode {
+    id: ClientId,
+    endpoint: SocketAddr,
+    specs: Arc<Vec<SegmentSpec>>,
+    registry: SegmentRegistry,
+    master: Arc<MasterConnection>,
+    server: Option<TransferServerHandle>,
+    stop: watch::Sender<bool>,
+    pinger: Option<tokio::task::JoinHandle<()>>,
+    remounts: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for StorageNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageNode").field("id", &self.id).field("endpoint", &self.endpoint).finish()
+    }
+}
+
+async fn remount(master: &MasterConnection, id: ClientId, specs: &[SegmentSpec]) -> Result<(), ClientError> {
+    let req = MasterRequest::RemountSegments { client: id, specs: Batch(specs.to_vec()) };
+    master.call(&req).await.map(|_| ())
+}
+
+impl StorageNode {
+    /// Allocates the segments, starts the transfer server and mounts everything at the master.
+    pub async fn start(config: NodeConfig) -> Result<StorageNode, ClientError> {
+        Self::start_with(config, SegmentRegistry::default()).await
+    }
+
+    /// Like [`StorageNode::start`], hosting the segments in `registry` (shared with an embedding client so its
+    /// own replicas are reached by memcpy).
+    pub async fn start_with(config: NodeConfig, registry: SegmentRegistry) -> Result<StorageNode, ClientError> {
+        let server =
+            TransferServer::bind(config.listen, registry.clone()).map_err(crescent_proto::wire::WireError::Io)?;
+        let endpoint = server.local_addr();
+        let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
+        let mut specs = Vec::with_capacity(config.segments);
+        for i in 0..config.segments {
+            let mem = if config.memfd {
+                SegmentMemory::memfd(&format!("crescent-{}-{i}", endpoint.port()), config.segment_size)
+            } else {
+                SegmentMemory::anonymous(config.segment_size)
+            }
+            .map_err(crescent_proto::wire::WireError::Io)?;
+            let id = SegmentId::random();
+            specs.push(SegmentSpec {
+                id,
+                // One name per node: replicas of one object land on distinct nodes.
+                name: endpoint.to_string(),
+                base: mem.base_addr(),
+                size: config.segment_size,
+                endpoint: endpoint.to_string(),
+                kind: SegmentKind::Memory,
+                host_id: host.clone(),
+            });
+            registry.register(id, Arc::new(mem));
+        }
+        let server = server.spawn();
+        let id = ClientId::random();
+        let master = Arc::new(MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout));
+        for spec in &specs {
+            master.call(&MasterRequest::MountSegment { client: id, spec: spec.clone() }).await?;
+        }
+        remount(&master, id, &specs).await?;
+        let specs = Arc::new(specs);
+        let (stop, mut stopped) = watch::channel(false);
+        let remounts = Arc::new(AtomicU64::new(0));
+        let (m, s, r, every) = (master.clone(), specs.clone(), remounts.clone(), config.ping_interval);
+        let pinger = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    _ = tick.tick() => {}
+                }
+                match m.call(&MasterRequest::Ping { client: id }).await {
+                    Ok(MasterResponse::Pong { status: ClientStatus::NeedRemount, .. }) => {
+                        match remount(&m, id, &s).await {
+                            Ok(()) => {
+                                r.fetch_add(1, Ordering::Relaxed);
+                                tracing::info!("remounted {} segments", s.len());
+                            }
+                            Err(e) => tracing::warn!(error = %e, "remount failed"),
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "ping failed"),
+                }
+            }
+        });
+        Ok(StorageNode {
+            id,
+            endpoint,
+            specs,
+            registry,
+            master,
+            server: Some(server),
+            stop,
+            pinger: Some(pinger),
+            remounts,
+        })
+    }
+
+    /// The node's client id.
+    pub fn id(&self) -> ClientId {
+        self.id
+    }
+
+    /// The data-plane endpoint.
+    pub fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    /// The hosted segments.
+    pub fn segments(&self) -> &[SegmentSpec] {
+        &self.specs
+    }
+
+    /// The hosted segments' memory.
+    pub fn registry(&self) -> &SegmentRegistry {
+        &self.registry
+    }
+
+    /// How many times the node remounted after `NEED_REMOUNT`.
+    pub fn remounts(&self) -> u64 {
+        self.remounts.load(Ordering::Relaxed)
+    }
+
+    /// Graceful shutdown: segments stay readable (not allocatable) for `grace`, then are unmounted; then the
+    /// data plane stops.
+    pub async fn shutdown(mut self, grace: Duration) -> Result<(), ClientError> {
+        let _ = self.stop.send(true);
+        if let Some(p) = self.pinger.take() {
+            let _ = p.await;
+        }
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        if grace_ms > 0 {
+            for spec in self.specs.iter() {
+                let req = MasterRequest::GracefulUnmount { client: self.id, segment: spec.id, grace_ms };
+                self.master.call(&req).await?;
+            }
+            tokio::time::sleep(grace).await;
+        }
+        for spec in self.specs.iter() {
+            self.master.call(&MasterRequest::UnmountSegment { client: self.id, segment: spec.id }).await?;
+        }
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StorageNode {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(p) = self.pinger.take() {
+            p.abort();
+        }
+    }
+}

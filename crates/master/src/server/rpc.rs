@@ -1,0 +1,364 @@
+//! The RPC server: one task per connection; hello, then requests answered in order under their request ids
+//! (clients pipeline; a client wanting parallelism opens several connections). A malformed frame gets an
+//! error frame and closes that connection only.
+
+use crate::service::MasterService;
+use bytes::Bytes;
+use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, WireError};
+use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse};
+use futures_util::{SinkExt, StreamExt};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::codec::Framed;
+
+/// The operations counted by the server, in `/metrics` order.
+pub const OPS: &[&str] = &[
+    "ping",
+    "mount_segment",
+    "remount_segments",
+    "unmount_segment",
+    "graceful_unmount",
+    "segment_status",
+    "put_start",
+    "put_end",
+    "put_revoke",
+    "upsert_start",
+    "batch_put_start",
+    "batch_put_end",
+    "batch_put_revoke",
+    "get_replica_list",
+    "batch_get_replica_list",
+    "exist_key",
+    "batch_exist_key",
+    "remove",
+    "batch_remove",
+    "remove_all",
+    "remove_by_regex",
+    "list_keys",
+];
+
+/// Per-operation request and failure counters, plus protocol errors.
+#[derive(Debug)]
+pub struct RpcMetrics {
+    requests: Vec<AtomicU64>,
+    failures: Vec<AtomicU64>,
+    /// Frames refused as malformed (each closes its connection).
+    pub malformed_frames: AtomicU64,
+    /// Connections accepted.
+    pub connections: AtomicU64,
+}
+
+impl Default for RpcMetrics {
+    fn default() -> Self {
+        Self {
+            requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            failures: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            malformed_frames: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RpcMetrics {
+    /// `(operation, requests, failures)` for every operation.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64, u64)> {
+        OPS.iter()
+            .enumerate()
+            .map(|(i, op)| (*op, self.requests[i].load(Ordering::Relaxed), self.failures[i].load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    fn record(&self, op: usize, failed: bool) {
+        self.requests[op].fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.failures[op].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn op_index(req: &MasterRequest) -> usize {
+    match req {
+        MasterRequest::Ping { .. } => 0,
+        MasterRequest::MountSegment { .. } => 1,
+        MasterRequest::RemountSegments { .. } => 2,
+        MasterRequest::UnmountSegment { .. } => 3,
+        MasterRequest::GracefulUnmount { .. } => 4,
+        MasterRequest::SegmentStatus { .. } => 5,
+        MasterRequest::PutStart { .. } => 6,
+        MasterRequest::PutEnd { .. } => 7,
+        MasterRequest::PutRevoke { .. } => 8,
+        MasterRequest::UpsertStart { .. } => 9,
+        MasterRequest::BatchPutStart { .. } => 10,
+        MasterRequest::BatchPutEnd { .. } => 11,
+        MasterRequest::BatchPutRevoke { .. } => 12,
+        MasterRequest::GetReplicaList { .. } => 13,
+        MasterRequest::BatchGetReplicaList { .. } => 14,
+        MasterRequest::ExistKey { .. } => 15,
+        MasterRequest::BatchExistKey { .. } => 16,
+        MasterRequest::Remove { .. } => 17,
+        MasterRequest::BatchRemove { .. } => 18,
+        MasterRequest::RemoveAll { .. } => 19,
+        MasterRequest::RemoveByRegex { .. } => 20,
+        MasterRequest::ListKeys { .. } => 21,
+    }
+}
+
+fn key_refs(keys: &[crescent_proto::wire::WireKey]) -> Vec<Result<&str, ErrorCode>> {
+    keys.iter().map(|k| k.as_str()).collect()
+}
+
+fn batch_failed<T>(v: &[Result<T, ErrorCode>]) -> bool {
+    !v.is_empty() && v.iter().all(Result::is_err)
+}
+
+/// Runs one request against the service. Per-key problems (an oversized key) fail only their own slot.
+pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
+    use MasterRequest as R;
+    use MasterResponse as A;
+    match req {
+        R::Ping { client } => Ok(A::Pong { status: svc.ping(client), view_version: 0 }),
+        R::MountSegment { client, spec } => svc.mount_segment(client, spec).map(|()| A::Done),
+        R::RemountSegments { client, specs } => svc.remount_segments(client, &specs.0).map(|()| A::Done),
+        R::UnmountSegment { segment, .. } => svc.unmount_segment(segment).map(|()| A::Done),
+        R::GracefulUnmount { client, segment, grace_ms } => {
+            svc.graceful_unmount_segment(segment, client, Duration::from_millis(grace_ms)).map(|()| A::Done)
+        }
+        R::SegmentStatus { segment } => svc.segment_status(segment).map(A::Status),
+        R::PutStart { client, tenant, key, size, config } => {
+            svc.put_start(client, &tenant, key.as_str()?, size, &config).map(A::Replicas)
+        }
+        R::UpsertStart { client, tenant, key, size, config } => {
+            svc.upsert_start(client, &tenant, key.as_str()?, size, &config).map(A::Replicas)
+        }
+        R::PutEnd { client, tenant, key, checksum } => {
+            svc.put_end(client, &tenant, key.as_str()?, checksum).map(|()| A::Done)
+        }
+        R::PutRevoke { client, tenant, key } => svc.put_revoke(client, &tenant, key.as_str()?).map(|()| A::Done),
+        R::BatchPutStart { client, tenant, items, config, group_ids, upsert } => {
+            let mut out: Vec<Result<Vec<crescent_proto::ReplicaDescriptor>, ErrorCode>> = Vec::new();
+            if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
+                return Ok(A::BatchReplicas(vec![Err(ErrorCode::InvalidParams); items.0.len()]));
+            }
+            for (i, (key, size)) in items.0.iter().enumerate() {
+                let r = key.as_str().and_then(|k| {
+                    let cfg;
+                    let config = match &group_ids {
+                        Some(g) => {
+                            cfg = crescent_proto::ReplicateConfig { group_id: Some(g.0[i].clone()), ..config.clone() };
+                            &cfg
+                        }
+                        None => &config,
+                    };
+                    if upsert {
+                        svc.upsert_start(client, &tenant, k, *size, config)
+                    } else {
+                        svc.put_start(client, &tenant, k, *size, config)
+                    }
+                });
+                out.push(r);
+            }
+            Ok(A::BatchReplicas(out))
+        }
+        R::BatchPutEnd { client, tenant, items } => Ok(A::BatchDone(
+            items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(client, &tenant, k, *c))).collect(),
+        )),
+        R::BatchPutRevoke { client, tenant, keys } => Ok(A::BatchDone(
+            key_refs(&keys.0).into_iter().map(|k| k.and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
+        )),
+        R::GetReplicaList { tenant, key } => svc.get_replica_list(&tenant, key.as_str()?).map(A::ReplicaList),
+        R::BatchGetReplicaList { tenant, keys } => {
+            let refs = key_refs(&keys.0);
+            let valid: Vec<&str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
+            let mut answers = svc.batch_get_replica_list(&tenant, &valid).into_iter();
+            Ok(A::BatchReplicaList(
+                refs.into_iter()
+                    .map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError))))
+                    .collect(),
+            ))
+        }
+        R::ExistKey { tenant, key } => svc.exist_key(&tenant, key.as_str()?).map(A::Exists),
+        R::BatchExistKey { tenant, keys } => {
+            let refs = key_refs(&keys.0);
+            let valid: Vec<&str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
+            let mut answers = svc.batch_exist_key(&tenant, &valid).into_iter();
+            Ok(A::BatchExists(
+                refs.into_iter()
+                    .map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError))))
+                    .collect(),
+            ))
+        }
+        R::Remove { tenant, key, force } => svc.remove(&tenant, key.as_str()?, force).map(|()| A::Done),
+        R::BatchRemove { tenant, keys, force } => Ok(A::BatchDone(
+            key_refs(&keys.0).into_iter().map(|k| k.and_then(|k| svc.remove(&tenant, k, force))).collect(),
+        )),
+        R::RemoveAll { tenant, force } => Ok(A::Count(svc.remove_all(tenant.as_deref(), force))),
+        R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(&tenant, &pattern, force).map(A::Count),
+        R::ListKeys { tenant, prefix, limit } => svc.list_keys(&tenant, &prefix, limit as usize).map(A::Keys),
+    }
+}
+
+fn failed(reply: &MasterReply) -> bool {
+    match reply {
+        Err(_) => true,
+        Ok(MasterResponse::BatchReplicas(v)) => batch_failed(v),
+        Ok(MasterResponse::BatchDone(v)) => batch_failed(v),
+        Ok(MasterResponse::BatchReplicaList(v)) => batch_failed(v),
+        Ok(MasterResponse::BatchExists(v)) => batch_failed(v),
+        Ok(_) => false,
+    }
+}
+
+/// Requests that may run long (inline eviction, bulk scans): run them off the async workers' fast path.
+fn may_block(req: &MasterRequest) -> bool {
+    matches!(
+        req,
+        MasterRequest::PutStart { .. }
+            | MasterRequest::UpsertStart { .. }
+            | MasterRequest::BatchPutStart { .. }
+            | MasterRequest::RemoveAll { .. }
+            | MasterRequest::RemoveByRegex { .. }
+            | MasterRequest::UnmountSegment { .. }
+            | MasterRequest::ListKeys { .. }
+    )
+}
+
+/// A bound, not yet running, RPC server.
+pub struct RpcServer {
+    listener: TcpListener,
+    svc: Arc<MasterService>,
+    metrics: Arc<RpcMetrics>,
+}
+
+/// A running RPC server; dropping it stops accepting and closes every connection.
+#[derive(Debug)]
+pub struct RpcServerHandle {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RpcServerHandle {
+    /// Where the server listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the server and waits for the accept loop to end.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = (&mut { self }.task).await;
+    }
+}
+
+impl Drop for RpcServerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl RpcServer {
+    /// Binds `addr` (port 0 picks a free port).
+    pub async fn bind(addr: SocketAddr, svc: Arc<MasterService>, metrics: Arc<RpcMetrics>) -> std::io::Result<Self> {
+        Ok(Self { listener: TcpListener::bind(addr).await?, svc, metrics })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Starts accepting on the current tokio runtime.
+    pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
+        let addr = self.listener.local_addr()?;
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    accepted = self.listener.accept() => match accepted {
+                        Ok((stream, peer)) => {
+                            self.metrics.connections.fetch_add(1, Ordering::Relaxed);
+                            let (svc, metrics, stop) = (self.svc.clone(), self.metrics.clone(), stopped.clone());
+                            tokio::spawn(async move {
+                                if let Err(e) = serve(stream, svc, metrics, stop).await {
+                                    tracing::debug!(%peer, error = %e, "connection closed");
+                                }
+                            });
+                        }
+                        Err(e) => tracing::warn!(error = %e, "accept failed"),
+                    },
+                }
+            }
+        });
+        Ok(RpcServerHandle { addr, stop, task })
+    }
+}
+
+async fn send_error(framed: &mut Framed<TcpStream, FrameCodec>, id: u64, code: ErrorCode, message: String) {
+    if let Ok(f) = Frame::encode(id, &ErrorFrame { code, message }, Bytes::new()) {
+        let _ = framed.send(f).await;
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    svc: Arc<MasterService>,
+    metrics: Arc<RpcMetrics>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), WireError> {
+    stream.set_nodelay(true)?;
+    let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
+    // Hello first.
+    let hello = match framed.next().await {
+        Some(Ok(f)) => f,
+        Some(Err(e)) => {
+            metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
+            send_error(&mut framed, 0, e.code(), e.to_string()).await;
+            return Err(e);
+        }
+        None => return Ok(()),
+    };
+    match hello.decode::<Hello>().and_then(|h| h.body.negotiate(Limits::CONTROL)) {
+        Ok(ack) => framed.send(Frame::encode(0, &HelloReply::Ok(ack), Bytes::new())?).await?,
+        Err(e) => {
+            metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
+            let refusal = HelloReply::Err(ErrorFrame { code: e.code(), message: e.to_string() });
+            if let Ok(f) = Frame::encode(0, &refusal, Bytes::new()) {
+                let _ = framed.send(f).await;
+            }
+            return Err(e);
+        }
+    }
+    loop {
+        let frame = tokio::select! {
+            _ = stop.changed() => return Ok(()),
+            f = framed.next() => f,
+        };
+        let frame = match frame {
+            None => return Ok(()),
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                send_error(&mut framed, 0, e.code(), e.to_string()).await;
+                return Err(e);
+            }
+        };
+        let Envelope { id, body } = match frame.decode::<MasterRequest>() {
+            Ok(env) => env,
+            Err(e) => {
+                metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                send_error(&mut framed, 0, e.code(), e.to_string()).await;
+                return Err(e);
+            }
+        };
+        let op = op_index(&body);
+        let reply =
+            if may_block(&body) { tokio::task::block_in_place(|| dispatch(&svc, body)) } else { dispatch(&svc, body) };
+        metrics.record(op, failed(&reply));
+        framed.send(Frame::encode(id, &reply, Bytes::new())?).await?;
+    }
+}

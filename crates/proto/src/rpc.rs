@@ -1,0 +1,175 @@
+//! Master RPC messages (control plane). One [`MasterRequest`] per frame header; the reply is a
+//! [`MasterReply`] under the same request id. Batch replies are per item, in input order.
+
+use crate::config::ReplicateConfig;
+use crate::error::ErrorCode;
+use crate::ids::{ClientId, SegmentId};
+use crate::replica::ReplicaDescriptor;
+use crate::segment::{SegmentSpec, SegmentStatus};
+use crate::wire::{Batch, WireKey};
+use serde::{Deserialize, Serialize};
+
+/// What `Ping` tells a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum ClientStatus {
+    /// The master knows the client's segments.
+    Ok = 1,
+    /// The master lost (or never had) the client's state: call remount with every segment.
+    NeedRemount = 2,
+}
+
+/// What a reader needs to fetch an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetReplicaListResponse {
+    /// Readable replicas, in placement order.
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// The lease granted: the reader must finish within this many ms of the request.
+    pub lease_ttl_ms: u64,
+    /// The checksum the writer stored at PutEnd.
+    pub checksum: Option<u64>,
+    /// Object bytes.
+    pub size: u64,
+}
+
+/// A master request. Fields mean the same everywhere: `client` is the caller's id, `tenant` the raw tenant
+/// string (resolved by the master: `""` = default), `key` a user key, `force` bypasses read leases.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum MasterRequest {
+    /// Liveness; answers [`MasterResponse::Pong`].
+    Ping { client: ClientId },
+    /// Mount one segment.
+    MountSegment { client: ClientId, spec: SegmentSpec },
+    /// Re-adopt all of a client's segments after `NEED_REMOUNT`.
+    RemountSegments { client: ClientId, specs: Batch<SegmentSpec> },
+    /// Unmount a segment (unknown id → OK).
+    UnmountSegment { client: ClientId, segment: SegmentId },
+    /// Unmount after a grace period; owner only.
+    GracefulUnmount { client: ClientId, segment: SegmentId, grace_ms: u64 },
+    /// A segment's status.
+    SegmentStatus { segment: SegmentId },
+    /// Start writing an object.
+    PutStart { client: ClientId, tenant: String, key: WireKey, size: u64, config: ReplicateConfig },
+    /// Finish a write.
+    PutEnd { client: ClientId, tenant: String, key: WireKey, checksum: Option<u64> },
+    /// Abandon a write.
+    PutRevoke { client: ClientId, tenant: String, key: WireKey },
+    /// Insert or update.
+    UpsertStart { client: ClientId, tenant: String, key: WireKey, size: u64, config: ReplicateConfig },
+    /// Batch PutStart (`upsert` selects UpsertStart semantics).
+    BatchPutStart {
+        client: ClientId,
+        tenant: String,
+        items: Batch<(WireKey, u64)>,
+        config: ReplicateConfig,
+        group_ids: Option<Batch<String>>,
+        upsert: bool,
+    },
+    /// Batch PutEnd.
+    BatchPutEnd { client: ClientId, tenant: String, items: Batch<(WireKey, Option<u64>)> },
+    /// Batch PutRevoke.
+    BatchPutRevoke { client: ClientId, tenant: String, keys: Batch<WireKey> },
+    /// Readable replicas + lease.
+    GetReplicaList { tenant: String, key: WireKey },
+    /// Batch GetReplicaList.
+    BatchGetReplicaList { tenant: String, keys: Batch<WireKey> },
+    /// Whether an object is readable (grants a lease if so).
+    ExistKey { tenant: String, key: WireKey },
+    /// Batch ExistKey.
+    BatchExistKey { tenant: String, keys: Batch<WireKey> },
+    /// Remove one object.
+    Remove { tenant: String, key: WireKey, force: bool },
+    /// Batch Remove.
+    BatchRemove { tenant: String, keys: Batch<WireKey>, force: bool },
+    /// Remove everything of a tenant (`None`: every tenant).
+    RemoveAll { tenant: Option<String>, force: bool },
+    /// Remove keys matching a regex (search semantics).
+    RemoveByRegex { tenant: String, pattern: String, force: bool },
+    /// List readable keys with a prefix.
+    ListKeys { tenant: String, prefix: String, limit: u32 },
+}
+
+/// A successful master reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MasterResponse {
+    /// Ping answer (`view_version` is the leader's view; 0 without HA).
+    #[allow(missing_docs)]
+    Pong { status: ClientStatus, view_version: u64 },
+    /// Success with no value.
+    Done,
+    /// Replica descriptors (PutStart / UpsertStart).
+    Replicas(Vec<ReplicaDescriptor>),
+    /// GetReplicaList.
+    ReplicaList(GetReplicaListResponse),
+    /// ExistKey.
+    Exists(bool),
+    /// A count (RemoveAll / RemoveByRegex).
+    Count(u64),
+    /// Keys (ListKeys).
+    Keys(Vec<String>),
+    /// A segment's status.
+    Status(SegmentStatus),
+    /// Batch of descriptor lists.
+    BatchReplicas(Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>),
+    /// Batch of unit results.
+    BatchDone(Vec<Result<(), ErrorCode>>),
+    /// Batch of replica lists.
+    BatchReplicaList(Vec<Result<GetReplicaListResponse, ErrorCode>>),
+    /// Batch of existence answers.
+    BatchExists(Vec<Result<bool, ErrorCode>>),
+}
+
+/// The reply to one request.
+pub type MasterReply = Result<MasterResponse, ErrorCode>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Frame;
+    use bytes::Bytes;
+
+    #[test]
+    fn requests_and_replies_round_trip_through_frames() {
+        let req = MasterRequest::BatchPutStart {
+            client: ClientId::random(),
+            tenant: "t".into(),
+            items: Batch(vec![("a".into(), 1), ("b".into(), 2)]),
+            config: ReplicateConfig::with_replicas(2),
+            group_ids: None,
+            upsert: false,
+        };
+        let f = Frame::encode(9, &req, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterRequest>().unwrap().body, req);
+        let reply: MasterReply = Ok(MasterResponse::BatchDone(vec![Ok(()), Err(ErrorCode::ObjectNotFound)]));
+        let f = Frame::encode(9, &reply, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
+    }
+}
+
+#[cfg(test)]
+mod long_key_tests {
+    use super::*;
+    use crate::wire::Frame;
+    use bytes::Bytes;
+
+    #[test]
+    fn an_oversized_key_decodes_as_too_long() {
+        let req = MasterRequest::PutStart {
+            client: ClientId::random(),
+            tenant: String::new(),
+            key: WireKey::Key("x".repeat(5_000)),
+            size: 1,
+            config: ReplicateConfig::default(),
+        };
+        let f = Frame::encode(3, &req, Bytes::new()).unwrap();
+        let back = f.decode::<MasterRequest>().unwrap().body;
+        match back {
+            MasterRequest::PutStart { key, size, .. } => {
+                assert_eq!(key, WireKey::TooLong(5_000));
+                assert_eq!(size, 1, "the fields after the key still decode");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
