@@ -1,6 +1,33 @@
-//! The data plane.
+//! The data plane: moves object bytes between a client and the segments that hold its replicas.
 //!
-//! This crate will own: segment memory (anonymous or memfd-backed mmap regions a storage node mounts), the
-//! transfer server that validates every `(segment, offset, length)` against what it hosts and serves one-sided
-//! READ/WRITE, and pooled persistent peer connections (lanes, TCP_NODELAY, striping, same-process memcpy).
-//! Nothing is implemented yet (issue: network cluster).
+//! * [`SegmentMemory`]: a mounted segment's bytes (an anonymous or memfd-backed mmap), shared by many concurrent
+//!   transfers through range leases (the crate's only `unsafe`, confined to `memory.rs`).
+//! * [`SegmentRegistry`]: the segments this process hosts.
+//! * [`TransferServer`]: serves one-sided READ/WRITE of `(segment, offset, length)` ranges over TCP, validating
+//!   every range against what it hosts; payloads go between the socket and segment memory without staging.
+//! * [`TransferClient`]: pooled persistent connections per peer (a bounded number of lanes, TCP_NODELAY, large
+//!   socket buffers), striping of large transfers over the lanes, and a memcpy fast path for segments hosted
+//!   by this very process.
+//!
+//! The design keeps the original's one-sided `(addr, len, opcode)` semantics and its "applied" acknowledgement
+//! for writes, and drops its TCP transport's structural limits: no single I/O thread (a task per connection on
+//! the multi-threaded runtime), no socket per transfer (persistent lanes), no serialised slices (stripes in
+//! parallel), and `TCP_NODELAY` on both ends. The wire format is `crescent_proto::wire`'s frame with
+//! `crescent_proto::transfer` messages in the header and object bytes as the raw payload.
+
+mod client;
+mod error;
+mod memory;
+mod net;
+mod registry;
+mod server;
+
+pub use client::{TransferClient, TransferConfig};
+pub use error::TransferError;
+pub use memory::{SegmentMemory, SegmentMut, SegmentRef};
+pub use registry::SegmentRegistry;
+pub use server::{DEFAULT_SERVER_IO_TIMEOUT, ServerStats, TransferServer, TransferServerHandle};
+
+/// Most payload bytes one frame carries (the data-plane frame limit minus room for the header). Larger
+/// transfers are split by the client; a larger read is refused by the server.
+pub const MAX_TRANSFER: u64 = 64 << 20;

@@ -1,0 +1,485 @@
+//! The transfer client: one-sided READ/WRITE against peers' transfer servers, or a memcpy when the target
+//! segment lives in this process.
+//!
+//! Connections are pooled per peer endpoint and persistent: at most `lanes_per_peer` sockets per peer (a
+//! semaphore bounds them, so the socket count never grows with load, unlike the original's socket per
+//! transfer), each carrying one request at a time. A transfer larger than `stripe_size` is split into stripes
+//! that run concurrently over the lanes (the original serialised its slices, which made throughput RTT-bound):
+//! write stripes as tasks (spreading the sending work over threads), read stripes as futures of the caller's
+//! task, each filling a disjoint `chunks_mut` piece of the caller's buffer.
+//! A lane whose exchange did not complete cleanly (I/O error, timeout, protocol error, cancellation) is
+//! dropped rather than returned to the pool; the error goes to the caller, who decides about retries.
+
+use crate::MAX_TRANSFER;
+use crate::error::{TransferError, io_error};
+use crate::net::{self, Head, READ_BUFFER, ShapeError};
+use crate::registry::SegmentRegistry;
+use bytes::Bytes;
+use crescent_proto::SegmentId;
+use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HEADER, PeerRole, WireError};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+/// Client-side data-plane settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferConfig {
+    /// Most sockets (and concurrent requests) per peer endpoint.
+    pub lanes_per_peer: usize,
+    /// Transfers larger than this are split into stripes of this size sent in parallel over the lanes (capped
+    /// at [`MAX_TRANSFER`]; 0 means the cap).
+    pub stripe_size: u64,
+    /// Deadline for connecting to a peer, hello included.
+    pub connect_timeout: Duration,
+    /// Deadline for one request/response exchange (one stripe) on a lane.
+    pub io_timeout: Duration,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        Self {
+            lanes_per_peer: 4,
+            stripe_size: 1 << 20,
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The data-plane client; cheap to clone (clones share the connection pools).
+#[derive(Debug, Clone)]
+pub struct TransferClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: TransferConfig,
+    local: SegmentRegistry,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+}
+
+impl TransferClient {
+    /// A client; transfers to segments in `local` are served by memcpy without touching a socket.
+    pub fn new(config: TransferConfig, local: SegmentRegistry) -> Self {
+        Self { inner: Arc::new(Inner { config, local, peers: Mutex::new(HashMap::new()) }) }
+    }
+
+    /// The client's settings.
+    pub fn config(&self) -> &TransferConfig {
+        &self.inner.config
+    }
+
+    /// Sockets currently open to `endpoint` (idle or busy); never more than `lanes_per_peer`.
+    pub fn open_connections(&self, endpoint: &str) -> usize {
+        self.inner.peers.lock().get(endpoint).map_or(0, |p| p.open.load(Ordering::Relaxed))
+    }
+
+    /// Closes the idle pooled connections to every peer (busy ones close when their exchange ends).
+    pub fn close_idle(&self) {
+        let peers: Vec<_> = self.inner.peers.lock().values().cloned().collect();
+        for peer in peers {
+            peer.idle.lock().clear();
+        }
+    }
+
+    /// Writes `data` at `offset` of `segment`, hosted at `endpoint`; returns once the bytes are in place.
+    pub async fn write(
+        &self,
+        endpoint: &str,
+        segment: SegmentId,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), TransferError> {
+        if let Some(mem) = self.inner.local.get(&segment) {
+            return mem.write_at(offset, &data);
+        }
+        offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
+        let peer = self.peer(endpoint);
+        let stripe = self.stripe();
+        let failed = AtomicBool::new(false);
+        if data.len() <= stripe {
+            return self.write_stripe(&peer, &failed, segment, offset, &data).await;
+        }
+        // Write stripes run as tasks: on the sending side the kernel does the copy and (over loopback) much of the
+        // TCP work, so one task sending every stripe would cap a large write at one core. The `JoinSet` aborts the
+        // stripes if this future is dropped (their lanes are then discarded mid-exchange).
+        let failed = Arc::new(failed);
+        let mut stripes = JoinSet::new();
+        for at in (0..data.len()).step_by(stripe) {
+            let chunk = data.slice(at..(at + stripe).min(data.len()));
+            let (client, peer, failed) = (self.clone(), peer.clone(), failed.clone());
+            let offset = offset + at as u64;
+            stripes.spawn(async move { client.write_stripe(&peer, &failed, segment, offset, &chunk).await });
+        }
+        let mut result = Ok(());
+        while let Some(joined) = stripes.join_next().await {
+            let r = joined.unwrap_or_else(|e| Err(TransferError::Io(io::Error::other(e))));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// Reads `length` bytes at `offset` of `segment`, hosted at `endpoint`.
+    pub async fn read(
+        &self,
+        endpoint: &str,
+        segment: SegmentId,
+        offset: u64,
+        length: u64,
+    ) -> Result<Bytes, TransferError> {
+        let len = usize::try_from(length).map_err(|_| TransferError::OutOfRange)?;
+        if let Some(mem) = self.inner.local.get(&segment) {
+            return Ok(Bytes::copy_from_slice(&mem.lease(offset, length)?));
+        }
+        offset.checked_add(length).ok_or(TransferError::OutOfRange)?;
+        let mut buf = vec![0u8; len];
+        self.read_into(endpoint, segment, offset, &mut buf).await?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of `segment`, hosted at `endpoint`, straight into `buf`.
+    pub async fn read_into(
+        &self,
+        endpoint: &str,
+        segment: SegmentId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), TransferError> {
+        if let Some(mem) = self.inner.local.get(&segment) {
+            return mem.read_at(offset, buf);
+        }
+        offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
+        let peer = self.peer(endpoint);
+        let stripe = self.stripe();
+        let failed = AtomicBool::new(false);
+        if buf.len() <= stripe {
+            return self.read_stripe(&peer, &failed, segment, offset, buf).await;
+        }
+        // `chunks_mut` splits the buffer into disjoint stripes, each filled by its own concurrent exchange (all
+        // polled by this task: no spawning, and the borrows of `buf` stay local).
+        let stripes = buf
+            .chunks_mut(stripe)
+            .enumerate()
+            .map(|(i, chunk)| self.read_stripe(&peer, &failed, segment, offset + (i * stripe) as u64, chunk));
+        first_error(join_all(stripes).await)
+    }
+
+    fn stripe(&self) -> usize {
+        let s = self.inner.config.stripe_size;
+        (if s == 0 { MAX_TRANSFER } else { s.min(MAX_TRANSFER) }) as usize
+    }
+
+    fn peer(&self, endpoint: &str) -> Arc<Peer> {
+        let mut peers = self.inner.peers.lock();
+        if let Some(p) = peers.get(endpoint) {
+            return p.clone();
+        }
+        let lanes = self.inner.config.lanes_per_peer.max(1);
+        let peer = Arc::new(Peer {
+            endpoint: endpoint.to_owned(),
+            lanes: Semaphore::new(lanes),
+            idle: Mutex::new(Vec::with_capacity(lanes)),
+            open: Arc::new(AtomicUsize::new(0)),
+        });
+        peers.insert(endpoint.to_owned(), peer.clone());
+        peer
+    }
+
+    /// One exchange of at most a stripe. Part of a larger transfer, it is skipped (`Ok`) when another stripe
+    /// already failed, so a dead peer costs one failed attempt per lane rather than one per stripe; the
+    /// transfer's result is then the failing stripe's error.
+    async fn write_stripe(
+        &self,
+        peer: &Peer,
+        failed: &AtomicBool,
+        segment: SegmentId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), TransferError> {
+        let mut guard = peer.checkout(&self.inner.config).await?;
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let exchange = guard.lane()?.write(segment, offset, data);
+        let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
+        if r.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The read counterpart of [`TransferClient::write_stripe`].
+    async fn read_stripe(
+        &self,
+        peer: &Peer,
+        failed: &AtomicBool,
+        segment: SegmentId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), TransferError> {
+        let mut guard = peer.checkout(&self.inner.config).await?;
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let exchange = guard.lane()?.read(segment, offset, buf);
+        let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
+        if r.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+fn first_error(results: Vec<Result<(), TransferError>>) -> Result<(), TransferError> {
+    results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+}
+
+/// The pool of lanes to one peer endpoint.
+#[derive(Debug)]
+struct Peer {
+    endpoint: String,
+    /// One permit per lane: a lane (idle or new) is used only while holding a permit, and a new lane is opened
+    /// only when no idle one exists, so at most `lanes_per_peer` sockets exist per peer.
+    lanes: Semaphore,
+    idle: Mutex<Vec<Lane>>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Peer {
+    async fn checkout(&self, config: &TransferConfig) -> Result<LaneGuard<'_>, TransferError> {
+        // The semaphore is never closed.
+        let permit = self.lanes.acquire().await.map_err(|_| TransferError::Closed)?;
+        loop {
+            let lane = self.idle.lock().pop();
+            match lane {
+                Some(lane) if lane.is_healthy() => {
+                    return Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit });
+                }
+                Some(_) => continue, // closed by the peer while idle: drop it, try the next
+                None => break,
+            }
+        }
+        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone()))
+            .await
+            .map_err(|_| TransferError::Timeout)??;
+        Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
+    }
+}
+
+/// A checked-out lane; goes back to the pool on drop if its last exchange completed cleanly.
+struct LaneGuard<'a> {
+    peer: &'a Peer,
+    lane: Option<Lane>,
+    // Dropped after `Drop::drop` returned the lane, so the next permit holder finds it idle.
+    _permit: SemaphorePermit<'a>,
+}
+
+impl LaneGuard<'_> {
+    fn lane(&mut self) -> Result<&mut Lane, TransferError> {
+        // `Some` from construction until `Drop` takes it.
+        self.lane.as_mut().ok_or(TransferError::Closed)
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take()
+            && lane.clean
+        {
+            self.peer.idle.lock().push(lane);
+        }
+    }
+}
+
+/// Counts a peer's open sockets; decremented when the lane is dropped.
+#[derive(Debug)]
+struct OpenLane(Arc<AtomicUsize>);
+
+impl Drop for OpenLane {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One persistent connection to a peer's transfer server.
+#[derive(Debug)]
+struct Lane {
+    io: BufReader<TcpStream>,
+    next_id: u64,
+    header: Vec<u8>,
+    /// The server's frame limit from its hello reply.
+    max_frame: usize,
+    /// False while an exchange is in progress or after one failed: such a lane is never reused.
+    clean: bool,
+    _open: OpenLane,
+}
+
+impl Lane {
+    async fn connect(endpoint: &str, open: Arc<AtomicUsize>) -> Result<Lane, TransferError> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
+        let mut stream = None;
+        for addr in tokio::net::lookup_host(endpoint).await? {
+            match connect_addr(addr).await {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let stream = stream.ok_or(last)?;
+        net::tune(&stream)?;
+        open.fetch_add(1, Ordering::Relaxed);
+        let mut lane = Lane {
+            io: BufReader::with_capacity(READ_BUFFER, stream),
+            next_id: 1,
+            header: Vec::new(),
+            max_frame: 2 + MAX_HEADER,
+            clean: false,
+            _open: OpenLane(open),
+        };
+        let hello = Head::encode(0, &Hello::new(PeerRole::Client, None), 0)?;
+        lane.send(&mut [IoSlice::new(hello.as_bytes())]).await?;
+        let (id, payload_len) = lane.reply_header().await?;
+        let reply: HelloReply = lane.message()?;
+        if id != 0 || payload_len != 0 {
+            return Err(WireError::Malformed("unexpected hello reply").into());
+        }
+        match reply {
+            Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
+            Err(refusal) => return Err(TransferError::Refused(refusal.code)),
+        }
+        lane.clean = true;
+        Ok(lane)
+    }
+
+    /// Whether an idle lane still looks usable: nothing buffered and the socket neither at EOF nor holding
+    /// unsolicited bytes (best effort; a peer close not yet seen surfaces as an error on the next exchange).
+    fn is_healthy(&self) -> bool {
+        if !self.io.buffer().is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.io.get_ref().try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    async fn write(&mut self, segment: SegmentId, offset: u64, data: &[u8]) -> Result<(), TransferError> {
+        self.clean = false;
+        let id = self.next_id();
+        let head = Head::encode(id, &TransferRequest::Write { segment, offset }, data.len())?;
+        self.check_size(head.as_bytes().len() + data.len())?;
+        // Header and payload in one vectored write, the payload straight from the caller's buffer.
+        self.send(&mut [IoSlice::new(head.as_bytes()), IoSlice::new(data)]).await?;
+        match self.response(id).await? {
+            (TransferResponse::Written, 0) => {
+                self.clean = true;
+                Ok(())
+            }
+            (TransferResponse::Error(code), 0) => {
+                self.clean = true;
+                Err(TransferError::Refused(code))
+            }
+            _ => Err(WireError::Malformed("unexpected reply to a write").into()),
+        }
+    }
+
+    async fn read(&mut self, segment: SegmentId, offset: u64, buf: &mut [u8]) -> Result<(), TransferError> {
+        self.clean = false;
+        let id = self.next_id();
+        let head = Head::encode(id, &TransferRequest::Read { segment, offset, length: buf.len() as u64 }, 0)?;
+        self.check_size(head.as_bytes().len() + buf.len())?;
+        self.send(&mut [IoSlice::new(head.as_bytes())]).await?;
+        match self.response(id).await? {
+            (TransferResponse::Data, payload_len) if payload_len == buf.len() => {
+                // Straight from the socket into the caller's buffer.
+                self.io.read_exact(buf).await.map_err(io_error)?;
+                self.clean = true;
+                Ok(())
+            }
+            (TransferResponse::Error(code), 0) => {
+                self.clean = true;
+                Err(TransferError::Refused(code))
+            }
+            _ => Err(WireError::Malformed("unexpected reply to a read").into()),
+        }
+    }
+
+    fn check_size(&self, wire_len: usize) -> Result<(), TransferError> {
+        // The prefix's 4-byte length field is not part of the frame length.
+        let len = wire_len - 4;
+        if len > self.max_frame {
+            return Err(WireError::FrameTooLarge { len, max: self.max_frame }.into());
+        }
+        Ok(())
+    }
+
+    async fn send(&mut self, bufs: &mut [IoSlice<'_>]) -> Result<(), TransferError> {
+        net::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
+    }
+
+    /// Reads a reply's prefix and header (kept in `self.header`); returns its request id and payload length.
+    async fn reply_header(&mut self) -> Result<(u64, usize), TransferError> {
+        let shape = match net::read_shape(&mut self.io, self.max_frame).await {
+            Ok(shape) => shape,
+            Err(ShapeError::Io(e)) => return Err(io_error(e)),
+            Err(ShapeError::Wire(e)) => return Err(e.into()),
+        };
+        self.header.resize(shape.header_len, 0);
+        self.io.read_exact(&mut self.header).await.map_err(io_error)?;
+        let (id, _) = postcard::take_from_bytes::<u64>(&self.header).map_err(decode_error)?;
+        Ok((id, shape.payload_len))
+    }
+
+    /// Decodes the message of the header in `self.header` (what follows the request id).
+    fn message<T: DeserializeOwned>(&self) -> Result<T, TransferError> {
+        let (_, body) = postcard::take_from_bytes::<u64>(&self.header).map_err(decode_error)?;
+        postcard::from_bytes(body).map_err(decode_error)
+    }
+
+    /// Reads the reply to request `id`: the response and its payload length (the payload is still unread).
+    async fn response(&mut self, id: u64) -> Result<(TransferResponse, usize), TransferError> {
+        let (rid, payload_len) = self.reply_header().await?;
+        if rid == 0 {
+            // An error frame: the server found our request malformed and is closing the connection.
+            let frame: ErrorFrame = self.message()?;
+            tracing::debug!(code = %frame.code, message = %frame.message, "transfer server closed the lane");
+            return Err(TransferError::Refused(frame.code));
+        }
+        if rid != id {
+            return Err(WireError::Malformed("reply for another request").into());
+        }
+        Ok((self.message()?, payload_len))
+    }
+}
+
+fn decode_error(e: postcard::Error) -> TransferError {
+    TransferError::Protocol(WireError::Decode(e.to_string()))
+}
+
+async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    net::size_buffers(&socket)?;
+    socket.set_nodelay(true)?;
+    socket.connect(addr).await
+}

@@ -1,0 +1,342 @@
+//! Segment memory: the mmap'd bytes of one mounted segment.
+//!
+//! Many tasks read and write disjoint ranges of one segment at once (several connections, several stripes of
+//! one object), so the memory is shared through `&self` and reached through a raw pointer. This is the only
+//! module of the crate that uses `unsafe`; every block is a few lines and carries its own `SAFETY:` note.
+//!
+//! # Why the accesses are sound
+//! Every access goes through a *range lease*: [`SegmentMemory::lease`] (shared, for reads) or
+//! [`SegmentMemory::lease_mut`] (exclusive, for writes). A lease is granted only after the range has been checked
+//! against the mapping with checked arithmetic, and only if it does not overlap a conflicting live lease
+//! (a writer excludes everyone, readers exclude writers). So the `&[u8]` / `&mut [u8]` a lease hands out never
+//! aliases a `&mut [u8]` handed out to anybody else, exactly as a `RwLock` per byte range would guarantee.
+//!
+//! In normal operation leases never conflict: the master's protocol keeps accesses apart (a range is written
+//! only while its replica is PROCESSING, by the one writer that allocated it, and read only once it is
+//! COMPLETE, under a read lease that keeps it from being freed and reused). The lease table turns a violation
+//! of that protocol (a buggy or hostile peer writing a range someone is reading) into a refusal
+//! ([`TransferError::Busy`]) instead of a data race. It costs one uncontended mutex round trip per transfer.
+//!
+//! A memfd-backed segment's file descriptor can be shared with another process ([`SegmentMemory::fd`]); what
+//! that process does to the bytes is outside this process's memory model (as with any shared memory): it can
+//! corrupt data but cannot invalidate the mapping, unless it truncates the file (which raises `SIGBUS` on
+//! access, as for any file mapping).
+#![allow(unsafe_code)]
+
+use crate::error::TransferError;
+use memmap2::{MmapOptions, MmapRaw};
+use parking_lot::Mutex;
+use std::ffi::CString;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// One live lease: `[start, end)` of the mapping, exclusive for writers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lease {
+    start: usize,
+    end: usize,
+    exclusive: bool,
+}
+
+impl Lease {
+    fn conflicts(&self, other: &Lease) -> bool {
+        (self.exclusive || other.exclusive) && self.start < other.end && other.start < self.end
+    }
+}
+
+/// The bytes of one segment: an anonymous or memfd-backed shared mapping.
+pub struct SegmentMemory {
+    map: MmapRaw,
+    /// Live leases. Few at a time (one per in-flight transfer touching this segment), so a vector scan is
+    /// cheaper than any tree.
+    leases: Mutex<Vec<Lease>>,
+    /// The memfd behind the mapping, if any (kept so it can be shared).
+    file: Option<File>,
+}
+
+impl fmt::Debug for SegmentMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SegmentMemory")
+            .field("base", &format_args!("{:#x}", self.base_addr()))
+            .field("len", &self.len())
+            .field("memfd", &self.file.is_some())
+            .finish()
+    }
+}
+
+fn to_usize(size: u64) -> io::Result<usize> {
+    usize::try_from(size).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment size exceeds usize"))
+}
+
+impl SegmentMemory {
+    /// A private anonymous mapping of `size` bytes (zero-filled, pages allocated on first touch).
+    pub fn anonymous(size: u64) -> io::Result<Self> {
+        let map = MmapOptions::new().len(to_usize(size)?).map_anon()?;
+        Ok(Self { map: MmapRaw::from(map), leases: Mutex::new(Vec::new()), file: None })
+    }
+
+    /// A mapping of a fresh `memfd` named `name` (visible in `/proc/<pid>/fd`), `size` bytes long; its
+    /// descriptor can be handed to another process ([`SegmentMemory::fd`]).
+    pub fn memfd(name: &str, size: u64) -> io::Result<Self> {
+        let len = to_usize(size)?;
+        let cname = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in memfd name"))?;
+        // SAFETY: `cname` is a valid NUL-terminated string that outlives the call; memfd_create reads it only
+        // during the call and returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create, is open, and nothing else owns it.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.set_len(size)?;
+        let map = MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(Self { map, leases: Mutex::new(Vec::new()), file: Some(file) })
+    }
+
+    /// Bytes in the segment.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the segment has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// The mapping's address in this process (informational, for the mount spec; never sent as a pointer).
+    pub fn base_addr(&self) -> u64 {
+        self.map.as_ptr() as u64
+    }
+
+    /// The memfd behind a memfd-backed segment (to share it with another process), `None` if anonymous.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Checks `[offset, offset + len)` against the mapping and returns it as a `usize` range.
+    fn range(&self, offset: u64, len: u64, exclusive: bool) -> Result<Lease, TransferError> {
+        let end = offset.checked_add(len).ok_or(TransferError::OutOfRange)?;
+        if end > self.len() {
+            return Err(TransferError::OutOfRange);
+        }
+        // Both fit: `end <= self.len()`, which came from a usize.
+        let (start, end) = (offset as usize, end as usize);
+        Ok(Lease { start, end, exclusive })
+    }
+
+    fn acquire(&self, lease: Lease) -> Result<(), TransferError> {
+        if lease.start == lease.end {
+            return Ok(()); // an empty range touches nothing
+        }
+        let mut leases = self.leases.lock();
+        if leases.iter().any(|l| l.conflicts(&lease)) {
+            return Err(TransferError::Busy);
+        }
+        leases.push(lease);
+        Ok(())
+    }
+
+    fn release(&self, lease: Lease) {
+        if lease.start == lease.end {
+            return;
+        }
+        let mut leases = self.leases.lock();
+        // Identical shared leases are interchangeable, so removing any one match is correct.
+        if let Some(i) = leases.iter().position(|l| *l == lease) {
+            leases.swap_remove(i);
+        }
+    }
+
+    /// Shared access to `[offset, offset + len)` until the guard drops (`OutOfRange` outside the segment,
+    /// `Busy` while a writer holds an overlapping range).
+    pub fn lease(&self, offset: u64, len: u64) -> Result<SegmentRef<'_>, TransferError> {
+        let lease = self.range(offset, len, false)?;
+        self.acquire(lease)?;
+        // SAFETY: `lease.start..lease.end` lies inside the mapping (checked by `range`), so the pointer and
+        // length describe initialised, mapped bytes that stay mapped while `self` is borrowed. The lease table
+        // guarantees no `&mut` to an overlapping range exists until this guard releases the lease on drop.
+        let bytes = unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(lease.start), lease.end - lease.start) };
+        Ok(SegmentRef { mem: self, lease, bytes })
+    }
+
+    /// Exclusive access to `[offset, offset + len)` until the guard drops (`OutOfRange` outside the segment,
+    /// `Busy` while anyone holds an overlapping range).
+    pub fn lease_mut(&self, offset: u64, len: u64) -> Result<SegmentMut<'_>, TransferError> {
+        let lease = self.range(offset, len, true)?;
+        self.acquire(lease)?;
+        // SAFETY: as in `lease`, the range is inside the writable mapping; the exclusive lease guarantees no
+        // other reference to an overlapping range exists until this guard drops, so this `&mut` is unique.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(lease.start), lease.end - lease.start) };
+        Ok(SegmentMut { mem: self, lease, bytes })
+    }
+
+    /// Copies `data` into the segment at `offset`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), TransferError> {
+        self.lease_mut(offset, data.len() as u64)?.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Fills `buf` from the segment at `offset`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), TransferError> {
+        buf.copy_from_slice(&self.lease(offset, buf.len() as u64)?);
+        Ok(())
+    }
+}
+
+/// Shared access to a range of a segment (see [`SegmentMemory::lease`]); dereferences to the bytes.
+pub struct SegmentRef<'a> {
+    mem: &'a SegmentMemory,
+    lease: Lease,
+    bytes: &'a [u8],
+}
+
+impl Deref for SegmentRef<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl Drop for SegmentRef<'_> {
+    fn drop(&mut self) {
+        self.mem.release(self.lease);
+    }
+}
+
+impl fmt::Debug for SegmentRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SegmentRef({}..{})", self.lease.start, self.lease.end)
+    }
+}
+
+/// Exclusive access to a range of a segment (see [`SegmentMemory::lease_mut`]); dereferences to the bytes.
+pub struct SegmentMut<'a> {
+    mem: &'a SegmentMemory,
+    lease: Lease,
+    bytes: &'a mut [u8],
+}
+
+impl Deref for SegmentMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl DerefMut for SegmentMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+}
+
+impl Drop for SegmentMut<'_> {
+    fn drop(&mut self) {
+        self.mem.release(self.lease);
+    }
+}
+
+impl fmt::Debug for SegmentMut<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SegmentMut({}..{})", self.lease.start, self.lease.end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked_with_overflow_safe_arithmetic() {
+        let m = SegmentMemory::anonymous(4096).unwrap();
+        assert_eq!(m.len(), 4096);
+        assert!(!m.is_empty());
+        assert_ne!(m.base_addr(), 0);
+        m.write_at(0, &[1; 4096]).unwrap();
+        m.write_at(4095, &[2]).unwrap();
+        m.write_at(4096, &[]).unwrap(); // empty range at the very end is fine
+        assert!(matches!(m.write_at(4096, &[0]), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.write_at(4000, &[0; 97]), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.write_at(u64::MAX, &[0]), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.write_at(4097, &[]), Err(TransferError::OutOfRange)));
+        let mut buf = [0u8; 2];
+        m.read_at(4094, &mut buf).unwrap();
+        assert_eq!(buf, [1, 2]);
+        assert!(matches!(m.read_at(4095, &mut buf), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.read_at(u64::MAX - 1, &mut buf), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.lease(1, u64::MAX), Err(TransferError::OutOfRange)));
+        assert!(matches!(m.lease_mut(u64::MAX, u64::MAX), Err(TransferError::OutOfRange)));
+        assert_eq!(TransferError::OutOfRange.code(), crescent_proto::ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn empty_segment_has_no_bytes() {
+        let m = SegmentMemory::anonymous(0).unwrap();
+        assert!(m.is_empty());
+        m.write_at(0, &[]).unwrap();
+        assert!(matches!(m.write_at(0, &[1]), Err(TransferError::OutOfRange)));
+    }
+
+    #[test]
+    fn memfd_segments_are_shared_mappings_of_the_file() {
+        use std::io::{Read, Seek, SeekFrom};
+        let m = SegmentMemory::memfd("crescent-test", 1 << 20).unwrap();
+        assert_eq!(m.len(), 1 << 20);
+        m.write_at(12345, b"hello memfd").unwrap();
+        let mut back = [0u8; 11];
+        m.read_at(12345, &mut back).unwrap();
+        assert_eq!(&back, b"hello memfd");
+        // The bytes are in the file itself (what another process mapping the fd would see).
+        let mut f = File::from(m.fd().unwrap().try_clone_to_owned().unwrap());
+        f.seek(SeekFrom::Start(12345)).unwrap();
+        let mut via_fd = [0u8; 11];
+        f.read_exact(&mut via_fd).unwrap();
+        assert_eq!(&via_fd, b"hello memfd");
+        assert!(SegmentMemory::anonymous(16).unwrap().fd().is_none());
+        assert!(SegmentMemory::memfd("bad\0name", 16).is_err());
+    }
+
+    #[test]
+    fn overlapping_leases_conflict_disjoint_ones_do_not() {
+        let m = SegmentMemory::anonymous(1024).unwrap();
+        let w = m.lease_mut(0, 100).unwrap();
+        assert!(matches!(m.lease(99, 1), Err(TransferError::Busy)));
+        assert!(matches!(m.lease_mut(50, 10), Err(TransferError::Busy)));
+        assert!(matches!(m.write_at(0, &[0; 1000]), Err(TransferError::Busy)));
+        let r1 = m.lease(100, 100).unwrap(); // adjacent, disjoint
+        let r2 = m.lease(150, 100).unwrap(); // readers share
+        assert!(matches!(m.lease_mut(199, 1), Err(TransferError::Busy)));
+        let _empty = m.lease_mut(150, 0).unwrap(); // an empty range conflicts with nothing
+        drop((w, r1));
+        m.write_at(0, &[7; 100]).unwrap();
+        assert!(matches!(m.lease_mut(249, 1), Err(TransferError::Busy)));
+        drop(r2);
+        m.write_at(0, &[9; 1024]).unwrap();
+        assert_eq!(m.leases.lock().len(), 0);
+    }
+
+    #[test]
+    fn disjoint_ranges_are_written_concurrently() {
+        let m = std::sync::Arc::new(SegmentMemory::anonymous(8 << 20).unwrap());
+        let threads: Vec<_> = (0..8u8)
+            .map(|i| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        m.write_at(u64::from(i) << 20, &vec![i; 1 << 20]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for i in 0..8u8 {
+            assert!(m.lease(u64::from(i) << 20, 1 << 20).unwrap().iter().all(|b| *b == i));
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Framing and socket helpers shared by the server and the client.
+//!
+//! The data plane does not use `FrameCodec`: a codec must buffer the whole frame, and payloads here must go
+//! straight between the socket and segment (or caller) memory. So frames are read in three steps (prefix,
+//! header, payload-into-destination) and written as one vectored write of `prefix + header` and the payload
+//! slice. The layout is exactly `crescent_proto::wire`'s, with the same limit checks.
+
+use crescent_proto::wire::{Envelope, FRAME_PREFIX, WireError, frame_prefix};
+use serde::Serialize;
+use std::io::{self, IoSlice};
+use std::sync::OnceLock;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Socket send and receive buffer requested on every data connection: enough for a 1 MiB stripe to be in
+/// flight without the sender waiting on the receiver's window on a LAN.
+pub(crate) const SOCKET_BUFFER: u32 = 4 << 20;
+
+/// Requests [`SOCKET_BUFFER`]-sized send and receive buffers on `socket` (before connect or listen, so the
+/// window scale of the handshake fits them) where that helps. Linux caps an explicit SO_SNDBUF/SO_RCVBUF at
+/// `net.core.{w,r}mem_max` *and* turns off buffer autotuning for the socket, so on a host whose cap is below
+/// the target an explicit request would leave a smaller buffer than autotuning reaches (`tcp_{w,r}mem` max):
+/// there the kernel is left in charge.
+pub(crate) fn size_buffers(socket: &TcpSocket) -> io::Result<()> {
+    static ALLOWED: OnceLock<(bool, bool)> = OnceLock::new();
+    let (send, recv) = *ALLOWED.get_or_init(|| {
+        let allows = |path: &str| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .is_none_or(|max| max >= u64::from(SOCKET_BUFFER))
+        };
+        (allows("/proc/sys/net/core/wmem_max"), allows("/proc/sys/net/core/rmem_max"))
+    });
+    if send {
+        socket.set_send_buffer_size(SOCKET_BUFFER)?;
+    }
+    if recv {
+        socket.set_recv_buffer_size(SOCKET_BUFFER)?;
+    }
+    Ok(())
+}
+
+/// Capacity of a connection's read buffer. Frame prefixes and headers are read through it (one syscall for
+/// several small frames); a payload read larger than this bypasses it and lands in the destination directly,
+/// so at most this many payload bytes (those that arrived together with their header) are copied twice.
+pub(crate) const READ_BUFFER: usize = 32 << 10;
+
+/// Room for a frame prefix and a data-plane header (a request header is at most ~50 bytes).
+pub(crate) const HEAD_CAP: usize = 128;
+
+/// A frame prefix and header encoded on the stack.
+pub(crate) struct Head {
+    buf: [u8; HEAD_CAP],
+    len: usize,
+}
+
+impl Head {
+    /// Encodes `Envelope { id, body }` as a header for a frame carrying `payload_len` payload bytes.
+    pub(crate) fn encode<T: Serialize>(id: u64, body: &T, payload_len: usize) -> Result<Head, WireError> {
+        let mut buf = [0u8; HEAD_CAP];
+        let header_len = postcard::to_slice(&Envelope { id, body }, &mut buf[FRAME_PREFIX..])
+            .map_err(|e| WireError::Decode(e.to_string()))?
+            .len();
+        buf[..FRAME_PREFIX].copy_from_slice(&frame_prefix(header_len, payload_len)?);
+        Ok(Head { buf, len: FRAME_PREFIX + header_len })
+    }
+
+    /// The encoded prefix and header.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// A frame's shape as announced by its prefix, already checked against the limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) header_len: usize,
+    pub(crate) payload_len: usize,
+}
+
+/// Why a frame's shape could not be read.
+#[derive(Debug)]
+pub(crate) enum ShapeError {
+    Io(io::Error),
+    /// The announced shape breaks the protocol.
+    Wire(WireError),
+}
+
+/// Waits until a frame starts (without a deadline: pooled connections idle here); `false` on a clean end of
+/// stream between frames.
+pub(crate) async fn frame_starts<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> io::Result<bool> {
+    Ok(!reader.fill_buf().await?.is_empty())
+}
+
+/// Reads a frame's prefix field by field: the announced length is checked against `max_frame` as soon as its 4
+/// bytes are in (before anything is allocated, and without waiting for more bytes a too-short frame lacks),
+/// then the header length must fit the frame.
+pub(crate) async fn read_shape<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    max_frame: usize,
+) -> Result<Shape, ShapeError> {
+    let mut len = [0u8; 4];
+    reader.read_exact(&mut len).await.map_err(ShapeError::Io)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max_frame {
+        return Err(ShapeError::Wire(WireError::FrameTooLarge { len, max: max_frame }));
+    }
+    let Some(body) = len.checked_sub(2) else {
+        return Err(ShapeError::Wire(WireError::Malformed("frame shorter than its header length")));
+    };
+    let mut header_len = [0u8; 2];
+    reader.read_exact(&mut header_len).await.map_err(ShapeError::Io)?;
+    let header_len = u16::from_be_bytes(header_len) as usize;
+    let Some(payload_len) = body.checked_sub(header_len) else {
+        return Err(ShapeError::Wire(WireError::Malformed("header longer than the frame")));
+    };
+    Ok(Shape { header_len, payload_len })
+}
+
+/// Discards `n` bytes through the read buffer (no allocation).
+pub(crate) async fn skip<R: AsyncRead + Unpin>(reader: &mut BufReader<R>, mut n: usize) -> io::Result<()> {
+    while n > 0 {
+        let available = reader.fill_buf().await?.len();
+        if available == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let k = available.min(n);
+        reader.consume(k);
+        n -= k;
+    }
+    Ok(())
+}
+
+/// Writes every byte of `bufs` with as few (vectored) syscalls as the socket allows.
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = writer.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Per-connection socket options: no Nagle (a 4 KiB reply must not wait for a delayed ACK).
+pub(crate) fn tune(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn buffers_get_the_full_size_or_stay_with_the_kernel() {
+        let s = TcpSocket::new_v4().unwrap();
+        let (send, recv) = (s.send_buffer_size().unwrap(), s.recv_buffer_size().unwrap());
+        size_buffers(&s).unwrap();
+        // Linux reports twice the requested size (bookkeeping overhead included).
+        let after_send = s.send_buffer_size().unwrap();
+        let after_recv = s.recv_buffer_size().unwrap();
+        assert!(after_send >= SOCKET_BUFFER || after_send == send, "{send} -> {after_send}");
+        assert!(after_recv >= SOCKET_BUFFER || after_recv == recv, "{recv} -> {after_recv}");
+    }
+
+    #[test]
+    fn heads_fit_the_largest_request() {
+        let id = crescent_proto::SegmentId::random();
+        let req = crescent_proto::transfer::TransferRequest::Read { segment: id, offset: u64::MAX, length: u64::MAX };
+        let head = Head::encode(u64::MAX, &req, 1 << 26).unwrap();
+        assert!(head.as_bytes().len() <= HEAD_CAP / 2);
+        let prefix: [u8; FRAME_PREFIX] = head.as_bytes()[..FRAME_PREFIX].try_into().unwrap();
+        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+        assert_eq!(len, head.as_bytes().len() - 4 + (1 << 26));
+    }
+}

@@ -1,0 +1,443 @@
+//! The transfer server: serves one-sided READ/WRITE of `(segment, offset, length)` ranges of the segments this
+//! process hosts.
+//!
+//! One tokio task per connection (connections are spread over the runtime's worker threads, unlike the
+//! original's single I/O thread). A connection starts with a hello, then carries requests that are answered in
+//! order; a client may pipeline. Every range is validated against the hosted segment before any byte moves. A
+//! WRITE's payload is read from the socket straight into segment memory and acknowledged only once it is all
+//! there (so a writer's PutEnd never precedes its bytes); a READ's reply is one vectored write of
+//! `prefix + header` and the segment slice itself.
+//!
+//! A refused request gets a `TransferResponse::Error` and the connection stays usable: `SEGMENT_NOT_FOUND`
+//! for a segment not hosted here, `INVALID_PARAMS` for a range outside the segment (or overflowing, or a READ
+//! longer than [`MAX_TRANSFER`], or a READ carrying a payload), `OBJECT_REPLICA_BUSY` for a range a conflicting
+//! access holds (see `memory.rs`). A refused WRITE's payload is read and discarded rather than the connection
+//! closed: it is bounded by the frame limit, and skipping keeps a pooled connection alive for the next request.
+//! A frame that breaks the protocol (oversized length, header longer than the frame, undecodable header,
+//! request id 0) gets an `ErrorFrame` under request id 0 and closes that connection only; a frame stalled
+//! half-way for longer than the I/O timeout closes it too.
+
+use crate::MAX_TRANSFER;
+use crate::memory::SegmentMemory;
+use crate::net::{self, Head, READ_BUFFER, Shape, ShapeError};
+use crate::registry::SegmentRegistry;
+use bytes::Bytes;
+use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HEADER, WireError};
+use crescent_proto::{ErrorCode, SegmentId};
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+/// Default deadline for finishing a frame once its first byte arrived (and for the hello).
+pub const DEFAULT_SERVER_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest hello frame accepted: a header and no payload.
+const HELLO_MAX_FRAME: usize = 2 + MAX_HEADER;
+
+/// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
+const MAX_PENDING_REPLIES: usize = 64 << 10;
+
+/// After an error frame, how long and how much the server keeps reading so the error frame is delivered
+/// (closing with unread input would reset the connection and could discard it).
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Counters kept by a running server.
+#[derive(Debug, Default)]
+struct Counters {
+    accepted: AtomicU64,
+    open: AtomicUsize,
+    malformed: AtomicU64,
+}
+
+/// A snapshot of a server's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted since start.
+    pub accepted: u64,
+    /// Connections open now.
+    pub open: usize,
+    /// Connections closed for breaking the protocol.
+    pub malformed: u64,
+}
+
+/// A bound, not yet running, transfer server.
+#[derive(Debug)]
+pub struct TransferServer {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    segments: SegmentRegistry,
+    io_timeout: Duration,
+}
+
+impl TransferServer {
+    /// Binds `addr` (port 0 picks a free port) to serve `segments`; must be called inside a tokio runtime.
+    pub fn bind(addr: SocketAddr, segments: SegmentRegistry) -> io::Result<TransferServer> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(io::Error::other("TransferServer::bind must be called inside a tokio runtime"));
+        }
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        // Set on the listener so accepted sockets inherit them from the first byte.
+        net::size_buffers(&socket)?;
+        socket.set_nodelay(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(1024)?;
+        let local_addr = listener.local_addr()?;
+        Ok(TransferServer { listener, local_addr, segments, io_timeout: DEFAULT_SERVER_IO_TIMEOUT })
+    }
+
+    /// Sets the deadline for finishing a frame once started (and for the hello); idle connections never time out.
+    pub fn with_io_timeout(mut self, io_timeout: Duration) -> Self {
+        self.io_timeout = io_timeout;
+        self
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Starts accepting on the current tokio runtime.
+    pub fn spawn(self) -> TransferServerHandle {
+        let (stop, stopped) = oneshot::channel();
+        let counters = Arc::new(Counters::default());
+        let addr = self.local_addr;
+        let task = tokio::spawn(accept_loop(self, stopped, counters.clone()));
+        TransferServerHandle { addr, stop: Some(stop), task, counters }
+    }
+}
+
+/// A running transfer server; dropping it (or [`TransferServerHandle::shutdown`]) stops accepting and closes
+/// every connection (dropping the handle drops the stop sender, which the accept loop watches).
+#[derive(Debug)]
+pub struct TransferServerHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<Counters>,
+}
+
+impl TransferServerHandle {
+    /// Where the server listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> ServerStats {
+        ServerStats {
+            accepted: self.counters.accepted.load(Ordering::Relaxed),
+            open: self.counters.open.load(Ordering::Relaxed),
+            malformed: self.counters.malformed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops accepting, closes every connection and waits until all are gone.
+    pub async fn shutdown(mut self) {
+        self.stop.take(); // dropping the sender is the stop signal
+        if let Err(e) = (&mut self.task).await {
+            tracing::warn!(error = %e, "transfer server task failed");
+        }
+    }
+}
+
+async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>, counters: Arc<Counters>) {
+    let TransferServer { listener, local_addr, segments, io_timeout } = server;
+    tracing::info!(%local_addr, "transfer server listening");
+    // Owning the connection tasks here means stopping the loop aborts them all (closing their sockets).
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, counters.clone()));
+                }
+                Err(e) => {
+                    // Typically EMFILE: back off briefly instead of spinning on the error.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(done) = conns.join_next(), if !conns.is_empty() => {
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "transfer connection task failed");
+                }
+            }
+        }
+    }
+    drop(listener);
+    conns.shutdown().await;
+    tracing::info!(%local_addr, "transfer server stopped");
+}
+
+/// Keeps the open-connection gauge right however the connection task ends (including abort).
+struct OpenGuard(Arc<Counters>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    segments: SegmentRegistry,
+    io_timeout: Duration,
+    counters: Arc<Counters>,
+) {
+    counters.open.fetch_add(1, Ordering::Relaxed);
+    let _open = OpenGuard(counters.clone());
+    if let Err(e) = net::tune(&stream) {
+        tracing::debug!(%peer, error = %e, "socket setup failed");
+        return;
+    }
+    let mut conn = Connection {
+        io: BufReader::with_capacity(READ_BUFFER, stream),
+        header: Vec::new(),
+        out: Vec::new(),
+        segments,
+        io_timeout,
+        max_frame: Limits::DATA.max_frame as usize,
+        counters,
+    };
+    match conn.run().await {
+        Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
+        Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
+        Err(Close::Io(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: i/o error"),
+        Err(Close::Timeout) => tracing::debug!(%peer, "transfer connection closed: timed out mid-frame"),
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum Close {
+    Io(io::Error),
+    /// The peer broke the protocol; an error frame was sent.
+    Protocol(WireError),
+    Timeout,
+}
+
+impl From<io::Error> for Close {
+    fn from(e: io::Error) -> Self {
+        Close::Io(e)
+    }
+}
+
+/// What the connection does after a request.
+enum Step {
+    Continue,
+    Refuse(WireError),
+}
+
+struct Connection {
+    io: BufReader<TcpStream>,
+    /// Reused header buffer (at most `MAX_HEADER` bytes).
+    header: Vec<u8>,
+    /// Encoded replies not yet written (batched while pipelined requests are buffered).
+    out: Vec<u8>,
+    segments: SegmentRegistry,
+    io_timeout: Duration,
+    max_frame: usize,
+    counters: Arc<Counters>,
+}
+
+impl Connection {
+    async fn run(&mut self) -> Result<(), Close> {
+        match timeout(self.io_timeout, self.hello()).await {
+            Err(_) => return Err(Close::Timeout),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(false)) => return Ok(()),
+            Ok(Ok(true)) => {}
+        }
+        loop {
+            if !self.out.is_empty() && (self.out.len() >= MAX_PENDING_REPLIES || !self.next_frame_buffered()) {
+                // About to wait for the peer: everything answered so far must be on the wire first.
+                timeout(self.io_timeout, self.flush()).await.map_err(|_| Close::Timeout)??;
+            }
+            // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
+            // (and its reply) must happen within the I/O timeout.
+            if !net::frame_starts(&mut self.io).await? {
+                return Ok(());
+            }
+            match timeout(self.io_timeout, self.request()).await {
+                Err(_) => return Err(Close::Timeout),
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Step::Continue)) => {}
+                Ok(Ok(Step::Refuse(e))) => {
+                    self.refuse(&ErrorFrame { code: e.code(), message: e.to_string() }).await;
+                    return Err(Close::Protocol(e));
+                }
+            }
+        }
+    }
+
+    /// Reads the hello and answers it; `Ok(false)` if the peer left before saying anything.
+    async fn hello(&mut self) -> Result<bool, Close> {
+        if !net::frame_starts(&mut self.io).await? {
+            return Ok(false);
+        }
+        let negotiated = match net::read_shape(&mut self.io, HELLO_MAX_FRAME).await {
+            Ok(Shape { payload_len: 0, header_len }) => {
+                self.read_header(header_len).await?;
+                postcard::from_bytes::<Envelope<Hello>>(&self.header)
+                    .map_err(|e| WireError::Decode(e.to_string()))
+                    .and_then(|hello| hello.body.negotiate(Limits::DATA))
+            }
+            Ok(_) => Err(WireError::Malformed("hello carries a payload")),
+            Err(ShapeError::Wire(e)) => Err(e),
+            Err(ShapeError::Io(e)) => return Err(Close::Io(e)),
+        };
+        match negotiated {
+            Ok(ack) => {
+                let reply: HelloReply = Ok(ack);
+                self.queue(0, &reply)?;
+                Ok(true)
+            }
+            Err(e) => {
+                let reply: HelloReply = Err(ErrorFrame { code: e.code(), message: e.to_string() });
+                self.refuse(&reply).await;
+                Err(Close::Protocol(e))
+            }
+        }
+    }
+
+    /// Whether a whole frame is already buffered (so no flush is needed before handling it).
+    fn next_frame_buffered(&self) -> bool {
+        let b = self.io.buffer();
+        b.len() >= 4 && b.len() - 4 >= u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
+    }
+
+    async fn read_header(&mut self, len: usize) -> io::Result<()> {
+        self.header.resize(len, 0);
+        self.io.read_exact(&mut self.header).await?;
+        Ok(())
+    }
+
+    async fn request(&mut self) -> Result<Step, Close> {
+        // The announced length is checked before anything is read or allocated for the frame.
+        let shape = match net::read_shape(&mut self.io, self.max_frame).await {
+            Ok(shape) => shape,
+            Err(ShapeError::Wire(e)) => return Ok(Step::Refuse(e)),
+            Err(ShapeError::Io(e)) => return Err(Close::Io(e)),
+        };
+        self.read_header(shape.header_len).await?;
+        let Envelope { id, body } = match postcard::from_bytes::<Envelope<TransferRequest>>(&self.header) {
+            Ok(env) => env,
+            Err(e) => return Ok(Step::Refuse(WireError::Decode(e.to_string()))),
+        };
+        if id == 0 {
+            return Ok(Step::Refuse(WireError::Malformed("request id 0 is reserved for the hello")));
+        }
+        match body {
+            TransferRequest::Write { segment, offset } => self.write(id, segment, offset, shape.payload_len).await?,
+            TransferRequest::Read { segment, offset, length } if shape.payload_len == 0 => {
+                self.read(id, segment, offset, length).await?
+            }
+            TransferRequest::Read { .. } => {
+                net::skip(&mut self.io, shape.payload_len).await?;
+                self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams))?;
+            }
+        }
+        Ok(Step::Continue)
+    }
+
+    fn segment(&self, segment: &SegmentId) -> Result<Arc<SegmentMemory>, ErrorCode> {
+        self.segments.get(segment).ok_or(ErrorCode::SegmentNotFound)
+    }
+
+    async fn write(&mut self, id: u64, segment: SegmentId, offset: u64, len: usize) -> Result<(), Close> {
+        let mem = match self.segment(&segment) {
+            Ok(mem) => mem,
+            Err(code) => return self.refuse_write(id, len, code).await,
+        };
+        let mut dst = match mem.lease_mut(offset, len as u64) {
+            Ok(dst) => dst,
+            Err(e) => return self.refuse_write(id, len, e.code()).await,
+        };
+        // Straight from the socket into the segment.
+        self.io.read_exact(&mut dst).await?;
+        drop(dst);
+        self.queue(id, &TransferResponse::Written)
+    }
+
+    async fn refuse_write(&mut self, id: u64, len: usize, code: ErrorCode) -> Result<(), Close> {
+        tracing::debug!(id, len, %code, "write refused");
+        net::skip(&mut self.io, len).await?;
+        self.queue(id, &TransferResponse::Error(code))
+    }
+
+    async fn read(&mut self, id: u64, segment: SegmentId, offset: u64, length: u64) -> Result<(), Close> {
+        let mem = match self.segment(&segment) {
+            Ok(mem) => mem,
+            Err(code) => return self.queue(id, &TransferResponse::Error(code)),
+        };
+        if length > MAX_TRANSFER {
+            return self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams));
+        }
+        let src = match mem.lease(offset, length) {
+            Ok(src) => src,
+            Err(e) => {
+                tracing::debug!(id, offset, length, error = %e, "read refused");
+                return self.queue(id, &TransferResponse::Error(e.code()));
+            }
+        };
+        let head = Head::encode(id, &TransferResponse::Data, src.len()).map_err(|e| Close::Io(io::Error::other(e)))?;
+        self.out.extend_from_slice(head.as_bytes());
+        // Pending replies, this reply's prefix and header, and the bytes straight from segment memory.
+        net::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(&src)]).await?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Queues a header-only reply; written when the connection would otherwise wait or the batch is large.
+    fn queue<T: serde::Serialize>(&mut self, id: u64, body: &T) -> Result<(), Close> {
+        let head = Head::encode(id, body, 0).map_err(|e| Close::Io(io::Error::other(e)))?;
+        self.out.extend_from_slice(head.as_bytes());
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        let r = self.io.get_mut().write_all(&self.out).await;
+        self.out.clear();
+        r
+    }
+
+    /// Sends `body` as a final frame under request id 0, then closes gracefully: FIN, then read and discard
+    /// (bounded) until the peer closes, so the frame is not lost to a reset.
+    async fn refuse<T: serde::Serialize>(&mut self, body: &T) {
+        // Counted before the peer can see the refusal.
+        self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+        let sent = async {
+            if let Ok(frame) = Frame::encode(0, body, Bytes::new()) {
+                self.out.extend_from_slice(&crescent_proto::wire::frame_prefix(frame.header.len(), 0)?);
+                self.out.extend_from_slice(&frame.header);
+            }
+            self.flush().await?;
+            self.io.get_mut().shutdown().await?;
+            let mut drained = 0;
+            while drained < LINGER_BYTES {
+                let n = self.io.fill_buf().await?.len();
+                if n == 0 {
+                    break;
+                }
+                self.io.consume(n);
+                drained += n;
+            }
+            Ok::<(), WireError>(())
+        };
+        // Best effort: the connection is closing either way.
+        let _ = timeout(LINGER_TIME, sent).await;
+    }
+}

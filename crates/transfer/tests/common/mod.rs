@@ -1,0 +1,105 @@
+//! Shared test helpers: a hosting node on 127.0.0.1:0, data patterns, and raw-frame I/O for hostile peers.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use crescent_proto::SegmentId;
+use crescent_proto::wire::{Envelope, Hello, HelloReply, PeerRole, frame_prefix};
+use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const KIB: usize = 1 << 10;
+pub const MIB: usize = 1 << 20;
+
+/// A process hosting one segment behind a running transfer server.
+pub struct Node {
+    pub segments: SegmentRegistry,
+    pub segment: SegmentId,
+    pub mem: Arc<SegmentMemory>,
+    pub server: TransferServerHandle,
+    pub addr: SocketAddr,
+    pub endpoint: String,
+}
+
+pub fn node(size: u64) -> Node {
+    let segments = SegmentRegistry::new();
+    let segment = SegmentId::random();
+    let mem = Arc::new(SegmentMemory::anonymous(size).unwrap());
+    segments.register(segment, mem.clone());
+    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn();
+    let addr = server.local_addr();
+    Node { segments, segment, mem, server, addr, endpoint: addr.to_string() }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), different per seed.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Sends a frame with `header` bytes as given (possibly garbage) and `payload`.
+pub async fn send_raw(stream: &mut TcpStream, header: &[u8], payload: &[u8]) {
+    let mut buf = frame_prefix(header.len(), payload.len()).unwrap().to_vec();
+    buf.extend_from_slice(header);
+    buf.extend_from_slice(payload);
+    stream.write_all(&buf).await.unwrap();
+}
+
+/// Sends `Envelope { id, body }` with `payload`.
+pub async fn send<T: Serialize>(stream: &mut TcpStream, id: u64, body: &T, payload: &[u8]) {
+    let header = postcard::to_stdvec(&Envelope { id, body }).unwrap();
+    send_raw(stream, &header, payload).await;
+}
+
+/// Reads one frame: `None` at end of stream; otherwise the raw header and the payload.
+pub async fn recv_raw(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut prefix = [0u8; 6];
+    match stream.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+        Err(e) => panic!("read failed: {e}"),
+    }
+    let len = u32::from_be_bytes(prefix[..4].try_into().unwrap()) as usize;
+    let header_len = u16::from_be_bytes(prefix[4..].try_into().unwrap()) as usize;
+    let mut header = vec![0u8; header_len];
+    stream.read_exact(&mut header).await.unwrap();
+    let mut payload = vec![0u8; len - 2 - header_len];
+    stream.read_exact(&mut payload).await.unwrap();
+    Some((header, payload))
+}
+
+/// Reads one frame and decodes its header as `Envelope<T>`.
+pub async fn recv<T: DeserializeOwned>(stream: &mut TcpStream) -> Option<(Envelope<T>, Vec<u8>)> {
+    let (header, payload) = recv_raw(stream).await?;
+    Some((postcard::from_bytes(&header).unwrap(), payload))
+}
+
+/// Whether the server closed the connection (EOF or reset, no further frame).
+pub async fn closed(stream: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(stream.read(&mut b).await, Ok(0) | Err(_))
+}
+
+/// A raw connection that has completed the hello.
+pub async fn raw_connect(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    send(&mut s, 0, &Hello::new(PeerRole::Client, None), &[]).await;
+    let (env, payload) = recv::<HelloReply>(&mut s).await.unwrap();
+    assert_eq!(env.id, 0);
+    assert!(payload.is_empty());
+    env.body.unwrap();
+    s
+}

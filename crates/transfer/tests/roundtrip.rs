@@ -1,0 +1,165 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Round trips through a real transfer server on 127.0.0.1: sizes, striping, concurrency over bounded lanes,
+//! the same-process fast path, lane failure and timeouts.
+
+mod common;
+
+use bytes::Bytes;
+use common::{KIB, MIB, node, pattern};
+use crescent_proto::SegmentId;
+use crescent_proto::wire::{Hello, HelloAck, HelloReply, Limits, PROTOCOL_VERSION};
+use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferError};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn client(stripe_size: u64, lanes: usize) -> TransferClient {
+    TransferClient::new(
+        TransferConfig { lanes_per_peer: lanes, stripe_size, ..TransferConfig::default() },
+        SegmentRegistry::new(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_every_size_striped_and_unstriped() {
+    let n = node(160 << 20);
+    let sizes = [1, 4 * KIB, MIB, 4 * MIB + 7, 64 * MIB];
+    for (stripe, label) in [(MIB as u64, "striped"), (64 * MIB as u64, "unstriped")] {
+        let c = client(stripe, 4);
+        for (i, &size) in sizes.iter().enumerate() {
+            // Odd offsets, so stripes are not page aligned.
+            let offset = 13 + (i as u64) * 7;
+            let data = pattern(size, (i as u64) << 8 | u64::from(stripe == MIB as u64));
+            c.write(&n.endpoint, n.segment, offset, Bytes::from(data.clone())).await.unwrap();
+            // The bytes are in the destination segment when write returns.
+            assert!(*n.mem.lease(offset, size as u64).unwrap() == data[..], "{label} {size}: segment content");
+            let back = c.read(&n.endpoint, n.segment, offset, size as u64).await.unwrap();
+            assert!(back[..] == data[..], "{label} {size}: read");
+            let mut into = vec![0u8; size];
+            c.read_into(&n.endpoint, n.segment, offset, &mut into).await.unwrap();
+            assert!(into == data, "{label} {size}: read_into");
+        }
+        assert!(c.open_connections(&n.endpoint) <= 4);
+    }
+    // Zero-length transfers are valid no-ops.
+    let c = client(MIB as u64, 1);
+    c.write(&n.endpoint, n.segment, 5, Bytes::new()).await.unwrap();
+    assert!(c.read(&n.endpoint, n.segment, 5, 0).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_transfers_share_a_bounded_set_of_lanes() {
+    const TASKS: usize = 48;
+    const SIZE: usize = 300 * KIB; // with 64 KiB stripes: 5 stripes per transfer
+    let n = node((TASKS * SIZE) as u64);
+    let c = client(64 * KIB as u64, 3);
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (c, endpoint, segment) = (c.clone(), n.endpoint.clone(), n.segment);
+        tasks.push(tokio::spawn(async move {
+            let offset = (t * SIZE) as u64;
+            for round in 0..3u64 {
+                let data = pattern(SIZE, (t as u64) << 4 | round);
+                c.write(&endpoint, segment, offset, Bytes::from(data.clone())).await.unwrap();
+                let back = c.read(&endpoint, segment, offset, SIZE as u64).await.unwrap();
+                assert!(back[..] == data[..], "task {t} round {round}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for t in 0..TASKS {
+        assert!(*n.mem.lease((t * SIZE) as u64, SIZE as u64).unwrap() == pattern(SIZE, (t as u64) << 4 | 2)[..]);
+    }
+    // The socket count is bounded by the lanes, however many tasks ran.
+    assert!(c.open_connections(&n.endpoint) <= 3);
+    let stats = n.server.stats();
+    assert!(stats.accepted <= 3 && stats.open <= 3, "{stats:?}");
+    assert_eq!(stats.malformed, 0);
+    c.close_idle();
+    assert_eq!(c.open_connections(&n.endpoint), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_process_segments_are_copied_without_a_socket() {
+    // A port that nobody listens on: any connection attempt would fail.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = closed.local_addr().unwrap().to_string();
+    drop(closed);
+
+    let local = SegmentRegistry::new();
+    let segment = SegmentId::random();
+    let mem = Arc::new(SegmentMemory::memfd("crescent-local-test", 8 << 20).unwrap());
+    local.register(segment, mem.clone());
+    let c = TransferClient::new(TransferConfig::default(), local);
+
+    let data = pattern(5 * MIB + 3, 42);
+    c.write(&endpoint, segment, 100, Bytes::from(data.clone())).await.unwrap();
+    assert!(c.read(&endpoint, segment, 100, data.len() as u64).await.unwrap()[..] == data[..]);
+    let mut into = vec![0u8; 1000];
+    c.read_into(&endpoint, segment, 100, &mut into).await.unwrap();
+    assert_eq!(into, data[..1000]);
+    assert!(*mem.lease(100, data.len() as u64).unwrap() == data[..]);
+    // Local bounds are checked too.
+    assert!(matches!(
+        c.write(&endpoint, segment, 8 << 20, Bytes::from_static(b"x")).await,
+        Err(TransferError::OutOfRange)
+    ));
+    assert!(matches!(c.read(&endpoint, segment, u64::MAX, 2).await, Err(TransferError::OutOfRange)));
+    assert_eq!(c.open_connections(&endpoint), 0);
+
+    // A segment that is not local does go to the network, and fails there.
+    let err = c.read(&endpoint, SegmentId::random(), 0, 1).await.unwrap_err();
+    assert!(matches!(err, TransferError::Io(_)), "{err:?}");
+    assert_eq!(err.code(), crescent_proto::ErrorCode::TransferFail);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_lane_is_dropped_and_the_error_returned() {
+    let n = node(MIB as u64);
+    let c = client(MIB as u64, 2);
+    c.write(&n.endpoint, n.segment, 0, Bytes::from(pattern(1000, 1))).await.unwrap();
+    assert_eq!(c.open_connections(&n.endpoint), 1);
+    n.server.shutdown().await; // closes the pooled connection from the server side
+    let err = c.read(&n.endpoint, n.segment, 0, 1000).await.unwrap_err();
+    assert!(matches!(err, TransferError::Io(_) | TransferError::Closed), "{err:?}");
+    assert_eq!(c.open_connections(&n.endpoint), 0, "broken lanes are not pooled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_times_out() {
+    // A server that completes the hello and then never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = listener.local_addr().unwrap().to_string();
+    let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+    let silent = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let (hello, _) = common::recv::<Hello>(&mut s).await.unwrap();
+        assert_eq!(hello.body.version, PROTOCOL_VERSION);
+        let ack: HelloReply = Ok(HelloAck { version: PROTOCOL_VERSION, capabilities: 0, limits: Limits::DATA });
+        common::send(&mut s, 0, &ack, &[]).await;
+        let _ = hold_rx.await;
+        drop(s);
+    });
+    let c = TransferClient::new(
+        TransferConfig { io_timeout: Duration::from_millis(200), ..TransferConfig::default() },
+        SegmentRegistry::new(),
+    );
+    let err = c.read(&endpoint, SegmentId::random(), 0, 10).await.unwrap_err();
+    assert!(matches!(err, TransferError::Timeout), "{err:?}");
+    assert_eq!(err.code(), crescent_proto::ErrorCode::RpcTimeout);
+    assert_eq!(c.open_connections(&endpoint), 0, "a timed-out lane is dropped");
+    hold_tx.send(()).unwrap();
+    silent.await.unwrap();
+}
+
+#[tokio::test] // a current-thread runtime: server, lanes and stripes all share one thread
+async fn works_on_a_single_threaded_runtime() {
+    let n = node(16 << 20);
+    let c = client(MIB as u64, 4);
+    let data = pattern(4 * MIB + 7, 77);
+    c.write(&n.endpoint, n.segment, 3, Bytes::from(data.clone())).await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    c.read_into(&n.endpoint, n.segment, 3, &mut back).await.unwrap();
+    assert!(back == data);
+}
