@@ -154,6 +154,12 @@ async fn batch_calls_answer_per_key_with_present_absent_and_invalid_keys() {
     assert_eq!(*got[2].as_ref().unwrap(), 2000);
     assert_eq!(ba, a);
     assert_eq!(&bb[..2000], &b[..]);
+    // A batch whose key list alone is far larger than 64 KiB travels in one request.
+    let many: Vec<String> = (0..8000).map(|i| format!("prefix-block-{i:012}")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    let exist = client.batch_is_exist(&refs).await;
+    assert_eq!(exist.len(), 8000);
+    assert!(exist.iter().all(|e| matches!(e, Ok(false))));
     let removed = client.batch_remove(&["a", "missing", "b"], true).await;
     assert!(removed[0].is_ok() && removed[2].is_ok());
     assert_eq!(removed[1].as_ref().unwrap_err().code(), ErrorCode::ObjectNotFound);
@@ -233,7 +239,7 @@ async fn malformed_frames_get_error_frames_and_other_clients_keep_working() {
     client.put("k", b"value").await.unwrap();
     // Garbage instead of a hello: an error reply, then the connection closes.
     let mut s = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
-    s.write_all(&[0, 0, 0, 5, 0, 3, 0xde, 0xad, 0xbe]).await.unwrap();
+    s.write_all(&[0, 0, 0, 7, 0, 0, 0, 3, 0xde, 0xad, 0xbe]).await.unwrap();
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.unwrap().unwrap();
     assert!(buf.len() > 6, "an error frame came back before the close");

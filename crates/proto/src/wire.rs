@@ -1,7 +1,7 @@
 //! The framed wire protocol shared by both planes (see `docs/protocol.md`).
 //!
 //! ```text
-//! frame   := length:u32be  header_len:u16be  header[header_len]  payload[length - 2 - header_len]
+//! frame   := length:u32be  header_len:u32be  header[header_len]  payload[length - 4 - header_len]
 //! header  := postcard(Envelope<T>)   — request id + a small typed message
 //! payload := raw bytes (object data), never passed through serde
 //! ```
@@ -28,10 +28,14 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
-/// Largest frame header accepted.
-pub const MAX_HEADER: usize = u16::MAX as usize;
-/// Bytes before the header: frame length (u32) + header length (u16).
-pub const FRAME_PREFIX: usize = 6;
+/// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).
+pub const MAX_HEADER: usize = 16 << 20;
+/// Largest header accepted on the data plane (a transfer request is a few dozen bytes).
+pub const MAX_DATA_HEADER: usize = 4 << 10;
+/// Largest hello frame accepted before a connection is established.
+pub const MAX_HELLO_FRAME: usize = 64 << 10;
+/// Bytes before the header: frame length (u32) + header length (u32).
+pub const FRAME_PREFIX: usize = 8;
 
 /// Capability flags exchanged in the hello; a connection uses the intersection.
 pub mod caps {
@@ -150,11 +154,14 @@ impl Frame {
     }
 }
 
-/// The 6-byte prefix of a frame with this header and payload length (for vectored writes that send the
+/// The 8-byte prefix of a frame with this header and payload length (for vectored writes that send the
 /// payload straight from segment memory).
 pub fn frame_prefix(header_len: usize, payload_len: usize) -> Result<[u8; FRAME_PREFIX], WireError> {
-    let header = u16::try_from(header_len).map_err(|_| WireError::Malformed("header too long"))?;
-    let total = u32::try_from(2 + header_len + payload_len).map_err(|_| WireError::Malformed("frame too long"))?;
+    if header_len > MAX_HEADER {
+        return Err(WireError::Malformed("header too long"));
+    }
+    let header = u32::try_from(header_len).map_err(|_| WireError::Malformed("header too long"))?;
+    let total = u32::try_from(4 + header_len + payload_len).map_err(|_| WireError::Malformed("frame too long"))?;
     let mut out = [0u8; FRAME_PREFIX];
     out[..4].copy_from_slice(&total.to_be_bytes());
     out[4..].copy_from_slice(&header.to_be_bytes());
@@ -199,10 +206,10 @@ impl Decoder for FrameCodec {
         else {
             return Ok(None);
         };
-        if body.len() < 2 {
+        if body.len() < 4 {
             return Err(WireError::Malformed("frame shorter than its header length"));
         }
-        let header_len = body.get_u16() as usize;
+        let header_len = body.get_u32() as usize;
         if header_len > body.len() {
             return Err(WireError::Malformed("header longer than the frame"));
         }
@@ -215,7 +222,7 @@ impl Encoder<Frame> for FrameCodec {
     type Error = WireError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), WireError> {
-        let len = 2 + frame.header.len() + frame.payload.len();
+        let len = 4 + frame.header.len() + frame.payload.len();
         if len > self.max {
             return Err(WireError::FrameTooLarge { len, max: self.max });
         }
@@ -450,14 +457,14 @@ mod tests {
         assert!(buf.capacity() < 1024, "nothing reserved for the announced frame");
         // Header length larger than the frame.
         let mut buf = BytesMut::new();
-        buf.put_u32(4);
-        buf.put_u16(100);
+        buf.put_u32(6);
+        buf.put_u32(100);
         buf.put_u16(0);
         assert!(matches!(codec.decode(&mut buf), Err(WireError::Malformed(_))));
         // Frame too short to hold a header length.
         let mut buf = BytesMut::new();
-        buf.put_u32(1);
-        buf.put_u8(0);
+        buf.put_u32(3);
+        buf.put_slice(&[0, 0, 0]);
         assert!(matches!(codec.decode(&mut buf), Err(WireError::Malformed(_))));
         // Encoding over the limit is refused too.
         let big = Frame { header: Bytes::new(), payload: Bytes::from(vec![0u8; 2048]) };

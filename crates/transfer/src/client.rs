@@ -17,7 +17,7 @@ use crate::registry::SegmentRegistry;
 use bytes::Bytes;
 use crescent_proto::SegmentId;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
-use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HEADER, PeerRole, WireError};
+use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -349,7 +349,7 @@ impl Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
             next_id: 1,
             header: Vec::new(),
-            max_frame: 2 + MAX_HEADER,
+            max_frame: MAX_HELLO_FRAME,
             clean: false,
             _open: OpenLane(open),
         };

@@ -106,12 +106,12 @@ pub(crate) async fn read_shape<R: AsyncRead + Unpin>(
     if len > max_frame {
         return Err(ShapeError::Wire(WireError::FrameTooLarge { len, max: max_frame }));
     }
-    let Some(body) = len.checked_sub(2) else {
+    let Some(body) = len.checked_sub(4) else {
         return Err(ShapeError::Wire(WireError::Malformed("frame shorter than its header length")));
     };
-    let mut header_len = [0u8; 2];
+    let mut header_len = [0u8; 4];
     reader.read_exact(&mut header_len).await.map_err(ShapeError::Io)?;
-    let header_len = u16::from_be_bytes(header_len) as usize;
+    let header_len = u32::from_be_bytes(header_len) as usize;
     let Some(payload_len) = body.checked_sub(header_len) else {
         return Err(ShapeError::Wire(WireError::Malformed("header longer than the frame")));
     };

@@ -23,7 +23,7 @@ use crate::net::{self, Head, READ_BUFFER, Shape, ShapeError};
 use crate::registry::SegmentRegistry;
 use bytes::Bytes;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
-use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HEADER, WireError};
+use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -40,7 +40,7 @@ use tokio::time::timeout;
 pub const DEFAULT_SERVER_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The largest hello frame accepted: a header and no payload.
-const HELLO_MAX_FRAME: usize = 2 + MAX_HEADER;
+const HELLO_MAX_FRAME: usize = MAX_HELLO_FRAME;
 
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
@@ -332,6 +332,9 @@ impl Connection {
             Err(ShapeError::Wire(e)) => return Ok(Step::Refuse(e)),
             Err(ShapeError::Io(e)) => return Err(Close::Io(e)),
         };
+        if shape.header_len > crescent_proto::wire::MAX_DATA_HEADER {
+            return Ok(Step::Refuse(WireError::Malformed("data-plane header too long")));
+        }
         self.read_header(shape.header_len).await?;
         let Envelope { id, body } = match postcard::from_bytes::<Envelope<TransferRequest>>(&self.header) {
             Ok(env) => env,

@@ -89,7 +89,7 @@ async fn hostile_frames_close_only_their_own_connection() {
 
     // 5. After a good hello: an oversized length prefix (4 GiB), refused before anything is allocated.
     let mut s = raw_connect(n.addr).await;
-    s.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 10]).await.unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 10]).await.unwrap();
     let e = expect_error_frame(&mut s).await;
     assert_eq!(e.code, ErrorCode::InvalidParams);
     assert!(e.message.contains("exceeds"), "{}", e.message);
@@ -99,7 +99,7 @@ async fn hostile_frames_close_only_their_own_connection() {
     let mut s = raw_connect(n.addr).await;
     let len = crescent_proto::wire::Limits::DATA.max_frame + 1;
     let mut frame = len.to_be_bytes().to_vec();
-    frame.extend_from_slice(&[0, 0]);
+    frame.extend_from_slice(&[0, 0, 0, 0]);
     frame.extend_from_slice(&[0u8; 4096]);
     s.write_all(&frame).await.unwrap();
     assert_eq!(expect_error_frame(&mut s).await.code, ErrorCode::InvalidParams);
@@ -107,7 +107,7 @@ async fn hostile_frames_close_only_their_own_connection() {
 
     // 7. A header longer than the frame.
     let mut s = raw_connect(n.addr).await;
-    s.write_all(&[0, 0, 0, 10, 0, 200]).await.unwrap();
+    s.write_all(&[0, 0, 0, 12, 0, 0, 0, 200]).await.unwrap();
     s.write_all(&[1; 8]).await.unwrap();
     let e = expect_error_frame(&mut s).await;
     assert!(e.message.contains("header longer"), "{}", e.message);
@@ -115,7 +115,7 @@ async fn hostile_frames_close_only_their_own_connection() {
 
     // 8. A frame too short to hold its header length.
     let mut s = raw_connect(n.addr).await;
-    s.write_all(&[0, 0, 0, 1, 0]).await.unwrap();
+    s.write_all(&[0, 0, 0, 3, 0, 0, 0]).await.unwrap();
     assert_eq!(expect_error_frame(&mut s).await.code, ErrorCode::InvalidParams);
     hostile += 1;
 

@@ -64,7 +64,7 @@ pub async fn send<T: Serialize>(stream: &mut TcpStream, id: u64, body: &T, paylo
 
 /// Reads one frame: `None` at end of stream; otherwise the raw header and the payload.
 pub async fn recv_raw(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
-    let mut prefix = [0u8; 6];
+    let mut prefix = [0u8; 8];
     match stream.read_exact(&mut prefix).await {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
@@ -72,10 +72,10 @@ pub async fn recv_raw(stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
         Err(e) => panic!("read failed: {e}"),
     }
     let len = u32::from_be_bytes(prefix[..4].try_into().unwrap()) as usize;
-    let header_len = u16::from_be_bytes(prefix[4..].try_into().unwrap()) as usize;
+    let header_len = u32::from_be_bytes(prefix[4..].try_into().unwrap()) as usize;
     let mut header = vec![0u8; header_len];
     stream.read_exact(&mut header).await.unwrap();
-    let mut payload = vec![0u8; len - 2 - header_len];
+    let mut payload = vec![0u8; len - 4 - header_len];
     stream.read_exact(&mut payload).await.unwrap();
     Some((header, payload))
 }
