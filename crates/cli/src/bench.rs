@@ -6,6 +6,7 @@
 
 use crate::config::{FileConfig, Global};
 use anyhow::{Result, anyhow, bail};
+use bytes::BytesMut;
 use crescent_client::Client;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -111,6 +112,15 @@ fn check(base: &[u8], k: u64, got: &[u8]) -> bool {
     got.len() == base.len() && got[..n] == k.to_le_bytes()[..n] && got[n..] == base[n..]
 }
 
+/// Buffers a worker reuses across requests (no allocation or page faults per request).
+#[derive(Default)]
+struct Worker {
+    rng: fastrand::Rng,
+    owned: Option<BytesMut>,
+    batch: Vec<Vec<u8>>,
+    read: Vec<Vec<u8>>,
+}
+
 struct Shared {
     client: Client,
     base: Vec<u8>,
@@ -130,34 +140,40 @@ impl Shared {
         format!("bench-{}-{k}", self.run)
     }
 
-    /// Puts keys `ks`; returns (keys ok, errors).
-    async fn write(&self, ks: &[u64]) -> (u64, u64) {
-        let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; self.base.len()]).collect();
-        for (b, k) in bufs.iter_mut().zip(ks) {
-            fill(&self.base, *k, b);
-        }
+    /// Puts keys `ks` from the worker's reusable buffers; returns (keys ok, errors).
+    async fn write(&self, w: &mut Worker, ks: &[u64]) -> (u64, u64) {
         let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
         if ks.len() == 1 {
-            match self.client.put_from(&names[0], &bufs[0], &self.replicate).await {
+            // One owned buffer per worker, reused: the value goes out without a copy and comes back.
+            let mut buf = w.owned.take().unwrap_or_else(|| BytesMut::from(&self.base[..]));
+            fill(&self.base, ks[0], &mut buf);
+            let value = buf.freeze();
+            let r = self.client.put_bytes(&names[0], value.clone(), &self.replicate).await;
+            w.owned = value.try_into_mut().ok();
+            return match r {
                 Ok(()) => (1, 0),
                 Err(e) => {
                     tracing::debug!(error = %e, "put failed");
                     (0, 1)
                 }
-            }
-        } else {
-            let items: Vec<(&str, &[u8])> =
-                names.iter().map(String::as_str).zip(bufs.iter().map(Vec::as_slice)).collect();
-            let r = self.client.batch_put_from(&items, &self.replicate).await;
-            let ok = r.iter().filter(|x| x.is_ok()).count() as u64;
-            (ok, r.len() as u64 - ok)
+            };
         }
+        w.batch.resize_with(ks.len(), || self.base.clone());
+        for (b, k) in w.batch.iter_mut().zip(ks) {
+            fill(&self.base, *k, b);
+        }
+        let items: Vec<(&str, &[u8])> =
+            names.iter().map(String::as_str).zip(w.batch.iter().map(Vec::as_slice)).collect();
+        let r = self.client.batch_put_from(&items, &self.replicate).await;
+        let ok = r.iter().filter(|x| x.is_ok()).count() as u64;
+        (ok, r.len() as u64 - ok)
     }
 
-    /// Gets keys `ks`; returns (keys ok, errors).
-    async fn read(&self, ks: &[u64]) -> (u64, u64) {
+    /// Gets keys `ks` into the worker's reusable buffers; returns (keys ok, errors).
+    async fn read(&self, w: &mut Worker, ks: &[u64]) -> (u64, u64) {
         let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
-        let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; self.base.len()]).collect();
+        w.read.resize_with(ks.len(), || vec![0u8; self.base.len()]);
+        let bufs = &mut w.read[..ks.len()];
         let results: Vec<bool> = if ks.len() == 1 {
             vec![self.client.get_into(&names[0], &mut bufs[0]).await.is_ok()]
         } else {
@@ -166,7 +182,7 @@ impl Shared {
             self.client.batch_get_into(&mut items).await.iter().map(Result::is_ok).collect()
         };
         let mut ok = 0;
-        for ((good, buf), k) in results.iter().zip(&bufs).zip(ks) {
+        for ((good, buf), k) in results.iter().zip(bufs.iter()).zip(ks) {
             if *good && (!self.verify || check(&self.base, *k, buf)) {
                 ok += 1;
             }
@@ -186,29 +202,31 @@ impl Shared {
 }
 
 /// Runs one request of `phase`; returns (keys done, bytes moved, errors).
-async fn request(s: &Shared, phase: Phase, rng: &mut fastrand::Rng) -> (u64, u64, u64) {
+async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
     let size = s.base.len() as u64;
     match phase {
         Phase::Write => {
-            let (ok, err) = s.write(&s.fresh_keys()).await;
+            let (ok, err) = s.write(w, &s.fresh_keys()).await;
             (ok, ok * size, err)
         }
         Phase::Read => {
-            let (ok, err) = s.read(&s.existing_keys(rng)).await;
+            let ks = s.existing_keys(&mut w.rng);
+            let (ok, err) = s.read(w, &ks).await;
             (ok, ok * size, err)
         }
         Phase::Mixed => {
-            if rng.bool() {
-                let (ok, err) = s.write(&s.fresh_keys()).await;
+            if w.rng.bool() {
+                let (ok, err) = s.write(w, &s.fresh_keys()).await;
                 (ok, ok * size, err)
             } else {
-                let (ok, err) = s.read(&s.existing_keys(rng)).await;
+                let ks = s.existing_keys(&mut w.rng);
+                let (ok, err) = s.read(w, &ks).await;
                 (ok, ok * size, err)
             }
         }
         Phase::Dedup | Phase::Metadata => {
             // Half the batch was written before, half is new: the connector pattern.
-            let mut ks = s.existing_keys(rng);
+            let mut ks = s.existing_keys(&mut w.rng);
             let fresh = s.fresh_keys();
             for (i, k) in ks.iter_mut().enumerate() {
                 if i % 2 == 1 {
@@ -224,7 +242,7 @@ async fn request(s: &Shared, phase: Phase, rng: &mut fastrand::Rng) -> (u64, u64
             }
             let missing: Vec<u64> =
                 ks.iter().zip(&exist).filter(|(_, e)| matches!(e, Ok(false))).map(|(k, _)| *k).collect();
-            let (ok, err) = if missing.is_empty() { (0, 0) } else { s.write(&missing).await };
+            let (ok, err) = if missing.is_empty() { (0, 0) } else { s.write(w, &missing).await };
             (ks.len() as u64 - errors - err, ok * size, errors + err)
         }
     }
@@ -257,7 +275,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         let (s, keys, bytes, bar) = (s.clone(), keys.clone(), bytes.clone(), bar.clone());
         let count = a.count;
         tasks.push(tokio::spawn(async move {
-            let mut rng = fastrand::Rng::with_seed(w as u64 + 1);
+            let mut worker = Worker { rng: fastrand::Rng::with_seed(w as u64 + 1), ..Worker::default() };
             let mut lat = Vec::new();
             loop {
                 let n = s.requests.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +285,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
                     _ => {}
                 }
                 let t = Instant::now();
-                let (k, b, e) = request(&s, phase, &mut rng).await;
+                let (k, b, e) = request(&s, phase, &mut worker).await;
                 lat.push(t.elapsed().as_micros() as u64);
                 keys.fetch_add(k, Ordering::Relaxed);
                 bytes.fetch_add(b, Ordering::Relaxed);

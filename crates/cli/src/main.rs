@@ -90,7 +90,17 @@ fn main() -> ExitCode {
     if let Command::Demo(a) = cli.command {
         return report(demo::run(a));
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let threads = std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let built = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if threads > 1 {
+            b.worker_threads(threads);
+        }
+        b.enable_all().build()
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("INTERNAL_ERROR: cannot start the runtime: {e}");

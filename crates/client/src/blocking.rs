@@ -38,6 +38,11 @@ impl BlockingClient {
         self.rt.block_on(self.client.put_from(key, value, cfg))
     }
 
+    /// See [`Client::put_bytes`].
+    pub fn put_bytes(&self, key: &str, value: bytes::Bytes, cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        self.rt.block_on(self.client.put_bytes(key, value, cfg))
+    }
+
     /// See [`Client::batch_put_from`].
     pub fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
         self.rt.block_on(self.client.batch_put_from(items, cfg))

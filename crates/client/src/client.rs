@@ -103,6 +103,36 @@ fn checksum(data: &[u8]) -> u64 {
     u64::from(crc32c::crc32c(data))
 }
 
+/// Values at least this large have their checksum computed on a blocking thread, overlapping the transfer.
+const OFFLOAD_CHECKSUM: usize = 256 << 10;
+
+/// An object's bytes: the caller's borrowed buffer or an owned, shareable one.
+enum Value<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Bytes),
+}
+
+impl Value<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Value::Borrowed(s) => s.len(),
+            Value::Owned(b) => b.len(),
+        }
+    }
+
+    /// The crc32c of the value; owned large values are summed on a blocking thread while the writes run.
+    async fn checksum(&self) -> u64 {
+        match self {
+            Value::Owned(b) if b.len() >= OFFLOAD_CHECKSUM => {
+                let shared = b.clone();
+                tokio::task::spawn_blocking(move || checksum(&shared)).await.unwrap_or_else(|_| checksum(b))
+            }
+            Value::Owned(b) => checksum(b),
+            Value::Borrowed(s) => checksum(s),
+        }
+    }
+}
+
 /// Replica location for the data plane: `(endpoint, segment, offset, length)`.
 fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64)> {
     match &d.location {
@@ -159,8 +189,18 @@ impl Client {
         self.put_from(key, value, &cfg).await
     }
 
-    /// Stores `value` (the caller's buffer) under `key`.
+    /// Stores `value` (the caller's buffer, sent without copying) under `key`.
     pub async fn put_from(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        self.put_value(key, Value::Borrowed(value), cfg).await
+    }
+
+    /// Stores an owned `value` under `key` without copying it; large values are striped from several tasks
+    /// and their checksum is computed while the bytes are in flight.
+    pub async fn put_bytes(&self, key: &str, value: Bytes, cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        self.put_value(key, Value::Owned(value), cfg).await
+    }
+
+    async fn put_value(&self, key: &str, value: Value<'_>, cfg: &ReplicateConfig) -> Result<(), ClientError> {
         check_key(key)?;
         let req = MasterRequest::PutStart {
             client: self.inner.id,
@@ -175,21 +215,8 @@ impl Client {
             Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        self.finish_put(key, value, &replicas).await
-    }
-
-    /// Writes every replica, then PutEnd; on any failure PutRevoke.
-    async fn finish_put(&self, key: &str, value: &[u8], replicas: &[ReplicaDescriptor]) -> Result<(), ClientError> {
-        let data = Bytes::copy_from_slice(value);
-        let writes = replicas.iter().map(|d| {
-            let data = data.clone();
-            async move {
-                let (endpoint, segment, offset, _) = address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
-                self.inner.transfer.write(endpoint, segment, offset, data).await.map_err(ClientError::from)
-            }
-        });
-        let results = join_all(writes).await;
-        if let Some(err) = results.into_iter().find_map(Result::err) {
+        let (written, crc) = tokio::join!(self.write_replicas(&value, &replicas), value.checksum());
+        if let Err(err) = written {
             let revoke =
                 MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
             if let Err(e) = self.inner.master.call(&revoke).await {
@@ -201,9 +228,23 @@ impl Client {
             client: self.inner.id,
             tenant: self.tenant(),
             key: WireKey::from(key),
-            checksum: Some(checksum(value)),
+            checksum: Some(crc),
         };
         self.inner.master.call(&end).await.map(|_| ())
+    }
+
+    /// Writes `value` to every replica concurrently; the first failure is returned.
+    async fn write_replicas(&self, value: &Value<'_>, replicas: &[ReplicaDescriptor]) -> Result<(), ClientError> {
+        let writes = replicas.iter().map(|d| async move {
+            let (endpoint, segment, offset, _) = address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
+            let t = &self.inner.transfer;
+            match value {
+                Value::Owned(b) => t.write(endpoint, segment, offset, b.clone()).await,
+                Value::Borrowed(s) => t.write_from(endpoint, segment, offset, s).await,
+            }
+            .map_err(ClientError::from)
+        });
+        join_all(writes).await.into_iter().find_map(Result::err).map_or(Ok(()), Err)
     }
 
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
@@ -237,17 +278,7 @@ impl Client {
         // Write every started object's replicas concurrently.
         let writes = items.iter().zip(starts.iter()).map(|((_, value), start)| async move {
             let Ok(replicas) = start else { return None };
-            let data = Bytes::copy_from_slice(value);
-            let rs = join_all(replicas.iter().map(|d| {
-                let data = data.clone();
-                async move {
-                    let (endpoint, segment, offset, _) =
-                        address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
-                    self.inner.transfer.write(endpoint, segment, offset, data).await.map_err(ClientError::from)
-                }
-            }))
-            .await;
-            Some(rs.into_iter().find_map(Result::err))
+            Some(self.write_replicas(&Value::Borrowed(value), replicas).await.err())
         });
         let written: Vec<Option<Option<ClientError>>> = join_all(writes).await;
         let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());

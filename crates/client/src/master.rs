@@ -8,7 +8,7 @@ use crate::error::ClientError;
 use bytes::Bytes;
 use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
-use futures_util::stream::SplitSink;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -19,18 +19,69 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_util::codec::Framed;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Frame, WireError>>>>>;
+type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Frame, WireError>>>>;
+type Stream = SplitStream<Framed<TcpStream, FrameCodec>>;
 
+/// One socket to the master. There is no reader task: a caller that is waiting for its reply takes the read
+/// half itself and hands any other caller's reply over through `pending` (leader/follower). A lone caller
+/// therefore reads its own reply with no task switch in between — on small VMs every wake-up of another
+/// thread costs several microseconds.
 struct Conn {
     sink: tokio::sync::Mutex<SplitSink<Framed<TcpStream, FrameCodec>, Frame>>,
+    stream: tokio::sync::Mutex<Stream>,
     pending: Pending,
-    alive: Arc<AtomicBool>,
-    reader: tokio::task::JoinHandle<()>,
+    alive: AtomicBool,
 }
 
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.reader.abort();
+impl Conn {
+    /// Marks the connection dead and fails every waiter.
+    fn fail_all(&self, why: &'static str) {
+        self.alive.store(false, Ordering::Release);
+        let waiters: Vec<_> = self.pending.lock().drain().collect();
+        for (_, tx) in waiters {
+            let _ = tx.send(Err(WireError::Malformed(why)));
+        }
+    }
+
+    /// Waits for the reply to `id`, reading the socket itself whenever no one else is.
+    async fn wait(&self, id: u64, mut rx: oneshot::Receiver<Result<Frame, WireError>>) -> Result<Frame, WireError> {
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut rx => return r.unwrap_or(Err(WireError::Closed)),
+                mut stream = self.stream.lock() => {
+                    // Our reply may have arrived while we waited for the read half.
+                    if let Ok(r) = rx.try_recv() {
+                        return r;
+                    }
+                    match stream.next().await {
+                        Some(Ok(frame)) => {
+                            let rid = frame.request_id().unwrap_or(0);
+                            if rid == id {
+                                self.pending.lock().remove(&id);
+                                return Ok(frame);
+                            }
+                            if rid == 0 {
+                                // A connection-level error frame: the master closes this connection.
+                                self.fail_all("master reported a protocol error");
+                                return Err(WireError::Malformed("master reported a protocol error"));
+                            }
+                            if let Some(tx) = self.pending.lock().remove(&rid) {
+                                let _ = tx.send(Ok(frame));
+                            }
+                        }
+                        Some(Err(e)) => {
+                            self.fail_all("master connection error");
+                            return Err(e);
+                        }
+                        None => {
+                            self.fail_all("master connection closed");
+                            return Err(WireError::Closed);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -61,50 +112,17 @@ async fn dial(addr: &str, role: PeerRole, client: ClientId, timeout: Duration) -
     framed.send(Frame::encode(0, &Hello::new(role, Some(client)), Bytes::new())?).await?;
     let reply = tokio::time::timeout(timeout, framed.next()).await.map_err(|_| ClientError::Timeout)?;
     let frame = reply.ok_or(WireError::Closed)??;
-    match frame.decode::<HelloReply>()?.body {
-        Ok(_ack) => {}
-        Err(ErrorFrame { code, message }) => {
-            tracing::warn!(%addr, %message, "master refused the connection");
-            return Err(ClientError::Code(code));
-        }
+    if let Err(ErrorFrame { code, message }) = frame.decode::<HelloReply>()?.body {
+        tracing::warn!(%addr, %message, "master refused the connection");
+        return Err(ClientError::Code(code));
     }
-    let (sink, mut stream) = framed.split();
-    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
-    let alive = Arc::new(AtomicBool::new(true));
-    let (p, a) = (pending.clone(), alive.clone());
-    let reader = tokio::spawn(async move {
-        let err = loop {
-            match stream.next().await {
-                Some(Ok(frame)) => {
-                    let id = frame.request_id().unwrap_or(0);
-                    if id == 0 {
-                        // Connection-level error frame: the server closes the connection.
-                        break WireError::Malformed("master reported a protocol error");
-                    }
-                    if let Some(tx) = p.lock().remove(&id) {
-                        let _ = tx.send(Ok(frame));
-                    }
-                }
-                Some(Err(e)) => break e,
-                None => break WireError::Closed,
-            }
-        };
-        a.store(false, Ordering::Release);
-        let waiters: Vec<_> = p.lock().drain().collect();
-        for (_, tx) in waiters {
-            let _ = tx.send(Err(WireError::Malformed(leak_message(&err))));
-        }
-    });
-    Ok(Arc::new(Conn { sink: tokio::sync::Mutex::new(sink), pending, alive, reader }))
-}
-
-/// A static description of why a connection died (the waiters get a `WireError`, which needs `'static`).
-fn leak_message(e: &WireError) -> &'static str {
-    match e {
-        WireError::Closed => "master connection closed",
-        WireError::Io(_) => "master connection i/o error",
-        _ => "master connection protocol error",
-    }
+    let (sink, stream) = framed.split();
+    Ok(Arc::new(Conn {
+        sink: tokio::sync::Mutex::new(sink),
+        stream: tokio::sync::Mutex::new(stream),
+        pending: Mutex::new(HashMap::new()),
+        alive: AtomicBool::new(true),
+    }))
 }
 
 impl MasterConnection {
@@ -150,9 +168,8 @@ impl MasterConnection {
             conn.alive.store(false, Ordering::Release);
             return Err(e.into());
         }
-        let frame = match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(r)) => r?,
-            Ok(Err(_)) => return Err(WireError::Closed.into()),
+        let frame = match tokio::time::timeout(self.timeout, conn.wait(id, rx)).await {
+            Ok(r) => r?,
             Err(_) => {
                 conn.pending.lock().remove(&id);
                 return Err(ClientError::Timeout);

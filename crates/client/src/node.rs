@@ -32,6 +32,8 @@ pub struct NodeConfig {
     pub ping_interval: Duration,
     /// Master request timeout.
     pub rpc_timeout: Duration,
+    /// Fault every segment page in at start-up (no page-fault stalls on first writes).
+    pub prefault: bool,
 }
 
 impl NodeConfig {
@@ -46,6 +48,7 @@ impl NodeConfig {
             host_id: None,
             ping_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(10),
+            prefault: true,
         }
     }
 }
@@ -95,6 +98,11 @@ impl StorageNode {
                 SegmentMemory::anonymous(config.segment_size)
             }
             .map_err(crescent_proto::wire::WireError::Io)?;
+            if config.prefault
+                && let Err(e) = mem.prefault()
+            {
+                tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use");
+            }
             let id = SegmentId::random();
             specs.push(SegmentSpec {
                 id,

@@ -134,6 +134,33 @@ impl TransferClient {
         result
     }
 
+    /// Writes the caller's `data` at `offset` of `segment` without copying it: stripes are sent concurrently
+    /// from this task (the borrow of `data` cannot be handed to spawned tasks). [`TransferClient::write`] with
+    /// owned `Bytes` spreads stripes over cores instead.
+    pub async fn write_from(
+        &self,
+        endpoint: &str,
+        segment: SegmentId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), TransferError> {
+        if let Some(mem) = self.inner.local.get(&segment) {
+            return mem.write_at(offset, data);
+        }
+        offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
+        let peer = self.peer(endpoint);
+        let stripe = self.stripe();
+        let failed = AtomicBool::new(false);
+        if data.len() <= stripe {
+            return self.write_stripe(&peer, &failed, segment, offset, data).await;
+        }
+        let stripes = data
+            .chunks(stripe)
+            .enumerate()
+            .map(|(i, chunk)| self.write_stripe(&peer, &failed, segment, offset + (i * stripe) as u64, chunk));
+        first_error(join_all(stripes).await)
+    }
+
     /// Reads `length` bytes at `offset` of `segment`, hosted at `endpoint`.
     pub async fn read(
         &self,

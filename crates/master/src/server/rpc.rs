@@ -356,8 +356,14 @@ async fn serve(
             }
         };
         let op = op_index(&body);
-        let reply =
-            if may_block(&body) { tokio::task::block_in_place(|| dispatch(&svc, body)) } else { dispatch(&svc, body) };
+        // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
+        let multi_thread =
+            tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        let reply = if multi_thread && may_block(&body) {
+            tokio::task::block_in_place(|| dispatch(&svc, body))
+        } else {
+            dispatch(&svc, body)
+        };
         metrics.record(op, failed(&reply));
         framed.send(Frame::encode(id, &reply, Bytes::new())?).await?;
     }
