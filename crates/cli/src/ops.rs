@@ -33,8 +33,12 @@ pub struct GetArgs {
 /// `rm` flags.
 #[derive(clap::Args, Debug)]
 pub struct RmArgs {
-    /// The key.
-    key: String,
+    /// The key (omit with `--all`).
+    #[arg(required_unless_present = "all")]
+    key: Option<String>,
+    /// Remove every object of the tenant (leased ones only with `--force`).
+    #[arg(long, conflicts_with = "key")]
+    all: bool,
     /// Remove even while a reader holds a lease.
     #[arg(long)]
     force: bool,
@@ -130,7 +134,11 @@ pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
 
 /// `crescent rm`.
 pub async fn rm(a: RmArgs, g: &Global) -> Result<(), Failure> {
-    Client::new(g.client_config()).remove(&a.key, a.force).await?;
+    let client = Client::new(g.client_config());
+    match a.key {
+        Some(key) => client.remove(&key, a.force).await?,
+        None => println!("{}", client.remove_all(a.force).await?),
+    }
     Ok(())
 }
 

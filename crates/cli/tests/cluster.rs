@@ -298,3 +298,39 @@ impl Endpoint for crescent_proto::ReplicaDescriptor {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_unmounts_its_segments_on_sigterm() {
+    let mut c = Cluster::start(&[], 2, "16MiB");
+    let client = c.client();
+    let victim = c.nodes[0].field("node");
+    let mut on_victim = None;
+    for i in 0..40 {
+        let k = format!("k{i}");
+        client.put(&k, b"v").await.unwrap();
+        if client.stat(&k).await.unwrap().replicas[0].location_endpoint() == victim {
+            on_victim = Some(k);
+            break;
+        }
+    }
+    let k = on_victim.expect("some object landed on the first node");
+    let pid = c.nodes[0].child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = c.nodes[0].child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(status.is_some_and(|s| s.success()), "the node exits cleanly on SIGTERM");
+    // It unmounted before exiting: its objects are gone at once, not after the client TTL.
+    assert_eq!(client.get(&k).await.unwrap_err().code(), ErrorCode::ObjectNotFound);
+}

@@ -53,6 +53,8 @@ impl ClientConfig {
 }
 
 struct Inner {
+    /// Reads refused because the bytes did not match the stored checksum.
+    checksum_mismatches: std::sync::atomic::AtomicU64,
     id: ClientId,
     config: ClientConfig,
     master: MasterConnection,
@@ -97,6 +99,11 @@ where
         }
     }
     out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
+}
+
+/// `n` copies of one error (a batch call that failed as a whole).
+fn all_failed<T>(n: usize, code: ErrorCode) -> Vec<Result<T, ClientError>> {
+    (0..n).map(|_| Err(ClientError::Code(code))).collect()
 }
 
 fn checksum(data: &[u8]) -> u64 {
@@ -157,12 +164,23 @@ impl Client {
         let master =
             MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout);
         let transfer = TransferClient::new(config.transfer.clone(), local.clone());
-        Self { inner: Arc::new(Inner { id, config, master, transfer, local }) }
+        let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
+        Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }
     }
 
     /// This client's id.
     pub fn id(&self) -> ClientId {
         self.inner.id
+    }
+
+    /// Reads refused so far because their bytes did not match the stored checksum.
+    pub fn checksum_mismatches(&self) -> u64 {
+        self.inner.checksum_mismatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The data-plane client (diagnostics: open connections per peer).
+    pub fn transfer(&self) -> &TransferClient {
+        &self.inner.transfer
     }
 
     /// The master connection (for admin-style calls).
@@ -187,6 +205,20 @@ impl Client {
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), ClientError> {
         let cfg = self.inner.config.replicate.clone();
         self.put_from(key, value, &cfg).await
+    }
+
+    /// Sends a batch request and returns its per-item answers, exactly `n` of them; a failed call or a reply of
+    /// another shape is that one error (the caller spreads it over every item).
+    async fn batch_call<T>(
+        &self,
+        req: &MasterRequest,
+        n: usize,
+        pick: impl FnOnce(MasterResponse) -> Option<Vec<Result<T, ErrorCode>>>,
+    ) -> Result<Vec<Result<T, ErrorCode>>, ErrorCode> {
+        match self.inner.master.call(req).await {
+            Ok(r) => pick(r).filter(|v| v.len() == n).ok_or(ErrorCode::InternalError),
+            Err(e) => Err(e.code()),
+        }
     }
 
     /// Stores `value` (the caller's buffer, sent without copying) under `key`.
@@ -267,13 +299,10 @@ impl Client {
             group_ids: None,
             upsert: false,
         };
-        let starts = match self.inner.master.call(&req).await {
-            Ok(MasterResponse::BatchReplicas(v)) if v.len() == items.len() => v,
-            Ok(_) => return items.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
-            Err(e) => {
-                let code = e.code();
-                return items.iter().map(|_| Err(code.into())).collect();
-            }
+        let pick = |r| if let MasterResponse::BatchReplicas(v) = r { Some(v) } else { None };
+        let starts = match self.batch_call(&req, items.len(), pick).await {
+            Ok(v) => v,
+            Err(code) => return all_failed(items.len(), code),
         };
         // Write every started object's replicas concurrently.
         let writes = items.iter().zip(starts.iter()).map(|((_, value), start)| async move {
@@ -309,19 +338,14 @@ impl Client {
         if !to_end.is_empty() {
             let ends = Batch(to_end.iter().map(|&i| (WireKey::from(items[i].0), Some(checksum(items[i].1)))).collect());
             let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
-            match self.inner.master.call(&req).await {
-                Ok(MasterResponse::BatchDone(v)) if v.len() == to_end.len() => {
-                    for (&i, r) in to_end.iter().zip(v) {
-                        if let Err(c) = r {
-                            out[i] = Err(c.into());
-                        }
-                    }
-                }
-                other => {
-                    let code = other.err().map_or(ErrorCode::InternalError, |e| e.code());
-                    for &i in &to_end {
-                        out[i] = Err(code.into());
-                    }
+            let pick = |r| if let MasterResponse::BatchDone(v) = r { Some(v) } else { None };
+            let ends: Vec<Result<(), ErrorCode>> = match self.batch_call(&req, to_end.len(), pick).await {
+                Ok(v) => v,
+                Err(code) => vec![Err(code); to_end.len()],
+            };
+            for (&i, r) in to_end.iter().zip(ends) {
+                if let Err(c) = r {
+                    out[i] = Err(c.into());
                 }
             }
         }
@@ -403,6 +427,7 @@ impl Client {
                         return Err(ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms });
                     }
                     if list.checksum.is_some_and(|c| c != checksum(buf)) {
+                        self.inner.checksum_mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Err(ClientError::ChecksumMismatch { key: key.to_owned() });
                     }
                     return Ok(());
@@ -436,15 +461,12 @@ impl Client {
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
         let started = Instant::now();
         let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
-        let lists =
-            match self.inner.master.call(&MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys }).await {
-                Ok(MasterResponse::BatchReplicaList(v)) if v.len() == items.len() => v,
-                Ok(_) => return items.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
-                Err(e) => {
-                    let code = e.code();
-                    return items.iter().map(|_| Err(code.into())).collect();
-                }
-            };
+        let req = MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys };
+        let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
+        let lists = match self.batch_call(&req, items.len(), pick).await {
+            Ok(v) => v,
+            Err(code) => return all_failed(items.len(), code),
+        };
         let reads = items.iter_mut().zip(lists.iter()).map(|((key, buf), list)| async move {
             let list = list.as_ref().map_err(|c| ClientError::Code(*c))?;
             let n = usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?;
@@ -478,15 +500,10 @@ impl Client {
             tenant: self.tenant(),
             keys: Batch(keys.iter().map(|k| WireKey::from(*k)).collect()),
         };
-        match self.inner.master.call(&req).await {
-            Ok(MasterResponse::BatchExists(v)) if v.len() == keys.len() => {
-                v.into_iter().map(|r| r.map_err(ClientError::Code)).collect()
-            }
-            Ok(_) => keys.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
-            Err(e) => {
-                let code = e.code();
-                keys.iter().map(|_| Err(code.into())).collect()
-            }
+        let pick = |r| if let MasterResponse::BatchExists(v) = r { Some(v) } else { None };
+        match self.batch_call(&req, keys.len(), pick).await {
+            Ok(v) => v.into_iter().map(|r| r.map_err(ClientError::Code)).collect(),
+            Err(code) => all_failed(keys.len(), code),
         }
     }
 
@@ -512,15 +529,10 @@ impl Client {
             keys: Batch(keys.iter().map(|k| WireKey::from(*k)).collect()),
             force,
         };
-        match self.inner.master.call(&req).await {
-            Ok(MasterResponse::BatchDone(v)) if v.len() == keys.len() => {
-                v.into_iter().map(|r| r.map_err(ClientError::Code)).collect()
-            }
-            Ok(_) => keys.iter().map(|_| Err(ErrorCode::InternalError.into())).collect(),
-            Err(e) => {
-                let code = e.code();
-                keys.iter().map(|_| Err(code.into())).collect()
-            }
+        let pick = |r| if let MasterResponse::BatchDone(v) = r { Some(v) } else { None };
+        match self.batch_call(&req, keys.len(), pick).await {
+            Ok(v) => v.into_iter().map(|r| r.map_err(ClientError::Code)).collect(),
+            Err(code) => all_failed(keys.len(), code),
         }
     }
 

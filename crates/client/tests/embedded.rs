@@ -1,0 +1,55 @@
+//! A client that hosts its own segment (embedded mode), against a master server in this process: its own
+//! replicas are reached by memcpy, corrupt bytes are refused, and a remote node's replicas over TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crescent_client::node::{NodeConfig, StorageNode};
+use crescent_client::{Client, ClientConfig};
+use crescent_master::clock::SystemClock;
+use crescent_master::server::{RpcMetrics, RpcServer};
+use crescent_master::service::{MasterConfig, MasterService};
+use crescent_proto::{ErrorCode, ReplicateConfig};
+use crescent_transfer::SegmentRegistry;
+use std::sync::Arc;
+
+async fn master() -> (Arc<MasterService>, crescent_master::server::RpcServerHandle) {
+    let svc = Arc::new(MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap());
+    let server =
+        RpcServer::bind("127.0.0.1:0".parse().unwrap(), svc.clone(), Arc::new(RpcMetrics::default())).await.unwrap();
+    (svc, server.spawn().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt_bytes() {
+    let (_svc, server) = master().await;
+    let addr = server.local_addr().to_string();
+    let local = SegmentRegistry::default();
+    let mut cfg = NodeConfig::new(addr.clone(), 16 << 20);
+    cfg.prefault = false;
+    let node = StorageNode::start_with(cfg, local.clone()).await.unwrap();
+    let client = Client::with_local_segments(ClientConfig::new(addr.clone()), local.clone());
+    let value: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    client.put_from("k", &value, &ReplicateConfig::default()).await.unwrap();
+    assert_eq!(client.get("k").await.unwrap(), value);
+    let endpoint = node.endpoint().to_string();
+    assert_eq!(client.transfer().open_connections(&endpoint), 0, "own replicas never touch a socket");
+
+    // Corrupt the stored bytes behind the master's back: the read is refused, never returned.
+    let stat = client.stat("k").await.unwrap();
+    let seg = stat.replicas[0].location.segment_id().unwrap();
+    let offset = match &stat.replicas[0].location {
+        crescent_proto::ReplicaLocation::Memory { offset, .. } => *offset,
+        other => panic!("{other:?}"),
+    };
+    local.get(&seg).unwrap().write_at(offset + 10, &[0xff]).unwrap();
+    let err = client.get("k").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ChecksumMismatch);
+    assert_eq!(client.checksum_mismatches(), 1);
+
+    // Another client (not hosting the segment) reads the same object over TCP.
+    let remote = Client::new(ClientConfig::new(addr));
+    client.put_from("k2", &value, &ReplicateConfig::default()).await.unwrap();
+    assert_eq!(remote.get("k2").await.unwrap(), value);
+    assert!(remote.transfer().open_connections(&endpoint) > 0);
+    node.shutdown(std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(remote.get("k2").await.unwrap_err().code(), ErrorCode::ObjectNotFound, "unmounted on shutdown");
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the `crescent bench` matrix of the network issue against a master and a storage node started as
+# separate processes on loopback (release build), and prints a markdown table. Results: target/bench-cluster.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p crescent-cli
+B=target/release/crescent
+OUT=target/bench-cluster.jsonl
+: > "$OUT"
+$B master --listen 127.0.0.1:0 --admin 127.0.0.1:0 > target/bench-master.json 2> target/bench-master.log &
+MASTER_PID=$!
+trap 'kill $MASTER_PID ${NODE_PID:-} 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do [ -s target/bench-master.json ] && break; sleep 0.1; done
+M=$(python3 -c "import json;print(json.load(open('target/bench-master.json'))['master'])")
+$B node --master "$M" --segment-size "${SEGMENT:-12GiB}" --listen 127.0.0.1:0 > target/bench-node.json 2> target/bench-node.log &
+NODE_PID=$!
+for _ in $(seq 1 600); do [ -s target/bench-node.json ] && break; sleep 0.1; done
+run() { # size batch conc count
+    $B --master "$M" bench --phases write,read --value-size "$1" --batch "$2" --concurrency "$3" --count "$4" \
+        --json target/bench-one.jsonl > /dev/null
+    cat target/bench-one.jsonl >> "$OUT"
+    $B --master "$M" rm --all --force > /dev/null
+}
+for c in 1 8; do
+    run 4KiB 1 $c 20000;  run 4KiB 32 $c 2000
+    run 1MiB 1 $c 1500;   run 1MiB 32 $c 50
+    run 4MiB 1 $c 400;    run 4MiB 32 $c 12
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+print("| phase | value | batch | conc | req/s | keys/s | MiB/s | p50 µs | p99 µs | errors |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"| {r['phase']} | {r['value_size']} | {r['batch']} | {r['concurrency']} | {r['req_per_s']:.0f} | "
+          f"{r['keys_per_s']:.0f} | {r['mib_per_s']:.1f} | {r['p50_us']} | {r['p99_us']} | {r['errors']} |")
+PY
