@@ -35,6 +35,9 @@ pub struct ClientConfig {
     pub transfer: TransferConfig,
     /// This client's host (for replica choice and local-first placement).
     pub host_id: Option<String>,
+    /// How long a request spins for its master reply before parking its thread (0 = never). A short spin
+    /// avoids a sleeping CPU's wake-up on the reply path (tens of µs on VMs) at the cost of that CPU time.
+    pub spin_wait: Duration,
 }
 
 impl ClientConfig {
@@ -48,6 +51,7 @@ impl ClientConfig {
             rpc_timeout: Duration::from_secs(30),
             transfer: TransferConfig::default(),
             host_id: None,
+            spin_wait: Duration::from_micros(50),
         }
     }
 }
@@ -162,7 +166,8 @@ impl Client {
     pub fn with_local_segments(config: ClientConfig, local: SegmentRegistry) -> Self {
         let id = ClientId::random();
         let master =
-            MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout);
+            MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout)
+                .with_spin(config.spin_wait);
         let transfer = TransferClient::new(config.transfer.clone(), local.clone());
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +27,10 @@ type Stream = SplitStream<Framed<TcpStream, FrameCodec>>;
 /// therefore reads its own reply with no task switch in between — on small VMs every wake-up of another
 /// thread costs several microseconds.
 struct Conn {
+    /// A second handle on the socket, used only to peek for a reply while spinning (see `wait`).
+    probe: std::net::TcpStream,
+    /// How long a lone waiter spins before parking.
+    spin: Duration,
     sink: tokio::sync::Mutex<SplitSink<Framed<TcpStream, FrameCodec>, Frame>>,
     stream: tokio::sync::Mutex<Stream>,
     pending: Pending,
@@ -43,8 +47,31 @@ impl Conn {
         }
     }
 
-    /// Waits for the reply to `id`, reading the socket itself whenever no one else is.
-    async fn wait(&self, id: u64, mut rx: oneshot::Receiver<Result<Frame, WireError>>) -> Result<Frame, WireError> {
+    /// Busy-waits (bounded by `spin`) until the socket has bytes to read. Parking instead would halt this CPU
+    /// and the reply's arrival would have to wake it: on virtual machines that wake-up costs tens of
+    /// microseconds, more than the round trip itself. The caller then finds the reply without sleeping.
+    fn spin_until_readable(&self) {
+        if self.spin.is_zero() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + self.spin;
+        let mut byte = [0u8; 1];
+        while std::time::Instant::now() < deadline {
+            match self.probe.peek(&mut byte) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                _ => return,
+            }
+        }
+    }
+
+    /// Waits for the reply to `id`, reading the socket itself whenever no one else is. Spins before parking
+    /// only when `alone` (a spinning poll holds its thread and would stall other requests polled by it).
+    async fn wait(
+        &self,
+        id: u64,
+        mut rx: oneshot::Receiver<Result<Frame, WireError>>,
+        alone: &AtomicUsize,
+    ) -> Result<Frame, WireError> {
         loop {
             tokio::select! {
                 biased;
@@ -54,7 +81,16 @@ impl Conn {
                     if let Ok(r) = rx.try_recv() {
                         return r;
                     }
-                    match stream.next().await {
+                    let next = match stream.next().now_or_never() {
+                        Some(n) => n,
+                        None => {
+                            if alone.load(Ordering::Acquire) == 1 {
+                                self.spin_until_readable();
+                            }
+                            stream.next().await
+                        }
+                    };
+                    match next {
                         Some(Ok(frame)) => {
                             let rid = frame.request_id().unwrap_or(0);
                             if rid == id {
@@ -91,6 +127,9 @@ pub struct MasterConnection {
     client: ClientId,
     role: PeerRole,
     timeout: Duration,
+    spin: Duration,
+    /// Requests in flight on this connection set (spinning is for a lone request only).
+    inflight: AtomicUsize,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     next_slot: AtomicUsize,
     next_id: AtomicU64,
@@ -102,12 +141,22 @@ impl std::fmt::Debug for MasterConnection {
     }
 }
 
-async fn dial(addr: &str, role: PeerRole, client: ClientId, timeout: Duration) -> Result<Arc<Conn>, ClientError> {
+async fn dial(
+    addr: &str,
+    role: PeerRole,
+    client: ClientId,
+    timeout: Duration,
+    spin: Duration,
+) -> Result<Arc<Conn>, ClientError> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| ClientError::Timeout)?
         .map_err(WireError::Io)?;
     stream.set_nodelay(true).map_err(WireError::Io)?;
+    // A duplicate descriptor for peeking; it stays non-blocking like the original.
+    let std_stream = stream.into_std().map_err(WireError::Io)?;
+    let probe = std_stream.try_clone().map_err(WireError::Io)?;
+    let stream = TcpStream::from_std(std_stream).map_err(WireError::Io)?;
     let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
     framed.send(Frame::encode(0, &Hello::new(role, Some(client)), Bytes::new())?).await?;
     let reply = tokio::time::timeout(timeout, framed.next()).await.map_err(|_| ClientError::Timeout)?;
@@ -118,6 +167,8 @@ async fn dial(addr: &str, role: PeerRole, client: ClientId, timeout: Duration) -
     }
     let (sink, stream) = framed.split();
     Ok(Arc::new(Conn {
+        probe,
+        spin,
         sink: tokio::sync::Mutex::new(sink),
         stream: tokio::sync::Mutex::new(stream),
         pending: Mutex::new(HashMap::new()),
@@ -133,10 +184,18 @@ impl MasterConnection {
             client,
             role,
             timeout,
+            spin: Duration::ZERO,
+            inflight: AtomicUsize::new(0),
             slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Spin up to `spin` for a reply before parking (0 = never spin; see `Conn::spin_until_readable`).
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
     }
 
     /// The master address.
@@ -150,7 +209,7 @@ impl MasterConnection {
         if let Some(c) = slot.as_ref().filter(|c| c.alive.load(Ordering::Acquire)) {
             return Ok(c.clone());
         }
-        let c = dial(&self.addr, self.role, self.client, self.timeout).await?;
+        let c = dial(&self.addr, self.role, self.client, self.timeout, self.spin).await?;
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -168,7 +227,10 @@ impl MasterConnection {
             conn.alive.store(false, Ordering::Release);
             return Err(e.into());
         }
-        let frame = match tokio::time::timeout(self.timeout, conn.wait(id, rx)).await {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let waited = tokio::time::timeout(self.timeout, conn.wait(id, rx, &self.inflight)).await;
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        let frame = match waited {
             Ok(r) => r?,
             Err(_) => {
                 conn.pending.lock().remove(&id);

@@ -45,6 +45,9 @@ pub struct TransferConfig {
     pub connect_timeout: Duration,
     /// Deadline for one request/response exchange (one stripe) on a lane.
     pub io_timeout: Duration,
+    /// How long a request spins for its reply before parking (0 = never): avoids a sleeping CPU's wake-up
+    /// on the reply path, which on VMs costs more than a small transfer itself.
+    pub spin_wait: Duration,
 }
 
 impl Default for TransferConfig {
@@ -54,6 +57,7 @@ impl Default for TransferConfig {
             stripe_size: 1 << 20,
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
+            spin_wait: Duration::from_micros(50),
         }
     }
 }
@@ -69,12 +73,33 @@ struct Inner {
     config: TransferConfig,
     local: SegmentRegistry,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Exchanges in progress on this client: a reply is spun for only when it is the only one, because a
+    /// spinning poll holds its thread and would stall every other transfer polled by it.
+    inflight: AtomicUsize,
+}
+
+/// Counts one exchange in progress while alive.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a AtomicUsize) -> (Self, bool) {
+        let alone = n.fetch_add(1, Ordering::AcqRel) == 0;
+        (Self(n), alone)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl TransferClient {
     /// A client; transfers to segments in `local` are served by memcpy without touching a socket.
     pub fn new(config: TransferConfig, local: SegmentRegistry) -> Self {
-        Self { inner: Arc::new(Inner { config, local, peers: Mutex::new(HashMap::new()) }) }
+        Self {
+            inner: Arc::new(Inner { config, local, peers: Mutex::new(HashMap::new()), inflight: AtomicUsize::new(0) }),
+        }
     }
 
     /// The client's settings.
@@ -242,7 +267,10 @@ impl TransferClient {
         if failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let exchange = guard.lane()?.write(segment, offset, data);
+        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
+        let lane = guard.lane()?;
+        lane.may_spin = alone;
+        let exchange = lane.write(segment, offset, data);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
             failed.store(true, Ordering::Relaxed);
@@ -263,7 +291,10 @@ impl TransferClient {
         if failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let exchange = guard.lane()?.read(segment, offset, buf);
+        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
+        let lane = guard.lane()?;
+        lane.may_spin = alone;
+        let exchange = lane.read(segment, offset, buf);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
             failed.store(true, Ordering::Relaxed);
@@ -301,7 +332,7 @@ impl Peer {
                 None => break,
             }
         }
-        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone()))
+        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config.spin_wait))
             .await
             .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
@@ -347,6 +378,11 @@ impl Drop for OpenLane {
 #[derive(Debug)]
 struct Lane {
     io: BufReader<TcpStream>,
+    /// A duplicate of the socket used only to peek for a reply while spinning.
+    probe: std::net::TcpStream,
+    spin: Duration,
+    /// Whether the current exchange may spin (it is the client's only one).
+    may_spin: bool,
     next_id: u64,
     header: Vec<u8>,
     /// The server's frame limit from its hello reply.
@@ -357,7 +393,7 @@ struct Lane {
 }
 
 impl Lane {
-    async fn connect(endpoint: &str, open: Arc<AtomicUsize>) -> Result<Lane, TransferError> {
+    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, spin: Duration) -> Result<Lane, TransferError> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
         let mut stream = None;
         for addr in tokio::net::lookup_host(endpoint).await? {
@@ -371,9 +407,15 @@ impl Lane {
         }
         let stream = stream.ok_or(last)?;
         net::tune(&stream)?;
+        let std_stream = stream.into_std()?;
+        let probe = std_stream.try_clone()?;
+        let stream = TcpStream::from_std(std_stream)?;
         open.fetch_add(1, Ordering::Relaxed);
         let mut lane = Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
+            probe,
+            spin,
+            may_spin: false,
             next_id: 1,
             header: Vec::new(),
             max_frame: MAX_HELLO_FRAME,
@@ -465,8 +507,25 @@ impl Lane {
         net::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
     }
 
+    /// Busy-waits (bounded by `spin`) until the reply's first bytes are readable, so the task finds them
+    /// without parking its thread (see `TransferConfig::spin_wait`).
+    fn spin_until_readable(&self) {
+        if !self.may_spin || self.spin.is_zero() || !self.io.buffer().is_empty() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + self.spin;
+        let mut byte = [0u8; 1];
+        while std::time::Instant::now() < deadline {
+            match self.probe.peek(&mut byte) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                _ => return,
+            }
+        }
+    }
+
     /// Reads a reply's prefix and header (kept in `self.header`); returns its request id and payload length.
     async fn reply_header(&mut self) -> Result<(u64, usize), TransferError> {
+        self.spin_until_readable();
         let shape = match net::read_shape(&mut self.io, self.max_frame).await {
             Ok(shape) => shape,
             Err(ShapeError::Io(e)) => return Err(io_error(e)),
