@@ -36,7 +36,7 @@ pub struct NodeSection {
     pub memfd: Option<bool>,
     /// Host id for local-first placement.
     pub host_id: Option<String>,
-    /// Seconds to keep serving reads after SIGTERM before unmounting.
+    /// Milliseconds to keep serving reads after SIGTERM before unmounting.
     pub shutdown_grace_ms: Option<u64>,
 }
 

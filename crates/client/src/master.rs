@@ -123,7 +123,11 @@ impl Conn {
 
 /// A handle on the master for one client process.
 pub struct MasterConnection {
+    /// The configured address list as given (`host:port[,host:port…]`).
     addr: String,
+    /// Candidate masters; the one that answered last is tried first.
+    addrs: Vec<String>,
+    preferred: AtomicUsize,
     client: ClientId,
     role: PeerRole,
     timeout: Duration,
@@ -177,10 +181,14 @@ async fn dial(
 }
 
 impl MasterConnection {
-    /// A connection to `addr` for `client` with `connections` sockets (dialled lazily).
+    /// A connection to `addr` (one address, or several separated by commas: they are tried in turn) for
+    /// `client` with `connections` sockets (dialled lazily).
     pub fn new(addr: &str, client: ClientId, role: PeerRole, connections: usize, timeout: Duration) -> Self {
+        let addrs: Vec<String> = addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect();
         Self {
             addr: addr.to_owned(),
+            addrs,
+            preferred: AtomicUsize::new(0),
             client,
             role,
             timeout,
@@ -209,9 +217,27 @@ impl MasterConnection {
         if let Some(c) = slot.as_ref().filter(|c| c.alive.load(Ordering::Acquire)) {
             return Ok(c.clone());
         }
-        let c = dial(&self.addr, self.role, self.client, self.timeout, self.spin).await?;
-        *slot = Some(c.clone());
-        Ok(c)
+        let n = self.addrs.len();
+        if n == 0 {
+            return Err(ClientError::Code(ErrorCode::InvalidParams));
+        }
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let mut last = ClientError::Code(ErrorCode::RpcFail);
+        for k in 0..n {
+            let i = (first + k) % n;
+            match dial(&self.addrs[i], self.role, self.client, self.timeout, self.spin).await {
+                Ok(c) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    *slot = Some(c.clone());
+                    return Ok(c);
+                }
+                Err(e) => {
+                    tracing::debug!(addr = %self.addrs[i], error = %e, "master unreachable");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
     }
 
     /// Sends one request and waits for its reply.

@@ -53,3 +53,15 @@ async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt
     node.shutdown(std::time::Duration::ZERO).await.unwrap();
     assert_eq!(remote.get("k2").await.unwrap_err().code(), ErrorCode::ObjectNotFound, "unmounted on shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_address_list_falls_through_to_a_reachable_master() {
+    let (_svc, server) = master().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // `dead` is closed again when the listener drops: connecting to it is refused.
+    let list = format!("{dead}, {}", server.local_addr());
+    let client = Client::new(ClientConfig::new(list));
+    assert!(!client.is_exist("nothing").await.unwrap());
+    let none = Client::new(ClientConfig::new(format!("{dead}")));
+    assert_eq!(none.is_exist("nothing").await.unwrap_err().code(), ErrorCode::RpcFail);
+}
