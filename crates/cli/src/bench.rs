@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Check every byte read against the written pattern.
     #[arg(long)]
     verify: bool,
+    /// Single-key reads use `get` (a new buffer, striped over several cores) instead of `get_into` (the
+    /// caller's buffer, zero-copy).
+    #[arg(long)]
+    owned_reads: bool,
     /// Write one JSON object per phase to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -128,6 +132,7 @@ struct Shared {
     batch: usize,
     replicate: crescent_proto::ReplicateConfig,
     verify: bool,
+    owned_reads: bool,
     /// Keys written so far (key numbers `0..written`).
     written: AtomicU64,
     next_key: AtomicU64,
@@ -174,7 +179,15 @@ impl Shared {
         let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
         w.read.resize_with(ks.len(), || vec![0u8; self.base.len()]);
         let bufs = &mut w.read[..ks.len()];
-        let results: Vec<bool> = if ks.len() == 1 {
+        let results: Vec<bool> = if ks.len() == 1 && self.owned_reads {
+            match self.client.get(&names[0]).await {
+                Ok(v) => {
+                    bufs[0] = v;
+                    vec![true]
+                }
+                Err(_) => vec![false],
+            }
+        } else if ks.len() == 1 {
             vec![self.client.get_into(&names[0], &mut bufs[0]).await.is_ok()]
         } else {
             let mut items: Vec<(&str, &mut [u8])> =
@@ -351,6 +364,7 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         run: format!("{:08x}", fastrand::u32(..)),
         batch: a.batch,
         verify: a.verify,
+        owned_reads: a.owned_reads,
         written: AtomicU64::new(0),
         next_key: AtomicU64::new(0),
         requests: AtomicU64::new(0),

@@ -372,13 +372,35 @@ impl Client {
         Ok(self.stat(key).await?.size)
     }
 
-    /// Reads an object into a new buffer.
+    /// Reads an object into a new buffer. Large objects are received by several tasks at once, each checking
+    /// the crc32c of its stripe.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
         let started = Instant::now();
         let list = self.stat(key).await?;
-        let mut buf = vec![0u8; usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?];
-        self.read_replica(key, &list, &mut buf, started).await?;
-        Ok(buf)
+        let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
+        for d in self.ranked(&list) {
+            let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            match self.inner.transfer.read_checksummed(endpoint, segment, offset, list.size).await {
+                Ok((bytes, crc)) => {
+                    self.verify(key, &list, started, u64::from(crc))?;
+                    return Ok(Vec::from(bytes));
+                }
+                Err(e) => last = e.into(),
+            }
+        }
+        Err(last)
+    }
+
+    /// A finished read is good only within its lease and with the stored checksum.
+    fn verify(&self, key: &str, list: &GetReplicaListResponse, started: Instant, crc: u64) -> Result<(), ClientError> {
+        if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
+            return Err(ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms });
+        }
+        if list.checksum.is_some_and(|c| c != crc) {
+            self.inner.checksum_mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(ClientError::ChecksumMismatch { key: key.to_owned() });
+        }
+        Ok(())
     }
 
     /// Reads an object into the caller's buffer; returns its size.
@@ -427,16 +449,7 @@ impl Client {
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
             match self.inner.transfer.read_into(endpoint, segment, offset, buf).await {
-                Ok(()) => {
-                    if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
-                        return Err(ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms });
-                    }
-                    if list.checksum.is_some_and(|c| c != checksum(buf)) {
-                        self.inner.checksum_mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        return Err(ClientError::ChecksumMismatch { key: key.to_owned() });
-                    }
-                    return Ok(());
-                }
+                Ok(()) => return self.verify(key, list, started, checksum(buf)),
                 Err(e) => last = e.into(),
             }
         }
