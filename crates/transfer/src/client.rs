@@ -39,7 +39,8 @@ pub struct TransferConfig {
     /// Most sockets (and concurrent requests) per peer endpoint.
     pub lanes_per_peer: usize,
     /// Transfers larger than this are split into stripes of this size sent in parallel over the lanes (capped
-    /// at [`MAX_TRANSFER`]; 0 means the cap).
+    /// at [`MAX_TRANSFER`]; 0 means the cap). 256 KiB measured best for 1–4 MiB objects on a 2-vCPU loopback
+    /// (1 MiB writes ~1.8 vs ~1.5 GiB/s with 1 MiB stripes).
     pub stripe_size: u64,
     /// Deadline for connecting to a peer, hello included.
     pub connect_timeout: Duration,
@@ -54,7 +55,7 @@ impl Default for TransferConfig {
     fn default() -> Self {
         Self {
             lanes_per_peer: 4,
-            stripe_size: 1 << 20,
+            stripe_size: 256 << 10,
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
             spin_wait: Duration::from_micros(50),
@@ -120,7 +121,9 @@ impl TransferClient {
         }
     }
 
-    /// Writes `data` at `offset` of `segment`, hosted at `endpoint`; returns once the bytes are in place.
+    /// Writes `data` at `offset` of `segment`, hosted at `endpoint`; returns once the bytes are in place. A
+    /// striped write is not atomic: if one stripe is refused, stripes inside the segment may still land (the
+    /// master only hands out in-range replicas, so only a client bug can cause that).
     pub async fn write(
         &self,
         endpoint: &str,

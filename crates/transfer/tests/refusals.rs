@@ -20,9 +20,11 @@ fn refused(r: Result<impl std::fmt::Debug, TransferError>) -> ErrorCode {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_range_and_unknown_segments_are_refused_on_a_live_connection() {
     let n = node(MIB as u64);
-    // One lane: every request below travels on the same connection.
-    let c =
-        TransferClient::new(TransferConfig { lanes_per_peer: 1, ..TransferConfig::default() }, SegmentRegistry::new());
+    // One lane: every request below travels on the same connection. No striping either: a striped write is
+    // not atomic (stripes inside the segment land even when another is refused; the master only hands out
+    // in-range replicas), and this test checks that a refused write changes nothing.
+    let config = TransferConfig { lanes_per_peer: 1, stripe_size: 2 * MIB as u64, ..TransferConfig::default() };
+    let c = TransferClient::new(config, SegmentRegistry::new());
     let good = pattern(4 * KIB, 7);
     c.write(&n.endpoint, n.segment, 0, Bytes::from(good.clone())).await.unwrap();
 
