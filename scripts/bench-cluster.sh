@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
+# Raw loopback TCP first, in the same run, so the store's fraction of the link is visible.
+cargo bench -q -p crescent-transfer --bench loopback -- --secs 1 --sizes-kib "" 2>/dev/null | grep '^raw' | tee target/bench-raw.txt
 B=target/release/crescent
 OUT=target/bench-cluster.jsonl
 : > "$OUT"
@@ -26,12 +28,20 @@ for c in 1 8; do
     run 1MiB 1 $c 1500;   run 1MiB 32 $c 50
     run 4MiB 1 $c 400;    run 4MiB 32 $c 12
 done
-python3 - "$OUT" <<'PY'
-import json, sys
+python3 - "$OUT" target/bench-raw.txt <<'PY'
+import json, re, sys
 print("| phase | value | batch | conc | req/s | keys/s | MiB/s | p50 µs | p99 µs | errors |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     print(f"| {r['phase']} | {r['value_size']} | {r['batch']} | {r['concurrency']} | {r['req_per_s']:.0f} | "
           f"{r['keys_per_s']:.0f} | {r['mib_per_s']:.1f} | {r['p50_us']} | {r['p99_us']} | {r['errors']} |")
+raw = [float(m.group(1)) for line in open(sys.argv[2])
+       if "streams=1 default" in line for m in [re.search(r"([0-9.]+) MiB/s", line)] if m]
+if raw:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        if r["value_size"] == 4 << 20 and r["batch"] == 1 and r["concurrency"] == 1:
+            print(f"4 MiB {r['phase']} c=1: {r['mib_per_s']:.0f} MiB/s = {100 * r['mib_per_s'] / raw[0]:.0f} % of raw "
+                  f"single-stream loopback TCP ({raw[0]:.0f} MiB/s, same run)")
 PY

@@ -42,7 +42,10 @@ fn args() -> Args {
             "--raw-gib" => a.raw_gib = w[1].parse().expect("--raw-gib G"),
             "--lanes" => a.lanes = w[1].parse().expect("--lanes N"),
             "--stripe-kib" => a.stripe_kib = w[1].parse().expect("--stripe-kib K"),
-            "--sizes-kib" => a.sizes_kib = w[1].split(',').map(|s| s.parse().expect("--sizes-kib 4,1024")).collect(),
+            "--sizes-kib" => {
+                a.sizes_kib =
+                    w[1].split(',').filter(|s| !s.is_empty()).map(|s| s.parse().expect("--sizes-kib 4,1024")).collect()
+            }
             _ => {}
         }
     }
@@ -230,6 +233,9 @@ fn main() {
             }
         }
 
+        if args.sizes_kib.is_empty() {
+            return; // raw TCP only (`--sizes-kib ""`), e.g. beside scripts/bench-cluster.sh
+        }
         // A hosting node and a client in the same process, but the client's registry is empty, so every
         // transfer crosses the loopback socket.
         let segments = SegmentRegistry::new();
