@@ -111,6 +111,19 @@ fn key_refs(keys: &[crescent_proto::wire::WireKey]) -> Vec<Result<&str, ErrorCod
     keys.iter().map(|k| k.as_str()).collect()
 }
 
+/// Runs a batch service call on the well-formed keys only (with their input indexes) and puts each answer
+/// back in its input slot; an oversized key answers `INVALID_KEY` in its own slot.
+fn on_valid_keys<'a, T>(
+    keys: impl Iterator<Item = &'a crescent_proto::wire::WireKey>,
+    call: impl FnOnce(&[usize], Vec<&'a str>) -> Vec<Result<T, ErrorCode>>,
+) -> Vec<Result<T, ErrorCode>> {
+    let refs: Vec<Result<&'a str, ErrorCode>> = keys.map(|k| k.as_str()).collect();
+    let idx: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].is_ok()).collect();
+    let valid: Vec<&'a str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
+    let mut answers = call(&idx, valid).into_iter();
+    refs.into_iter().map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError)))).collect()
+}
+
 fn batch_failed<T>(v: &[Result<T, ErrorCode>]) -> bool {
     !v.is_empty() && v.iter().all(Result::is_err)
 }
@@ -139,29 +152,19 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
         }
         R::PutRevoke { client, tenant, key } => svc.put_revoke(client, &tenant, key.as_str()?).map(|()| A::Done),
         R::BatchPutStart { client, tenant, items, config, group_ids, upsert } => {
-            let mut out: Vec<Result<Vec<crescent_proto::ReplicaDescriptor>, ErrorCode>> = Vec::new();
             if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
                 return Ok(A::BatchReplicas(vec![Err(ErrorCode::InvalidParams); items.0.len()]));
             }
-            for (i, (key, size)) in items.0.iter().enumerate() {
-                let r = key.as_str().and_then(|k| {
-                    let cfg;
-                    let config = match &group_ids {
-                        Some(g) => {
-                            cfg = crescent_proto::ReplicateConfig { group_id: Some(g.0[i].clone()), ..config.clone() };
-                            &cfg
-                        }
-                        None => &config,
-                    };
-                    if upsert {
-                        svc.upsert_start(client, &tenant, k, *size, config)
-                    } else {
-                        svc.put_start(client, &tenant, k, *size, config)
-                    }
-                });
-                out.push(r);
-            }
-            Ok(A::BatchReplicas(out))
+            Ok(A::BatchReplicas(on_valid_keys(items.0.iter().map(|(k, _)| k), |idx, keys| {
+                let sub: Vec<(&str, u64)> = idx.iter().zip(keys).map(|(&i, k)| (k, items.0[i].1)).collect();
+                let groups: Option<Vec<String>> =
+                    group_ids.as_ref().map(|g| idx.iter().map(|&i| g.0[i].clone()).collect());
+                if upsert {
+                    svc.batch_upsert_start(client, &tenant, &sub, &config, groups.as_deref())
+                } else {
+                    svc.batch_put_start(client, &tenant, &sub, &config, groups.as_deref())
+                }
+            })))
         }
         R::BatchPutEnd { client, tenant, items } => Ok(A::BatchDone(
             items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(client, &tenant, k, *c))).collect(),
@@ -170,26 +173,12 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
             key_refs(&keys.0).into_iter().map(|k| k.and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
         )),
         R::GetReplicaList { tenant, key } => svc.get_replica_list(&tenant, key.as_str()?).map(A::ReplicaList),
-        R::BatchGetReplicaList { tenant, keys } => {
-            let refs = key_refs(&keys.0);
-            let valid: Vec<&str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
-            let mut answers = svc.batch_get_replica_list(&tenant, &valid).into_iter();
-            Ok(A::BatchReplicaList(
-                refs.into_iter()
-                    .map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError))))
-                    .collect(),
-            ))
-        }
+        R::BatchGetReplicaList { tenant, keys } => Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter(), |_, valid| {
+            svc.batch_get_replica_list(&tenant, &valid)
+        }))),
         R::ExistKey { tenant, key } => svc.exist_key(&tenant, key.as_str()?).map(A::Exists),
         R::BatchExistKey { tenant, keys } => {
-            let refs = key_refs(&keys.0);
-            let valid: Vec<&str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
-            let mut answers = svc.batch_exist_key(&tenant, &valid).into_iter();
-            Ok(A::BatchExists(
-                refs.into_iter()
-                    .map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError))))
-                    .collect(),
-            ))
+            Ok(A::BatchExists(on_valid_keys(keys.0.iter(), |_, valid| svc.batch_exist_key(&tenant, &valid))))
         }
         R::Remove { tenant, key, force } => svc.remove(&tenant, key.as_str()?, force).map(|()| A::Done),
         R::BatchRemove { tenant, keys, force } => Ok(A::BatchDone(

@@ -97,9 +97,7 @@ impl MasterService {
         size: u64,
         config: &ReplicateConfig,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
-        let r = self.start_write(client, tenant, key, size, config, false);
-        self.metrics.put_start.record(&r);
-        r
+        self.start_write(client, tenant, key, size, config, false)
     }
 
     /// UpsertStart: insert or update. Same size reuses the buffers in place (the key is unreadable until End);
@@ -112,9 +110,7 @@ impl MasterService {
         size: u64,
         config: &ReplicateConfig,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
-        let r = self.start_write(client, tenant, key, size, config, true);
-        self.metrics.upsert_start.record(&r);
-        r
+        self.start_write(client, tenant, key, size, config, true)
     }
 
     /// BatchPutStart: per key, in input order. `group_ids`, when given, must have one entry per key.
@@ -156,25 +152,36 @@ impl MasterService {
         items
             .iter()
             .enumerate()
-            .map(|(i, (key, size))| {
-                let r = match group_ids {
-                    Some(g) => {
-                        let cfg = ReplicateConfig { group_id: Some(g[i].clone()), ..config.clone() };
-                        self.start_write(client, tenant, key, *size, &cfg, upsert)
-                    }
-                    None => self.start_write(client, tenant, key, *size, config, upsert),
-                };
-                if upsert {
-                    self.metrics.upsert_start.record(&r)
-                } else {
-                    self.metrics.put_start.record(&r)
+            .map(|(i, (key, size))| match group_ids {
+                Some(g) => {
+                    let cfg = ReplicateConfig { group_id: Some(g[i].clone()), ..config.clone() };
+                    self.start_write(client, tenant, key, *size, &cfg, upsert)
                 }
-                r
+                None => self.start_write(client, tenant, key, *size, config, upsert),
             })
             .collect()
     }
 
+    /// One PutStart (or UpsertStart), counted in that operation's metrics.
     fn start_write(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let r = self.start_write_inner(client, tenant, key, size, config, upsert);
+        if upsert {
+            self.metrics.upsert_start.record(&r)
+        } else {
+            self.metrics.put_start.record(&r)
+        }
+        r
+    }
+
+    fn start_write_inner(
         &self,
         client: ClientId,
         tenant: &str,
