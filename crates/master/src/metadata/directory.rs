@@ -12,7 +12,7 @@ use super::object::ObjectEntry;
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 const SHARD_BITS: u32 = 6;
@@ -34,8 +34,6 @@ pub struct GroupMembers {
     pub removing: bool,
     /// Current members (weak: members own the group, not the reverse).
     pub members: Vec<Weak<ObjectEntry>>,
-    /// Membership changed since the last shared lease refresh.
-    pub dirty: bool,
 }
 
 impl GroupMembers {
@@ -52,6 +50,9 @@ impl GroupMembers {
 pub struct GroupEntry {
     name: Arc<str>,
     members: Mutex<GroupMembers>,
+    /// Membership changed since the last shared lease refresh. Set under the members lock; read without it so
+    /// a read of a member that needs no refresh never touches the group lock.
+    dirty: AtomicBool,
 }
 
 impl GroupEntry {
@@ -63,6 +64,21 @@ impl GroupEntry {
     /// Locks the membership (before any member's object lock).
     pub fn lock(&self) -> MutexGuard<'_, GroupMembers> {
         self.members.lock()
+    }
+
+    /// Records a membership change (call with the members lock held).
+    pub fn mark_dirty(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Whether membership changed since the last refresh.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
+    }
+
+    /// Clears the change mark (call with the members lock held, when refreshing).
+    pub fn clear_dirty(&self) {
+        self.dirty.store(false, Ordering::Release);
     }
 }
 
@@ -174,7 +190,11 @@ impl GroupDirectory {
             return existing.clone();
         }
         let name: Arc<str> = Arc::from(name);
-        let entry = Arc::new(GroupEntry { name: name.clone(), members: Mutex::new(GroupMembers::default()) });
+        let entry = Arc::new(GroupEntry {
+            name: name.clone(),
+            members: Mutex::new(GroupMembers::default()),
+            dirty: AtomicBool::new(false),
+        });
         g.insert(name, entry.clone());
         entry
     }

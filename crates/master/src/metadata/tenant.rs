@@ -94,7 +94,7 @@ impl TenantState {
         let before = members.members.len();
         members.members.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)) && w.strong_count() > 0);
         if members.members.len() != before {
-            members.dirty = true;
+            group.mark_dirty();
         }
         self.directory.unlink_if_match(entry);
         if members.members.is_empty() && !members.removing {

@@ -124,11 +124,11 @@ impl MasterService {
 /// Group lock first, then each member's lock in canonical key order (one at a time).
 fn refresh_group_leases(entry: &Arc<ObjectEntry>, deadline: Timestamp, needed: bool) {
     let Some(group) = entry.group() else { return };
-    let mut members = group.lock();
-    if !needed && !members.dirty {
+    if !needed && !group.is_dirty() {
         return;
     }
-    members.dirty = false;
+    let members = group.lock();
+    group.clear_dirty();
     for m in members.live_sorted() {
         let mut st = m.lock();
         if st.lifecycle == Lifecycle::Active {

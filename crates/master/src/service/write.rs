@@ -668,7 +668,7 @@ fn publish_member(
         let result = tenant.directory().insert_if_absent(entry.clone());
         if result.is_ok() {
             members.members.push(Arc::downgrade(&entry));
-            members.dirty = true;
+            group.mark_dirty();
             return Ok(());
         }
         if members.members.is_empty() {
