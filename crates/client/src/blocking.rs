@@ -17,9 +17,11 @@ impl std::fmt::Debug for BlockingClient {
 }
 
 impl BlockingClient {
-    /// A client for `config` with its own 2-thread runtime.
+    /// A client for `config` with its own single-threaded runtime: each call is driven on the calling thread
+    /// (threads calling at once take turns driving the sockets), so a reply never waits for another thread to
+    /// be woken.
     pub fn new(config: ClientConfig) -> std::io::Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         Ok(Self { rt, client: Client::new(config) })
     }
 

@@ -47,21 +47,10 @@ impl Conn {
         }
     }
 
-    /// Busy-waits (bounded by `spin`) until the socket has bytes to read. Parking instead would halt this CPU
-    /// and the reply's arrival would have to wake it: on virtual machines that wake-up costs tens of
-    /// microseconds, more than the round trip itself. The caller then finds the reply without sleeping.
+    /// Polls (bounded by `spin`) until the socket has bytes to read, so the caller finds its reply without
+    /// parking (see `crescent_proto::poll`).
     fn spin_until_readable(&self) {
-        if self.spin.is_zero() {
-            return;
-        }
-        let deadline = std::time::Instant::now() + self.spin;
-        let mut byte = [0u8; 1];
-        while std::time::Instant::now() < deadline {
-            match self.probe.peek(&mut byte) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                _ => return,
-            }
-        }
+        crescent_proto::poll::until_readable(&self.probe, self.spin);
     }
 
     /// Waits for the reply to `id`, reading the socket itself whenever no one else is. Spins before parking

@@ -65,3 +65,35 @@ async fn a_master_address_list_falls_through_to_a_reachable_master() {
     let none = Client::new(ClientConfig::new(format!("{dead}")));
     assert_eq!(none.is_exist("nothing").await.unwrap_err().code(), ErrorCode::RpcFail);
 }
+
+#[test]
+fn a_blocking_client_serves_several_calling_threads_at_once() {
+    // The cluster runs on its own runtime; the blocking client drives its calls on the callers' threads.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (addr, node, _server) = rt.block_on(async {
+        let (_svc, server) = master().await;
+        let addr = server.local_addr().to_string();
+        let mut cfg = NodeConfig::new(addr.clone(), 64 << 20);
+        cfg.prefault = false;
+        let node = StorageNode::start(cfg).await.unwrap();
+        (addr, node, server)
+    });
+    let client = crescent_client::BlockingClient::new(ClientConfig::new(addr)).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let client = &client;
+            s.spawn(move || {
+                for i in 0..50u32 {
+                    let key = format!("t{t}-{i}");
+                    let value = vec![t ^ i as u8; 1000 + i as usize * 300];
+                    client.put(&key, &value).unwrap();
+                    assert_eq!(client.get(&key).unwrap(), value, "{key}");
+                }
+            });
+        }
+    });
+    let keys: Vec<String> = (0..4).flat_map(|t| (0..50).map(move |i| format!("t{t}-{i}"))).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert!(client.batch_is_exist(&refs).into_iter().all(|r| r.unwrap()), "every thread's puts are visible");
+    rt.block_on(node.shutdown(std::time::Duration::ZERO)).unwrap();
+}

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod ids;
 pub mod key;
+pub mod poll;
 pub mod replica;
 pub mod rpc;
 pub mod segment;

@@ -464,8 +464,6 @@ impl Drop for OpenLane {
 #[derive(Debug)]
 struct Lane {
     io: BufReader<TcpStream>,
-    /// A duplicate of the socket used only to peek for a reply while spinning.
-    probe: std::net::TcpStream,
     spin: Duration,
     /// Whether the current exchange may spin (it is the client's only one).
     may_spin: bool,
@@ -493,13 +491,9 @@ impl Lane {
         }
         let stream = stream.ok_or(last)?;
         net::tune(&stream)?;
-        let std_stream = stream.into_std()?;
-        let probe = std_stream.try_clone()?;
-        let stream = TcpStream::from_std(std_stream)?;
         open.fetch_add(1, Ordering::Relaxed);
         let mut lane = Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
-            probe,
             spin,
             may_spin: false,
             next_id: 1,
@@ -593,19 +587,11 @@ impl Lane {
         net::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
     }
 
-    /// Busy-waits (bounded by `spin`) until the reply's first bytes are readable, so the task finds them
-    /// without parking its thread (see `TransferConfig::spin_wait`).
+    /// Polls (bounded by `spin`) until the reply's first bytes are readable, so the task finds them without
+    /// parking its thread (see `TransferConfig::spin_wait`).
     fn spin_until_readable(&self) {
-        if !self.may_spin || self.spin.is_zero() || !self.io.buffer().is_empty() {
-            return;
-        }
-        let deadline = std::time::Instant::now() + self.spin;
-        let mut byte = [0u8; 1];
-        while std::time::Instant::now() < deadline {
-            match self.probe.peek(&mut byte) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                _ => return,
-            }
+        if self.may_spin && self.io.buffer().is_empty() {
+            crescent_proto::poll::until_readable(self.io.get_ref(), self.spin);
         }
     }
 

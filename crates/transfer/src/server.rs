@@ -22,6 +22,7 @@ use crate::memory::SegmentMemory;
 use crate::net::{self, Head, READ_BUFFER, Shape, ShapeError};
 use crate::registry::SegmentRegistry;
 use bytes::Bytes;
+use crescent_proto::poll::{self, PollGate};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
@@ -76,6 +77,8 @@ pub struct TransferServer {
     local_addr: SocketAddr,
     segments: SegmentRegistry,
     io_timeout: Duration,
+    /// How long an idle connection polls for its next request before parking (see `crescent_proto::poll`).
+    poll_window: Duration,
 }
 
 impl TransferServer {
@@ -92,12 +95,24 @@ impl TransferServer {
         socket.bind(addr)?;
         let listener = socket.listen(1024)?;
         let local_addr = listener.local_addr()?;
-        Ok(TransferServer { listener, local_addr, segments, io_timeout: DEFAULT_SERVER_IO_TIMEOUT })
+        Ok(TransferServer {
+            listener,
+            local_addr,
+            segments,
+            io_timeout: DEFAULT_SERVER_IO_TIMEOUT,
+            poll_window: poll::DEFAULT_WINDOW,
+        })
     }
 
     /// Sets the deadline for finishing a frame once started (and for the hello); idle connections never time out.
     pub fn with_io_timeout(mut self, io_timeout: Duration) -> Self {
         self.io_timeout = io_timeout;
+        self
+    }
+
+    /// Sets how long an idle connection polls for its next request before parking; zero never polls.
+    pub fn with_poll_window(mut self, window: Duration) -> Self {
+        self.poll_window = window;
         self
     }
 
@@ -151,7 +166,8 @@ impl TransferServerHandle {
 }
 
 async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>, counters: Arc<Counters>) {
-    let TransferServer { listener, local_addr, segments, io_timeout } = server;
+    let TransferServer { listener, local_addr, segments, io_timeout, poll_window } = server;
+    let poll = Arc::new(PollGate::new());
     tracing::info!(%local_addr, "transfer server listening");
     // Owning the connection tasks here means stopping the loop aborts them all (closing their sockets).
     let mut conns = JoinSet::new();
@@ -161,7 +177,8 @@ async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, counters.clone()));
+                    let idle = Idle { gate: poll.clone(), window: poll_window };
+                    conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, idle, counters.clone()));
                 }
                 Err(e) => {
                     // Typically EMFILE: back off briefly instead of spinning on the error.
@@ -195,6 +212,7 @@ async fn serve_connection(
     peer: SocketAddr,
     segments: SegmentRegistry,
     io_timeout: Duration,
+    idle: Idle,
     counters: Arc<Counters>,
 ) {
     counters.open.fetch_add(1, Ordering::Relaxed);
@@ -209,6 +227,7 @@ async fn serve_connection(
         out: Vec::new(),
         segments,
         io_timeout,
+        idle,
         max_frame: Limits::DATA.max_frame as usize,
         counters,
     };
@@ -249,8 +268,16 @@ struct Connection {
     out: Vec<u8>,
     segments: SegmentRegistry,
     io_timeout: Duration,
+    idle: Idle,
     max_frame: usize,
     counters: Arc<Counters>,
+}
+
+/// How a connection waits for its next request: it polls (one connection of the server at a time) before
+/// parking, since a client's next stripe or object usually follows within a round trip.
+struct Idle {
+    gate: Arc<PollGate>,
+    window: Duration,
 }
 
 impl Connection {
@@ -268,6 +295,9 @@ impl Connection {
             }
             // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
             // (and its reply) must happen within the I/O timeout.
+            if self.io.buffer().is_empty() {
+                self.idle.gate.poll(self.io.get_ref(), self.idle.window);
+            }
             if !net::frame_starts(&mut self.io).await? {
                 return Ok(());
             }
