@@ -48,6 +48,8 @@ pub struct ClientSection {
     pub replicas: Option<u32>,
     /// Data-plane lanes per peer.
     pub lanes: Option<usize>,
+    /// Objects larger than this are striped over several lanes (e.g. "256KiB").
+    pub stripe_size: Option<String>,
 }
 
 /// The whole file.
@@ -105,6 +107,9 @@ impl Global {
         }
         if let Some(l) = self.client.lanes {
             c.transfer.lanes_per_peer = l;
+        }
+        if let Some(s) = self.client.stripe_size.as_deref().and_then(|s| crate::parse_size(s).ok()) {
+            c.transfer.stripe_size = s;
         }
         c
     }

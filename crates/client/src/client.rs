@@ -448,8 +448,8 @@ impl Client {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
-            match self.inner.transfer.read_into(endpoint, segment, offset, buf).await {
-                Ok(()) => return self.verify(key, list, started, checksum(buf)),
+            match self.inner.transfer.read_into_checksummed(endpoint, segment, offset, buf).await {
+                Ok(crc) => return self.verify(key, list, started, u64::from(crc)),
                 Err(e) => last = e.into(),
             }
         }

@@ -19,6 +19,7 @@ use crescent_proto::SegmentId;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -315,6 +316,48 @@ impl TransferClient {
             .enumerate()
             .map(|(i, chunk)| self.read_stripe(&peer, &failed, segment, offset + (i * stripe) as u64, chunk));
         first_error(join_all(stripes).await)
+    }
+
+    /// [`TransferClient::read_into`] that also returns the crc32c of the bytes read. Stripes are summed in
+    /// order as soon as they land (usually while later ones are still in flight and the bytes still in cache)
+    /// rather than in a second pass over the whole buffer; summing in order avoids `crc32c_combine`, which
+    /// costs about as much as summing a stripe.
+    pub async fn read_into_checksummed(
+        &self,
+        endpoint: &str,
+        segment: SegmentId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<u32, TransferError> {
+        let stripe = self.stripe();
+        if self.inner.local.get(&segment).is_some() || buf.len() <= stripe {
+            self.read_into(endpoint, segment, offset, buf).await?;
+            return Ok(crc32c::crc32c(buf));
+        }
+        offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
+        let peer = self.peer(endpoint);
+        let failed = AtomicBool::new(false);
+        // Every stripe's exchange runs concurrently; `FuturesOrdered` hands them back in buffer order.
+        let mut stripes: FuturesOrdered<_> = buf
+            .chunks_mut(stripe)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let (peer, failed) = (&peer, &failed);
+                async move {
+                    self.read_stripe(peer, failed, segment, offset + (i * stripe) as u64, chunk).await.map(|()| chunk)
+                }
+            })
+            .collect();
+        let (mut crc, mut first_error) = (0, None);
+        while let Some(landed) = stripes.next().await {
+            match landed {
+                Ok(chunk) => crc = crc32c::crc32c_append(crc, chunk),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(crc), Err)
     }
 
     fn stripe(&self) -> usize {

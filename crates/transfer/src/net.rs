@@ -8,7 +8,9 @@
 use crescent_proto::wire::{Envelope, FRAME_PREFIX, WireError, frame_prefix};
 use serde::Serialize;
 use std::io::{self, IoSlice};
+use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
+use tokio::io::Interest;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -144,6 +146,23 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
             return Err(io::ErrorKind::WriteZero.into());
         }
         IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of the file `fd` from `offset` on the non-blocking socket `sock` with sendfile(2), waiting
+/// for the socket to drain whenever it is full.
+pub(crate) async fn send_file(sock: &TcpStream, fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<()> {
+    let mut at = offset;
+    let end = offset + len as u64;
+    while at < end {
+        let want = usize::try_from(end - at).unwrap_or(usize::MAX);
+        match sock.try_io(Interest::WRITABLE, || Ok(rustix::fs::sendfile(sock, fd, Some(&mut at), want)?)) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.writable().await?,
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

@@ -43,6 +43,9 @@ pub const DEFAULT_SERVER_IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest hello frame accepted: a header and no payload.
 const HELLO_MAX_FRAME: usize = MAX_HELLO_FRAME;
 
+/// READ replies at least this large from memfd-backed segments go out with sendfile(2).
+const SENDFILE_MIN: usize = 64 << 10;
+
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
 
@@ -428,6 +431,16 @@ impl Connection {
         };
         let head = Head::encode(id, &TransferResponse::Data, src.len()).map_err(|e| Close::Io(io::Error::other(e)))?;
         self.out.extend_from_slice(head.as_bytes());
+        if let Some(fd) = mem.fd().filter(|_| src.len() >= SENDFILE_MIN) {
+            // memfd-backed: the socket takes references to the segment's pages instead of a copy of them
+            // (over loopback the reader's receive is then the only copy). The lease is held until the kernel
+            // has taken every page.
+            self.io.get_mut().write_all(&self.out).await?;
+            self.out.clear();
+            net::send_file(self.io.get_ref(), fd, offset, src.len()).await?;
+            drop(src);
+            return Ok(());
+        }
         // Pending replies, this reply's prefix and header, and the bytes straight from segment memory.
         net::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(&src)]).await?;
         self.out.clear();

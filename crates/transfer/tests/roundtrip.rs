@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{KIB, MIB, node, pattern};
+use common::{KIB, MIB, memfd_node, node, pattern};
 use crescent_proto::SegmentId;
 use crescent_proto::wire::{Hello, HelloAck, HelloReply, Limits, PROTOCOL_VERSION};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferError};
@@ -21,9 +21,15 @@ fn client(stripe_size: u64, lanes: usize) -> TransferClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_every_size_striped_and_unstriped() {
-    let n = node(160 << 20);
+    for (n, backing) in [(node(160 << 20), "anonymous"), (memfd_node(160 << 20), "memfd")] {
+        round_trips(&n, backing).await;
+    }
+}
+
+async fn round_trips(n: &common::Node, backing: &str) {
     let sizes = [1, 4 * KIB, MIB, 4 * MIB + 7, 64 * MIB];
-    for (stripe, label) in [(MIB as u64, "striped"), (64 * MIB as u64, "unstriped")] {
+    for (stripe, striping) in [(MIB as u64, "striped"), (64 * MIB as u64, "unstriped")] {
+        let label = format!("{backing} {striping}");
         let c = client(stripe, 4);
         for (i, &size) in sizes.iter().enumerate() {
             // Odd offsets, so stripes are not page aligned.
@@ -37,6 +43,10 @@ async fn round_trips_every_size_striped_and_unstriped() {
             let mut into = vec![0u8; size];
             c.read_into(&n.endpoint, n.segment, offset, &mut into).await.unwrap();
             assert!(into == data, "{label} {size}: read_into");
+            into.fill(0);
+            let crc = c.read_into_checksummed(&n.endpoint, n.segment, offset, &mut into).await.unwrap();
+            assert!(into == data, "{label} {size}: read_into_checksummed");
+            assert_eq!(crc, crc32c::crc32c(&data), "{label} {size}: stripes summed in order");
         }
         assert!(c.open_connections(&n.endpoint) <= 4);
     }

@@ -25,9 +25,19 @@ pub struct Node {
 }
 
 pub fn node(size: u64) -> Node {
+    node_on(SegmentMemory::anonymous(size).unwrap())
+}
+
+/// A node whose segment is memfd-backed (its large reads go out with sendfile).
+#[allow(dead_code)] // not every test binary uses it
+pub fn memfd_node(size: u64) -> Node {
+    node_on(SegmentMemory::memfd("crescent-test", size).unwrap())
+}
+
+fn node_on(mem: SegmentMemory) -> Node {
     let segments = SegmentRegistry::new();
     let segment = SegmentId::random();
-    let mem = Arc::new(SegmentMemory::anonymous(size).unwrap());
+    let mem = Arc::new(mem);
     segments.register(segment, mem.clone());
     let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn();
     let addr = server.local_addr();
