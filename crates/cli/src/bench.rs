@@ -410,14 +410,16 @@ mod tests {
     #[test]
     fn patterns_identify_their_key() {
         let base: Vec<u8> = (0..100u8).collect();
-        let mut a = vec![0u8; 100];
-        fill(&base, 42, &mut a);
+        let mut a = base.clone();
+        stamp(42, &mut a);
         assert!(check(&base, 42, &a));
         assert!(!check(&base, 43, &a));
+        stamp(43, &mut a);
+        assert!(check(&base, 43, &a), "a reused buffer is restamped for another key");
         a[50] ^= 1;
-        assert!(!check(&base, 42, &a));
-        let mut tiny = vec![0u8; 3];
-        fill(&base[..3], 5, &mut tiny);
+        assert!(!check(&base, 43, &a));
+        let mut tiny = base[..3].to_vec();
+        stamp(5, &mut tiny);
         assert!(check(&base[..3], 5, &tiny));
     }
 

@@ -73,7 +73,11 @@ impl FileConfig {
     pub fn load(path: Option<&Path>) -> Result<Self> {
         let Some(path) = path else { return Ok(Self::default()) };
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+        let file: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        if let Some(s) = &file.client.stripe_size {
+            crate::parse_size(s).map_err(|e| anyhow::anyhow!("{}: [client] stripe_size: {e}", path.display()))?;
+        }
+        Ok(file)
     }
 }
 
