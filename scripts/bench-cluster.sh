@@ -23,6 +23,10 @@ run() { # size batch conc count
     cat target/bench-one.jsonl >> "$OUT"
     $B --master "$M" rm --all --force > /dev/null
 }
+# Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory is
+# several times slower than later ones (host-side faults), which would bill the first case for it.
+$B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count "${WARMUP_COUNT:-1800}" > /dev/null 2>&1
+$B --master "$M" rm --all --force > /dev/null
 for c in 1 8; do
     run 4KiB 1 $c 20000;  run 4KiB 32 $c 2000
     run 1MiB 1 $c 1500;   run 1MiB 32 $c 50

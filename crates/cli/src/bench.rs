@@ -127,6 +127,20 @@ struct Worker {
     read: Vec<Vec<u8>>,
 }
 
+impl Worker {
+    /// A worker whose buffers are allocated and touched now, before the phase's clock starts (first-touch
+    /// page faults of a batch of large values would otherwise dominate a short phase).
+    fn prepared(seed: u64, s: &Shared) -> Self {
+        let copies = |n: usize| (0..n).map(|_| s.base.clone()).collect::<Vec<_>>();
+        Worker {
+            rng: fastrand::Rng::with_seed(seed),
+            owned: (s.batch == 1).then(|| BytesMut::from(&s.base[..])),
+            batch: if s.batch > 1 { copies(s.batch) } else { Vec::new() },
+            read: copies(s.batch),
+        }
+    }
+}
+
 struct Shared {
     client: Client,
     base: Vec<u8>,
@@ -283,14 +297,14 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     bar.set_prefix(phase.name());
     s.requests.store(0, Ordering::Relaxed);
     s.errors.store(0, Ordering::Relaxed);
+    let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s)).collect();
     let started = Instant::now();
     let (keys, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
-    for w in 0..a.concurrency.max(1) {
+    for mut worker in workers {
         let (s, keys, bytes, bar) = (s.clone(), keys.clone(), bytes.clone(), bar.clone());
         let count = a.count;
         tasks.push(tokio::spawn(async move {
-            let mut worker = Worker { rng: fastrand::Rng::with_seed(w as u64 + 1), ..Worker::default() };
             let mut lat = Vec::new();
             loop {
                 let n = s.requests.fetch_add(1, Ordering::Relaxed);

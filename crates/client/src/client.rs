@@ -13,8 +13,9 @@ use crescent_proto::{
     ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,
     ReplicateConfig,
 };
-use crescent_transfer::{SegmentRegistry, TransferClient, TransferConfig};
+use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -309,12 +310,7 @@ impl Client {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
-        // Write every started object's replicas concurrently.
-        let writes = items.iter().zip(starts.iter()).map(|((_, value), start)| async move {
-            let Ok(replicas) = start else { return None };
-            Some(self.write_replicas(&Value::Borrowed(value), replicas).await.err())
-        });
-        let written: Vec<Option<Option<ClientError>>> = join_all(writes).await;
+        let written = self.write_batch_replicas(items, &starts).await;
         let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
         let mut to_end = Vec::new();
         let mut to_revoke = Vec::new();
@@ -355,6 +351,43 @@ impl Client {
             }
         }
         out
+    }
+
+    /// Writes the replicas of every started object of a batch: the writes to each storage node are pipelined
+    /// over its lanes (`TransferClient::write_batch`), nodes in parallel. Per object: `None` if it was not
+    /// started, else its first write error, if any.
+    async fn write_batch_replicas(
+        &self,
+        items: &[(&str, &[u8])],
+        starts: &[Result<Vec<ReplicaDescriptor>, ErrorCode>],
+    ) -> Vec<Option<Option<ClientError>>> {
+        let mut written: Vec<Option<Option<ClientError>>> =
+            starts.iter().map(|s| s.as_ref().ok().map(|_| None)).collect();
+        let mut by_peer: HashMap<&str, (Vec<usize>, Vec<BatchWrite<'_>>)> = HashMap::new();
+        for (i, ((_, data), start)) in items.iter().zip(starts).enumerate() {
+            for d in start.iter().flatten() {
+                match address(d) {
+                    Some((endpoint, segment, offset, _)) => {
+                        let (idx, writes) = by_peer.entry(endpoint).or_default();
+                        idx.push(i);
+                        writes.push(BatchWrite { segment, offset, data });
+                    }
+                    None => written[i] = Some(Some(ErrorCode::InvalidReplica.into())),
+                }
+            }
+        }
+        let t = &self.inner.transfer;
+        let per_peer = by_peer.iter().map(|(endpoint, (idx, writes))| async move {
+            idx.iter().copied().zip(t.write_batch(endpoint, writes).await).collect::<Vec<_>>()
+        });
+        for (i, r) in join_all(per_peer).await.into_iter().flatten() {
+            if let (Err(e), Some(Some(slot))) = (r, written.get_mut(i))
+                && slot.is_none()
+            {
+                *slot = Some(e.into());
+            }
+        }
+        written
     }
 
     /// The replica list (and lease) of an object, without reading it.
@@ -478,6 +511,8 @@ impl Client {
 
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
         let started = Instant::now();
+        let items_keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let items_keys = &items_keys;
         let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
         let req = MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys };
         let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
@@ -485,16 +520,65 @@ impl Client {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
-        let reads = items.iter_mut().zip(lists.iter()).map(|((key, buf), list)| async move {
-            let list = list.as_ref().map_err(|c| ClientError::Code(*c))?;
-            let n = usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?;
+        // Each object's first-choice replica: remote ones are read per storage node in pipelined runs; own-process
+        // replicas (memcpy) and any object whose batched read failed go through `read_replica`, which also
+        // falls back to the other replicas.
+        let mut out: Vec<Option<Result<usize, ClientError>>> = Vec::new();
+        out.resize_with(items.len(), || None);
+        let mut by_peer: HashMap<&str, Vec<(usize, BatchRead<'_>)>> = HashMap::new();
+        let mut single = Vec::new();
+        for (i, ((key, buf), list)) in items.iter_mut().zip(lists.iter()).enumerate() {
+            let list = match list {
+                Ok(list) => list,
+                Err(c) => {
+                    out[i] = Some(Err(ClientError::Code(*c)));
+                    continue;
+                }
+            };
+            let Ok(n) = usize::try_from(list.size) else {
+                out[i] = Some(Err(ClientError::Code(ErrorCode::BufferOverflow)));
+                continue;
+            };
             if n > buf.len() {
-                return Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() });
+                out[i] = Some(Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() }));
+                continue;
             }
-            self.read_replica(key, list, &mut buf[..n], started).await?;
-            Ok(n)
+            let buf = &mut buf[..n];
+            match self.ranked(list).first().and_then(|d| address(d)) {
+                Some((endpoint, segment, offset, _)) if self.inner.local.get(&segment).is_none() => {
+                    by_peer.entry(endpoint).or_default().push((i, BatchRead { segment, offset, buf }));
+                }
+                _ => single.push((i, *key, list, buf)),
+            }
+        }
+        let (t, lists) = (&self.inner.transfer, &lists);
+        let pipelined = by_peer.into_iter().map(|(endpoint, group)| async move {
+            let (idx, mut reads): (Vec<usize>, Vec<BatchRead<'_>>) = group.into_iter().unzip();
+            let crcs = t.read_batch_checksummed(endpoint, &mut reads).await;
+            let mut done = Vec::with_capacity(idx.len());
+            for ((i, read), crc) in idx.into_iter().zip(reads).zip(crcs) {
+                let (key, Ok(list)) = (items_keys[i], &lists[i]) else { continue };
+                let n = read.buf.len();
+                let r = match crc {
+                    Ok(crc) => self.verify(key, list, started, u64::from(crc)),
+                    Err(e) => {
+                        tracing::debug!(key, error = %e, "batched read failed; retrying the object alone");
+                        self.read_replica(key, list, read.buf, started).await
+                    }
+                };
+                done.push((i, r.map(|()| n)));
+            }
+            done
         });
-        join_all(reads).await
+        let singles = single.into_iter().map(|(i, key, list, buf)| async move {
+            let n = buf.len();
+            vec![(i, self.read_replica(key, list, buf, started).await.map(|()| n))]
+        });
+        let (pipelined, singles) = tokio::join!(join_all(pipelined), join_all(singles));
+        for (i, r) in pipelined.into_iter().chain(singles).flatten() {
+            out[i] = Some(r);
+        }
+        out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
     }
 
     /// Whether an object is readable (grants a lease if so).

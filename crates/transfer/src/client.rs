@@ -10,6 +10,10 @@
 //! A lane whose exchange did not complete cleanly (I/O error, timeout, protocol error, cancellation) is
 //! dropped rather than returned to the pool; the error goes to the caller, who decides about retries.
 
+mod batch;
+
+pub use batch::{BatchRead, BatchWrite};
+
 use crate::MAX_TRANSFER;
 use crate::error::{TransferError, io_error};
 use crate::net::{self, Head, READ_BUFFER, ShapeError};

@@ -173,3 +173,70 @@ async fn works_on_a_single_threaded_runtime() {
     c.read_into(&n.endpoint, n.segment, 3, &mut back).await.unwrap();
     assert!(back == data);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
+    use crescent_transfer::{BatchRead, BatchWrite};
+    let n = node(32 * MIB as u64);
+    let c = client(256 * KIB as u64, 4);
+    // Small ranges (pipelined), one larger than a stripe (striped), one outside the segment, one unknown segment.
+    let sizes = [1, 4 * KIB, 100, 700 * KIB, 4 * KIB, 64 * KIB];
+    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();
+    let offsets: Vec<u64> = (0..sizes.len() as u64).map(|i| i * MIB as u64 + 3).collect();
+    let mut writes: Vec<BatchWrite<'_>> =
+        data.iter().zip(&offsets).map(|(d, &offset)| BatchWrite { segment: n.segment, offset, data: d }).collect();
+    let past_end = pattern(10, 1);
+    writes.insert(2, BatchWrite { segment: n.segment, offset: 32 * MIB as u64 - 5, data: &past_end });
+    writes.insert(4, BatchWrite { segment: SegmentId::random(), offset: 0, data: &past_end });
+    let written = c.write_batch(&n.endpoint, &writes).await;
+    assert_eq!(written.len(), writes.len());
+    for (i, r) in written.iter().enumerate() {
+        match i {
+            2 => assert!(matches!(r, Err(TransferError::Refused(_))), "out of range: {r:?}"),
+            4 => assert!(matches!(r, Err(TransferError::Refused(_))), "unknown segment: {r:?}"),
+            _ => assert!(r.is_ok(), "range {i}: {r:?}"),
+        }
+    }
+    for (d, &offset) in data.iter().zip(&offsets) {
+        assert!(*n.mem.lease(offset, d.len() as u64).unwrap() == d[..], "written before the batch returned");
+    }
+
+    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+    let mut past = vec![0u8; 10];
+    let mut reads: Vec<BatchRead<'_>> =
+        bufs.iter_mut().zip(&offsets).map(|(buf, &offset)| BatchRead { segment: n.segment, offset, buf }).collect();
+    reads.insert(1, BatchRead { segment: n.segment, offset: 32 * MIB as u64 - 5, buf: &mut past });
+    let crcs = c.read_batch_checksummed(&n.endpoint, &mut reads).await;
+    drop(reads);
+    assert!(matches!(crcs[1], Err(TransferError::Refused(_))), "{:?}", crcs[1]);
+    let good: Vec<_> = crcs.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, r)| r).collect();
+    for ((buf, d), crc) in bufs.iter().zip(&data).zip(good) {
+        assert!(buf == d, "read back in input order");
+        assert_eq!(*crc.as_ref().unwrap(), crc32c::crc32c(d));
+    }
+    // A refused range leaves the lanes usable: one socket served every pipelined run.
+    assert_eq!(n.server.stats().malformed, 0);
+    assert!(c.open_connections(&n.endpoint) <= 4);
+    let again = c
+        .read_batch_checksummed(
+            &n.endpoint,
+            &mut [BatchRead { segment: n.segment, offset: offsets[0], buf: &mut [0u8; 1] }],
+        )
+        .await;
+    assert!(again[0].is_ok());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_to_a_dead_peer_fails_every_range() {
+    use crescent_transfer::BatchWrite;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let c = client(256 * KIB as u64, 2);
+    let data = pattern(100, 3);
+    let writes: Vec<BatchWrite<'_>> =
+        (0..5).map(|i| BatchWrite { segment: SegmentId::random(), offset: i * 100, data: &data }).collect();
+    let r = c.write_batch(&endpoint, &writes).await;
+    assert_eq!(r.len(), 5);
+    assert!(r.iter().all(Result::is_err), "{r:?}");
+}

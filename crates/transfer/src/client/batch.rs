@@ -1,0 +1,303 @@
+//! Batched transfers to one peer: many small ranges pipelined over a few lanes.
+//!
+//! A batch of small objects (KV blocks of a few KiB) sent one exchange at a time costs a round trip each, and on
+//! small machines every round trip is a wake-up. Here each lane carries a *run* of requests written in one
+//! vectored write; the server answers them in order and the client reads the replies back to back, so a run
+//! costs one round trip however many ranges it holds. Ranges larger than a stripe keep the striped path.
+//!
+//! Results are per range, in input order. A refused range (`Refused`) leaves its lane usable for the rest of the
+//! run; an I/O or protocol failure fails the range it hit and, with `Closed`, every later range of that run
+//! (the lane is then dropped, as in single transfers).
+
+use super::{InFlight, Lane, Peer, TransferClient};
+use crate::error::{TransferError, io_error};
+use crate::net::Head;
+use crescent_proto::SegmentId;
+use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::wire::WireError;
+use futures_util::future::join_all;
+use std::io::IoSlice;
+use tokio::io::AsyncReadExt;
+use tokio::time::timeout;
+
+/// Most requests in one pipelined run (bounds the bytes a run parks in socket buffers).
+const MAX_RUN: usize = 128;
+
+/// One range of a batched read: `buf.len()` bytes at `offset` of `segment`.
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    /// The segment holding the range.
+    pub segment: SegmentId,
+    /// Where the range starts in the segment.
+    pub offset: u64,
+    /// Receives the bytes.
+    pub buf: &'a mut [u8],
+}
+
+/// One range of a batched write: `data` to `offset` of `segment`.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchWrite<'a> {
+    /// The destination segment.
+    pub segment: SegmentId,
+    /// Where the range starts in the segment.
+    pub offset: u64,
+    /// The bytes to write.
+    pub data: &'a [u8],
+}
+
+impl TransferClient {
+    /// Reads many ranges hosted at `endpoint` into their buffers and returns each range's crc32c (summed as it
+    /// lands), in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
+    pub async fn read_batch_checksummed(
+        &self,
+        endpoint: &str,
+        items: &mut [BatchRead<'_>],
+    ) -> Vec<Result<u32, TransferError>> {
+        let stripe = self.stripe();
+        let mut runs: Vec<(usize, &mut BatchRead<'_>)> = Vec::new();
+        let mut singles = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            if item.buf.len() <= stripe && self.inner.local.get(&item.segment).is_none() {
+                runs.push((i, item));
+            } else {
+                singles.push((i, item));
+            }
+        }
+        let mut out: Vec<Option<Result<u32, TransferError>>> = Vec::new();
+        out.resize_with(runs.len() + singles.len(), || None);
+        let peer = self.peer(endpoint);
+        let lanes = self.inner.config.lanes_per_peer.max(1);
+        let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
+        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run));
+        let striped = singles.into_iter().map(|(i, item)| async move {
+            vec![(i, self.read_into_checksummed(endpoint, item.segment, item.offset, item.buf).await)]
+        });
+        let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
+        for (i, r) in pipelined.into_iter().chain(striped).flatten() {
+            out[i] = Some(r);
+        }
+        out.into_iter().map(|r| r.unwrap_or(Err(TransferError::Closed))).collect()
+    }
+
+    /// Writes many ranges hosted at `endpoint`; each is acknowledged only once its bytes are in the segment.
+    /// Results in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
+    pub async fn write_batch(&self, endpoint: &str, items: &[BatchWrite<'_>]) -> Vec<Result<(), TransferError>> {
+        let stripe = self.stripe();
+        let (runs, singles): (Vec<_>, Vec<_>) = items
+            .iter()
+            .enumerate()
+            .partition(|(_, w)| w.data.len() <= stripe && self.inner.local.get(&w.segment).is_none());
+        let peer = self.peer(endpoint);
+        let lanes = self.inner.config.lanes_per_peer.max(1);
+        let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
+        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run));
+        let striped = singles
+            .into_iter()
+            .map(|(i, w)| async move { vec![(i, self.write_from(endpoint, w.segment, w.offset, w.data).await)] });
+        let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
+        let mut out: Vec<Option<Result<(), TransferError>>> = Vec::new();
+        out.resize_with(items.len(), || None);
+        for (i, r) in pipelined.into_iter().chain(striped).flatten() {
+            out[i] = Some(r);
+        }
+        out.into_iter().map(|r| r.unwrap_or(Err(TransferError::Closed))).collect()
+    }
+
+    /// One lane's share of a batched read, in runs of at most [`MAX_RUN`].
+    async fn read_run<'b>(
+        &self,
+        peer: &Peer,
+        mut run: Vec<(usize, &mut BatchRead<'b>)>,
+    ) -> Vec<(usize, Result<u32, TransferError>)> {
+        let mut out = Vec::with_capacity(run.len());
+        let mut guard = match peer.checkout(&self.inner.config).await {
+            Ok(g) => g,
+            Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
+        };
+        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
+        for part in run.chunks_mut(MAX_RUN) {
+            let lane = match guard.lane() {
+                Ok(lane) => lane,
+                Err(e) => {
+                    out.extend(fail_all(part.iter().map(|(i, _)| *i), e));
+                    continue;
+                }
+            };
+            lane.may_spin = alone;
+            match timeout(self.inner.config.io_timeout, lane.read_many(part)).await {
+                Ok(results) => out.extend(results),
+                Err(_) => out.extend(fail_all(part.iter().map(|(i, _)| *i), TransferError::Timeout)),
+            }
+        }
+        out
+    }
+
+    /// One lane's share of a batched write, in runs of at most [`MAX_RUN`].
+    async fn write_run(
+        &self,
+        peer: &Peer,
+        run: Vec<(usize, &BatchWrite<'_>)>,
+    ) -> Vec<(usize, Result<(), TransferError>)> {
+        let mut out = Vec::with_capacity(run.len());
+        let mut guard = match peer.checkout(&self.inner.config).await {
+            Ok(g) => g,
+            Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
+        };
+        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
+        for part in run.chunks(MAX_RUN) {
+            let lane = match guard.lane() {
+                Ok(lane) => lane,
+                Err(e) => {
+                    out.extend(fail_all(part.iter().map(|(i, _)| *i), e));
+                    continue;
+                }
+            };
+            lane.may_spin = alone;
+            match timeout(self.inner.config.io_timeout, lane.write_many(part)).await {
+                Ok(results) => out.extend(results),
+                Err(_) => out.extend(fail_all(part.iter().map(|(i, _)| *i), TransferError::Timeout)),
+            }
+        }
+        out
+    }
+}
+
+/// Deals `items` (carrying `bytes` in all) into contiguous runs of nearly equal length: one run per stripe's
+/// worth of bytes, at most `lanes`. A run waits for its replies by polling only when it is the client's sole
+/// exchange, so splitting a small batch over several lanes would trade one polled round trip for several
+/// parked ones (measured: 32 × 4 KiB reads on one lane ~1.6× the keys/s of four lanes).
+fn split_runs<T>(items: Vec<T>, bytes: usize, stripe: usize, lanes: usize) -> Vec<Vec<T>> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    let runs = bytes.div_ceil(stripe.max(1)).clamp(1, lanes.max(1));
+    let per = items.len().div_ceil(runs);
+    let mut runs = Vec::with_capacity(lanes);
+    let mut rest = items.into_iter().peekable();
+    while rest.peek().is_some() {
+        runs.push(rest.by_ref().take(per).collect());
+    }
+    runs
+}
+
+/// The first range gets `e`; the others `Closed` (an error is not cloneable, and they were never attempted).
+fn fail_all<R>(indices: impl Iterator<Item = usize>, e: TransferError) -> Vec<(usize, Result<R, TransferError>)> {
+    let mut e = Some(e);
+    indices.map(|i| (i, Err(e.take().unwrap_or(TransferError::Closed)))).collect()
+}
+
+impl Lane {
+    /// Sends every read request of `run` in one write, then reads the replies in order, each straight into its
+    /// buffer. A lane-level failure marks the lane unclean (it is dropped) and fails the rest of the run.
+    async fn read_many(&mut self, run: &mut [(usize, &mut BatchRead<'_>)]) -> Vec<(usize, Result<u32, TransferError>)> {
+        self.clean = false;
+        let first = self.next_id;
+        let mut requests = Vec::with_capacity(run.len() * 48);
+        for (_, item) in run.iter() {
+            let id = self.next_id();
+            let read =
+                TransferRequest::Read { segment: item.segment, offset: item.offset, length: item.buf.len() as u64 };
+            let head = match Head::encode(id, &read, 0) {
+                Ok(h) => h,
+                Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e.into()),
+            };
+            if let Err(e) = self.check_size(head.as_bytes().len() + item.buf.len()) {
+                return fail_all(run.iter().map(|(i, _)| *i), e);
+            }
+            requests.extend_from_slice(head.as_bytes());
+        }
+        if let Err(e) = self.send(&mut [IoSlice::new(&requests)]).await {
+            return fail_all(run.iter().map(|(i, _)| *i), e);
+        }
+        let mut out = Vec::with_capacity(run.len());
+        let mut id = first;
+        for (k, (i, item)) in run.iter_mut().enumerate() {
+            let r = match self.response(id).await {
+                Ok((TransferResponse::Data, n)) if n == item.buf.len() => match self.io.read_exact(item.buf).await {
+                    Ok(_) => Ok(crc32c::crc32c(item.buf)),
+                    Err(e) => Err(io_error(e)),
+                },
+                Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
+                Ok(_) => Err(WireError::Malformed("unexpected reply to a read").into()),
+                Err(e) => Err(e),
+            };
+            let fatal = matches!(&r, Err(e) if !matches!(e, TransferError::Refused(_)));
+            out.push((*i, r));
+            if fatal {
+                out.extend(run[k + 1..].iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+                return out;
+            }
+            id = id.wrapping_add(1).max(1);
+        }
+        self.clean = true;
+        out
+    }
+
+    /// Sends every write of `run` (headers and payloads) in one vectored write, then reads the acknowledgements
+    /// in order. A lane-level failure marks the lane unclean and fails the rest of the run.
+    async fn write_many(&mut self, run: &[(usize, &BatchWrite<'_>)]) -> Vec<(usize, Result<(), TransferError>)> {
+        self.clean = false;
+        let first = self.next_id;
+        let mut heads = Vec::with_capacity(run.len());
+        for (_, w) in run {
+            let id = self.next_id();
+            let head = match Head::encode(
+                id,
+                &TransferRequest::Write { segment: w.segment, offset: w.offset },
+                w.data.len(),
+            ) {
+                Ok(h) => h,
+                Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e.into()),
+            };
+            if let Err(e) = self.check_size(head.as_bytes().len() + w.data.len()) {
+                return fail_all(run.iter().map(|(i, _)| *i), e);
+            }
+            heads.push(head);
+        }
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(run.len() * 2);
+        for (head, (_, w)) in heads.iter().zip(run) {
+            slices.push(IoSlice::new(head.as_bytes()));
+            slices.push(IoSlice::new(w.data));
+        }
+        if let Err(e) = self.send(&mut slices).await {
+            return fail_all(run.iter().map(|(i, _)| *i), e);
+        }
+        let mut out = Vec::with_capacity(run.len());
+        let mut id = first;
+        for (k, (i, _)) in run.iter().enumerate() {
+            let r = match self.response(id).await {
+                Ok((TransferResponse::Written, 0)) => Ok(()),
+                Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
+                Ok(_) => Err(WireError::Malformed("unexpected reply to a write").into()),
+                Err(e) => Err(e),
+            };
+            let fatal = matches!(&r, Err(e) if !matches!(e, TransferError::Refused(_)));
+            out.push((*i, r));
+            if fatal {
+                out.extend(run[k + 1..].iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+                return out;
+            }
+            id = id.wrapping_add(1).max(1);
+        }
+        self.clean = true;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_contiguous_and_balanced() {
+        // Ten ranges of 100 KiB with 256 KiB stripes: four stripes' worth, four lanes.
+        let runs = split_runs((0..10).collect(), 1000 << 10, 256 << 10, 4);
+        assert_eq!(runs, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8], vec![9]]);
+        // Plenty of bytes, few ranges: never more runs than ranges or lanes.
+        assert_eq!(split_runs((0..3).collect(), 3 << 20, 256 << 10, 8), vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(split_runs((0..10).collect(), 100 << 20, 256 << 10, 2).len(), 2);
+        // A small batch stays on one lane.
+        assert_eq!(split_runs((0..32).collect(), 128 << 10, 256 << 10, 4).len(), 1);
+        assert!(split_runs(Vec::<u8>::new(), 0, 256 << 10, 4).is_empty());
+    }
+}
