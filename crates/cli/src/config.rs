@@ -17,6 +17,8 @@ pub struct ServerSection {
     pub listen: Option<String>,
     /// Admin HTTP listen address.
     pub admin: Option<String>,
+    /// Microseconds an idle RPC connection polls for its next request before parking (0 = never).
+    pub poll_us: Option<u64>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,
@@ -38,6 +40,8 @@ pub struct NodeSection {
     pub host_id: Option<String>,
     /// Milliseconds to keep serving reads after SIGTERM before unmounting.
     pub shutdown_grace_ms: Option<u64>,
+    /// Microseconds an idle data-plane connection polls for its next request before parking (0 = never).
+    pub poll_us: Option<u64>,
 }
 
 /// Settings of client commands.
@@ -50,6 +54,8 @@ pub struct ClientSection {
     pub lanes: Option<usize>,
     /// Objects larger than this are striped over several lanes (e.g. "256KiB").
     pub stripe_size: Option<String>,
+    /// Microseconds a request polls for its reply before parking (0 = never).
+    pub poll_us: Option<u64>,
 }
 
 /// The whole file.
@@ -115,6 +121,10 @@ impl Global {
         if let Some(s) = self.client.stripe_size.as_deref().and_then(|s| crate::parse_size(s).ok()) {
             c.transfer.stripe_size = s;
         }
+        if let Some(us) = self.client.poll_us {
+            c.spin_wait = std::time::Duration::from_micros(us);
+            c.transfer.spin_wait = c.spin_wait;
+        }
         c
     }
 }
@@ -122,6 +132,7 @@ impl Global {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn file_sections_parse_and_unknown_keys_are_refused() {
@@ -133,11 +144,15 @@ mod tests {
             lease_ttl_ms = 5000
             enable_multi_tenants = true
             placement_policy = "local-first"
+            poll_us = 0
             [node]
             segment_size = "64MiB"
             segments = 2
+            poll_us = 20
             [client]
             replicas = 2
+            stripe_size = "1MiB"
+            poll_us = 7
             "#,
         )
         .unwrap();
@@ -148,6 +163,10 @@ mod tests {
         let g = Global::resolve(&None, &None, &f);
         assert_eq!(g.master, "10.0.0.1:1");
         assert_eq!(g.client_config().replicate.replica_num, 2);
+        assert_eq!((f.server.poll_us, f.node.poll_us), (Some(0), Some(20)));
+        let c = g.client_config();
+        assert_eq!(c.transfer.stripe_size, 1 << 20);
+        assert_eq!((c.spin_wait, c.transfer.spin_wait), (Duration::from_micros(7), Duration::from_micros(7)));
         let g = Global::resolve(&Some("x:1".into()), &None, &f);
         assert_eq!(g.master, "x:1", "the flag wins");
         assert!(toml::from_str::<FileConfig>("nonsense = 1").is_err());

@@ -127,8 +127,11 @@ async fn start_master(a: &MasterArgs, file: &FileConfig) -> Result<RunningMaster
     let svc = Arc::new(MasterService::new(config, Arc::new(SystemClock::new())).map_err(|e| anyhow!("{e}"))?);
     let bg = svc.spawn_background().context("starting the background loop")?;
     let metrics = Arc::new(RpcMetrics::default());
-    let rpc =
+    let mut rpc =
         RpcServer::bind(listen, svc.clone(), metrics.clone()).await.with_context(|| format!("binding {listen}"))?;
+    if let Some(us) = file.server.poll_us {
+        rpc = rpc.with_poll_window(Duration::from_micros(us));
+    }
     let rpc = rpc.spawn()?;
     let admin = AdminServer::start(admin, svc, metrics).await.with_context(|| format!("binding admin {admin}"))?;
     Ok(RunningMaster { rpc: rpc.local_addr(), admin: admin.local_addr(), _admin: admin, _rpc: rpc, _bg: bg })
@@ -145,6 +148,9 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     c.segments = a.segments.or(n.segments).unwrap_or(1);
     c.memfd = a.memfd.or(n.memfd).unwrap_or(false);
     c.host_id = a.host_id.clone().or_else(|| n.host_id.clone());
+    if let Some(us) = n.poll_us {
+        c.poll_window = Duration::from_micros(us);
+    }
     Ok(c)
 }
 

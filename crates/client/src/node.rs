@@ -34,6 +34,9 @@ pub struct NodeConfig {
     pub rpc_timeout: Duration,
     /// Fault every segment page in at start-up (no page-fault stalls on first writes).
     pub prefault: bool,
+    /// How long an idle data-plane connection polls for its next request before parking (0 = never): lower
+    /// latency for the price of that CPU time (see `crescent_proto::poll`).
+    pub poll_window: Duration,
 }
 
 impl NodeConfig {
@@ -49,6 +52,7 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(10),
             prefault: true,
+            poll_window: crescent_proto::poll::DEFAULT_WINDOW,
         }
     }
 }
@@ -86,8 +90,9 @@ impl StorageNode {
     /// Like [`StorageNode::start`], hosting the segments in `registry` (shared with an embedding client so its
     /// own replicas are reached by memcpy).
     pub async fn start_with(config: NodeConfig, registry: SegmentRegistry) -> Result<StorageNode, ClientError> {
-        let server =
-            TransferServer::bind(config.listen, registry.clone()).map_err(crescent_proto::wire::WireError::Io)?;
+        let server = TransferServer::bind(config.listen, registry.clone())
+            .map_err(crescent_proto::wire::WireError::Io)?
+            .with_poll_window(config.poll_window);
         let endpoint = server.local_addr();
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
         let mut specs = Vec::with_capacity(config.segments);
