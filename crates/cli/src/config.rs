@@ -52,8 +52,10 @@ pub struct ClientSection {
     pub replicas: Option<u32>,
     /// Data-plane lanes per peer.
     pub lanes: Option<usize>,
-    /// Objects larger than this are striped over several lanes (e.g. "256KiB").
+    /// Reads larger than this are striped over several lanes (e.g. "256KiB").
     pub stripe_size: Option<String>,
+    /// Writes larger than this are striped over several lanes (e.g. "4MiB").
+    pub write_stripe_size: Option<String>,
     /// Microseconds a request polls for its reply before parking (0 = never).
     pub poll_us: Option<u64>,
 }
@@ -80,8 +82,12 @@ impl FileConfig {
         let Some(path) = path else { return Ok(Self::default()) };
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let file: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        if let Some(s) = &file.client.stripe_size {
-            crate::parse_size(s).map_err(|e| anyhow::anyhow!("{}: [client] stripe_size: {e}", path.display()))?;
+        for (name, size) in
+            [("stripe_size", &file.client.stripe_size), ("write_stripe_size", &file.client.write_stripe_size)]
+        {
+            if let Some(s) = size {
+                crate::parse_size(s).map_err(|e| anyhow::anyhow!("{}: [client] {name}: {e}", path.display()))?;
+            }
         }
         Ok(file)
     }
@@ -121,6 +127,9 @@ impl Global {
         if let Some(s) = self.client.stripe_size.as_deref().and_then(|s| crate::parse_size(s).ok()) {
             c.transfer.stripe_size = s;
         }
+        if let Some(s) = self.client.write_stripe_size.as_deref().and_then(|s| crate::parse_size(s).ok()) {
+            c.transfer.write_stripe_size = s;
+        }
         if let Some(us) = self.client.poll_us {
             c.spin_wait = std::time::Duration::from_micros(us);
             c.transfer.spin_wait = c.spin_wait;
@@ -152,6 +161,7 @@ mod tests {
             [client]
             replicas = 2
             stripe_size = "1MiB"
+            write_stripe_size = "8MiB"
             poll_us = 7
             "#,
         )
@@ -165,7 +175,7 @@ mod tests {
         assert_eq!(g.client_config().replicate.replica_num, 2);
         assert_eq!((f.server.poll_us, f.node.poll_us), (Some(0), Some(20)));
         let c = g.client_config();
-        assert_eq!(c.transfer.stripe_size, 1 << 20);
+        assert_eq!((c.transfer.stripe_size, c.transfer.write_stripe_size), (1 << 20, 8 << 20));
         assert_eq!((c.spin_wait, c.transfer.spin_wait), (Duration::from_micros(7), Duration::from_micros(7)));
         let g = Global::resolve(&Some("x:1".into()), &None, &f);
         assert_eq!(g.master, "x:1", "the flag wins");

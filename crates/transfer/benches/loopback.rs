@@ -246,7 +246,12 @@ fn main() {
         let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn();
         let endpoint = server.local_addr().to_string();
         let config =
-            TransferConfig { lanes_per_peer: args.lanes, stripe_size: args.stripe_kib << 10, ..TransferConfig::default() };
+            TransferConfig {
+            lanes_per_peer: args.lanes,
+            stripe_size: args.stripe_kib << 10,
+            write_stripe_size: args.stripe_kib << 10,
+            ..TransferConfig::default()
+        };
         println!(
             "# transfer layer: lanes_per_peer={} stripe_size={} KiB, {:.1} s per case",
             config.lanes_per_peer,

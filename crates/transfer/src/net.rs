@@ -150,6 +150,51 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Reads exactly `buf.len()` payload bytes: those `reader` already buffered, then straight from the socket into
+/// `buf`. When the socket runs dry mid-payload, `poll` may busy-poll it (see `crescent_proto::poll`; true once
+/// readable) before the task parks, so a payload arriving in pieces does not cost a wake-up per piece.
+pub(crate) async fn read_payload(
+    reader: &mut BufReader<TcpStream>,
+    buf: &mut [u8],
+    poll: impl Fn(&TcpStream) -> bool,
+) -> io::Result<()> {
+    let buffered = reader.buffer();
+    let mut done = buffered.len().min(buf.len());
+    buf[..done].copy_from_slice(&buffered[..done]);
+    std::pin::Pin::new(&mut *reader).consume(done);
+    let sock = reader.get_ref();
+    let recv = |buf: &mut [u8]| -> io::Result<usize> {
+        // A direct non-blocking recv: tokio's cached readiness is bypassed, so polled input is read at once.
+        match rustix::net::recv(sock, buf, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok((n, _)) => Ok(n),
+            Err(e) => Err(e.into()),
+        }
+    };
+    while done < buf.len() {
+        match recv(&mut buf[done..]) {
+            Ok(n) => {
+                done += n;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
+            Err(_) => {}
+        }
+        if poll(sock) {
+            continue;
+        }
+        // Park. The read goes through tokio once more so that a stale "readable" it cached is cleared first.
+        match sock.try_io(Interest::READABLE, || recv(&mut buf[done..])) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.readable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Sends `len` bytes of the file `fd` from `offset` on the non-blocking socket `sock` with sendfile(2), waiting
 /// for the socket to drain whenever it is full.
 pub(crate) async fn send_file(sock: &TcpStream, fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<()> {

@@ -403,7 +403,8 @@ impl Connection {
             Err(e) => return self.refuse_write(id, len, e.code()).await,
         };
         // Straight from the socket into the segment.
-        self.io.read_exact(&mut dst).await?;
+        let Idle { gate, window } = &self.idle;
+        net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *window)).await?;
         drop(dst);
         self.queue(id, &TransferResponse::Written)
     }

@@ -39,7 +39,7 @@ fn background_traffic(n: &Node, stop: Arc<AtomicBool>) -> tokio::task::JoinHandl
     let (endpoint, segment) = (n.endpoint.clone(), n.segment);
     tokio::spawn(async move {
         let c = TransferClient::new(
-            TransferConfig { stripe_size: 256 << 10, ..TransferConfig::default() },
+            TransferConfig { stripe_size: 256 << 10, write_stripe_size: 256 << 10, ..TransferConfig::default() },
             SegmentRegistry::new(),
         );
         let done = AtomicU64::new(0);

@@ -14,7 +14,12 @@ use std::time::Duration;
 
 fn client(stripe_size: u64, lanes: usize) -> TransferClient {
     TransferClient::new(
-        TransferConfig { lanes_per_peer: lanes, stripe_size, ..TransferConfig::default() },
+        TransferConfig {
+            lanes_per_peer: lanes,
+            stripe_size,
+            write_stripe_size: stripe_size,
+            ..TransferConfig::default()
+        },
         SegmentRegistry::new(),
     )
 }

@@ -17,7 +17,6 @@ use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::WireError;
 use futures_util::future::join_all;
 use std::io::IoSlice;
-use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
 /// Most requests in one pipelined run (bounds the bytes a run parks in socket buffers).
@@ -82,7 +81,7 @@ impl TransferClient {
     /// Writes many ranges hosted at `endpoint`; each is acknowledged only once its bytes are in the segment.
     /// Results in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
     pub async fn write_batch(&self, endpoint: &str, items: &[BatchWrite<'_>]) -> Vec<Result<(), TransferError>> {
-        let stripe = self.stripe();
+        let stripe = self.write_stripe_bytes();
         let (runs, singles): (Vec<_>, Vec<_>) = items
             .iter()
             .enumerate()
@@ -213,10 +212,14 @@ impl Lane {
         let mut id = first;
         for (k, (i, item)) in run.iter_mut().enumerate() {
             let r = match self.response(id).await {
-                Ok((TransferResponse::Data, n)) if n == item.buf.len() => match self.io.read_exact(item.buf).await {
-                    Ok(_) => Ok(crc32c::crc32c(item.buf)),
-                    Err(e) => Err(io_error(e)),
-                },
+                Ok((TransferResponse::Data, n)) if n == item.buf.len() => {
+                    let spin = self.payload_spin();
+                    let poll = |s: &tokio::net::TcpStream| crescent_proto::poll::until_readable(s, spin);
+                    match crate::net::read_payload(&mut self.io, item.buf, poll).await {
+                        Ok(()) => Ok(crc32c::crc32c(item.buf)),
+                        Err(e) => Err(io_error(e)),
+                    }
+                }
                 Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
                 Ok(_) => Err(WireError::Malformed("unexpected reply to a read").into()),
                 Err(e) => Err(e),
