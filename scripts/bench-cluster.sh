@@ -29,8 +29,8 @@ $B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count 
 $B --master "$M" rm --all --force > /dev/null
 for c in 1 8; do
     run 4KiB 1 $c 20000;  run 4KiB 32 $c 2000
-    run 1MiB 1 $c 1500;   run 1MiB 32 $c 50
-    run 4MiB 1 $c 400;    run 4MiB 32 $c 12
+    run 1MiB 1 $c 1500;   run 1MiB 32 $c 80
+    run 4MiB 1 $c 400;    run 4MiB 32 $c 24
 done
 python3 - "$OUT" target/bench-raw.txt <<'PY'
 import json, re, sys
@@ -41,11 +41,13 @@ for line in open(sys.argv[1]):
     print(f"| {r['phase']} | {r['value_size']} | {r['batch']} | {r['concurrency']} | {r['req_per_s']:.0f} | "
           f"{r['keys_per_s']:.0f} | {r['mib_per_s']:.1f} | {r['p50_us']} | {r['p99_us']} | {r['errors']} |")
 raw = [float(m.group(1)) for line in open(sys.argv[2])
-       if "streams=1 default" in line for m in [re.search(r"([0-9.]+) MiB/s", line)] if m]
+       if "streams=1" in line for m in [re.search(r"([0-9.]+) MiB/s", line)] if m]
+# The best single-stream figure of the run (default or tuned sockets): the fraction is never flattered.
+raw = [max(raw)] if raw else []
 if raw:
     for line in open(sys.argv[1]):
         r = json.loads(line)
         if r["value_size"] == 4 << 20 and r["batch"] == 1 and r["concurrency"] == 1:
             print(f"4 MiB {r['phase']} c=1: {r['mib_per_s']:.0f} MiB/s = {100 * r['mib_per_s'] / raw[0]:.0f} % of raw "
-                  f"single-stream loopback TCP ({raw[0]:.0f} MiB/s, same run)")
+                  f"single-stream loopback TCP (best of the run: {raw[0]:.0f} MiB/s)")
 PY

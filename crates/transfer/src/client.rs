@@ -85,24 +85,24 @@ struct Inner {
     config: TransferConfig,
     local: SegmentRegistry,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
-    /// Exchanges in progress on this client: a reply is spun for only when it is the only one, because a
-    /// spinning poll holds its thread and would stall every other transfer polled by it.
+    /// Transfers in progress on this client: a reply is polled for only when its transfer is the only one,
+    /// because a polling wait holds its thread and would stall every other transfer driven by it.
     inflight: AtomicUsize,
 }
 
-/// Counts one exchange in progress while alive.
-struct InFlight<'a>(&'a AtomicUsize);
+/// Counts one transfer in progress while alive.
+struct InFlight(Arc<Inner>);
 
-impl<'a> InFlight<'a> {
-    fn enter(n: &'a AtomicUsize) -> (Self, bool) {
-        let alone = n.fetch_add(1, Ordering::AcqRel) == 0;
-        (Self(n), alone)
+impl InFlight {
+    fn enter(inner: &Arc<Inner>) -> (Self, bool) {
+        let alone = inner.inflight.fetch_add(1, Ordering::AcqRel) == 0;
+        (Self(inner.clone()), alone)
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -148,7 +148,7 @@ impl TransferClient {
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.write_stripe_bytes();
-        let failed = AtomicBool::new(false);
+        let failed = self.op();
         if data.len() <= stripe {
             return self.write_stripe(&peer, &failed, segment, offset, &data).await;
         }
@@ -189,7 +189,7 @@ impl TransferClient {
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.write_stripe_bytes();
-        let failed = AtomicBool::new(false);
+        let failed = self.op();
         if data.len() <= stripe {
             return self.write_stripe(&peer, &failed, segment, offset, data).await;
         }
@@ -250,7 +250,7 @@ impl TransferClient {
             return Ok((buf.freeze(), c));
         }
         let peer = self.peer(endpoint);
-        let failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(self.op());
         let mut stripes = JoinSet::new();
         let mut at = 0usize;
         while !buf.is_empty() {
@@ -315,7 +315,7 @@ impl TransferClient {
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.stripe();
-        let failed = AtomicBool::new(false);
+        let failed = self.op();
         if buf.len() <= stripe {
             return self.read_stripe(&peer, &failed, segment, offset, buf).await;
         }
@@ -346,7 +346,7 @@ impl TransferClient {
         }
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
-        let failed = AtomicBool::new(false);
+        let failed = self.op();
         // Every stripe's exchange runs concurrently; `FuturesOrdered` hands them back in buffer order.
         let mut stripes: FuturesOrdered<_> = buf
             .chunks_mut(stripe)
@@ -368,6 +368,12 @@ impl TransferClient {
             }
         }
         first_error.map_or(Ok(crc), Err)
+    }
+
+    /// Starts an operation (counted among the client's transfers in flight).
+    fn op(&self) -> Op {
+        let (inflight, alone) = InFlight::enter(&self.inner);
+        Op { failed: AtomicBool::new(false), alone, _inflight: inflight }
     }
 
     /// The read stripe size in bytes.
@@ -402,22 +408,21 @@ impl TransferClient {
     async fn write_stripe(
         &self,
         peer: &Peer,
-        failed: &AtomicBool,
+        failed: &Op,
         segment: SegmentId,
         offset: u64,
         data: &[u8],
     ) -> Result<(), TransferError> {
         let mut guard = peer.checkout(&self.inner.config).await?;
-        if failed.load(Ordering::Relaxed) {
+        if failed.failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
         let lane = guard.lane()?;
-        lane.may_spin = alone;
+        lane.may_spin = failed.alone;
         let exchange = lane.write(segment, offset, data);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
-            failed.store(true, Ordering::Relaxed);
+            failed.failed.store(true, Ordering::Relaxed);
         }
         r
     }
@@ -426,25 +431,34 @@ impl TransferClient {
     async fn read_stripe(
         &self,
         peer: &Peer,
-        failed: &AtomicBool,
+        failed: &Op,
         segment: SegmentId,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), TransferError> {
         let mut guard = peer.checkout(&self.inner.config).await?;
-        if failed.load(Ordering::Relaxed) {
+        if failed.failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
         let lane = guard.lane()?;
-        lane.may_spin = alone;
+        lane.may_spin = failed.alone;
         let exchange = lane.read(segment, offset, buf);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
-            failed.store(true, Ordering::Relaxed);
+            failed.failed.store(true, Ordering::Relaxed);
         }
         r
     }
+}
+
+/// One transfer (all its stripes), for as long as it runs.
+struct Op {
+    /// Set by the first failing stripe; the others then skip their exchange.
+    failed: AtomicBool,
+    /// Whether this is the client's only transfer: its lanes may then poll for replies rather than park (all
+    /// its stripes are polled by one task, or are its own spawned tasks, so polling delays no one else).
+    alone: bool,
+    _inflight: InFlight,
 }
 
 /// A stripe size: 0 means the largest transfer.

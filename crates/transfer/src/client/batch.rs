@@ -67,7 +67,9 @@ impl TransferClient {
         let peer = self.peer(endpoint);
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
-        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run));
+        // The whole batch is one transfer: its runs may poll when it is the client's only one.
+        let (_inflight, alone) = InFlight::enter(&self.inner);
+        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run, alone));
         let striped = singles.into_iter().map(|(i, item)| async move {
             vec![(i, self.read_into_checksummed(endpoint, item.segment, item.offset, item.buf).await)]
         });
@@ -89,7 +91,8 @@ impl TransferClient {
         let peer = self.peer(endpoint);
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
-        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run));
+        let (_inflight, alone) = InFlight::enter(&self.inner);
+        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
         let striped = singles
             .into_iter()
             .map(|(i, w)| async move { vec![(i, self.write_from(endpoint, w.segment, w.offset, w.data).await)] });
@@ -107,13 +110,13 @@ impl TransferClient {
         &self,
         peer: &Peer,
         mut run: Vec<(usize, &mut BatchRead<'b>)>,
+        alone: bool,
     ) -> Vec<(usize, Result<u32, TransferError>)> {
         let mut out = Vec::with_capacity(run.len());
         let mut guard = match peer.checkout(&self.inner.config).await {
             Ok(g) => g,
             Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
         };
-        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
         for part in run.chunks_mut(MAX_RUN) {
             let lane = match guard.lane() {
                 Ok(lane) => lane,
@@ -136,13 +139,13 @@ impl TransferClient {
         &self,
         peer: &Peer,
         run: Vec<(usize, &BatchWrite<'_>)>,
+        alone: bool,
     ) -> Vec<(usize, Result<(), TransferError>)> {
         let mut out = Vec::with_capacity(run.len());
         let mut guard = match peer.checkout(&self.inner.config).await {
             Ok(g) => g,
             Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
         };
-        let (_inflight, alone) = InFlight::enter(&self.inner.inflight);
         for part in run.chunks(MAX_RUN) {
             let lane = match guard.lane() {
                 Ok(lane) => lane,
