@@ -34,8 +34,8 @@ pub struct NodeConfig {
     pub rpc_timeout: Duration,
     /// Fault every segment page in at start-up (no page-fault stalls on first writes).
     pub prefault: bool,
-    /// How long an idle data-plane connection polls for its next request before parking (0 = never): lower
-    /// latency for the price of that CPU time (see `crescent_proto::poll`).
+    /// How long an idle data-plane connection polls for its next request before parking (default 0 = never;
+    /// see `TransferServer::with_poll_window` for why).
     pub poll_window: Duration,
 }
 
@@ -52,7 +52,7 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(10),
             prefault: true,
-            poll_window: crescent_proto::poll::DEFAULT_WINDOW,
+            poll_window: Duration::ZERO,
         }
     }
 }

@@ -40,8 +40,8 @@ pub fn until_readable<S: AsFd>(sock: &S, window: Duration) -> bool {
     }
 }
 
-/// Admits one poller at a time. A poll holds its thread, so a server lets only one connection poll at once
-/// and keeps its other workers free for the rest.
+/// Admits one poller at a time. A poll holds its thread, so only one connection polls at once and the other
+/// workers stay free for the rest.
 #[derive(Debug, Default)]
 pub struct PollGate {
     busy: AtomicBool,
@@ -63,6 +63,10 @@ impl PollGate {
         readable
     }
 }
+
+/// The gate every server of this process shares (a master and a storage node in one `crescent up` process
+/// must not hold both workers polling, or neither can run the other's requests).
+pub static PROCESS_GATE: PollGate = PollGate::new();
 
 #[cfg(test)]
 mod tests {

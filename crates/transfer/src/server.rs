@@ -103,7 +103,7 @@ impl TransferServer {
             local_addr,
             segments,
             io_timeout: DEFAULT_SERVER_IO_TIMEOUT,
-            poll_window: poll::DEFAULT_WINDOW,
+            poll_window: Duration::ZERO,
         })
     }
 
@@ -113,7 +113,10 @@ impl TransferServer {
         self
     }
 
-    /// Sets how long an idle connection polls for its next request before parking; zero never polls.
+    /// Sets how long an idle connection polls for its next request before parking; zero (the default) never
+    /// polls. Measured on the 2-vCPU VM, a storage node that polls is *slower* (1–4 MiB reads ~20 % lower, small
+    /// requests no faster): its requests arrive on several lanes at once and a polling worker sits on one of
+    /// them. The master, whose next request follows within a round trip on the same connection, polls.
     pub fn with_poll_window(mut self, window: Duration) -> Self {
         self.poll_window = window;
         self
@@ -170,7 +173,7 @@ impl TransferServerHandle {
 
 async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>, counters: Arc<Counters>) {
     let TransferServer { listener, local_addr, segments, io_timeout, poll_window } = server;
-    let poll = Arc::new(PollGate::new());
+    let poll = &poll::PROCESS_GATE;
     tracing::info!(%local_addr, "transfer server listening");
     // Owning the connection tasks here means stopping the loop aborts them all (closing their sockets).
     let mut conns = JoinSet::new();
@@ -180,7 +183,7 @@ async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    let idle = Idle { gate: poll.clone(), window: poll_window };
+                    let idle = Idle { gate: poll, window: poll_window };
                     conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, idle, counters.clone()));
                 }
                 Err(e) => {
@@ -279,7 +282,7 @@ struct Connection {
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
 /// parking, since a client's next stripe or object usually follows within a round trip.
 struct Idle {
-    gate: Arc<PollGate>,
+    gate: &'static PollGate,
     window: Duration,
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{KIB, MIB, memfd_node, node, pattern};
+use common::{KIB, MIB, memfd_node, node, pattern, polling_node};
 use crescent_proto::SegmentId;
 use crescent_proto::wire::{Hello, HelloAck, HelloReply, Limits, PROTOCOL_VERSION};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferError};
@@ -26,7 +26,9 @@ fn client(stripe_size: u64, lanes: usize) -> TransferClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_every_size_striped_and_unstriped() {
-    for (n, backing) in [(node(160 << 20), "anonymous"), (memfd_node(160 << 20), "memfd")] {
+    for (n, backing) in
+        [(node(160 << 20), "anonymous"), (memfd_node(160 << 20), "memfd"), (polling_node(160 << 20), "polling")]
+    {
         round_trips(&n, backing).await;
     }
 }

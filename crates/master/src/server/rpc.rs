@@ -276,7 +276,7 @@ impl RpcServer {
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
         let addr = self.listener.local_addr()?;
         let (stop, mut stopped) = watch::channel(false);
-        let gate = Arc::new(PollGate::new());
+        let gate = &poll::PROCESS_GATE;
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -285,7 +285,7 @@ impl RpcServer {
                         Ok((stream, peer)) => {
                             self.metrics.connections.fetch_add(1, Ordering::Relaxed);
                             let (svc, metrics, stop) = (self.svc.clone(), self.metrics.clone(), stopped.clone());
-                            let poll = (gate.clone(), self.poll_window);
+                            let poll = (gate, self.poll_window);
                             tokio::spawn(async move {
                                 if let Err(e) = serve(stream, svc, metrics, stop, poll).await {
                                     tracing::debug!(%peer, error = %e, "connection closed");
@@ -312,7 +312,7 @@ async fn serve(
     svc: Arc<MasterService>,
     metrics: Arc<RpcMetrics>,
     mut stop: watch::Receiver<bool>,
-    (gate, poll_window): (Arc<PollGate>, Duration),
+    (gate, poll_window): (&'static PollGate, Duration),
 ) -> Result<(), WireError> {
     stream.set_nodelay(true)?;
     let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));

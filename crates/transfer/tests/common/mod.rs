@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -25,21 +26,28 @@ pub struct Node {
 }
 
 pub fn node(size: u64) -> Node {
-    node_on(SegmentMemory::anonymous(size).unwrap())
+    node_on(SegmentMemory::anonymous(size).unwrap(), Duration::ZERO)
+}
+
+/// A node whose idle connections (and dry sockets mid-payload) poll before parking.
+#[allow(dead_code)] // not every test binary uses it
+pub fn polling_node(size: u64) -> Node {
+    node_on(SegmentMemory::anonymous(size).unwrap(), Duration::from_micros(50))
 }
 
 /// A node whose segment is memfd-backed (its large reads go out with sendfile).
 #[allow(dead_code)] // not every test binary uses it
 pub fn memfd_node(size: u64) -> Node {
-    node_on(SegmentMemory::memfd("crescent-test", size).unwrap())
+    node_on(SegmentMemory::memfd("crescent-test", size).unwrap(), Duration::ZERO)
 }
 
-fn node_on(mem: SegmentMemory) -> Node {
+fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
     let segments = SegmentRegistry::new();
     let segment = SegmentId::random();
     let mem = Arc::new(mem);
     segments.register(segment, mem.clone());
-    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn();
+    let server =
+        TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().with_poll_window(poll).spawn();
     let addr = server.local_addr();
     Node { segments, segment, mem, server, addr, endpoint: addr.to_string() }
 }
