@@ -247,3 +247,35 @@ async fn a_batch_to_a_dead_peer_fails_every_range() {
     assert_eq!(r.len(), 5);
     assert!(r.iter().all(Result::is_err), "{r:?}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_peer_dying_mid_batch_fails_the_unanswered_ranges_only() {
+    use common::{recv, send};
+    use crescent_proto::transfer::{TransferRequest, TransferResponse};
+    use crescent_transfer::BatchRead;
+    // A fake node: answers the hello and the first read of the run, then drops the connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = listener.local_addr().unwrap().to_string();
+    let fake = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let (hello, _) = recv::<Hello>(&mut s).await.unwrap();
+        let ack: HelloReply = Ok(HelloAck { version: PROTOCOL_VERSION, limits: Limits::DATA, capabilities: 0 });
+        assert_eq!(hello.id, 0);
+        send(&mut s, 0, &ack, &[]).await;
+        let (first, _) = recv::<TransferRequest>(&mut s).await.unwrap();
+        let TransferRequest::Read { length, .. } = first.body else { panic!("a read") };
+        send(&mut s, first.id, &TransferResponse::Data, &vec![7u8; length as usize]).await;
+    });
+    let c = client(256 * KIB as u64, 1);
+    let segment = SegmentId::random();
+    let mut bufs = [[0u8; 100]; 4];
+    let mut reads: Vec<BatchRead<'_>> =
+        bufs.iter_mut().enumerate().map(|(i, buf)| BatchRead { segment, offset: i as u64 * 100, buf }).collect();
+    let r = c.read_batch_checksummed(&endpoint, &mut reads).await;
+    fake.await.unwrap();
+    drop(reads);
+    assert_eq!(*r[0].as_ref().unwrap(), crc32c::crc32c(&[7u8; 100]), "the answered range is good");
+    assert!(bufs[0] == [7u8; 100]);
+    assert!(r[1..].iter().all(Result::is_err), "{r:?}");
+    assert_eq!(c.open_connections(&endpoint), 0, "the broken lane is not pooled");
+}

@@ -9,7 +9,7 @@
 //! run; an I/O or protocol failure fails the range it hit and, with `Closed`, every later range of that run
 //! (the lane is then dropped, as in single transfers).
 
-use super::{InFlight, Lane, Peer, TransferClient};
+use super::{InFlight, Lane, LaneGuard, Peer, TransferClient};
 use crate::error::{TransferError, io_error};
 use crate::net::Head;
 use crescent_proto::SegmentId;
@@ -118,13 +118,7 @@ impl TransferClient {
             Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
         };
         for part in run.chunks_mut(MAX_RUN) {
-            let lane = match guard.lane() {
-                Ok(lane) => lane,
-                Err(e) => {
-                    out.extend(fail_all(part.iter().map(|(i, _)| *i), e));
-                    continue;
-                }
-            };
+            let Some(lane) = usable(&mut guard, part.iter().map(|(i, _)| *i), &mut out) else { continue };
             lane.may_spin = alone;
             match timeout(self.inner.config.io_timeout, lane.read_many(part)).await {
                 Ok(results) => out.extend(results),
@@ -147,13 +141,7 @@ impl TransferClient {
             Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e),
         };
         for part in run.chunks(MAX_RUN) {
-            let lane = match guard.lane() {
-                Ok(lane) => lane,
-                Err(e) => {
-                    out.extend(fail_all(part.iter().map(|(i, _)| *i), e));
-                    continue;
-                }
-            };
+            let Some(lane) = usable(&mut guard, part.iter().map(|(i, _)| *i), &mut out) else { continue };
             lane.may_spin = alone;
             match timeout(self.inner.config.io_timeout, lane.write_many(part)).await {
                 Ok(results) => out.extend(results),
@@ -161,6 +149,26 @@ impl TransferClient {
             }
         }
         out
+    }
+}
+
+/// The lane for the next part of a run; `None`, with the part's ranges failed in `out`, when there is none or an
+/// earlier part broke it (the rest of the run was then never sent).
+fn usable<'g, R>(
+    guard: &'g mut LaneGuard<'_>,
+    part: impl Iterator<Item = usize>,
+    out: &mut Vec<(usize, Result<R, TransferError>)>,
+) -> Option<&'g mut Lane> {
+    match guard.lane() {
+        Ok(lane) if lane.clean => Some(lane),
+        Ok(_) => {
+            out.extend(part.map(|i| (i, Err(TransferError::Closed))));
+            None
+        }
+        Err(e) => {
+            out.extend(fail_all(part, e));
+            None
+        }
     }
 }
 
