@@ -55,12 +55,54 @@ impl PollGate {
 
     /// Polls `sock` for up to `window` if no one else is polling; returns whether it became readable.
     pub fn poll<S: AsFd>(&self, sock: &S, window: Duration) -> bool {
+        self.try_poll(sock, window).unwrap_or(false)
+    }
+
+    /// Like [`PollGate::poll`], but `None` when it did not poll at all (zero window, or someone else polls).
+    pub fn try_poll<S: AsFd>(&self, sock: &S, window: Duration) -> Option<bool> {
         if window.is_zero() || self.busy.swap(true, Ordering::Acquire) {
-            return false;
+            return None;
         }
         let readable = until_readable(sock, window);
         self.busy.store(false, Ordering::Release);
-        readable
+        Some(readable)
+    }
+}
+
+/// Most waits skipped after a run of misses (see [`Adaptive`]).
+const MAX_SKIP: u32 = 64;
+
+/// Adapts one connection's polling to its traffic, as the kernel's halt-polling does: after a miss (nothing
+/// arrived within the window) the next wait parks at once, after each further miss twice as many do (up to
+/// 64), and a hit resets it. A connection whose next request rarely comes within a window (a client moving
+/// megabytes between two metadata calls) stops spending CPU time that the data plane needs.
+#[derive(Debug, Default)]
+pub struct Adaptive {
+    /// Waits left to park without polling.
+    skip: u32,
+    /// Consecutive misses.
+    misses: u32,
+}
+
+impl Adaptive {
+    /// Polls through `gate` unless this connection is backing off; returns whether `sock` became readable.
+    pub fn poll<S: AsFd>(&mut self, gate: &PollGate, sock: &S, window: Duration) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
+        }
+        match gate.try_poll(sock, window) {
+            Some(true) => {
+                self.misses = 0;
+                true
+            }
+            Some(false) => {
+                self.misses = self.misses.saturating_add(1);
+                self.skip = (1u32 << (self.misses - 1).min(6)).min(MAX_SKIP);
+                false
+            }
+            None => false,
+        }
     }
 }
 
@@ -97,6 +139,36 @@ mod tests {
         let (a, b) = pair();
         drop(a);
         assert!(until_readable(&b, Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn polling_backs_off_after_misses_and_resumes_on_a_hit() {
+        let (mut a, b) = pair();
+        let gate = PollGate::new();
+        let window = Duration::from_micros(100);
+        let mut adaptive = Adaptive::default();
+        // Count the waits that actually polled over a stretch of misses: 1 poll, skip 1, poll, skip 2, ...
+        let mut polled = 0;
+        for _ in 0..(1 + 1 + 1 + 2 + 1 + 4 + 1) {
+            let before = adaptive.skip;
+            assert!(!adaptive.poll(&gate, &b, window));
+            if before == 0 {
+                polled += 1;
+            }
+        }
+        assert_eq!(polled, 4, "misses back off exponentially");
+        assert_eq!(adaptive.skip, 8);
+        for _ in 0..1000 {
+            adaptive.poll(&gate, &b, window);
+        }
+        assert!(adaptive.skip <= MAX_SKIP);
+        // Wait out the backoff, then a hit resets it.
+        a.write_all(b"x").unwrap();
+        while adaptive.skip > 0 {
+            assert!(!adaptive.poll(&gate, &b, window), "skipped waits do not poll");
+        }
+        assert!(adaptive.poll(&gate, &b, Duration::from_secs(10)));
+        assert_eq!((adaptive.skip, adaptive.misses), (0, 0));
     }
 
     #[test]

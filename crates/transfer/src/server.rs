@@ -22,7 +22,7 @@ use crate::memory::SegmentMemory;
 use crate::net::{self, Head, READ_BUFFER, Shape, ShapeError};
 use crate::registry::SegmentRegistry;
 use bytes::Bytes;
-use crescent_proto::poll::{self, PollGate};
+use crescent_proto::poll::{self, Adaptive, PollGate};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
@@ -183,7 +183,7 @@ async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    let idle = Idle { gate: poll, window: poll_window };
+                    let idle = Idle { gate: poll, window: poll_window, adaptive: Adaptive::default() };
                     conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, idle, counters.clone()));
                 }
                 Err(e) => {
@@ -284,6 +284,8 @@ struct Connection {
 struct Idle {
     gate: &'static PollGate,
     window: Duration,
+    /// Backs this connection's polling off when its requests do not come within the window.
+    adaptive: Adaptive,
 }
 
 impl Connection {
@@ -302,7 +304,7 @@ impl Connection {
             // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
             // (and its reply) must happen within the I/O timeout.
             if self.io.buffer().is_empty() {
-                self.idle.gate.poll(self.io.get_ref(), self.idle.window);
+                self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.window);
             }
             if !net::frame_starts(&mut self.io).await? {
                 return Ok(());
@@ -406,7 +408,7 @@ impl Connection {
             Err(e) => return self.refuse_write(id, len, e.code()).await,
         };
         // Straight from the socket into the segment.
-        let Idle { gate, window } = &self.idle;
+        let Idle { gate, window, .. } = &self.idle;
         net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *window)).await?;
         drop(dst);
         self.queue(id, &TransferResponse::Written)

@@ -4,7 +4,7 @@
 
 use crate::service::MasterService;
 use bytes::Bytes;
-use crescent_proto::poll::{self, PollGate};
+use crescent_proto::poll::{self, Adaptive, PollGate};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, WireError};
 use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::{FutureExt, SinkExt, StreamExt};
@@ -337,6 +337,7 @@ async fn serve(
             return Err(e);
         }
     }
+    let mut adaptive = Adaptive::default();
     loop {
         if *stop.borrow() {
             return Ok(());
@@ -346,7 +347,7 @@ async fn serve(
         let frame = match framed.next().now_or_never() {
             Some(f) => f,
             None => {
-                gate.poll(framed.get_ref(), poll_window);
+                adaptive.poll(gate, framed.get_ref(), poll_window);
                 tokio::select! {
                     _ = stop.changed() => return Ok(()),
                     f = framed.next() => f,
