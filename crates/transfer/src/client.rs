@@ -3,10 +3,10 @@
 //!
 //! Connections are pooled per peer endpoint and persistent: at most `lanes_per_peer` sockets per peer (a
 //! semaphore bounds them, so the socket count never grows with load, unlike the original's socket per
-//! transfer), each carrying one request at a time. A transfer larger than `stripe_size` is split into stripes
+//! transfer), each carrying one exchange at a time (or, for batches, one pipelined run: `batch`). A transfer
+//! larger than its stripe size (`stripe_size` for reads, `write_stripe_size` for writes) is split into stripes
 //! that run concurrently over the lanes (the original serialised its slices, which made throughput RTT-bound):
-//! write stripes as tasks (spreading the sending work over threads), read stripes as futures of the caller's
-//! task, each filling a disjoint `chunks_mut` piece of the caller's buffer.
+//! owned writes as tasks, the rest as futures of the caller's task, each on a disjoint piece of the buffer.
 //! A lane whose exchange did not complete cleanly (I/O error, timeout, protocol error, cancellation) is
 //! dropped rather than returned to the pool; the error goes to the caller, who decides about retries.
 
@@ -148,20 +148,20 @@ impl TransferClient {
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.write_stripe_bytes();
-        let failed = self.op();
+        let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &failed, segment, offset, &data).await;
+            return self.write_stripe(&peer, &op, segment, offset, &data).await;
         }
         // Write stripes run as tasks: on the sending side the kernel does the copy and (over loopback) much of the
         // TCP work, so one task sending every stripe would cap a large write at one core. The `JoinSet` aborts the
         // stripes if this future is dropped (their lanes are then discarded mid-exchange).
-        let failed = Arc::new(failed);
+        let op = Arc::new(op);
         let mut stripes = JoinSet::new();
         for at in (0..data.len()).step_by(stripe) {
             let chunk = data.slice(at..(at + stripe).min(data.len()));
-            let (client, peer, failed) = (self.clone(), peer.clone(), failed.clone());
+            let (client, peer, op) = (self.clone(), peer.clone(), op.clone());
             let offset = offset + at as u64;
-            stripes.spawn(async move { client.write_stripe(&peer, &failed, segment, offset, &chunk).await });
+            stripes.spawn(async move { client.write_stripe(&peer, &op, segment, offset, &chunk).await });
         }
         let mut result = Ok(());
         while let Some(joined) = stripes.join_next().await {
@@ -189,14 +189,14 @@ impl TransferClient {
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.write_stripe_bytes();
-        let failed = self.op();
+        let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &failed, segment, offset, data).await;
+            return self.write_stripe(&peer, &op, segment, offset, data).await;
         }
         let stripes = data
             .chunks(stripe)
             .enumerate()
-            .map(|(i, chunk)| self.write_stripe(&peer, &failed, segment, offset + (i * stripe) as u64, chunk));
+            .map(|(i, chunk)| self.write_stripe(&peer, &op, segment, offset + (i * stripe) as u64, chunk));
         first_error(join_all(stripes).await)
     }
 
@@ -250,18 +250,18 @@ impl TransferClient {
             return Ok((buf.freeze(), c));
         }
         let peer = self.peer(endpoint);
-        let failed = Arc::new(self.op());
+        let op = Arc::new(self.op());
         let mut stripes = JoinSet::new();
         let mut at = 0usize;
         while !buf.is_empty() {
             let rest = buf.split_off(stripe.min(buf.len()));
             let mut part = std::mem::replace(&mut buf, rest);
-            let (client, peer, failed) = (self.clone(), peer.clone(), failed.clone());
+            let (client, peer, op) = (self.clone(), peer.clone(), op.clone());
             let part_offset = offset + at as u64;
             let index = at / stripe;
             at += part.len();
             stripes.spawn(async move {
-                let r = client.read_stripe(&peer, &failed, segment, part_offset, &mut part).await;
+                let r = client.read_stripe(&peer, &op, segment, part_offset, &mut part).await;
                 let c = r.as_ref().ok().and_then(|_| checksum.then(|| crc32c::crc32c(&part)));
                 (index, r.map(|()| (part, c)))
             });
@@ -315,16 +315,16 @@ impl TransferClient {
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.stripe();
-        let failed = self.op();
+        let op = self.op();
         if buf.len() <= stripe {
-            return self.read_stripe(&peer, &failed, segment, offset, buf).await;
+            return self.read_stripe(&peer, &op, segment, offset, buf).await;
         }
         // `chunks_mut` splits the buffer into disjoint stripes, each filled by its own concurrent exchange (all
         // polled by this task: no spawning, and the borrows of `buf` stay local).
         let stripes = buf
             .chunks_mut(stripe)
             .enumerate()
-            .map(|(i, chunk)| self.read_stripe(&peer, &failed, segment, offset + (i * stripe) as u64, chunk));
+            .map(|(i, chunk)| self.read_stripe(&peer, &op, segment, offset + (i * stripe) as u64, chunk));
         first_error(join_all(stripes).await)
     }
 
@@ -346,18 +346,18 @@ impl TransferClient {
         }
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
-        let failed = self.op();
+        let op = self.op();
         // Every stripe's exchange runs concurrently; `FuturesOrdered` hands them back in buffer order.
-        let mut stripes: FuturesOrdered<_> = buf
-            .chunks_mut(stripe)
-            .enumerate()
-            .map(|(i, chunk)| {
-                let (peer, failed) = (&peer, &failed);
-                async move {
-                    self.read_stripe(peer, failed, segment, offset + (i * stripe) as u64, chunk).await.map(|()| chunk)
-                }
-            })
-            .collect();
+        let mut stripes: FuturesOrdered<_> =
+            buf.chunks_mut(stripe)
+                .enumerate()
+                .map(|(i, chunk)| {
+                    let (peer, op) = (&peer, &op);
+                    async move {
+                        self.read_stripe(peer, op, segment, offset + (i * stripe) as u64, chunk).await.map(|()| chunk)
+                    }
+                })
+                .collect();
         let (mut crc, mut first_error) = (0, None);
         while let Some(landed) = stripes.next().await {
             match landed {
@@ -408,21 +408,21 @@ impl TransferClient {
     async fn write_stripe(
         &self,
         peer: &Peer,
-        failed: &Op,
+        op: &Op,
         segment: SegmentId,
         offset: u64,
         data: &[u8],
     ) -> Result<(), TransferError> {
         let mut guard = peer.checkout(&self.inner.config).await?;
-        if failed.failed.load(Ordering::Relaxed) {
+        if op.failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         let lane = guard.lane()?;
-        lane.may_spin = failed.alone;
+        lane.may_spin = op.alone;
         let exchange = lane.write(segment, offset, data);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
-            failed.failed.store(true, Ordering::Relaxed);
+            op.failed.store(true, Ordering::Relaxed);
         }
         r
     }
@@ -431,21 +431,21 @@ impl TransferClient {
     async fn read_stripe(
         &self,
         peer: &Peer,
-        failed: &Op,
+        op: &Op,
         segment: SegmentId,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), TransferError> {
         let mut guard = peer.checkout(&self.inner.config).await?;
-        if failed.failed.load(Ordering::Relaxed) {
+        if op.failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         let lane = guard.lane()?;
-        lane.may_spin = failed.alone;
+        lane.may_spin = op.alone;
         let exchange = lane.read(segment, offset, buf);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
-            failed.failed.store(true, Ordering::Relaxed);
+            op.failed.store(true, Ordering::Relaxed);
         }
         r
     }
