@@ -118,15 +118,18 @@ fn watermark_step_evicts_the_reference_amount() {
     let few = Harness::new(MasterConfig::default(), 1, 100 * KIB);
     put_aged(&few, &keys[..90], &ReplicateConfig::default());
     assert!(!few.svc.step_eviction().ran, "0.90 is not above the watermark");
+    assert!(!few.svc.under_memory_pressure());
     // used 0.95 > 0.90: target = max(0.05, 0.95 − 0.90 + 0.05) = 0.10 → ceil(95 × 0.10) = 10 objects.
     let h2 = Harness::new(MasterConfig::default(), 1, 100 * KIB);
     put_aged(&h2, &keys, &ReplicateConfig::default());
     let step = h2.svc.step_eviction();
     assert!(step.ran);
+    assert!(h2.svc.under_memory_pressure(), "writes may evict until the next step");
     assert!((step.used_ratio - 0.95).abs() < 1e-9);
     assert_eq!(step.report.objects, 10);
     assert!(alive(&h2, &keys)[..10].iter().all(|x| !x));
     assert!(!h2.svc.step_eviction().ran, "0.85 is under the watermark");
+    assert!(!h2.svc.under_memory_pressure());
 }
 
 #[test]
@@ -135,8 +138,10 @@ fn a_failed_allocation_evicts_and_the_write_succeeds() {
     let keys = names("f", 64);
     put_aged(&h, &keys, &ReplicateConfig::default());
     assert_eq!(h.used(), 64 * KIB);
+    assert!(!h.svc.under_memory_pressure(), "no eviction step has seen the full pool yet");
     h.put("one-more", KIB);
     assert!(!probe(&h, &keys[0]), "the oldest made room");
+    assert!(h.svc.under_memory_pressure(), "the failed allocation is remembered until the next step");
     assert!(h.svc.metrics().evicted_objects.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     // With everything leased nothing can be evicted: the write fails cleanly.
     let full = Harness::new(MasterConfig::default(), 1, 64 * KIB);

@@ -171,6 +171,9 @@ pub struct MasterService {
     discards: discard::DiscardQueue,
     /// Set by a failed allocation; the next eviction step runs even below the watermark.
     need_eviction: AtomicBool,
+    /// Memory use was above the high watermark at the last eviction step: writes may evict inline until the
+    /// next step says otherwise (a hint for the RPC layer, which runs such writes off its async workers).
+    above_watermark: AtomicBool,
     /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
     eviction_gate: Mutex<()>,
     next_object_id: AtomicU64,
@@ -210,6 +213,7 @@ impl MasterService {
             clients: clients::ClientTable::default(),
             discards: discard::DiscardQueue::default(),
             need_eviction: AtomicBool::new(false),
+            above_watermark: AtomicBool::new(false),
             eviction_gate: Mutex::new(()),
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
@@ -285,6 +289,7 @@ impl MasterService {
         let used = self.pool.usage(SegmentKind::Memory).used_ratio();
         let hw = self.config.eviction_high_watermark;
         let forced = self.need_eviction.swap(false, Ordering::AcqRel);
+        self.above_watermark.store(used > hw, Ordering::Relaxed);
         if used <= hw && !(forced && self.config.eviction_ratio > 0.0) {
             return EvictionStep { ran: false, used_ratio: used, report: EvictionReport::default() };
         }
@@ -293,6 +298,12 @@ impl MasterService {
         let lower = (target * 0.5).max(used - hw);
         let report = self.evict(EvictionScope::All, EvictionTarget::Fraction { target, lower });
         EvictionStep { ran: true, used_ratio: used, report }
+    }
+
+    /// Whether a new write may have to evict before it is placed: memory use was above the high watermark at
+    /// the last eviction step, or an allocation has failed since. Cheap (two atomics); a hint, not a promise.
+    pub fn under_memory_pressure(&self) -> bool {
+        self.above_watermark.load(Ordering::Relaxed) || self.need_eviction.load(Ordering::Relaxed)
     }
 
     /// Runs one eviction round over `scope`.
