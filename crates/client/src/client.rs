@@ -405,8 +405,7 @@ impl Client {
         Ok(self.stat(key).await?.size)
     }
 
-    /// Reads an object into a new buffer. Large objects are received by several tasks at once, each checking
-    /// the crc32c of its stripe.
+    /// Reads an object into a new buffer (striped over the node's lanes, checksummed as stripes land).
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
         let started = Instant::now();
         let list = self.stat(key).await?;

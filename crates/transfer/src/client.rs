@@ -200,9 +200,8 @@ impl TransferClient {
         first_error(join_all(stripes).await)
     }
 
-    /// Reads `length` bytes at `offset` of `segment`, hosted at `endpoint`, into a new buffer. Large reads are
-    /// striped over spawned tasks (each owns its part of the buffer), so both the receive copies and the
-    /// stripes run on several cores.
+    /// Reads `length` bytes at `offset` of `segment`, hosted at `endpoint`, into a new buffer (striped like
+    /// [`TransferClient::read_into`]).
     pub async fn read(
         &self,
         endpoint: &str,
@@ -210,11 +209,13 @@ impl TransferClient {
         offset: u64,
         length: u64,
     ) -> Result<Bytes, TransferError> {
-        self.read_owned(endpoint, segment, offset, length, false).await.map(|(b, _)| b)
+        let mut buf = Self::owned_buffer(offset, length)?;
+        self.read_into(endpoint, segment, offset, &mut buf).await?;
+        Ok(buf.freeze())
     }
 
-    /// Like [`TransferClient::read`], also returning the crc32c of the bytes, computed per stripe by the task
-    /// that received it (in parallel) and combined.
+    /// Like [`TransferClient::read`], also returning the crc32c of the bytes (see
+    /// [`TransferClient::read_into_checksummed`]).
     pub async fn read_checksummed(
         &self,
         endpoint: &str,
@@ -222,83 +223,16 @@ impl TransferClient {
         offset: u64,
         length: u64,
     ) -> Result<(Bytes, u32), TransferError> {
-        let (b, crc) = self.read_owned(endpoint, segment, offset, length, true).await?;
-        Ok((b, crc.unwrap_or(0)))
+        let mut buf = Self::owned_buffer(offset, length)?;
+        let crc = self.read_into_checksummed(endpoint, segment, offset, &mut buf).await?;
+        Ok((buf.freeze(), crc))
     }
 
-    async fn read_owned(
-        &self,
-        endpoint: &str,
-        segment: SegmentId,
-        offset: u64,
-        length: u64,
-        checksum: bool,
-    ) -> Result<(Bytes, Option<u32>), TransferError> {
-        let len = usize::try_from(length).map_err(|_| TransferError::OutOfRange)?;
-        let crc = |b: &[u8]| checksum.then(|| crc32c::crc32c(b));
-        if let Some(mem) = self.inner.local.get(&segment) {
-            let b = Bytes::copy_from_slice(&mem.lease(offset, length)?);
-            let c = crc(&b);
-            return Ok((b, c));
-        }
+    /// A zeroed buffer for an owned read of `length` bytes at `offset` (checked before anything is allocated).
+    fn owned_buffer(offset: u64, length: u64) -> Result<BytesMut, TransferError> {
         offset.checked_add(length).ok_or(TransferError::OutOfRange)?;
-        let stripe = self.stripe();
-        let mut buf = BytesMut::zeroed(len);
-        if len <= stripe {
-            self.read_into(endpoint, segment, offset, &mut buf).await?;
-            let c = crc(&buf);
-            return Ok((buf.freeze(), c));
-        }
-        let peer = self.peer(endpoint);
-        let op = Arc::new(self.op());
-        let mut stripes = JoinSet::new();
-        let mut at = 0usize;
-        while !buf.is_empty() {
-            let rest = buf.split_off(stripe.min(buf.len()));
-            let mut part = std::mem::replace(&mut buf, rest);
-            let (client, peer, op) = (self.clone(), peer.clone(), op.clone());
-            let part_offset = offset + at as u64;
-            let index = at / stripe;
-            at += part.len();
-            stripes.spawn(async move {
-                let r = client.read_stripe(&peer, &op, segment, part_offset, &mut part).await;
-                let c = r.as_ref().ok().and_then(|_| checksum.then(|| crc32c::crc32c(&part)));
-                (index, r.map(|()| (part, c)))
-            });
-        }
-        let mut parts: Vec<Option<(BytesMut, Option<u32>)>> = (0..stripes.len()).map(|_| None).collect();
-        let mut result = Ok(());
-        while let Some(joined) = stripes.join_next().await {
-            match joined {
-                Ok((i, Ok(p))) => {
-                    if let Some(slot) = parts.get_mut(i) {
-                        *slot = Some(p);
-                    }
-                }
-                Ok((_, Err(e))) => {
-                    if result.is_ok() {
-                        result = Err(e);
-                    }
-                }
-                Err(e) => {
-                    if result.is_ok() {
-                        result = Err(TransferError::Io(io::Error::other(e)));
-                    }
-                }
-            }
-        }
-        result?;
-        let mut whole = BytesMut::new();
-        let mut total_crc: Option<u32> = checksum.then_some(0);
-        for p in parts {
-            let (part, c) = p.ok_or(TransferError::Closed)?;
-            if let (Some(acc), Some(c)) = (total_crc, c) {
-                total_crc = Some(crc32c::crc32c_combine(acc, c, part.len()));
-            }
-            // Parts are split from one allocation in order, so this re-joins them without copying.
-            whole.unsplit(part);
-        }
-        Ok((whole.freeze(), total_crc))
+        let len = usize::try_from(length).map_err(|_| TransferError::OutOfRange)?;
+        Ok(BytesMut::zeroed(len))
     }
 
     /// Reads `buf.len()` bytes at `offset` of `segment`, hosted at `endpoint`, straight into `buf`.
