@@ -15,6 +15,7 @@
 //! parallel), and `TCP_NODELAY` on both ends. The wire format is `crescent_proto::wire`'s frame with
 //! `crescent_proto::transfer` messages in the header and object bytes as the raw payload.
 
+mod checksum;
 mod client;
 mod error;
 mod memory;

@@ -152,15 +152,18 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 
 /// Reads exactly `buf.len()` payload bytes: those `reader` already buffered, then straight from the socket into
 /// `buf`. When the socket runs dry mid-payload, `poll` may busy-poll it (see `crescent_proto::poll`; true once
-/// readable) before the task parks, so a payload arriving in pieces does not cost a wake-up per piece.
+/// readable) before the task parks, so a payload arriving in pieces does not cost a wake-up per piece. Each
+/// piece is handed to `landed` as soon as it is in `buf` (in order), e.g. to checksum it while it is in cache.
 pub(crate) async fn read_payload(
     reader: &mut BufReader<TcpStream>,
     buf: &mut [u8],
     poll: impl Fn(&TcpStream) -> bool,
+    mut landed: impl FnMut(&[u8]),
 ) -> io::Result<()> {
     let buffered = reader.buffer();
     let mut done = buffered.len().min(buf.len());
     buf[..done].copy_from_slice(&buffered[..done]);
+    landed(&buf[..done]);
     std::pin::Pin::new(&mut *reader).consume(done);
     let sock = reader.get_ref();
     let recv = |buf: &mut [u8]| -> io::Result<usize> {
@@ -174,6 +177,7 @@ pub(crate) async fn read_payload(
     while done < buf.len() {
         match recv(&mut buf[done..]) {
             Ok(n) => {
+                landed(&buf[done..done + n]);
                 done += n;
                 continue;
             }
@@ -186,7 +190,10 @@ pub(crate) async fn read_payload(
         }
         // Park. The read goes through tokio once more so that a stale "readable" it cached is cleared first.
         match sock.try_io(Interest::READABLE, || recv(&mut buf[done..])) {
-            Ok(n) => done += n,
+            Ok(n) => {
+                landed(&buf[done..done + n]);
+                done += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.readable().await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

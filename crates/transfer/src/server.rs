@@ -409,7 +409,7 @@ impl Connection {
         };
         // Straight from the socket into the segment.
         let Idle { gate, window, .. } = &self.idle;
-        net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *window)).await?;
+        net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *window), |_| {}).await?;
         drop(dst);
         self.queue(id, &TransferResponse::Written)
     }

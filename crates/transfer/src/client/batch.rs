@@ -119,7 +119,7 @@ impl TransferClient {
         };
         for part in run.chunks_mut(MAX_RUN) {
             let Some(lane) = usable(&mut guard, part.iter().map(|(i, _)| *i), &mut out) else { continue };
-            lane.may_spin = alone;
+            lane.may_spin = alone && part.iter().all(|(_, item)| super::spins_for(item.buf.len()));
             match timeout(self.inner.config.io_timeout, lane.read_many(part)).await {
                 Ok(results) => out.extend(results),
                 Err(_) => out.extend(fail_all(part.iter().map(|(i, _)| *i), TransferError::Timeout)),
@@ -226,8 +226,10 @@ impl Lane {
                 Ok((TransferResponse::Data, n)) if n == item.buf.len() => {
                     let spin = self.payload_spin();
                     let poll = |s: &tokio::net::TcpStream| crescent_proto::poll::until_readable(s, spin);
-                    match crate::net::read_payload(&mut self.io, item.buf, poll).await {
-                        Ok(()) => Ok(crc32c::crc32c(item.buf)),
+                    let mut crc = 0;
+                    let sum = |piece: &[u8]| crc = crc32c::crc32c_append(crc, piece);
+                    match crate::net::read_payload(&mut self.io, item.buf, poll, sum).await {
+                        Ok(()) => Ok(crc),
                         Err(e) => Err(io_error(e)),
                     }
                 }
