@@ -52,7 +52,7 @@ pub struct ClientSection {
     pub replicas: Option<u32>,
     /// Data-plane lanes per peer.
     pub lanes: Option<usize>,
-    /// Reads larger than this are striped over several lanes (e.g. "256KiB").
+    /// Reads larger than this are striped over several lanes (e.g. "512KiB").
     pub stripe_size: Option<String>,
     /// Writes larger than this are striped over several lanes (e.g. "4MiB").
     pub write_stripe_size: Option<String>,
