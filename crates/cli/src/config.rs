@@ -42,6 +42,8 @@ pub struct NodeSection {
     pub shutdown_grace_ms: Option<u64>,
     /// Microseconds an idle data-plane connection polls for its next request before parking (0 = never).
     pub poll_us: Option<u64>,
+    /// Runtime threads of `crescent node` (default: half the CPUs, at least one; 1 = single-threaded).
+    pub threads: Option<usize>,
 }
 
 /// Settings of client commands.
