@@ -1,38 +1,70 @@
 #!/usr/bin/env bash
-# Runs the `crescent bench` matrix of the network issue against a master and a storage node started as
-# separate processes on loopback (release build), and prints a markdown table. Results: target/bench-cluster.jsonl
+# Runs the `crescent bench` matrix of the network issue on loopback (release build) against two topologies and
+# prints a markdown table for each:
+#   up        `crescent up` (master + storage node in one process) and the bench client: two processes, the
+#             topology the original system's figures were taken in (../shared/ARCHITECTURE.md §6);
+#   separate  `crescent master` and `crescent node` as separate processes, and the bench client.
+# TOPOLOGIES="up" (or "separate") runs one. Results: target/bench-cluster-<topology>.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
 # Raw loopback TCP first, in the same run, so the store's fraction of the link is visible.
 cargo bench -q -p crescent-transfer --bench loopback -- --secs 1 --sizes-kib "" 2>/dev/null | grep '^raw' | tee target/bench-raw.txt
 B=target/release/crescent
-OUT=target/bench-cluster.jsonl
-: > "$OUT"
-$B master --listen 127.0.0.1:0 --admin 127.0.0.1:0 > target/bench-master.json 2> target/bench-master.log &
-MASTER_PID=$!
-trap 'kill $MASTER_PID ${NODE_PID:-} 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do [ -s target/bench-master.json ] && break; sleep 0.1; done
-M=$(python3 -c "import json;print(json.load(open('target/bench-master.json'))['master'])")
-$B node --master "$M" --segment-size "${SEGMENT:-12GiB}" --listen 127.0.0.1:0 > target/bench-node.json 2> target/bench-node.log &
-NODE_PID=$!
-for _ in $(seq 1 600); do [ -s target/bench-node.json ] && break; sleep 0.1; done
-run() { # size batch conc count
-    $B --master "$M" bench --phases write,read --value-size "$1" --batch "$2" --concurrency "$3" --count "$4" \
+PIDS=()
+trap 'kill ${PIDS[@]+"${PIDS[@]}"} 2>/dev/null || true' EXIT
+ready() { # file: waits for a server's JSON line
+    for _ in $(seq 1 600); do [ -s "$1" ] && return 0; sleep 0.1; done
+    echo "no readiness line in $1" >&2
+    return 1
+}
+start() { # topology -> sets M
+    rm -f target/bench-master.json target/bench-node.json
+    if [ "$1" = up ]; then
+        $B up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size "${SEGMENT:-12GiB}" \
+            > target/bench-master.json 2> target/bench-master.log &
+        PIDS=($!)
+        ready target/bench-master.json
+        M=$(python3 -c "import json;print(json.load(open('target/bench-master.json'))['master'])")
+    else
+        $B master --listen 127.0.0.1:0 --admin 127.0.0.1:0 > target/bench-master.json 2> target/bench-master.log &
+        PIDS=($!)
+        ready target/bench-master.json
+        M=$(python3 -c "import json;print(json.load(open('target/bench-master.json'))['master'])")
+        $B node --master "$M" --segment-size "${SEGMENT:-12GiB}" --listen 127.0.0.1:0 \
+            > target/bench-node.json 2> target/bench-node.log &
+        PIDS+=($!)
+        ready target/bench-node.json
+    fi
+}
+stop() {
+    kill "${PIDS[@]}" 2>/dev/null || true
+    wait "${PIDS[@]}" 2>/dev/null || true
+    PIDS=()
+}
+run() { # out size batch conc count
+    $B --master "$M" bench --phases write,read --value-size "$2" --batch "$3" --concurrency "$4" --count "$5" \
         --json target/bench-one.jsonl > /dev/null
-    cat target/bench-one.jsonl >> "$OUT"
+    cat target/bench-one.jsonl >> "$1"
     $B --master "$M" rm --all --force > /dev/null
 }
-# Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory is
-# several times slower than later ones (host-side faults), which would bill the first case for it.
-$B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count "${WARMUP_COUNT:-1800}" > /dev/null 2>&1
-$B --master "$M" rm --all --force > /dev/null
-for c in 1 8; do
-    run 4KiB 1 $c 20000;  run 4KiB 32 $c 2000
-    run 1MiB 1 $c 1500;   run 1MiB 32 $c 80
-    run 4MiB 1 $c 400;    run 4MiB 32 $c 24
-done
-python3 - "$OUT" target/bench-raw.txt <<'PY'
+for topology in ${TOPOLOGIES:-up separate}; do
+    OUT=target/bench-cluster-$topology.jsonl
+    : > "$OUT"
+    start "$topology"
+    # Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory
+    # is several times slower than later ones (host-side faults), which would bill the first case for it.
+    $B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count "${WARMUP_COUNT:-1800}" > /dev/null 2>&1
+    $B --master "$M" rm --all --force > /dev/null
+    for c in 1 8; do
+        run "$OUT" 4KiB 1 $c 20000;  run "$OUT" 4KiB 32 $c 2000
+        run "$OUT" 1MiB 1 $c 1500;   run "$OUT" 1MiB 32 $c 80
+        run "$OUT" 4MiB 1 $c 400;    run "$OUT" 4MiB 32 $c 24
+    done
+    stop
+    echo
+    echo "### topology: $topology"
+    python3 - "$OUT" target/bench-raw.txt <<'PY'
 import json, re, sys
 print("| phase | value | batch | conc | req/s | keys/s | MiB/s | p50 µs | p99 µs | errors |")
 print("|---|---|---|---|---|---|---|---|---|---|")
@@ -51,3 +83,4 @@ if raw:
             print(f"4 MiB {r['phase']} c=1: {r['mib_per_s']:.0f} MiB/s = {100 * r['mib_per_s'] / raw[0]:.0f} % of raw "
                   f"single-stream loopback TCP (best of the run: {raw[0]:.0f} MiB/s)")
 PY
+done

@@ -40,9 +40,9 @@ pub struct NodeSection {
     pub host_id: Option<String>,
     /// Milliseconds to keep serving reads after SIGTERM before unmounting.
     pub shutdown_grace_ms: Option<u64>,
-    /// Microseconds an idle data-plane connection polls for its next request before parking (0 = never).
+    /// Microseconds the node's runtime polls all its connections before it sleeps (default 50; 0 = never).
     pub poll_us: Option<u64>,
-    /// Runtime threads of `crescent node` (default: half the CPUs, at least one; 1 = single-threaded).
+    /// Runtime threads of `crescent node` and `up` (default: half the CPUs, at least one; 1 = single-threaded).
     pub threads: Option<usize>,
 }
 

@@ -73,14 +73,14 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
-/// What a process runs, which decides its runtime's threads.
+/// What a process runs, which decides its runtime's threads and whether it polls while idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     /// Client commands: one thread.
     Client,
-    /// `crescent master` and `up`: one worker per CPU.
-    Server,
-    /// `crescent node`: half the CPUs (at least one), or `[node] threads`.
+    /// `crescent master`: one worker per CPU.
+    Master,
+    /// `crescent node` and `up` (which hosts a node): half the CPUs (at least one), or `[node] threads`.
     Node,
 }
 
@@ -94,16 +94,19 @@ enum Role {
 /// copying between sockets and segment memory, and more workers than that only compete with its clients.
 /// On the 2-vCPU VM a one-thread node served 4 MiB reads 3889 vs 2937 MiB/s (c=1), 1 MiB reads at c=8 4923 vs
 /// 3550 and batches of 32 × 1 MiB 4047 vs 2107, small requests even (`crescent bench`, medians of alternating
-/// cluster restarts). The master keeps one worker per CPU (measured no better with one).
+/// cluster restarts); `up` likewise (4 MiB reads 5091 vs 4236 MiB/s). The master keeps one worker per CPU
+/// (measured no better with one).
 fn threads(role: Role, configured: Option<usize>, cpus: usize) -> usize {
     match role {
         Role::Client => 1,
-        Role::Server => 0,
+        Role::Master => 0,
         Role::Node => configured.filter(|&n| n > 0).unwrap_or((cpus / 2).max(1)),
     }
 }
 
-/// The tokio runtime for a process of `role`; `CRESCENT_THREADS=N` overrides the choice of [`threads`].
+/// The tokio runtime for a process of `role`; `CRESCENT_THREADS=N` overrides the choice of [`threads`]. A
+/// node's runtime polls all of its connections for `[node] poll_us` (default 50 µs) before it sleeps
+/// (`crescent_proto::poll::idle_park_hook`).
 fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runtime::Runtime> {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let threads = match std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
@@ -119,6 +122,12 @@ fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runt
             b
         }
     };
+    if role == Role::Node {
+        let window = file.node.poll_us.map_or(crescent_proto::poll::DEFAULT_WINDOW, std::time::Duration::from_micros);
+        if !window.is_zero() {
+            b.on_thread_park(crescent_proto::poll::idle_park_hook(window));
+        }
+    }
     b.enable_all().build()
 }
 
@@ -140,8 +149,8 @@ fn main() -> ExitCode {
         return report(demo::run(a));
     }
     let role = match cli.command {
-        Command::Up(_) | Command::Master(_) => Role::Server,
-        Command::Node(_) => Role::Node,
+        Command::Master(_) => Role::Master,
+        Command::Up(_) | Command::Node(_) => Role::Node,
         _ => Role::Client,
     };
     let rt = match runtime(role, &file) {
@@ -189,7 +198,7 @@ mod tests {
         assert_eq!(threads(Role::Node, Some(3), 16), 3);
         assert_eq!(threads(Role::Node, Some(0), 16), 8, "0 means the default");
         assert_eq!(threads(Role::Client, Some(3), 16), 1, "[node] threads is the node's alone");
-        assert_eq!(threads(Role::Server, None, 16), 0);
+        assert_eq!(threads(Role::Master, None, 16), 0);
     }
 
     #[test]

@@ -110,6 +110,68 @@ impl Adaptive {
 /// must not hold both workers polling, or neither can run the other's requests).
 pub static PROCESS_GATE: PollGate = PollGate::new();
 
+/// The server sockets of this process, watched as one so that a runtime about to sleep can poll them all
+/// (see [`idle_park_hook`]). A storage node's requests arrive on many connections (several lanes per client),
+/// so polling any single one of them misses most requests; polling the set catches the next request
+/// whichever connection it comes on. Sockets are added when accepted; closing one removes it (epoll drops a
+/// file's registrations when the file is released).
+#[derive(Debug)]
+pub struct IdleSet {
+    /// An epoll instance with every watched socket registered level-triggered for input: the instance itself
+    /// is readable exactly when one of them is, so it is polled like a socket.
+    epoll: std::os::fd::OwnedFd,
+}
+
+impl IdleSet {
+    /// An empty set.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self { epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)? })
+    }
+
+    /// Adds `sock`.
+    pub fn watch<S: AsFd>(&self, sock: &S) -> std::io::Result<()> {
+        use rustix::event::epoll::{self, EventData, EventFlags};
+        epoll::add(&self.epoll, sock, EventData::new_u64(0), EventFlags::IN | EventFlags::RDHUP)?;
+        Ok(())
+    }
+
+    /// Polls through `gate` for up to `window` until any watched socket has input; returns whether one has.
+    pub fn poll(&self, gate: &PollGate, window: Duration) -> bool {
+        gate.poll(&self.epoll, window)
+    }
+}
+
+/// The process's [`IdleSet`] (created on first use; `None` if the kernel refused an epoll instance, in which
+/// case nothing polls).
+pub fn idle_set() -> Option<&'static IdleSet> {
+    static SET: std::sync::OnceLock<Option<IdleSet>> = std::sync::OnceLock::new();
+    SET.get_or_init(|| IdleSet::new().map_err(|e| tracing::warn!(error = %e, "no idle polling")).ok()).as_ref()
+}
+
+/// Adds an accepted server connection to the process's [`IdleSet`] (best effort: a socket left out only
+/// costs a wake-up).
+pub fn watch_when_idle<S: AsFd>(sock: &S) {
+    if let Some(set) = idle_set()
+        && let Err(e) = set.watch(sock)
+    {
+        tracing::debug!(error = %e, "socket not added to the idle set");
+    }
+}
+
+/// A hook for `tokio::runtime::Builder::on_thread_park`: before a worker sleeps, it polls every server
+/// connection of the process for up to `window` (one worker at a time, through [`PROCESS_GATE`]), so a
+/// request arriving meanwhile finds it awake, whichever connection it comes on. On the 2-vCPU VM this made a
+/// one-thread `crescent up` serve 4 KiB gets at 34k/s instead of 19k/s and 1 MiB puts at 3182 instead of 2244
+/// MiB/s. Useful on a runtime that runs the connections itself (current-thread); on a multi-threaded one the
+/// sleeping worker holding the I/O driver is woken by the kernel anyway.
+pub fn idle_park_hook(window: Duration) -> impl Fn() + Send + Sync + 'static {
+    move || {
+        if let Some(set) = idle_set() {
+            set.poll(&PROCESS_GATE, window);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +194,25 @@ mod tests {
         a.write_all(b"x").unwrap();
         assert!(until_readable(&b, Duration::from_secs(10)), "a byte was sent");
         drop(a);
+    }
+
+    #[test]
+    fn an_idle_set_reports_input_on_any_watched_socket_and_forgets_closed_ones() {
+        let set = IdleSet::new().unwrap();
+        let gate = PollGate::new();
+        let window = Duration::from_micros(200);
+        let (mut a1, b1) = pair();
+        let (mut a2, b2) = pair();
+        set.watch(&b1).unwrap();
+        set.watch(&b2).unwrap();
+        assert!(!set.poll(&gate, window), "no input yet");
+        a2.write_all(b"x").unwrap();
+        assert!(set.poll(&gate, Duration::from_secs(10)), "input on the second socket");
+        drop(b2); // closed with its byte unread: no longer watched
+        assert!(!set.poll(&gate, window), "a closed socket is not polled");
+        a1.write_all(b"y").unwrap();
+        assert!(set.poll(&gate, Duration::from_secs(10)), "input on the first socket");
+        drop((a1, a2));
     }
 
     #[test]

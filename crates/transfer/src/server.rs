@@ -183,6 +183,7 @@ async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    poll::watch_when_idle(&stream);
                     let idle = Idle { gate: poll, window: poll_window, adaptive: Adaptive::default() };
                     conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, idle, counters.clone()));
                 }

@@ -284,6 +284,7 @@ impl RpcServer {
                     accepted = self.listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             self.metrics.connections.fetch_add(1, Ordering::Relaxed);
+                            crescent_proto::poll::watch_when_idle(&stream);
                             let (svc, metrics, stop) = (self.svc.clone(), self.metrics.clone(), stopped.clone());
                             let poll = (gate, self.poll_window);
                             tokio::spawn(async move {
