@@ -132,15 +132,24 @@ impl Value<'_> {
         }
     }
 
-    /// The crc32c of the value; owned large values are summed on a blocking thread while the writes run.
-    async fn checksum(&self) -> u64 {
+    /// The crc32c of an owned value (large ones summed on a blocking thread while the writes run); `None` for a
+    /// borrowed one, which its first replica's write sums as it sends it.
+    async fn owned_checksum(&self) -> Option<u64> {
         match self {
             Value::Owned(b) if b.len() >= OFFLOAD_CHECKSUM => {
                 let shared = b.clone();
-                tokio::task::spawn_blocking(move || checksum(&shared)).await.unwrap_or_else(|_| checksum(b))
+                Some(tokio::task::spawn_blocking(move || checksum(&shared)).await.unwrap_or_else(|_| checksum(b)))
             }
-            Value::Owned(b) => checksum(b),
-            Value::Borrowed(s) => checksum(s),
+            Value::Owned(b) => Some(checksum(b)),
+            Value::Borrowed(_) => None,
+        }
+    }
+
+    /// The value's bytes.
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Value::Borrowed(s) => s,
+            Value::Owned(b) => b,
         }
     }
 }
@@ -253,15 +262,19 @@ impl Client {
             Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let (written, crc) = tokio::join!(self.write_replicas(&value, &replicas), value.checksum());
-        if let Err(err) = written {
-            let revoke =
-                MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
-            if let Err(e) = self.inner.master.call(&revoke).await {
-                tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
+        let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());
+        let sent_crc = match written {
+            Ok(crc) => crc,
+            Err(err) => {
+                let revoke =
+                    MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
+                if let Err(e) = self.inner.master.call(&revoke).await {
+                    tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
+                }
+                return Err(err);
             }
-            return Err(err);
-        }
+        };
+        let crc = owned_crc.or(sent_crc.map(u64::from)).unwrap_or_else(|| checksum(value.bytes()));
         let end = MasterRequest::PutEnd {
             client: self.inner.id,
             tenant: self.tenant(),
@@ -272,17 +285,28 @@ impl Client {
     }
 
     /// Writes `value` to every replica concurrently; the first failure is returned.
-    async fn write_replicas(&self, value: &Value<'_>, replicas: &[ReplicaDescriptor]) -> Result<(), ClientError> {
-        let writes = replicas.iter().map(|d| async move {
+    /// Writes every replica concurrently; for a borrowed value, also returns its crc32c as summed by the first
+    /// replica's write while sending it.
+    async fn write_replicas(
+        &self,
+        value: &Value<'_>,
+        replicas: &[ReplicaDescriptor],
+    ) -> Result<Option<u32>, ClientError> {
+        let writes = replicas.iter().enumerate().map(|(i, d)| async move {
             let (endpoint, segment, offset, _) = address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
             let t = &self.inner.transfer;
             match value {
-                Value::Owned(b) => t.write(endpoint, segment, offset, b.clone()).await,
-                Value::Borrowed(s) => t.write_from(endpoint, segment, offset, s).await,
+                Value::Owned(b) => t.write(endpoint, segment, offset, b.clone()).await.map(|()| None),
+                Value::Borrowed(s) if i == 0 => t.write_from_checksummed(endpoint, segment, offset, s).await.map(Some),
+                Value::Borrowed(s) => t.write_from(endpoint, segment, offset, s).await.map(|()| None),
             }
             .map_err(ClientError::from)
         });
-        join_all(writes).await.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+        let mut crc = None;
+        for written in join_all(writes).await {
+            crc = crc.or(written?);
+        }
+        Ok(crc)
     }
 
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in

@@ -54,6 +54,11 @@ async fn round_trips(n: &common::Node, backing: &str) {
             let crc = c.read_into_checksummed(&n.endpoint, n.segment, offset, &mut into).await.unwrap();
             assert!(into == data, "{label} {size}: read_into_checksummed");
             assert_eq!(crc, crc32c::crc32c(&data), "{label} {size}: stripes summed in order");
+            // The caller's-buffer write, summed as it is sent: same bytes in place, same checksum.
+            let offset = offset + 1;
+            let crc = c.write_from_checksummed(&n.endpoint, n.segment, offset, &data).await.unwrap();
+            assert_eq!(crc, crc32c::crc32c(&data), "{label} {size}: write summed as sent");
+            assert!(*n.mem.lease(offset, size as u64).unwrap() == data[..], "{label} {size}: write_from content");
         }
         assert!(c.open_connections(&n.endpoint) <= 4);
     }
