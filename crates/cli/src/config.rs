@@ -56,7 +56,7 @@ pub struct ClientSection {
     pub lanes: Option<usize>,
     /// Reads larger than this are striped over several lanes (e.g. "512KiB").
     pub stripe_size: Option<String>,
-    /// Writes larger than this are striped over several lanes (e.g. "4MiB").
+    /// Writes larger than this are striped over several lanes (e.g. "2MiB").
     pub write_stripe_size: Option<String>,
     /// Microseconds a request polls for its reply before parking (0 = never).
     pub poll_us: Option<u64>,
@@ -160,6 +160,7 @@ mod tests {
             segment_size = "64MiB"
             segments = 2
             poll_us = 20
+            threads = 3
             [client]
             replicas = 2
             stripe_size = "1MiB"
@@ -171,7 +172,7 @@ mod tests {
         assert_eq!(f.server.master.lease_ttl_ms, 5000);
         assert!(f.server.master.enable_multi_tenants);
         assert_eq!(f.server.master.client_ttl_ms, MasterConfig::default().client_ttl_ms);
-        assert_eq!(f.node.segments, Some(2));
+        assert_eq!((f.node.segments, f.node.threads), (Some(2), Some(3)));
         let g = Global::resolve(&None, &None, &f);
         assert_eq!(g.master, "10.0.0.1:1");
         assert_eq!(g.client_config().replicate.replica_num, 2);

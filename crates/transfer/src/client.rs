@@ -50,8 +50,9 @@ pub struct TransferConfig {
     /// bench`, medians of 6 alternating runs, MiB/s, 512 KiB vs 256 KiB vs 1 MiB stripes: 4 MiB c=1 3497 /
     /// 3470 / 2607, c=8 3954 / 3489 / 3013; 1 MiB c=1 2335 / 2372 / 2001, c=8 3667 / 3166 / 3249).
     pub stripe_size: u64,
-    /// The same for writes. A write's copy is on the sending side, so stripes only add exchanges there: 4 MiB
-    /// measured best (4 MiB writes ~3.6 GiB/s vs ~3.0 with 256 KiB stripes, same VM).
+    /// The same for writes. 2 MiB measured best with a one-thread storage node (`crescent bench` against
+    /// `up`, medians of alternating runs, MiB/s, 2 MiB vs 4 MiB vs 1 MiB stripes: 4 MiB puts c=1 4575 / 2748 /
+    /// 3680, c=8 3226 / 3049): two stripes in flight keep the node receiving while the sender sums and sends.
     pub write_stripe_size: u64,
     /// Deadline for connecting to a peer, hello included.
     pub connect_timeout: Duration,
@@ -68,7 +69,7 @@ impl Default for TransferConfig {
         Self {
             lanes_per_peer: 4,
             stripe_size: 512 << 10,
-            write_stripe_size: 4 << 20,
+            write_stripe_size: 2 << 20,
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
             spin_wait: Duration::from_micros(50),
