@@ -424,8 +424,9 @@ impl Op {
 const SUM_PIECE: usize = 256 << 10;
 
 /// Reads up to this many bytes (the whole transfer) poll for their replies when they are the client's only
-/// transfer; larger ones park. Measured on the 2-vCPU VM (`crescent bench`, c=1, medians of 7 alternating
-/// runs): 4 MiB reads 3106 MiB/s parking vs 2650 polling; 1 MiB reads 2237 polling vs 2127 parking. Polling
+/// transfer; larger ones park. Measured on the 2-vCPU VM against a two-worker node (`crescent bench`, c=1,
+/// medians of 7 alternating runs): 4 MiB reads 3106 MiB/s parking vs 2650 polling; 1 MiB reads 2237 polling
+/// vs 2127 parking. Polling
 /// through a long transfer keeps the client's CPU busy while the node's workers, woken by the client's own
 /// requests, tend to be queued on that CPU, so sending and receiving serialise instead of overlapping.
 pub(crate) const SPIN_READ_MAX: usize = 1 << 20;
