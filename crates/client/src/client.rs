@@ -284,9 +284,8 @@ impl Client {
         self.inner.master.call(&end).await.map(|_| ())
     }
 
-    /// Writes `value` to every replica concurrently; the first failure is returned.
-    /// Writes every replica concurrently; for a borrowed value, also returns its crc32c as summed by the first
-    /// replica's write while sending it.
+    /// Writes `value` to every replica concurrently; the first failure is returned. For a borrowed value, also
+    /// returns its crc32c as summed by the first replica's write while sending it.
     async fn write_replicas(
         &self,
         value: &Value<'_>,
