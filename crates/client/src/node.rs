@@ -35,7 +35,8 @@ pub struct NodeConfig {
     /// Fault every segment page in at start-up (no page-fault stalls on first writes).
     pub prefault: bool,
     /// How long an idle data-plane connection polls for its next request before parking (default 0 = never;
-    /// see `TransferServer::with_poll_window` for why).
+    /// see `TransferServer::with_poll_window` for why). Polling all connections at once is a runtime hook
+    /// instead: `crescent_proto::poll::idle_park_hook`, which `crescent node` installs.
     pub poll_window: Duration,
 }
 
