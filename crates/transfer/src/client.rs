@@ -638,15 +638,7 @@ impl Lane {
         self.send(&mut [IoSlice::new(head.as_bytes())]).await?;
         match self.response(id).await? {
             (TransferResponse::Data, payload_len) if payload_len == buf.len() => {
-                // Straight from the socket into the caller's buffer.
-                let spin = self.payload_spin();
-                let mut crc = 0;
-                let sum = |piece: &[u8]| {
-                    if checksum {
-                        crc = crc32c::crc32c_append(crc, piece);
-                    }
-                };
-                net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, spin), sum).await.map_err(io_error)?;
+                let crc = self.receive_data(buf, checksum).await?;
                 self.clean = true;
                 Ok(crc)
             }
@@ -656,6 +648,20 @@ impl Lane {
             }
             _ => Err(WireError::Malformed("unexpected reply to a read").into()),
         }
+    }
+
+    /// Receives a DATA reply's payload straight from the socket into `buf`; returns its crc32c, summed piece by
+    /// piece as it lands, if `checksum` (else 0).
+    async fn receive_data(&mut self, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
+        let spin = self.payload_spin();
+        let mut crc = 0;
+        let sum = |piece: &[u8]| {
+            if checksum {
+                crc = crc32c::crc32c_append(crc, piece);
+            }
+        };
+        net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, spin), sum).await.map_err(io_error)?;
+        Ok(crc)
     }
 
     fn check_size(&self, wire_len: usize) -> Result<(), TransferError> {

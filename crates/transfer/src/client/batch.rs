@@ -10,7 +10,7 @@
 //! (the lane is then dropped, as in single transfers).
 
 use super::{InFlight, Lane, LaneGuard, Peer, TransferClient};
-use crate::error::{TransferError, io_error};
+use crate::error::TransferError;
 use crate::net::Head;
 use crescent_proto::SegmentId;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
@@ -196,6 +196,22 @@ fn fail_all<R>(indices: impl Iterator<Item = usize>, e: TransferError) -> Vec<(u
     indices.map(|i| (i, Err(e.take().unwrap_or(TransferError::Closed)))).collect()
 }
 
+/// Records range `i`'s result in `out`. Any failure but the server refusing that one range leaves the lane
+/// unusable, so the ranges after it (`rest`) fail with `Closed`; returns whether the run goes on.
+fn settle<R>(
+    out: &mut Vec<(usize, Result<R, TransferError>)>,
+    i: usize,
+    r: Result<R, TransferError>,
+    rest: impl Iterator<Item = usize>,
+) -> bool {
+    let broken = matches!(&r, Err(e) if !matches!(e, TransferError::Refused(_)));
+    out.push((i, r));
+    if broken {
+        out.extend(rest.map(|i| (i, Err(TransferError::Closed))));
+    }
+    !broken
+}
+
 impl Lane {
     /// Sends every read request of `run` in one write, then reads the replies in order, each straight into its
     /// buffer. A lane-level failure marks the lane unclean (it is dropped) and fails the rest of the run.
@@ -221,26 +237,15 @@ impl Lane {
         }
         let mut out = Vec::with_capacity(run.len());
         let mut id = first;
-        for (k, (i, item)) in run.iter_mut().enumerate() {
+        for k in 0..run.len() {
+            let (i, item) = &mut run[k];
             let r = match self.response(id).await {
-                Ok((TransferResponse::Data, n)) if n == item.buf.len() => {
-                    let spin = self.payload_spin();
-                    let poll = |s: &tokio::net::TcpStream| crescent_proto::poll::until_readable(s, spin);
-                    let mut crc = 0;
-                    let sum = |piece: &[u8]| crc = crc32c::crc32c_append(crc, piece);
-                    match crate::net::read_payload(&mut self.io, item.buf, poll, sum).await {
-                        Ok(()) => Ok(crc),
-                        Err(e) => Err(io_error(e)),
-                    }
-                }
+                Ok((TransferResponse::Data, n)) if n == item.buf.len() => self.receive_data(item.buf, true).await,
                 Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
                 Ok(_) => Err(WireError::Malformed("unexpected reply to a read").into()),
                 Err(e) => Err(e),
             };
-            let fatal = matches!(&r, Err(e) if !matches!(e, TransferError::Refused(_)));
-            out.push((*i, r));
-            if fatal {
-                out.extend(run[k + 1..].iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+            if !settle(&mut out, *i, r, run[k + 1..].iter().map(|(i, _)| *i)) {
                 return out;
             }
             id = id.wrapping_add(1).max(1);
@@ -287,10 +292,7 @@ impl Lane {
                 Ok(_) => Err(WireError::Malformed("unexpected reply to a write").into()),
                 Err(e) => Err(e),
             };
-            let fatal = matches!(&r, Err(e) if !matches!(e, TransferError::Refused(_)));
-            out.push((*i, r));
-            if fatal {
-                out.extend(run[k + 1..].iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+            if !settle(&mut out, *i, r, run[k + 1..].iter().map(|(i, _)| *i)) {
                 return out;
             }
             id = id.wrapping_add(1).max(1);
