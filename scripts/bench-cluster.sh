@@ -3,8 +3,11 @@
 # prints a markdown table for each:
 #   up        `crescent up` (master + storage node in one process) and the bench client: two processes, the
 #             topology the original system's figures were taken in (../shared/ARCHITECTURE.md §6);
-#   separate  `crescent master` and `crescent node` as separate processes, and the bench client.
-# TOPOLOGIES="up" (or "separate") runs one. Results: target/bench-cluster-<topology>.jsonl
+#   separate  `crescent master` and `crescent node` as separate processes, and the bench client;
+#   master    the master alone, as the original's master_bench measures it: PutStart + PutEnd without bytes
+#             (`master-put`) and GetReplicaList over 10 000 keys per client (`master-get`), 1 and 4 clients,
+#             single keys and batches of 128. Its node hosts 1 TiB of unprefaulted segments so nothing is evicted.
+# TOPOLOGIES="up" (or any subset) runs those. Results: target/bench-cluster-<topology>.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
@@ -20,7 +23,16 @@ ready() { # file: waits for a server's JSON line
 }
 start() { # topology -> sets M
     rm -f target/bench-master.json target/bench-node.json
-    if [ "$1" = up ]; then
+    if [ "$1" = master ]; then
+        $B master --listen 127.0.0.1:0 --admin 127.0.0.1:0 > target/bench-master.json 2> target/bench-master.log &
+        PIDS=($!)
+        ready target/bench-master.json
+        M=$(python3 -c "import json;print(json.load(open('target/bench-master.json'))['master'])")
+        $B node --master "$M" --segment-size 16GiB --segments 64 --prefault false --listen 127.0.0.1:0 \
+            > target/bench-node.json 2> target/bench-node.log &
+        PIDS+=($!)
+        ready target/bench-node.json
+    elif [ "$1" = up ]; then
         $B up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size "${SEGMENT:-12GiB}" \
             > target/bench-master.json 2> target/bench-master.log &
         PIDS=($!)
@@ -48,19 +60,31 @@ run() { # out size batch conc count
     cat target/bench-one.jsonl >> "$1"
     $B --master "$M" rm --all --force > /dev/null
 }
-for topology in ${TOPOLOGIES:-up separate}; do
+for topology in ${TOPOLOGIES:-up separate master}; do
     OUT=target/bench-cluster-$topology.jsonl
     : > "$OUT"
     start "$topology"
-    # Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory
-    # is several times slower than later ones (host-side faults), which would bill the first case for it.
-    $B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count "${WARMUP_COUNT:-1800}" > /dev/null 2>&1
-    $B --master "$M" rm --all --force > /dev/null
-    for c in 1 8; do
-        run "$OUT" 4KiB 1 $c 20000;  run "$OUT" 4KiB 32 $c 2000
-        run "$OUT" 1MiB 1 $c 1500;   run "$OUT" 1MiB 32 $c 80
-        run "$OUT" 4MiB 1 $c 400;    run "$OUT" 4MiB 32 $c 24
-    done
+    if [ "$topology" = master ]; then
+        for c in 1 4; do
+            for b in 1 128; do
+                for phase in master-put master-get; do
+                    $B --master "$M" bench --phases $phase --value-size 4KiB --batch $b --concurrency $c \
+                        --duration 3 --json target/bench-one.jsonl > /dev/null
+                    cat target/bench-one.jsonl >> "$OUT"
+                done
+            done
+        done
+    else
+        # Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory
+        # is several times slower than later ones (host-side faults), which would bill the first case for it.
+        $B --master "$M" bench --phases write --value-size 4MiB --concurrency 8 --count "${WARMUP_COUNT:-1800}" > /dev/null 2>&1
+        $B --master "$M" rm --all --force > /dev/null
+        for c in 1 8; do
+            run "$OUT" 4KiB 1 $c 20000;  run "$OUT" 4KiB 32 $c 2000
+            run "$OUT" 1MiB 1 $c 1500;   run "$OUT" 1MiB 32 $c 80
+            run "$OUT" 4MiB 1 $c 400;    run "$OUT" 4MiB 32 $c 24
+        done
+    fi
     stop
     echo
     echo "### topology: $topology"

@@ -2,12 +2,17 @@
 //!
 //! Phases: `write` (put new keys), `read` (get the keys written), `mixed` (half reads, half writes), `dedup`
 //! (batch-exists a batch, then put only the missing keys, as inference connectors do) and `metadata` (batch
-//! exists only: the master's keys/s). Values carry a per-key pattern so `--verify` checks every byte read.
+//! exists only: the master's keys/s). `master-put` (PutStart + PutEnd, no bytes moved) and `master-get`
+//! (GetReplicaList of the keys `master-put` made, or of 10 000 keys per worker it makes first) measure the
+//! master alone, as the original's `master_bench` does; they use keys of their own, so `read` never meets
+//! their unwritten values. Values carry a per-key pattern so `--verify` checks every byte read.
 
 use crate::config::{FileConfig, Global};
 use anyhow::{Result, anyhow, bail};
 use bytes::BytesMut;
 use crescent_client::Client;
+use crescent_proto::rpc::{MasterRequest, MasterResponse};
+use crescent_proto::wire::{Batch, WireKey};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::io::Write;
@@ -19,7 +24,7 @@ use std::time::{Duration, Instant};
 /// `bench` flags.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Comma-separated phases: write, read, mixed, dedup, metadata.
+    /// Comma-separated phases: write, read, mixed, dedup, metadata, master-put, master-get.
     #[arg(long, default_value = "write,read")]
     phases: String,
     /// Bytes per value (e.g. 4KiB, 1MiB).
@@ -79,6 +84,8 @@ enum Phase {
     Mixed,
     Dedup,
     Metadata,
+    MasterPut,
+    MasterGet,
 }
 
 impl Phase {
@@ -89,6 +96,8 @@ impl Phase {
             "mixed" => Phase::Mixed,
             "dedup" => Phase::Dedup,
             "metadata" => Phase::Metadata,
+            "master-put" => Phase::MasterPut,
+            "master-get" => Phase::MasterGet,
             other => bail!("unknown phase {other:?}"),
         })
     }
@@ -100,6 +109,8 @@ impl Phase {
             Phase::Mixed => "mixed",
             Phase::Dedup => "dedup",
             Phase::Metadata => "metadata",
+            Phase::MasterPut => "master-put",
+            Phase::MasterGet => "master-get",
         }
     }
 }
@@ -143,6 +154,8 @@ impl Worker {
 
 struct Shared {
     client: Client,
+    /// The tenant master-only requests name (the client's own).
+    tenant: String,
     base: Vec<u8>,
     run: String,
     batch: usize,
@@ -152,6 +165,9 @@ struct Shared {
     /// Keys written so far (key numbers `0..written`).
     written: AtomicU64,
     next_key: AtomicU64,
+    /// Master-only keys made so far (`master-put`'s key numbers `0..meta_written`).
+    meta_written: AtomicU64,
+    meta_next: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
 }
@@ -219,6 +235,74 @@ impl Shared {
         (ok, ks.len() as u64 - ok)
     }
 
+    fn meta_key(&self, k: u64) -> WireKey {
+        WireKey::from(format!("bench-{}-meta-{k}", self.run).as_str())
+    }
+
+    /// PutStart + PutEnd of `n` new keys (batch forms for more than one) with no bytes moved: the master's
+    /// share of a put; returns (keys ok, errors).
+    async fn master_put(&self, n: usize) -> (u64, u64) {
+        let start = self.meta_next.fetch_add(n as u64, Ordering::Relaxed);
+        let size = self.base.len() as u64;
+        let id = self.client.id();
+        let master = self.client.master();
+        let ok = if n == 1 {
+            let (tenant, key) = (self.tenant.clone(), self.meta_key(start));
+            let config = self.replicate.clone();
+            let started = master.call(&MasterRequest::PutStart { client: id, tenant, key, size, config }).await;
+            let (tenant, key) = (self.tenant.clone(), self.meta_key(start));
+            let ended = match started {
+                Ok(_) => master.call(&MasterRequest::PutEnd { client: id, tenant, key, checksum: None }).await,
+                Err(e) => Err(e),
+            };
+            u64::from(ended.is_ok())
+        } else {
+            let keys: Vec<WireKey> = (start..start + n as u64).map(|k| self.meta_key(k)).collect();
+            let req = MasterRequest::BatchPutStart {
+                client: id,
+                tenant: self.tenant.clone(),
+                items: Batch(keys.iter().map(|k| (k.clone(), size)).collect()),
+                config: self.replicate.clone(),
+                group_ids: None,
+                upsert: false,
+            };
+            let started = match master.call(&req).await {
+                Ok(MasterResponse::BatchReplicas(r)) => r.iter().map(Result::is_ok).collect(),
+                _ => vec![false; keys.len()],
+            };
+            let items: Vec<(WireKey, Option<u64>)> =
+                keys.into_iter().zip(&started).filter(|(_, s)| **s).map(|(k, _)| (k, None)).collect();
+            if items.is_empty() {
+                0
+            } else {
+                let req = MasterRequest::BatchPutEnd { client: id, tenant: self.tenant.clone(), items: Batch(items) };
+                match master.call(&req).await {
+                    Ok(MasterResponse::BatchDone(r)) => r.iter().filter(|x| x.is_ok()).count() as u64,
+                    _ => 0,
+                }
+            }
+        };
+        self.meta_written.fetch_max(start + n as u64, Ordering::Relaxed);
+        (ok, n as u64 - ok)
+    }
+
+    /// GetReplicaList of `batch` keys `master-put` made (uniformly at random); returns (keys ok, errors).
+    async fn master_get(&self, rng: &mut fastrand::Rng) -> (u64, u64) {
+        let n = self.meta_written.load(Ordering::Relaxed).max(1);
+        let keys: Vec<WireKey> = (0..self.batch).map(|_| self.meta_key(rng.u64(..n))).collect();
+        let tenant = self.tenant.clone();
+        let req = match <[WireKey; 1]>::try_from(keys) {
+            Ok([key]) => MasterRequest::GetReplicaList { tenant, key },
+            Err(keys) => MasterRequest::BatchGetReplicaList { tenant, keys: Batch(keys) },
+        };
+        let ok = match self.client.master().call(&req).await {
+            Ok(MasterResponse::ReplicaList(_)) => 1,
+            Ok(MasterResponse::BatchReplicaList(r)) => r.iter().filter(|x| x.is_ok()).count() as u64,
+            _ => 0,
+        };
+        (ok, self.batch as u64 - ok)
+    }
+
     fn fresh_keys(&self) -> Vec<u64> {
         let start = self.next_key.fetch_add(self.batch as u64, Ordering::Relaxed);
         (start..start + self.batch as u64).collect()
@@ -253,6 +337,14 @@ async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
                 (ok, ok * size, err)
             }
         }
+        Phase::MasterPut => {
+            let (ok, err) = s.master_put(s.batch).await;
+            (ok, 0, err)
+        }
+        Phase::MasterGet => {
+            let (ok, err) = s.master_get(&mut w.rng).await;
+            (ok, 0, err)
+        }
         Phase::Dedup | Phase::Metadata => {
             // Half the batch was written before, half is new: the connector pattern.
             let mut ks = s.existing_keys(&mut w.rng);
@@ -284,6 +376,10 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Keys `master-get` makes per concurrent worker when no `master-put` ran before it (the original's
+/// `master_bench` prefills 10 000 keys per thread).
+const MASTER_GET_KEYS_PER_WORKER: u64 = 10_000;
+
 async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult {
     let deadline = Duration::from_secs_f64(a.duration.max(0.0));
     let bar = match a.count {
@@ -295,6 +391,13 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         bar.set_style(style);
     }
     bar.set_prefix(phase.name());
+    if phase == Phase::MasterGet && s.meta_written.load(Ordering::Relaxed) == 0 {
+        // Nothing to look up yet: make a working set first (untimed), as the original's master_bench does.
+        let n = MASTER_GET_KEYS_PER_WORKER * a.concurrency.max(1) as u64;
+        while s.meta_written.load(Ordering::Relaxed) < n {
+            s.master_put(128).await;
+        }
+    }
     s.requests.store(0, Ordering::Relaxed);
     s.errors.store(0, Ordering::Relaxed);
     let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s)).collect();
@@ -374,6 +477,7 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
     let mut base = vec![0u8; usize::try_from(size)?];
     fastrand::Rng::with_seed(7).fill(&mut base);
     let shared = Arc::new(Shared {
+        tenant: cfg.tenant.clone(),
         replicate: cfg.replicate.clone(),
         client: Client::new(cfg),
         base,
@@ -383,6 +487,8 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         owned_reads: a.owned_reads,
         written: AtomicU64::new(0),
         next_key: AtomicU64::new(0),
+        meta_written: AtomicU64::new(0),
+        meta_next: AtomicU64::new(0),
         requests: AtomicU64::new(0),
         errors: AtomicU64::new(0),
     });

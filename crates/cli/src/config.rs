@@ -36,6 +36,9 @@ pub struct NodeSection {
     pub segments: Option<usize>,
     /// memfd-backed segments.
     pub memfd: Option<bool>,
+    /// Back segments with memory at start-up (default true; false leaves pages to fault on first write, for
+    /// segments larger than the host's memory, e.g. a metadata-only benchmark).
+    pub prefault: Option<bool>,
     /// Host id for local-first placement.
     pub host_id: Option<String>,
     /// Milliseconds to keep serving reads after SIGTERM before unmounting.
@@ -159,6 +162,7 @@ mod tests {
             [node]
             segment_size = "64MiB"
             segments = 2
+            prefault = false
             poll_us = 20
             threads = 3
             [client]
@@ -172,7 +176,7 @@ mod tests {
         assert_eq!(f.server.master.lease_ttl_ms, 5000);
         assert!(f.server.master.enable_multi_tenants);
         assert_eq!(f.server.master.client_ttl_ms, MasterConfig::default().client_ttl_ms);
-        assert_eq!((f.node.segments, f.node.threads), (Some(2), Some(3)));
+        assert_eq!((f.node.segments, f.node.threads, f.node.prefault), (Some(2), Some(3), Some(false)));
         let g = Global::resolve(&None, &None, &f);
         assert_eq!(g.master, "10.0.0.1:1");
         assert_eq!(g.client_config().replicate.replica_num, 2);

@@ -55,6 +55,9 @@ pub struct NodeArgs {
     /// Back segments with memfd.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     memfd: Option<bool>,
+    /// Back segment memory at start-up (default true; `--prefault false` for segments larger than memory).
+    #[arg(long)]
+    prefault: Option<bool>,
     /// Host id for local-first placement.
     #[arg(long)]
     host_id: Option<String>,
@@ -153,6 +156,7 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     };
     c.segments = a.segments.or(n.segments).unwrap_or(1);
     c.memfd = a.memfd.or(n.memfd).unwrap_or(false);
+    c.prefault = a.prefault.or(n.prefault).unwrap_or(true);
     c.host_id = a.host_id.clone().or_else(|| n.host_id.clone());
     // No per-connection polling (see `TransferServer::with_poll_window`): the node's runtime polls all its
     // connections at once before it sleeps (`[node] poll_us`, installed with the runtime).

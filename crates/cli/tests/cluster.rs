@@ -340,3 +340,45 @@ async fn a_node_unmounts_its_segments_on_sigterm() {
     // It unmounted before exiting: its objects are gone at once, not after the client TTL.
     assert_eq!(client.get(&k).await.unwrap_err().code(), ErrorCode::ObjectNotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_every_phase_against_a_cluster_and_reports_each_key() {
+    // A node with more segment memory than it backs up front (`--prefault false`), as the master-only
+    // benchmark uses.
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let addr = master.field("master");
+    let _node = Proc::start(&[
+        "node",
+        "--master",
+        &addr,
+        "--listen",
+        "127.0.0.1:0",
+        "--segment-size",
+        "64MiB",
+        "--segments",
+        "2",
+        "--prefault",
+        "false",
+    ]);
+    let json = std::env::temp_dir().join(format!("crescent-bench-test-{}.jsonl", std::process::id()));
+    for (batch, concurrency) in [("1", "4"), ("8", "2")] {
+        let out = Command::new(BIN)
+            .args(["--master", &addr, "bench", "--phases", "write,read,dedup,metadata,master-put,master-get"])
+            .args(["--value-size", "4KiB", "--batch", batch, "--concurrency", concurrency, "--count", "40"])
+            .args(["--verify", "--json", json.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let phases: Vec<serde_json::Value> =
+            std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let names: Vec<&str> = phases.iter().map(|p| p["phase"].as_str().unwrap()).collect();
+        assert_eq!(names, ["write", "read", "dedup", "metadata", "master-put", "master-get"]);
+        let per_phase = 40 * batch.parse::<u64>().unwrap();
+        for p in &phases {
+            assert_eq!(p["errors"], 0, "{p}");
+            assert_eq!(p["requests"], 40, "{p}");
+            assert_eq!(p["keys"], per_phase, "every key of every request counts: {p}");
+        }
+    }
+    let _ = std::fs::remove_file(&json);
+}

@@ -9,6 +9,7 @@ pub mod error;
 pub mod ids;
 pub mod key;
 pub mod poll;
+pub mod reader;
 pub mod replica;
 pub mod rpc;
 pub mod segment;

@@ -90,6 +90,21 @@ pub enum MasterRequest {
     ListKeys { tenant: String, prefix: String, limit: u32 },
 }
 
+impl MasterRequest {
+    /// Whether this is a batch form (one request for many keys, which keeps the master busy longer).
+    pub fn is_batch(&self) -> bool {
+        matches!(
+            self,
+            MasterRequest::BatchPutStart { .. }
+                | MasterRequest::BatchPutEnd { .. }
+                | MasterRequest::BatchPutRevoke { .. }
+                | MasterRequest::BatchGetReplicaList { .. }
+                | MasterRequest::BatchExistKey { .. }
+                | MasterRequest::BatchRemove { .. }
+        )
+    }
+}
+
 /// A successful master reply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MasterResponse {

@@ -341,13 +341,17 @@ async fn serve(
     let mut adaptive = Adaptive::default();
     loop {
         if *stop.borrow() {
+            let _ = framed.flush().await;
             return Ok(());
         }
-        // A buffered request is served at once; otherwise poll briefly (the client's next request usually
-        // follows within a round trip) before parking this task.
+        // A buffered request is served at once, its reply queued behind the previous ones: a client that
+        // pipelines gets a burst of replies in one write. Otherwise flush, then poll briefly (the client's
+        // next request usually follows within a round trip) before parking this task. (Reading what the poll
+        // saw straight from the socket, as the client does, measured slower here: 49k vs 59k lookups/s.)
         let frame = match framed.next().now_or_never() {
             Some(f) => f,
             None => {
+                framed.flush().await?;
                 adaptive.poll(gate, framed.get_ref(), poll_window);
                 tokio::select! {
                     _ = stop.changed() => return Ok(()),
@@ -382,6 +386,6 @@ async fn serve(
             dispatch(&svc, body)
         };
         metrics.record(op, failed(&reply));
-        framed.send(Frame::encode(id, &reply, Bytes::new())?).await?;
+        framed.feed(Frame::encode(id, &reply, Bytes::new())?).await?;
     }
 }

@@ -150,9 +150,16 @@ pub struct OpCounter {
 
 impl OpCounter {
     fn record<T>(&self, r: &Result<T, ErrorCode>) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        if r.is_err() {
-            self.failures.fetch_add(1, Ordering::Relaxed);
+        self.record_all(std::slice::from_ref(r));
+    }
+
+    /// Records a batch's results with one update per counter (the counters are shared by every worker, so
+    /// an update per key would bounce their cache line between CPUs for the whole batch).
+    fn record_all<T>(&self, rs: &[Result<T, ErrorCode>]) {
+        self.requests.fetch_add(rs.len() as u64, Ordering::Relaxed);
+        let failed = rs.iter().filter(|r| r.is_err()).count() as u64;
+        if failed > 0 {
+            self.failures.fetch_add(failed, Ordering::Relaxed);
         }
     }
 }

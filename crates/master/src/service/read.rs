@@ -28,26 +28,29 @@ impl MasterService {
         tenant: &str,
         keys: &[&str],
     ) -> Vec<Result<GetReplicaListResponse, ErrorCode>> {
-        match self.read_tenant(tenant) {
+        let rs = match self.read_tenant(tenant) {
             Err(e) => vec![Err(e); keys.len()],
-            Ok(t) => keys
-                .iter()
-                .map(|k| {
-                    let r = self.get_in(t.as_ref(), k);
-                    self.metrics.get_replica_list.record(&r);
-                    r
-                })
-                .collect(),
-        }
+            Ok(t) => {
+                let now = self.clock.now();
+                keys.iter().map(|k| self.get_in(t.as_ref(), k, now)).collect()
+            }
+        };
+        self.metrics.get_replica_list.record_all(&rs);
+        rs
     }
 
     fn get_one(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
         let t = self.read_tenant(tenant)?;
-        self.get_in(t.as_ref(), key)
+        self.get_in(t.as_ref(), key, self.clock.now())
     }
 
-    fn get_in(&self, tenant: Option<&Arc<TenantState>>, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
-        match self.lookup_and_lease(tenant, key, true) {
+    fn get_in(
+        &self,
+        tenant: Option<&Arc<TenantState>>,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<GetReplicaListResponse, ErrorCode> {
+        match self.lookup_and_lease(tenant, key, true, now) {
             Lookup::Found { descriptors, checksum, size } => Ok(GetReplicaListResponse {
                 replicas: descriptors,
                 lease_ttl_ms: self.config.lease_ttl_ms,
@@ -62,36 +65,40 @@ impl MasterService {
     /// ExistKey: whether the object has a readable replica (and, if so, a lease is granted). A missing key or
     /// tenant is `false`, not an error; an invalid tenant id is `INVALID_PARAMS`.
     pub fn exist_key(&self, tenant: &str, key: &str) -> Result<bool, ErrorCode> {
-        let r = self.read_tenant(tenant).map(|t| self.exists_in(t.as_ref(), key));
+        let r = self.read_tenant(tenant).map(|t| self.exists_in(t.as_ref(), key, self.clock.now()));
         self.metrics.exist_key.record(&r);
         r
     }
 
     /// BatchExistKey: per key, in input order.
     pub fn batch_exist_key(&self, tenant: &str, keys: &[&str]) -> Vec<Result<bool, ErrorCode>> {
-        match self.read_tenant(tenant) {
+        let rs = match self.read_tenant(tenant) {
             Err(e) => vec![Err(e); keys.len()],
-            Ok(t) => keys
-                .iter()
-                .map(|k| {
-                    let r = Ok(self.exists_in(t.as_ref(), k));
-                    self.metrics.exist_key.record(&r);
-                    r
-                })
-                .collect(),
-        }
+            Ok(t) => {
+                let now = self.clock.now();
+                keys.iter().map(|k| Ok(self.exists_in(t.as_ref(), k, now))).collect()
+            }
+        };
+        self.metrics.exist_key.record_all(&rs);
+        rs
     }
 
-    fn exists_in(&self, tenant: Option<&Arc<TenantState>>, key: &str) -> bool {
-        matches!(self.lookup_and_lease(tenant, key, false), Lookup::Found { .. })
+    fn exists_in(&self, tenant: Option<&Arc<TenantState>>, key: &str, now: Timestamp) -> bool {
+        matches!(self.lookup_and_lease(tenant, key, false, now), Lookup::Found { .. })
     }
 
-    /// Finds readable replicas and grants the lease; refreshes the whole group's leases when this member's
-    /// lease was within half a TTL of expiry or the group's membership changed.
-    fn lookup_and_lease(&self, tenant: Option<&Arc<TenantState>>, key: &str, want_descriptors: bool) -> Lookup {
+    /// Finds readable replicas and grants the lease (from `now`, read once per request); refreshes the whole
+    /// group's leases when this member's lease was within half a TTL of expiry or the group's membership
+    /// changed.
+    fn lookup_and_lease(
+        &self,
+        tenant: Option<&Arc<TenantState>>,
+        key: &str,
+        want_descriptors: bool,
+        now: Timestamp,
+    ) -> Lookup {
         let Some(tenant) = tenant else { return Lookup::Missing };
         let Some(entry) = tenant.directory().get(key) else { return Lookup::Missing };
-        let now = self.clock.now();
         let deadline = now.saturating_add(self.lease_ttl());
         let (found, refresh_group) = {
             let mut st = entry.lock();
