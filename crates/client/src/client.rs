@@ -8,6 +8,7 @@
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
+use crescent_proto::poll::InFlight;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,
@@ -175,10 +176,13 @@ impl Client {
     /// memcpy.
     pub fn with_local_segments(config: ClientConfig, local: SegmentRegistry) -> Self {
         let id = ClientId::random();
+        // One count of exchanges in flight over both planes: a wait spins only while it is the client's only one.
+        let inflight = Arc::new(InFlight::default());
         let master =
             MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout)
-                .with_spin(config.spin_wait);
-        let transfer = TransferClient::new(config.transfer.clone(), local.clone());
+                .with_spin(config.spin_wait)
+                .with_in_flight(inflight.clone());
+        let transfer = TransferClient::with_in_flight(config.transfer.clone(), local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }
     }

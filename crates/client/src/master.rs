@@ -6,6 +6,7 @@
 
 use crate::error::ClientError;
 use bytes::Bytes;
+use crescent_proto::poll::InFlight;
 use crescent_proto::reader::FrameReader;
 use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
@@ -51,29 +52,32 @@ impl Conn {
     }
 
     /// Waits for the reply to `id`, reading the socket itself whenever no one else is. Spins before parking
-    /// only when `alone` (a spinning poll holds its thread and would stall other requests polled by it).
+    /// only while `inflight` counts this request alone (a spinning poll holds its thread and would stall
+    /// every other exchange driven by it).
     async fn wait(
         &self,
         id: u64,
         mut rx: oneshot::Receiver<Result<Frame, WireError>>,
-        alone: &AtomicUsize,
+        inflight: &InFlight,
     ) -> Result<Frame, WireError> {
-        loop {
-            tokio::select! {
-                biased;
-                r = &mut rx => return r.unwrap_or(Err(WireError::Closed)),
-                mut reader = self.stream.lock() => {
-                    // Our reply may have arrived while we waited for the read half.
-                    if let Ok(r) = rx.try_recv() {
-                        return r;
-                    }
-                    let Reader { sock, frames } = &mut *reader;
-                    let sock = sock.as_ref();
+        tokio::select! {
+            biased;
+            r = &mut rx => r.unwrap_or(Err(WireError::Closed)),
+            mut reader = self.stream.lock() => {
+                // Our reply may have arrived while we waited for the read half.
+                if let Ok(r) = rx.try_recv() {
+                    return r;
+                }
+                let Reader { sock, frames } = &mut *reader;
+                let sock = sock.as_ref();
+                // Lead until our own reply comes, handing the others' on: passing the read half back
+                // after every frame would wake another task per reply.
+                loop {
                     let mut next = frames.buffered().transpose();
                     // A lone waiter polls (bounded by `spin`) for its reply and reads what the poll saw at once
                     // (see `crescent_proto::poll`); a spinning poll would stall other requests of this thread.
                     if next.is_none()
-                        && alone.load(Ordering::Acquire) == 1
+                        && inflight.count() == 1
                         && crescent_proto::poll::until_readable(sock, self.spin)
                     {
                         next = match frames.read_now(sock) {
@@ -127,8 +131,9 @@ pub struct MasterConnection {
     role: PeerRole,
     timeout: Duration,
     spin: Duration,
-    /// Requests in flight on this connection set (spinning is for a lone request only).
-    inflight: AtomicUsize,
+    /// Exchanges in flight (this connection set's requests, and the transfers of a client sharing it):
+    /// spinning is for a lone exchange only.
+    inflight: Arc<InFlight>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     next_slot: AtomicUsize,
     next_id: AtomicU64,
@@ -186,7 +191,7 @@ impl MasterConnection {
             role,
             timeout,
             spin: Duration::ZERO,
-            inflight: AtomicUsize::new(0),
+            inflight: Arc::default(),
             slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -196,6 +201,13 @@ impl MasterConnection {
     /// Spin up to `spin` for a reply before parking (0 = never spin; see `Conn::wait`).
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// Counts requests in `inflight`, shared with the caller's other exchanges (its transfers), so a reply
+    /// is spun for only when nothing else of the caller is under way.
+    pub fn with_in_flight(mut self, inflight: Arc<InFlight>) -> Self {
+        self.inflight = inflight;
         self
     }
 
@@ -251,9 +263,9 @@ impl MasterConnection {
             conn.alive.store(false, Ordering::Release);
             return Err(e.into());
         }
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let counted = self.inflight.enter();
         let waited = tokio::time::timeout(self.timeout, conn.wait(id, rx, &self.inflight)).await;
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        drop(counted);
         let frame = match waited {
             Ok(r) => r?,
             Err(_) => {

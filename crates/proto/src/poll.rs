@@ -9,7 +9,8 @@
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The default polling window: longer than a loopback or LAN round trip, short enough that an idle poller
@@ -66,6 +67,35 @@ impl PollGate {
         let readable = until_readable(sock, window);
         self.busy.store(false, Ordering::Release);
         Some(readable)
+    }
+}
+
+/// Request/reply exchanges a client has in flight, over both planes (its master connection and its transfer
+/// lanes share one). A waiting end polls only while its exchange is the only one: a polling wait holds its
+/// thread, and every other exchange that thread drives would stall behind it.
+#[derive(Debug, Default)]
+pub struct InFlight(AtomicUsize);
+
+impl InFlight {
+    /// Counts one exchange until the guard drops; the flag says whether it was the only one when it began.
+    pub fn enter(self: &Arc<Self>) -> (InFlightGuard, bool) {
+        let alone = self.0.fetch_add(1, Ordering::AcqRel) == 0;
+        (InFlightGuard(self.clone()), alone)
+    }
+
+    /// Exchanges in flight now.
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// One exchange counted in an [`InFlight`] while alive.
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -177,6 +207,20 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn in_flight_counts_exchanges_and_says_which_began_alone() {
+        let f = Arc::new(InFlight::default());
+        let (a, a_alone) = f.enter();
+        let (b, b_alone) = f.enter();
+        assert!(a_alone && !b_alone, "only the first exchange began alone");
+        assert_eq!(f.count(), 2);
+        drop(a);
+        assert_eq!(f.count(), 1);
+        drop(b);
+        assert_eq!(f.count(), 0);
+        assert!(f.enter().1, "alone again once the others ended");
+    }
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -21,7 +21,7 @@ use crate::net::{self, Head, READ_BUFFER, ShapeError};
 use crate::registry::SegmentRegistry;
 use bytes::{Bytes, BytesMut};
 use crescent_proto::SegmentId;
-use crescent_proto::poll;
+use crescent_proto::poll::{self, InFlight, InFlightGuard};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
 use futures_util::future::join_all;
@@ -88,33 +88,21 @@ struct Inner {
     config: TransferConfig,
     local: SegmentRegistry,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
-    /// Transfers in progress on this client: a reply is polled for only when its transfer is the only one,
-    /// because a polling wait holds its thread and would stall every other transfer driven by it.
-    inflight: AtomicUsize,
-}
-
-/// Counts one transfer in progress while alive.
-struct InFlight(Arc<Inner>);
-
-impl InFlight {
-    fn enter(inner: &Arc<Inner>) -> (Self, bool) {
-        let alone = inner.inflight.fetch_add(1, Ordering::AcqRel) == 0;
-        (Self(inner.clone()), alone)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
+    /// Exchanges in progress on this client (transfers, and master requests when shared with the client's
+    /// master connection): a reply is polled for only when its exchange is the only one.
+    inflight: Arc<InFlight>,
 }
 
 impl TransferClient {
     /// A client; transfers to segments in `local` are served by memcpy without touching a socket.
     pub fn new(config: TransferConfig, local: SegmentRegistry) -> Self {
-        Self {
-            inner: Arc::new(Inner { config, local, peers: Mutex::new(HashMap::new()), inflight: AtomicUsize::new(0) }),
-        }
+        Self::with_in_flight(config, local, Arc::default())
+    }
+
+    /// Like [`TransferClient::new`], counting its transfers in `inflight`, which the caller shares with its
+    /// other exchanges (a client's master requests), so no wait polls while another exchange is under way.
+    pub fn with_in_flight(config: TransferConfig, local: SegmentRegistry, inflight: Arc<InFlight>) -> Self {
+        Self { inner: Arc::new(Inner { config, local, peers: Mutex::new(HashMap::new()), inflight }) }
     }
 
     /// The client's settings.
@@ -320,7 +308,7 @@ impl TransferClient {
 
     /// Starts an operation (counted among the client's transfers in flight).
     fn op(&self) -> Op {
-        let (inflight, alone) = InFlight::enter(&self.inner);
+        let (inflight, alone) = self.inner.inflight.enter();
         Op { failed: AtomicBool::new(false), alone, _inflight: inflight }
     }
 
@@ -408,7 +396,7 @@ struct Op {
     /// Whether this is the client's only transfer: its lanes may then poll for replies rather than park (all
     /// its stripes are polled by one task, or are its own spawned tasks, so polling delays no one else).
     alone: bool,
-    _inflight: InFlight,
+    _inflight: InFlightGuard,
 }
 
 impl Op {

@@ -9,7 +9,7 @@
 //! run; an I/O or protocol failure fails the range it hit and, with `Closed`, every later range of that run
 //! (the lane is then dropped, as in single transfers).
 
-use super::{InFlight, Lane, LaneGuard, Peer, TransferClient};
+use super::{Lane, LaneGuard, Peer, TransferClient};
 use crate::error::TransferError;
 use crate::net::Head;
 use crescent_proto::SegmentId;
@@ -68,7 +68,7 @@ impl TransferClient {
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
         // The whole batch is one transfer: its runs may poll when it is the client's only one.
-        let (_inflight, alone) = InFlight::enter(&self.inner);
+        let (_inflight, alone) = self.inner.inflight.enter();
         let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run, alone));
         let striped = singles.into_iter().map(|(i, item)| async move {
             vec![(i, self.read_into_checksummed(endpoint, item.segment, item.offset, item.buf).await)]
@@ -91,7 +91,7 @@ impl TransferClient {
         let peer = self.peer(endpoint);
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
-        let (_inflight, alone) = InFlight::enter(&self.inner);
+        let (_inflight, alone) = self.inner.inflight.enter();
         let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
         let striped = singles
             .into_iter()
