@@ -74,8 +74,8 @@ impl Conn {
                 // after every frame would wake another task per reply.
                 loop {
                     let mut next = frames.buffered().transpose();
-                    // A lone waiter polls (bounded by `spin`) for its reply and reads what the poll saw at once
-                    // (see `crescent_proto::poll`); a spinning poll would stall other requests of this thread.
+                    // The client's only exchange polls (bounded by `spin`) for its reply and reads what the poll
+                    // saw at once (see `crescent_proto::poll`).
                     if next.is_none()
                         && inflight.count() == 1
                         && crescent_proto::poll::until_readable(sock, self.spin)
