@@ -296,3 +296,26 @@ fn abandoned_writes_are_reclaimed_after_the_release_timeout() {
     assert_eq!(h.used(), 0);
     assert_eq!(h.svc.audit().quota_mismatches, Vec::new());
 }
+
+#[test]
+fn batch_calls_count_every_key_and_every_failure_in_the_metrics() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let h = Harness::default3();
+    let m = h.svc.metrics();
+    let counts = |c: &crescent_master::service::OpCounter| (c.requests.load(Relaxed), c.failures.load(Relaxed));
+    let bad = "k".repeat(MAX_KEY_LEN + 1);
+    let starts = h.svc.batch_put_start(h.writer, "", &[("a", 10), (bad.as_str(), 10), ("b", 10)], &cfg(1), None);
+    assert_eq!(starts.iter().filter(|r| r.is_err()).count(), 1);
+    assert_eq!(counts(&m.put_start), (3, 1));
+    let ends = h.svc.batch_put_end(h.writer, "", &[("a", None), ("b", None), ("never-started", None)]);
+    assert_eq!(ends.iter().filter(|r| r.is_err()).count(), 1);
+    assert_eq!(counts(&m.put_end), (3, 1));
+    h.svc.batch_get_replica_list("", &["a", "missing", "b", "gone"]);
+    assert_eq!(counts(&m.get_replica_list), (4, 2));
+    h.svc.batch_exist_key("", &["a", "missing"]);
+    assert_eq!(counts(&m.exist_key), (2, 0), "absence is an answer, not a failure");
+    h.svc.batch_remove("", &["a", "b", "missing"], true);
+    assert_eq!(counts(&m.remove), (3, 1));
+    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["a"]).len(), 1);
+    assert_eq!(counts(&m.put_revoke), (1, 1));
+}

@@ -29,18 +29,22 @@ fn removal_check(
 impl MasterService {
     /// Remove: erases the object. A read lease blocks it unless `force`; an unfinished write always does.
     pub fn remove(&self, tenant: &str, key: &str, force: bool) -> Result<(), ErrorCode> {
-        let r = self.read_tenant(tenant).and_then(|t| {
-            let t = t.ok_or(ErrorCode::ObjectNotFound)?;
-            let e = t.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
-            self.remove_entry(&t, &e, force)
-        });
+        let r = self.remove_one(tenant, key, force);
         self.metrics.remove.record(&r);
         r
     }
 
+    fn remove_one(&self, tenant: &str, key: &str, force: bool) -> Result<(), ErrorCode> {
+        let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let e = t.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        self.remove_entry(&t, &e, force)
+    }
+
     /// BatchRemove: per key, in input order.
     pub fn batch_remove(&self, tenant: &str, keys: &[&str], force: bool) -> Vec<Result<(), ErrorCode>> {
-        keys.iter().map(|k| self.remove(tenant, k, force)).collect()
+        let rs: Vec<_> = keys.iter().map(|k| self.remove_one(tenant, k, force)).collect();
+        self.metrics.remove.record_all(&rs);
+        rs
     }
 
     /// Removes one entry if the removal rules allow it.

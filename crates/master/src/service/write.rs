@@ -1,6 +1,6 @@
 //! The write path: PutStart / PutEnd / PutRevoke, UpsertStart / End / Revoke, and their batch forms.
 
-use super::MasterService;
+use super::{MasterService, OpCounter};
 use crate::clock::Timestamp;
 use crate::eviction::{EvictionScope, EvictionTarget};
 use crate::metadata::{
@@ -149,17 +149,19 @@ impl MasterService {
         if group_ids.is_some_and(|g| g.len() != items.len()) {
             return vec![Err(ErrorCode::InvalidParams); items.len()];
         }
-        items
+        let rs: Vec<_> = items
             .iter()
             .enumerate()
             .map(|(i, (key, size))| match group_ids {
                 Some(g) => {
                     let cfg = ReplicateConfig { group_id: Some(g[i].clone()), ..config.clone() };
-                    self.start_write(client, tenant, key, *size, &cfg, upsert)
+                    self.start_write_inner(client, tenant, key, *size, &cfg, upsert)
                 }
-                None => self.start_write(client, tenant, key, *size, config, upsert),
+                None => self.start_write_inner(client, tenant, key, *size, config, upsert),
             })
-            .collect()
+            .collect();
+        self.start_counter(upsert).record_all(&rs);
+        rs
     }
 
     /// One PutStart (or UpsertStart), counted in that operation's metrics.
@@ -173,12 +175,13 @@ impl MasterService {
         upsert: bool,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let r = self.start_write_inner(client, tenant, key, size, config, upsert);
-        if upsert {
-            self.metrics.upsert_start.record(&r)
-        } else {
-            self.metrics.put_start.record(&r)
-        }
+        self.start_counter(upsert).record(&r);
         r
+    }
+
+    /// The metrics of PutStart or UpsertStart.
+    fn start_counter(&self, upsert: bool) -> &OpCounter {
+        if upsert { &self.metrics.upsert_start } else { &self.metrics.put_start }
     }
 
     fn start_write_inner(
@@ -512,7 +515,9 @@ impl MasterService {
         tenant: &str,
         items: &[(&str, Option<u64>)],
     ) -> Vec<Result<(), ErrorCode>> {
-        items.iter().map(|(k, c)| self.put_end(client, tenant, k, *c)).collect()
+        let rs: Vec<_> = items.iter().map(|(k, c)| self.end_write(client, tenant, k, *c)).collect();
+        self.metrics.put_end.record_all(&rs);
+        rs
     }
 
     fn end_write(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
@@ -605,7 +610,9 @@ impl MasterService {
 
     /// BatchPutRevoke: per key, in input order.
     pub fn batch_put_revoke(&self, client: ClientId, tenant: &str, keys: &[&str]) -> Vec<Result<(), ErrorCode>> {
-        keys.iter().map(|k| self.put_revoke(client, tenant, k)).collect()
+        let rs: Vec<_> = keys.iter().map(|k| self.revoke_write(client, tenant, k)).collect();
+        self.metrics.put_revoke.record_all(&rs);
+        rs
     }
 
     fn revoke_write(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
