@@ -11,8 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
-# Raw loopback TCP, measured right before each topology's 4 MiB cases (this VM's speed drifts by tens of per
-# cent over minutes, so the store's fraction of the link is taken against the link of the same minute).
+# Raw loopback TCP, measured right before each topology starts (this VM's speed drifts by tens of per cent
+# over minutes, so the store's fraction of the link is taken against the link of the same few minutes).
 cargo bench -q -p crescent-transfer --bench loopback --no-run 2>/dev/null
 raw() { # topology
     cargo bench -q -p crescent-transfer --bench loopback -- --secs 1 --sizes-kib "" 2>/dev/null | grep '^raw' \
@@ -82,6 +82,7 @@ for topology in ${TOPOLOGIES:-up separate master}; do
             done
         done
     else
+        raw "$topology"
         start "$topology"
         # Warm-up, not reported: one pass over the segment. On VMs the first write to freshly mapped guest memory
         # is several times slower than later ones (host-side faults), which would bill the first case for it.
@@ -90,7 +91,6 @@ for topology in ${TOPOLOGIES:-up separate master}; do
         for c in 1 8; do
             run "$OUT" 4KiB 1 $c 20000;  run "$OUT" 4KiB 32 $c 2000
             run "$OUT" 1MiB 1 $c 1500;   run "$OUT" 1MiB 32 $c 80
-            [ "$c" = 1 ] && raw "$topology"
             run "$OUT" 4MiB 1 $c 400;    run "$OUT" 4MiB 32 $c 24
         done
         stop
