@@ -6,7 +6,8 @@
 //! order; a client may pipeline. Every range is validated against the hosted segment before any byte moves. A
 //! WRITE's payload is read from the socket straight into segment memory and acknowledged only once it is all
 //! there (so a writer's PutEnd never precedes its bytes); a READ's reply is one vectored write of
-//! `prefix + header` and the segment slice itself.
+//! `prefix + header` and the segment slice itself, but for a short tail copied out and sent after the range's
+//! lease ends, so that a lease never outlives its reply (a reader's next write to the range finds it free).
 //!
 //! A refused request gets a `TransferResponse::Error` and the connection stays usable: `SEGMENT_NOT_FOUND`
 //! for a segment not hosted here, `INVALID_PARAMS` for a range outside the segment (or overflowing, or a READ
@@ -45,6 +46,10 @@ const HELLO_MAX_FRAME: usize = MAX_HELLO_FRAME;
 
 /// READ replies at least this large from memfd-backed segments go out with sendfile(2).
 const SENDFILE_MIN: usize = 64 << 10;
+
+/// The last bytes of a READ reply, sent only once the read's range lease is released (see `Connection::read`);
+/// a read no longer than this is copied out whole and queued like a header-only reply.
+const REPLY_TAIL: usize = 4 << 10;
 
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
@@ -228,17 +233,7 @@ async fn serve_connection(
         tracing::debug!(%peer, error = %e, "socket setup failed");
         return;
     }
-    let mut conn = Connection {
-        io: BufReader::with_capacity(READ_BUFFER, stream),
-        header: Vec::new(),
-        out: Vec::new(),
-        segments,
-        io_timeout,
-        idle,
-        max_frame: Limits::DATA.max_frame as usize,
-        counters,
-    };
-    match conn.run().await {
+    match Connection::new(stream, segments, io_timeout, idle, counters).run().await {
         Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
         Err(Close::Io(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: i/o error"),
@@ -290,6 +285,25 @@ struct Idle {
 }
 
 impl Connection {
+    fn new(
+        stream: TcpStream,
+        segments: SegmentRegistry,
+        io_timeout: Duration,
+        idle: Idle,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Connection {
+            io: BufReader::with_capacity(READ_BUFFER, stream),
+            header: Vec::new(),
+            out: Vec::new(),
+            segments,
+            io_timeout,
+            idle,
+            max_frame: Limits::DATA.max_frame as usize,
+            counters,
+        }
+    }
+
     async fn run(&mut self) -> Result<(), Close> {
         match timeout(self.io_timeout, self.hello()).await {
             Err(_) => return Err(Close::Timeout),
@@ -438,19 +452,29 @@ impl Connection {
         };
         let head = Head::encode(id, &TransferResponse::Data, src.len()).map_err(|e| Close::Io(io::Error::other(e)))?;
         self.out.extend_from_slice(head.as_bytes());
-        if let Some(fd) = mem.fd().filter(|_| src.len() >= SENDFILE_MIN) {
+        // The lease ends before the reply's last bytes reach the socket, so it can never outlive the reply: a
+        // reader that has its last byte may at once send a write to the same range (a put into a range that
+        // eviction just freed, or the same client rewriting it), and that write must find the range free. So
+        // the body goes out from segment memory under the lease, the tail is copied out, the lease released,
+        // and the copy queued (flushed before the connection next waits, or with the next pipelined reply).
+        // Holding a conflicting request until the lease ends instead would let a stalled reader delay writers
+        // on other connections, and keep the refusal from meaning what it says (a real conflict).
+        let (body, tail) = src.split_at(src.len() - src.len().min(REPLY_TAIL));
+        if let Some(fd) = mem.fd().filter(|_| body.len() >= SENDFILE_MIN) {
             // memfd-backed: the socket takes references to the segment's pages instead of a copy of them
-            // (over loopback the reader's receive is then the only copy). The lease is held until the kernel
-            // has taken every page.
+            // (over loopback the reader's receive is then the only copy). They are still referenced after the
+            // lease ends, but a reader that has the tail has received them; only a write that breaks the
+            // master's protocol could change them in flight, and the reader's checksum would tell.
             self.io.get_mut().write_all(&self.out).await?;
             self.out.clear();
-            net::send_file(self.io.get_ref(), fd, offset, src.len()).await?;
-            drop(src);
-            return Ok(());
+            net::send_file(self.io.get_ref(), fd, offset, body.len()).await?;
+        } else if !body.is_empty() {
+            // Pending replies, this reply's prefix and header, and the body straight from segment memory.
+            net::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(body)]).await?;
+            self.out.clear();
         }
-        // Pending replies, this reply's prefix and header, and the bytes straight from segment memory.
-        net::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(&src)]).await?;
-        self.out.clear();
+        self.out.extend_from_slice(tail);
+        drop(src);
         Ok(())
     }
 
@@ -492,5 +516,69 @@ impl Connection {
         };
         // Best effort: the connection is closing either way.
         let _ = timeout(LINGER_TIME, sent).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A connection serving `segments` on one end of a loopback socket pair; the other end is returned.
+    async fn connection(segments: SegmentRegistry) -> (Connection, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let idle = Idle { gate: &poll::PROCESS_GATE, window: Duration::ZERO, adaptive: Adaptive::default() };
+        let conn = Connection::new(stream, segments, DEFAULT_SERVER_IO_TIMEOUT, idle, Arc::default());
+        (conn, peer)
+    }
+
+    /// The moment a reader can have its whole reply, the read's range lease is gone: when `read` has handed
+    /// the socket all it will before the connection next flushes, the lease is released and the reply's last
+    /// bytes are still queued here, not on the wire. (Before, the lease was released after the last byte was
+    /// sent, and a write the reader sent right away could be refused as busy.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reads_lease_ends_before_its_last_bytes_are_sent() {
+        let memories =
+            [SegmentMemory::anonymous(4 << 20).unwrap(), SegmentMemory::memfd("lease-test", 4 << 20).unwrap()];
+        for mem in memories {
+            let mem = Arc::new(mem);
+            let data: Vec<u8> = (0..mem.len()).map(|i| (i * 7 + i / 4099) as u8).collect();
+            mem.write_at(0, &data).unwrap();
+            let segments = SegmentRegistry::new();
+            let segment = SegmentId::random();
+            segments.register(segment, mem.clone());
+            let memfd = mem.fd().is_some();
+            // Copied whole, exactly one tail, one byte of body, below and above the sendfile threshold, large.
+            for len in [1, REPLY_TAIL, REPLY_TAIL + 1, SENDFILE_MIN, SENDFILE_MIN + REPLY_TAIL + 1, 3 << 20] {
+                let (mut conn, mut peer) = connection(segments.clone()).await;
+                let offset = 13u64;
+                let head = Head::encode(9, &TransferResponse::Data, len).unwrap();
+                let total = head.as_bytes().len() + len;
+                let tail = len.min(REPLY_TAIL);
+                // A reply with no body is queued whole, header and all.
+                let queued = if tail == len { total } else { tail };
+                let mut got = vec![0u8; total];
+                let (served, received) = tokio::join!(
+                    conn.read(9, segment, offset, len as u64),
+                    peer.read_exact(&mut got[..total - queued])
+                );
+                served.unwrap();
+                received.unwrap();
+                let case = format!("memfd {memfd}, {len} B");
+                mem.lease_mut(offset, len as u64).unwrap_or_else(|e| panic!("{case}: lease still held: {e:?}"));
+                assert_eq!(conn.out.len(), queued, "{case}: the tail waits for the flush");
+                let mut more = [0u8; 1];
+                let on_wire = rustix::net::recv(&peer, &mut more, rustix::net::RecvFlags::DONTWAIT);
+                assert!(matches!(on_wire, Err(rustix::io::Errno::AGAIN)), "{case}: sent before the lease ended");
+                conn.flush().await.unwrap();
+                peer.read_exact(&mut got[total - queued..]).await.unwrap();
+                assert_eq!(&got[..head.as_bytes().len()], head.as_bytes(), "{case}: header");
+                let offset = offset as usize;
+                assert!(got[head.as_bytes().len()..] == data[offset..offset + len], "{case}: bytes");
+            }
+        }
     }
 }

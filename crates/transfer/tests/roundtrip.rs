@@ -284,3 +284,39 @@ async fn a_peer_dying_mid_batch_fails_the_unanswered_ranges_only() {
     assert!(r[1..].iter().all(Result::is_err), "{r:?}");
     assert_eq!(c.open_connections(&endpoint), 0, "the broken lane is not pooled");
 }
+
+/// A read's range lease must be gone by the time its reader has the last byte: a write of the same range sent
+/// right after the read returns (the same client rewriting it, or a new put into a range eviction just freed)
+/// is never refused as busy. Several tasks over several lanes, small (pipelined, copied) and large (striped,
+/// sent from memory or with sendfile) ranges, many times each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_right_after_a_read_of_the_same_range_is_never_busy() {
+    const TASKS: usize = 8;
+    const ROUNDS: u64 = 300;
+    const SLOT: usize = 512 * KIB;
+    for n in [node((TASKS * SLOT) as u64), memfd_node((TASKS * SLOT) as u64)] {
+        let c = client(64 * KIB as u64, 4);
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..TASKS {
+            let (c, endpoint, segment) = (c.clone(), n.endpoint.clone(), n.segment);
+            tasks.spawn(async move {
+                let base = (t * SLOT) as u64;
+                let mut buf = vec![0u8; SLOT];
+                for round in 0..ROUNDS {
+                    // Sizes from one byte to several stripes; the write overlaps the read by one byte or more.
+                    let size = [1, 4 * KIB, 60 * KIB, 200 * KIB][(round as usize + t) % 4];
+                    let data = pattern(size, (t as u64) << 32 | round);
+                    let into = &mut buf[..size];
+                    c.read_into(&endpoint, segment, base, into).await.unwrap();
+                    let at = base + (size as u64 - 1) / 2;
+                    if let Err(e) = c.write_from_checksummed(&endpoint, segment, at, &data).await {
+                        panic!("task {t} round {round} ({size} B): write after read refused: {e:?}");
+                    }
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+    }
+}
