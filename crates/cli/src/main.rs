@@ -106,7 +106,7 @@ fn threads(role: Role, configured: Option<usize>, cpus: usize) -> usize {
 
 /// The tokio runtime for a process of `role`; `CRESCENT_THREADS=N` overrides the choice of [`threads`]. A
 /// node's runtime polls all of its connections for `[node] poll_us` (default 50 µs) before it sleeps
-/// (`crescent_proto::poll::idle_park_hook`).
+/// (`crescent_net::poll::idle_park_hook`).
 fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runtime::Runtime> {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let threads = match std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
@@ -123,9 +123,9 @@ fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runt
         }
     };
     if role == Role::Node {
-        let window = file.node.poll_us.map_or(crescent_proto::poll::DEFAULT_WINDOW, std::time::Duration::from_micros);
+        let window = file.node.poll_us.map_or(crescent_net::poll::DEFAULT_WINDOW, std::time::Duration::from_micros);
         if !window.is_zero() {
-            b.on_thread_park(crescent_proto::poll::idle_park_hook(window));
+            b.on_thread_park(crescent_net::poll::idle_park_hook(window));
         }
     }
     b.enable_all().build()

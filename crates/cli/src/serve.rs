@@ -3,10 +3,10 @@
 
 use crate::config::{FileConfig, Global};
 use anyhow::{Context, Result, anyhow};
-use crescent_client::node::{NodeConfig, StorageNode};
 use crescent_master::clock::SystemClock;
 use crescent_master::server::{AdminServer, RpcMetrics, RpcServer};
 use crescent_master::service::{MasterConfig, MasterService, PlacementPolicySetting};
+use crescent_node::{NodeConfig, StorageNode};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +125,7 @@ struct RunningMaster {
 /// the 2-vCPU VM, 4 KiB puts/gets against `up` ran ~1.6× faster with it off); there the runtime polls all
 /// connections at once instead (`[node] poll_us`). A separate master process runs ~2× faster with it on.
 fn default_poll(combined: bool) -> Duration {
-    if combined { Duration::ZERO } else { crescent_proto::poll::DEFAULT_WINDOW }
+    if combined { Duration::ZERO } else { crescent_net::poll::DEFAULT_WINDOW }
 }
 
 async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<RunningMaster> {

@@ -22,7 +22,7 @@ fn main() {
         let server =
             RpcServer::bind("127.0.0.1:0".parse().unwrap(), svc, Arc::new(RpcMetrics::default())).await.unwrap();
         // Client and server share this runtime: a server connection polling for the next request would hold the
-        // very thread the client needs to send it (see `crescent_proto::poll`), so the server parks at once.
+        // very thread the client needs to send it (see `crescent_net::poll`), so the server parks at once.
         let server = server.with_poll_window(Duration::ZERO);
         let handle = server.spawn().unwrap();
         {

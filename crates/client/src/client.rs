@@ -8,7 +8,7 @@
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
-use crescent_proto::poll::InFlight;
+use crescent_net::poll::InFlight;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,

@@ -1,15 +1,15 @@
-//! The Crescent client library and storage-node runtime.
+//! The Crescent client library.
 //!
 //! [`Client`] (async) and [`BlockingClient`] put and get objects: control through the master
 //! ([`master::MasterConnection`]), bytes straight to and from storage nodes over the data plane
-//! (`crescent-transfer`). [`node::StorageNode`] hosts segments, mounts them, pings the master every second and
-//! remounts when told to.
+//! (`crescent-transfer`). Module map: [`client`] (the async client: put/get, batches, replicas, checksums),
+//! [`blocking`] (the same for synchronous callers), [`master`] (the pooled, pipelined master connection, also
+//! used by storage nodes), [`error`] ([`ClientError`]).
 
 pub mod blocking;
 pub mod client;
 pub mod error;
 pub mod master;
-pub mod node;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig};

@@ -6,9 +6,10 @@
 
 use crate::error::ClientError;
 use bytes::Bytes;
-use crescent_proto::poll::InFlight;
-use crescent_proto::reader::FrameReader;
-use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, PeerRole, WireError};
+use crescent_net::hello::{self, HandshakeError};
+use crescent_net::poll::InFlight;
+use crescent_net::reader::FrameReader;
+use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::SinkExt;
 use parking_lot::Mutex;
@@ -75,10 +76,10 @@ impl Conn {
                 loop {
                     let mut next = frames.buffered().transpose();
                     // The client's only exchange polls (bounded by `spin`) for its reply and reads what the poll
-                    // saw at once (see `crescent_proto::poll`).
+                    // saw at once (see `crescent_net::poll`).
                     if next.is_none()
                         && inflight.count() == 1
-                        && crescent_proto::poll::until_readable(sock, self.spin)
+                        && crescent_net::poll::until_readable(sock, self.spin)
                     {
                         next = match frames.read_now(sock) {
                             Ok(_) => frames.buffered().transpose(),
@@ -156,19 +157,21 @@ async fn dial(
         .await
         .map_err(|_| ClientError::Timeout)?
         .map_err(WireError::Io)?;
+    let mut stream = stream;
     stream.set_nodelay(true).map_err(WireError::Io)?;
-    let (rd, wr) = stream.into_split();
-    let mut sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
-    let mut reader = Reader { sock: rd, frames: FrameReader::new(Limits::CONTROL) };
-    sink.send(Frame::encode(0, &Hello::new(role, Some(client)), Bytes::new())?).await?;
-    let reply = tokio::time::timeout(timeout, reader.frames.next(reader.sock.as_ref()))
-        .await
-        .map_err(|_| ClientError::Timeout)?;
-    let frame = reply.ok_or(WireError::Closed)??;
-    if let Err(ErrorFrame { code, message }) = frame.decode::<HelloReply>()?.body {
-        tracing::warn!(%addr, %message, "master refused the connection");
-        return Err(ClientError::Code(code));
+    match tokio::time::timeout(timeout, hello::open(&mut stream, role, Some(client))).await {
+        Err(_) | Ok(Err(HandshakeError::Timeout)) => return Err(ClientError::Timeout),
+        Ok(Ok(_)) => {}
+        Ok(Err(HandshakeError::Refused(ErrorFrame { code, message }))) => {
+            tracing::warn!(%addr, %message, "master refused the connection");
+            return Err(ClientError::Code(code));
+        }
+        Ok(Err(HandshakeError::Protocol(e))) => return Err(e.into()),
+        Ok(Err(HandshakeError::Io(e))) => return Err(WireError::Io(e).into()),
     }
+    let (rd, wr) = stream.into_split();
+    let sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
+    let reader = Reader { sock: rd, frames: FrameReader::new(Limits::CONTROL) };
     Ok(Arc::new(Conn {
         spin,
         sink: tokio::sync::Mutex::new(sink),

@@ -2,11 +2,11 @@
 //! replicas are reached by memcpy, corrupt bytes are refused, and a remote node's replicas over TCP.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crescent_client::node::{NodeConfig, StorageNode};
 use crescent_client::{Client, ClientConfig};
 use crescent_master::clock::SystemClock;
 use crescent_master::server::{RpcMetrics, RpcServer};
 use crescent_master::service::{MasterConfig, MasterService};
+use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::{ErrorCode, ReplicateConfig};
 use crescent_transfer::SegmentRegistry;
 use std::sync::Arc;

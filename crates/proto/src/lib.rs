@@ -8,8 +8,6 @@ pub mod config;
 pub mod error;
 pub mod ids;
 pub mod key;
-pub mod poll;
-pub mod reader;
 pub mod replica;
 pub mod rpc;
 pub mod segment;

@@ -18,7 +18,7 @@ use serde::de::{DeserializeOwned, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::marker::PhantomData;
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, Encoder};
 
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
@@ -168,19 +168,71 @@ pub fn frame_prefix(header_len: usize, payload_len: usize) -> Result<[u8; FRAME_
     Ok(out)
 }
 
+/// A frame's shape as its prefix announces it, checked against the connection's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameShape {
+    /// Bytes of the encoded [`Envelope`].
+    pub header_len: usize,
+    /// Raw payload bytes after the header.
+    pub payload_len: usize,
+}
+
+impl FrameShape {
+    /// Checks a frame's announced length (the prefix's first field) against `max_frame` before anything is read
+    /// or reserved for it; returns the bytes after the header-length field.
+    pub fn check_len(len: u32, max_frame: usize) -> Result<usize, WireError> {
+        let len = len as usize;
+        if len > max_frame {
+            return Err(WireError::FrameTooLarge { len, max: max_frame });
+        }
+        len.checked_sub(4).ok_or(WireError::Malformed("frame shorter than its header length"))
+    }
+
+    /// Splits the `body` bytes that follow the header-length field into header and payload.
+    pub fn split(body: usize, header_len: u32) -> Result<FrameShape, WireError> {
+        let header_len = header_len as usize;
+        let payload_len = body.checked_sub(header_len).ok_or(WireError::Malformed("header longer than the frame"))?;
+        Ok(FrameShape { header_len, payload_len })
+    }
+}
+
+/// Room for a frame prefix and a small header (a data-plane request header is at most ~50 bytes).
+pub const HEAD_CAP: usize = 128;
+
+/// A frame's prefix and header encoded on the stack, for frames whose payload is written from elsewhere
+/// (segment or caller memory) in the same vectored write.
+pub struct Head {
+    buf: [u8; HEAD_CAP],
+    len: usize,
+}
+
+impl Head {
+    /// Encodes `Envelope { id, body }` as a header for a frame carrying `payload_len` payload bytes.
+    pub fn encode<T: Serialize>(id: u64, body: &T, payload_len: usize) -> Result<Head, WireError> {
+        let mut buf = [0u8; HEAD_CAP];
+        let header_len = postcard::to_slice(&Envelope { id, body }, &mut buf[FRAME_PREFIX..])
+            .map_err(|e| WireError::Decode(e.to_string()))?
+            .len();
+        buf[..FRAME_PREFIX].copy_from_slice(&frame_prefix(header_len, payload_len)?);
+        Ok(Head { buf, len: FRAME_PREFIX + header_len })
+    }
+
+    /// The encoded prefix and header.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// Codec for [`Frame`]s with a maximum frame length enforced before allocation.
 #[derive(Debug)]
 pub struct FrameCodec {
-    inner: LengthDelimitedCodec,
     max: usize,
 }
 
 impl FrameCodec {
     /// A codec enforcing `limits`.
     pub fn new(limits: Limits) -> Self {
-        let max = limits.max_frame as usize;
-        let inner = LengthDelimitedCodec::builder().length_field_length(4).max_frame_length(max).new_codec();
-        Self { inner, max }
+        Self { max: limits.max_frame as usize }
     }
 }
 
@@ -189,32 +241,26 @@ impl Decoder for FrameCodec {
     type Error = WireError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
-        // Check the announced length ourselves first so the error names it (and nothing is reserved).
-        if src.len() >= 4 {
-            let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-            if len > self.max {
-                return Err(WireError::FrameTooLarge { len, max: self.max });
+        let Some(prefix) = src.first_chunk::<FRAME_PREFIX>() else {
+            // The length alone is checked as soon as it is in, so an oversized frame is refused at once.
+            if let Some(len) = src.first_chunk::<4>() {
+                FrameShape::check_len(u32::from_be_bytes(*len), self.max)?;
             }
-        }
-        let Some(mut body) = self.inner.decode(src).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                WireError::Malformed("frame length")
-            } else {
-                WireError::Io(e)
-            }
-        })?
-        else {
             return Ok(None);
         };
-        if body.len() < 4 {
-            return Err(WireError::Malformed("frame shorter than its header length"));
+        let len: [u8; 4] = [prefix[0], prefix[1], prefix[2], prefix[3]];
+        let header_len = u32::from_be_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
+        let shape = FrameShape::split(FrameShape::check_len(u32::from_be_bytes(len), self.max)?, header_len)?;
+        let total = FRAME_PREFIX + shape.header_len + shape.payload_len;
+        if src.len() < total {
+            // Within the limit: room for the rest of the frame, so it lands in one buffer.
+            src.reserve(total - src.len());
+            return Ok(None);
         }
-        let header_len = body.get_u32() as usize;
-        if header_len > body.len() {
-            return Err(WireError::Malformed("header longer than the frame"));
-        }
-        let header = body.split_to(header_len).freeze();
-        Ok(Some(Frame { header, payload: body.freeze() }))
+        src.advance(FRAME_PREFIX);
+        let header = src.split_to(shape.header_len).freeze();
+        let payload = src.split_to(shape.payload_len).freeze();
+        Ok(Some(Frame { header, payload }))
     }
 }
 
@@ -433,6 +479,22 @@ mod tests {
         let big = Frame::encode(u64::MAX - 1, &(), Bytes::new()).unwrap();
         assert_eq!(big.request_id().unwrap(), u64::MAX - 1);
         assert_eq!(f.wire_len(), FRAME_PREFIX + f.header.len() + 9);
+    }
+
+    #[test]
+    fn heads_fit_the_largest_data_request_and_announce_their_payload() {
+        let id = crate::SegmentId::random();
+        let req = crate::transfer::TransferRequest::Read { segment: id, offset: u64::MAX, length: u64::MAX };
+        let head = Head::encode(u64::MAX, &req, 1 << 26).unwrap();
+        assert!(head.as_bytes().len() <= HEAD_CAP / 2);
+        let len = u32::from_be_bytes(head.as_bytes()[..4].try_into().unwrap());
+        let body = FrameShape::check_len(len, usize::MAX).unwrap();
+        let header_len = u32::from_be_bytes(head.as_bytes()[4..8].try_into().unwrap());
+        let shape = FrameShape::split(body, header_len).unwrap();
+        assert_eq!(shape, FrameShape { header_len: head.as_bytes().len() - FRAME_PREFIX, payload_len: 1 << 26 });
+        assert!(matches!(FrameShape::check_len(3, 1024), Err(WireError::Malformed(_))));
+        assert!(matches!(FrameShape::check_len(2048, 1024), Err(WireError::FrameTooLarge { len: 2048, max: 1024 })));
+        assert!(matches!(FrameShape::split(10, 11), Err(WireError::Malformed(_))));
     }
 
     #[test]

@@ -243,7 +243,7 @@ fn main() {
         let mem = Arc::new(SegmentMemory::anonymous((REGION * MAX_CONCURRENCY) as u64).unwrap());
         mem.lease_mut(0, mem.len()).unwrap().fill(0); // fault the pages in up front
         segments.register(segment, mem.clone());
-        let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn();
+        let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn().unwrap();
         let endpoint = server.local_addr().to_string();
         let config =
             TransferConfig {

@@ -17,13 +17,15 @@ pub use batch::{BatchRead, BatchWrite};
 use crate::MAX_TRANSFER;
 use crate::checksum;
 use crate::error::{TransferError, io_error};
-use crate::net::{self, Head, READ_BUFFER, ShapeError};
+use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use bytes::{Bytes, BytesMut};
+use crescent_net::frame::{self as frames, ShapeError};
+use crescent_net::hello::{self, HandshakeError};
+use crescent_net::poll::{self, InFlight, InFlightGuard};
 use crescent_proto::SegmentId;
-use crescent_proto::poll::{self, InFlight, InFlightGuard};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
-use crescent_proto::wire::{ErrorFrame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
+use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -548,16 +550,12 @@ impl Lane {
             clean: false,
             _open: OpenLane(open),
         };
-        let hello = Head::encode(0, &Hello::new(PeerRole::Client, None), 0)?;
-        lane.send(&mut [IoSlice::new(hello.as_bytes())]).await?;
-        let (id, payload_len) = lane.reply_header().await?;
-        let reply: HelloReply = lane.message()?;
-        if id != 0 || payload_len != 0 {
-            return Err(WireError::Malformed("unexpected hello reply").into());
-        }
-        match reply {
+        match hello::open(&mut lane.io, PeerRole::Client, None).await {
             Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
-            Err(refusal) => return Err(TransferError::Refused(refusal.code)),
+            Err(HandshakeError::Refused(refusal)) => return Err(TransferError::Refused(refusal.code)),
+            Err(HandshakeError::Protocol(e)) => return Err(e.into()),
+            Err(HandshakeError::Io(e)) => return Err(io_error(e)),
+            Err(HandshakeError::Timeout) => return Err(TransferError::Timeout),
         }
         lane.clean = true;
         Ok(lane)
@@ -662,7 +660,7 @@ impl Lane {
     }
 
     async fn send(&mut self, bufs: &mut [IoSlice<'_>]) -> Result<(), TransferError> {
-        net::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
+        frames::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
     }
 
     /// Sends `head` then `data` in pieces of at most [`SUM_PIECE`] bytes, summing each piece of `data` right
@@ -701,7 +699,7 @@ impl Lane {
     /// Reads a reply's prefix and header (kept in `self.header`); returns its request id and payload length.
     async fn reply_header(&mut self) -> Result<(u64, usize), TransferError> {
         self.spin_until_readable();
-        let shape = match net::read_shape(&mut self.io, self.max_frame).await {
+        let shape = match frames::read_shape(&mut self.io, self.max_frame).await {
             Ok(shape) => shape,
             Err(ShapeError::Io(e)) => return Err(io_error(e)),
             Err(ShapeError::Wire(e)) => return Err(e.into()),

@@ -1,17 +1,16 @@
-//! Framing and socket helpers shared by the server and the client.
+//! Data-plane socket helpers shared by the server and the client: socket buffer sizing, payloads received
+//! straight into their destination, and sendfile.
 //!
 //! The data plane does not use `FrameCodec`: a codec must buffer the whole frame, and payloads here must go
-//! straight between the socket and segment (or caller) memory. So frames are read in three steps (prefix,
-//! header, payload-into-destination) and written as one vectored write of `prefix + header` and the payload
-//! slice. The layout is exactly `crescent_proto::wire`'s, with the same limit checks.
+//! straight between the socket and segment (or caller) memory. So frames are read in steps (`crescent_net::
+//! frame`: prefix, header, then the payload here, into its destination) and written as one vectored write of
+//! `prefix + header` (`crescent_proto::wire::Head`) and the payload slice.
 
-use crescent_proto::wire::{Envelope, FRAME_PREFIX, WireError, frame_prefix};
-use serde::Serialize;
-use std::io::{self, IoSlice};
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use tokio::io::Interest;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Socket send and receive buffer requested on every data connection: enough for a 1 MiB stripe to be in
@@ -48,110 +47,8 @@ pub(crate) fn size_buffers(socket: &TcpSocket) -> io::Result<()> {
 /// so at most this many payload bytes (those that arrived together with their header) are copied twice.
 pub(crate) const READ_BUFFER: usize = 32 << 10;
 
-/// Room for a frame prefix and a data-plane header (a request header is at most ~50 bytes).
-pub(crate) const HEAD_CAP: usize = 128;
-
-/// A frame prefix and header encoded on the stack.
-pub(crate) struct Head {
-    buf: [u8; HEAD_CAP],
-    len: usize,
-}
-
-impl Head {
-    /// Encodes `Envelope { id, body }` as a header for a frame carrying `payload_len` payload bytes.
-    pub(crate) fn encode<T: Serialize>(id: u64, body: &T, payload_len: usize) -> Result<Head, WireError> {
-        let mut buf = [0u8; HEAD_CAP];
-        let header_len = postcard::to_slice(&Envelope { id, body }, &mut buf[FRAME_PREFIX..])
-            .map_err(|e| WireError::Decode(e.to_string()))?
-            .len();
-        buf[..FRAME_PREFIX].copy_from_slice(&frame_prefix(header_len, payload_len)?);
-        Ok(Head { buf, len: FRAME_PREFIX + header_len })
-    }
-
-    /// The encoded prefix and header.
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-/// A frame's shape as announced by its prefix, already checked against the limit.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Shape {
-    pub(crate) header_len: usize,
-    pub(crate) payload_len: usize,
-}
-
-/// Why a frame's shape could not be read.
-#[derive(Debug)]
-pub(crate) enum ShapeError {
-    Io(io::Error),
-    /// The announced shape breaks the protocol.
-    Wire(WireError),
-}
-
-/// Waits until a frame starts (without a deadline: pooled connections idle here); `false` on a clean end of
-/// stream between frames.
-pub(crate) async fn frame_starts<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> io::Result<bool> {
-    Ok(!reader.fill_buf().await?.is_empty())
-}
-
-/// Reads a frame's prefix field by field: the announced length is checked against `max_frame` as soon as its 4
-/// bytes are in (before anything is allocated, and without waiting for more bytes a too-short frame lacks),
-/// then the header length must fit the frame.
-pub(crate) async fn read_shape<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-    max_frame: usize,
-) -> Result<Shape, ShapeError> {
-    let mut len = [0u8; 4];
-    reader.read_exact(&mut len).await.map_err(ShapeError::Io)?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > max_frame {
-        return Err(ShapeError::Wire(WireError::FrameTooLarge { len, max: max_frame }));
-    }
-    let Some(body) = len.checked_sub(4) else {
-        return Err(ShapeError::Wire(WireError::Malformed("frame shorter than its header length")));
-    };
-    let mut header_len = [0u8; 4];
-    reader.read_exact(&mut header_len).await.map_err(ShapeError::Io)?;
-    let header_len = u32::from_be_bytes(header_len) as usize;
-    let Some(payload_len) = body.checked_sub(header_len) else {
-        return Err(ShapeError::Wire(WireError::Malformed("header longer than the frame")));
-    };
-    Ok(Shape { header_len, payload_len })
-}
-
-/// Discards `n` bytes through the read buffer (no allocation).
-pub(crate) async fn skip<R: AsyncRead + Unpin>(reader: &mut BufReader<R>, mut n: usize) -> io::Result<()> {
-    while n > 0 {
-        let available = reader.fill_buf().await?.len();
-        if available == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let k = available.min(n);
-        reader.consume(k);
-        n -= k;
-    }
-    Ok(())
-}
-
-/// Writes every byte of `bufs` with as few (vectored) syscalls as the socket allows.
-pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    writer: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        let n = writer.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
-}
-
 /// Reads exactly `buf.len()` payload bytes: those `reader` already buffered, then straight from the socket into
-/// `buf`. When the socket runs dry mid-payload, `poll` may busy-poll it (see `crescent_proto::poll`; true once
+/// `buf`. When the socket runs dry mid-payload, `poll` may busy-poll it (see `crescent_net::poll`; true once
 /// readable) before the task parks, so a payload arriving in pieces does not cost a wake-up per piece. Each
 /// piece is handed to `landed` as soon as it is in `buf` (in order), e.g. to checksum it while it is in cache.
 pub(crate) async fn read_payload(
@@ -239,16 +136,5 @@ mod tests {
         let after_recv = s.recv_buffer_size().unwrap();
         assert!(after_send >= SOCKET_BUFFER || after_send == send, "{send} -> {after_send}");
         assert!(after_recv >= SOCKET_BUFFER || after_recv == recv, "{recv} -> {after_recv}");
-    }
-
-    #[test]
-    fn heads_fit_the_largest_request() {
-        let id = crescent_proto::SegmentId::random();
-        let req = crescent_proto::transfer::TransferRequest::Read { segment: id, offset: u64::MAX, length: u64::MAX };
-        let head = Head::encode(u64::MAX, &req, 1 << 26).unwrap();
-        assert!(head.as_bytes().len() <= HEAD_CAP / 2);
-        let prefix: [u8; FRAME_PREFIX] = head.as_bytes()[..FRAME_PREFIX].try_into().unwrap();
-        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-        assert_eq!(len, head.as_bytes().len() - 4 + (1 << 26));
     }
 }

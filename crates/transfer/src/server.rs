@@ -20,29 +20,26 @@
 
 use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
-use crate::net::{self, Head, READ_BUFFER, Shape, ShapeError};
+use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
-use bytes::Bytes;
-use crescent_proto::poll::{self, Adaptive, PollGate};
+use crescent_net::frame::{self as frames, ShapeError};
+use crescent_net::hello::{self, HandshakeError};
+use crescent_net::poll::{self, Adaptive, PollGate};
+use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
-use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Hello, HelloReply, Limits, MAX_HELLO_FRAME, WireError};
+use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 /// Default deadline for finishing a frame once its first byte arrived (and for the hello).
 pub const DEFAULT_SERVER_IO_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The largest hello frame accepted: a header and no payload.
-const HELLO_MAX_FRAME: usize = MAX_HELLO_FRAME;
 
 /// READ replies at least this large from memfd-backed segments go out with sendfile(2).
 const SENDFILE_MIN: usize = 64 << 10;
@@ -53,11 +50,6 @@ const REPLY_TAIL: usize = 4 << 10;
 
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
-
-/// After an error frame, how long and how much the server keeps reading so the error frame is delivered
-/// (closing with unread input would reset the connection and could discard it).
-const LINGER_TIME: Duration = Duration::from_secs(1);
-const LINGER_BYTES: usize = 1 << 20;
 
 /// Counters kept by a running server.
 #[derive(Debug, Default)]
@@ -85,7 +77,7 @@ pub struct TransferServer {
     local_addr: SocketAddr,
     segments: SegmentRegistry,
     io_timeout: Duration,
-    /// How long an idle connection polls for its next request before parking (see `crescent_proto::poll`).
+    /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
 }
 
@@ -133,29 +125,31 @@ impl TransferServer {
     }
 
     /// Starts accepting on the current tokio runtime.
-    pub fn spawn(self) -> TransferServerHandle {
-        let (stop, stopped) = oneshot::channel();
+    pub fn spawn(self) -> io::Result<TransferServerHandle> {
+        let TransferServer { listener, segments, io_timeout, poll_window, .. } = self;
         let counters = Arc::new(Counters::default());
-        let addr = self.local_addr;
-        let task = tokio::spawn(accept_loop(self, stopped, counters.clone()));
-        TransferServerHandle { addr, stop: Some(stop), task, counters }
+        let c = counters.clone();
+        let inner = crescent_net::accept::spawn("transfer", listener, move |stream, peer, shutdown| {
+            c.accepted.fetch_add(1, Ordering::Relaxed);
+            let idle = Idle { gate: &poll::PROCESS_GATE, window: poll_window, adaptive: Adaptive::default() };
+            serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone())
+        })?;
+        Ok(TransferServerHandle { inner, counters })
     }
 }
 
 /// A running transfer server; dropping it (or [`TransferServerHandle::shutdown`]) stops accepting and closes
-/// every connection (dropping the handle drops the stop sender, which the accept loop watches).
+/// every connection.
 #[derive(Debug)]
 pub struct TransferServerHandle {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    inner: ServerHandle,
     counters: Arc<Counters>,
 }
 
 impl TransferServerHandle {
     /// Where the server listens.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.inner.local_addr()
     }
 
     /// The server's counters.
@@ -168,46 +162,9 @@ impl TransferServerHandle {
     }
 
     /// Stops accepting, closes every connection and waits until all are gone.
-    pub async fn shutdown(mut self) {
-        self.stop.take(); // dropping the sender is the stop signal
-        if let Err(e) = (&mut self.task).await {
-            tracing::warn!(error = %e, "transfer server task failed");
-        }
+    pub async fn shutdown(self) {
+        self.inner.shutdown().await;
     }
-}
-
-async fn accept_loop(server: TransferServer, mut stopped: oneshot::Receiver<()>, counters: Arc<Counters>) {
-    let TransferServer { listener, local_addr, segments, io_timeout, poll_window } = server;
-    let poll = &poll::PROCESS_GATE;
-    tracing::info!(%local_addr, "transfer server listening");
-    // Owning the connection tasks here means stopping the loop aborts them all (closing their sockets).
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = &mut stopped => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    poll::watch_when_idle(&stream);
-                    let idle = Idle { gate: poll, window: poll_window, adaptive: Adaptive::default() };
-                    conns.spawn(serve_connection(stream, peer, segments.clone(), io_timeout, idle, counters.clone()));
-                }
-                Err(e) => {
-                    // Typically EMFILE: back off briefly instead of spinning on the error.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            Some(done) = conns.join_next(), if !conns.is_empty() => {
-                if let Err(e) = done {
-                    tracing::error!(error = %e, "transfer connection task failed");
-                }
-            }
-        }
-    }
-    drop(listener);
-    conns.shutdown().await;
-    tracing::info!(%local_addr, "transfer server stopped");
 }
 
 /// Keeps the open-connection gauge right however the connection task ends (including abort).
@@ -225,6 +182,7 @@ async fn serve_connection(
     segments: SegmentRegistry,
     io_timeout: Duration,
     idle: Idle,
+    shutdown: Shutdown,
     counters: Arc<Counters>,
 ) {
     counters.open.fetch_add(1, Ordering::Relaxed);
@@ -233,7 +191,7 @@ async fn serve_connection(
         tracing::debug!(%peer, error = %e, "socket setup failed");
         return;
     }
-    match Connection::new(stream, segments, io_timeout, idle, counters).run().await {
+    match Connection::new(stream, segments, io_timeout, idle, shutdown, counters).run().await {
         Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
         Err(Close::Io(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: i/o error"),
@@ -272,6 +230,8 @@ struct Connection {
     io_timeout: Duration,
     idle: Idle,
     max_frame: usize,
+    /// Ends the connection, between requests, when the server stops.
+    shutdown: Shutdown,
     counters: Arc<Counters>,
 }
 
@@ -290,6 +250,7 @@ impl Connection {
         segments: SegmentRegistry,
         io_timeout: Duration,
         idle: Idle,
+        shutdown: Shutdown,
         counters: Arc<Counters>,
     ) -> Self {
         Connection {
@@ -300,16 +261,23 @@ impl Connection {
             io_timeout,
             idle,
             max_frame: Limits::DATA.max_frame as usize,
+            shutdown,
             counters,
         }
     }
 
     async fn run(&mut self) -> Result<(), Close> {
-        match timeout(self.io_timeout, self.hello()).await {
-            Err(_) => return Err(Close::Timeout),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(false)) => return Ok(()),
-            Ok(Ok(true)) => {}
+        match hello::answer(&mut self.io, Limits::DATA, self.io_timeout).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(()),
+            Err(HandshakeError::Protocol(e)) => {
+                // Counted before the peer can see the refusal.
+                self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                hello::refuse(&mut self.io, &e).await;
+                return Err(Close::Protocol(e));
+            }
+            Err(HandshakeError::Timeout) => return Err(Close::Timeout),
+            Err(e) => return Err(Close::Io(io::Error::other(e))),
         }
         loop {
             if !self.out.is_empty() && (self.out.len() >= MAX_PENDING_REPLIES || !self.next_frame_buffered()) {
@@ -321,7 +289,11 @@ impl Connection {
             if self.io.buffer().is_empty() {
                 self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.window);
             }
-            if !net::frame_starts(&mut self.io).await? {
+            let started = tokio::select! {
+                started = frames::frame_starts(&mut self.io) => started?,
+                () = self.shutdown.stopping() => false,
+            };
+            if !started {
                 return Ok(());
             }
             match timeout(self.io_timeout, self.request()).await {
@@ -332,36 +304,6 @@ impl Connection {
                     self.refuse(&ErrorFrame { code: e.code(), message: e.to_string() }).await;
                     return Err(Close::Protocol(e));
                 }
-            }
-        }
-    }
-
-    /// Reads the hello and answers it; `Ok(false)` if the peer left before saying anything.
-    async fn hello(&mut self) -> Result<bool, Close> {
-        if !net::frame_starts(&mut self.io).await? {
-            return Ok(false);
-        }
-        let negotiated = match net::read_shape(&mut self.io, HELLO_MAX_FRAME).await {
-            Ok(Shape { payload_len: 0, header_len }) => {
-                self.read_header(header_len).await?;
-                postcard::from_bytes::<Envelope<Hello>>(&self.header)
-                    .map_err(|e| WireError::Decode(e.to_string()))
-                    .and_then(|hello| hello.body.negotiate(Limits::DATA))
-            }
-            Ok(_) => Err(WireError::Malformed("hello carries a payload")),
-            Err(ShapeError::Wire(e)) => Err(e),
-            Err(ShapeError::Io(e)) => return Err(Close::Io(e)),
-        };
-        match negotiated {
-            Ok(ack) => {
-                let reply: HelloReply = Ok(ack);
-                self.queue(0, &reply)?;
-                Ok(true)
-            }
-            Err(e) => {
-                let reply: HelloReply = Err(ErrorFrame { code: e.code(), message: e.to_string() });
-                self.refuse(&reply).await;
-                Err(Close::Protocol(e))
             }
         }
     }
@@ -380,7 +322,7 @@ impl Connection {
 
     async fn request(&mut self) -> Result<Step, Close> {
         // The announced length is checked before anything is read or allocated for the frame.
-        let shape = match net::read_shape(&mut self.io, self.max_frame).await {
+        let shape = match frames::read_shape(&mut self.io, self.max_frame).await {
             Ok(shape) => shape,
             Err(ShapeError::Wire(e)) => return Ok(Step::Refuse(e)),
             Err(ShapeError::Io(e)) => return Err(Close::Io(e)),
@@ -402,7 +344,7 @@ impl Connection {
                 self.read(id, segment, offset, length).await?
             }
             TransferRequest::Read { .. } => {
-                net::skip(&mut self.io, shape.payload_len).await?;
+                frames::skip(&mut self.io, shape.payload_len).await?;
                 self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams))?;
             }
         }
@@ -431,7 +373,7 @@ impl Connection {
 
     async fn refuse_write(&mut self, id: u64, len: usize, code: ErrorCode) -> Result<(), Close> {
         tracing::debug!(id, len, %code, "write refused");
-        net::skip(&mut self.io, len).await?;
+        frames::skip(&mut self.io, len).await?;
         self.queue(id, &TransferResponse::Error(code))
     }
 
@@ -470,7 +412,7 @@ impl Connection {
             net::send_file(self.io.get_ref(), fd, offset, body.len()).await?;
         } else if !body.is_empty() {
             // Pending replies, this reply's prefix and header, and the body straight from segment memory.
-            net::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(body)]).await?;
+            frames::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(body)]).await?;
             self.out.clear();
         }
         self.out.extend_from_slice(tail);
@@ -491,31 +433,13 @@ impl Connection {
         r
     }
 
-    /// Sends `body` as a final frame under request id 0, then closes gracefully: FIN, then read and discard
-    /// (bounded) until the peer closes, so the frame is not lost to a reset.
-    async fn refuse<T: serde::Serialize>(&mut self, body: &T) {
+    /// Ends a connection that broke the protocol: the replies owed so far, then `body` as an error frame under
+    /// request id 0, then a graceful close ([`frames::refuse`]).
+    async fn refuse(&mut self, body: &ErrorFrame) {
         // Counted before the peer can see the refusal.
         self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-        let sent = async {
-            if let Ok(frame) = Frame::encode(0, body, Bytes::new()) {
-                self.out.extend_from_slice(&crescent_proto::wire::frame_prefix(frame.header.len(), 0)?);
-                self.out.extend_from_slice(&frame.header);
-            }
-            self.flush().await?;
-            self.io.get_mut().shutdown().await?;
-            let mut drained = 0;
-            while drained < LINGER_BYTES {
-                let n = self.io.fill_buf().await?.len();
-                if n == 0 {
-                    break;
-                }
-                self.io.consume(n);
-                drained += n;
-            }
-            Ok::<(), WireError>(())
-        };
-        // Best effort: the connection is closing either way.
-        let _ = timeout(LINGER_TIME, sent).await;
+        let pending = std::mem::take(&mut self.out);
+        frames::refuse(&mut self.io, &pending, body).await;
     }
 }
 
@@ -531,7 +455,8 @@ mod tests {
         let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (stream, _) = listener.accept().await.unwrap();
         let idle = Idle { gate: &poll::PROCESS_GATE, window: Duration::ZERO, adaptive: Adaptive::default() };
-        let conn = Connection::new(stream, segments, DEFAULT_SERVER_IO_TIMEOUT, idle, Arc::default());
+        let conn =
+            Connection::new(stream, segments, DEFAULT_SERVER_IO_TIMEOUT, idle, Shutdown::default(), Arc::default());
         (conn, peer)
     }
 

@@ -170,7 +170,8 @@ async fn stalled_frames_and_silent_peers_are_cut_off_after_the_io_timeout() {
     let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments)
         .unwrap()
         .with_io_timeout(Duration::from_millis(200))
-        .spawn();
+        .spawn()
+        .unwrap();
     // Connects and never says hello.
     let mut silent = TcpStream::connect(server.local_addr()).await.unwrap();
     // Starts a frame and stalls in the middle of its prefix.

@@ -4,8 +4,10 @@
 
 use crate::service::MasterService;
 use bytes::Bytes;
-use crescent_proto::poll::{self, Adaptive, PollGate};
-use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Hello, HelloReply, Limits, WireError};
+use crescent_net::hello::{self, HandshakeError};
+use crescent_net::poll::{self, Adaptive, PollGate};
+use crescent_net::{ServerHandle, Shutdown};
+use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
 use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use std::net::SocketAddr;
@@ -13,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_util::codec::Framed;
 
 /// The operations counted by the server, in `/metrics` order.
@@ -224,34 +225,23 @@ pub struct RpcServer {
     listener: TcpListener,
     svc: Arc<MasterService>,
     metrics: Arc<RpcMetrics>,
-    /// How long an idle connection polls for its next request before parking (see `crescent_proto::poll`).
+    /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
 }
 
 /// A running RPC server; dropping it stops accepting and closes every connection.
 #[derive(Debug)]
-pub struct RpcServerHandle {
-    addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct RpcServerHandle(ServerHandle);
 
 impl RpcServerHandle {
     /// Where the server listens.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
     }
 
-    /// Stops the server and waits for the accept loop to end.
+    /// Stops accepting, lets every connection finish the request in hand, and waits until all are gone.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = (&mut { self }.task).await;
-    }
-}
-
-impl Drop for RpcServerHandle {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.0.shutdown().await;
     }
 }
 
@@ -274,73 +264,52 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let addr = self.listener.local_addr()?;
-        let (stop, mut stopped) = watch::channel(false);
-        let gate = &poll::PROCESS_GATE;
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => break,
-                    accepted = self.listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            self.metrics.connections.fetch_add(1, Ordering::Relaxed);
-                            crescent_proto::poll::watch_when_idle(&stream);
-                            let (svc, metrics, stop) = (self.svc.clone(), self.metrics.clone(), stopped.clone());
-                            let poll = (gate, self.poll_window);
-                            tokio::spawn(async move {
-                                if let Err(e) = serve(stream, svc, metrics, stop, poll).await {
-                                    tracing::debug!(%peer, error = %e, "connection closed");
-                                }
-                            });
-                        }
-                        Err(e) => tracing::warn!(error = %e, "accept failed"),
-                    },
+        let RpcServer { listener, svc, metrics, poll_window } = self;
+        let handle = crescent_net::accept::spawn("master rpc", listener, move |stream, peer, shutdown| {
+            metrics.connections.fetch_add(1, Ordering::Relaxed);
+            let (svc, metrics) = (svc.clone(), metrics.clone());
+            async move {
+                if let Err(e) = serve(stream, svc, metrics, shutdown, (&poll::PROCESS_GATE, poll_window)).await {
+                    tracing::debug!(%peer, error = %e, "connection closed");
                 }
             }
-        });
-        Ok(RpcServerHandle { addr, stop, task })
+        })?;
+        Ok(RpcServerHandle(handle))
     }
 }
 
-async fn send_error(framed: &mut Framed<TcpStream, FrameCodec>, id: u64, code: ErrorCode, message: String) {
-    if let Ok(f) = Frame::encode(id, &ErrorFrame { code, message }, Bytes::new()) {
-        let _ = framed.send(f).await;
-    }
+/// Ends a connection that broke the protocol: counts it, then replies already queued, an error frame under
+/// request id 0, and a graceful close.
+async fn refuse(framed: &mut Framed<TcpStream, FrameCodec>, metrics: &RpcMetrics, e: WireError) -> WireError {
+    metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
+    let _ = framed.flush().await;
+    crescent_net::frame::refuse(framed.get_mut(), &[], &ErrorFrame { code: e.code(), message: e.to_string() }).await;
+    e
 }
 
 async fn serve(
-    stream: TcpStream,
+    mut stream: TcpStream,
     svc: Arc<MasterService>,
     metrics: Arc<RpcMetrics>,
-    mut stop: watch::Receiver<bool>,
+    shutdown: Shutdown,
     (gate, poll_window): (&'static PollGate, Duration),
 ) -> Result<(), WireError> {
     stream.set_nodelay(true)?;
-    let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
-    // Hello first.
-    let hello = match framed.next().await {
-        Some(Ok(f)) => f,
-        Some(Err(e)) => {
+    match hello::answer(&mut stream, Limits::CONTROL, hello::HELLO_TIMEOUT).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok(()),
+        Err(HandshakeError::Protocol(e)) => {
             metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
-            send_error(&mut framed, 0, e.code(), e.to_string()).await;
+            hello::refuse(&mut stream, &e).await;
             return Err(e);
         }
-        None => return Ok(()),
-    };
-    match hello.decode::<Hello>().and_then(|h| h.body.negotiate(Limits::CONTROL)) {
-        Ok(ack) => framed.send(Frame::encode(0, &HelloReply::Ok(ack), Bytes::new())?).await?,
-        Err(e) => {
-            metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
-            let refusal = HelloReply::Err(ErrorFrame { code: e.code(), message: e.to_string() });
-            if let Ok(f) = Frame::encode(0, &refusal, Bytes::new()) {
-                let _ = framed.send(f).await;
-            }
-            return Err(e);
-        }
+        Err(HandshakeError::Io(e)) => return Err(WireError::Io(e)),
+        Err(e) => return Err(WireError::Io(std::io::Error::other(e))),
     }
+    let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
     let mut adaptive = Adaptive::default();
     loop {
-        if *stop.borrow() {
+        if shutdown.is_stopping() {
             let _ = framed.flush().await;
             return Ok(());
         }
@@ -354,7 +323,7 @@ async fn serve(
                 framed.flush().await?;
                 adaptive.poll(gate, framed.get_ref(), poll_window);
                 tokio::select! {
-                    _ = stop.changed() => return Ok(()),
+                    () = shutdown.stopping() => return Ok(()),
                     f = framed.next() => f,
                 }
             }
@@ -362,19 +331,11 @@ async fn serve(
         let frame = match frame {
             None => return Ok(()),
             Some(Ok(f)) => f,
-            Some(Err(e)) => {
-                metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                send_error(&mut framed, 0, e.code(), e.to_string()).await;
-                return Err(e);
-            }
+            Some(Err(e)) => return Err(refuse(&mut framed, &metrics, e).await),
         };
         let Envelope { id, body } = match frame.decode::<MasterRequest>() {
             Ok(env) => env,
-            Err(e) => {
-                metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                send_error(&mut framed, 0, e.code(), e.to_string()).await;
-                return Err(e);
-            }
+            Err(e) => return Err(refuse(&mut framed, &metrics, e).await),
         };
         let op = op_index(&body);
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.

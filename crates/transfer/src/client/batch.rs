@@ -11,10 +11,9 @@
 
 use super::{Lane, LaneGuard, Peer, TransferClient};
 use crate::error::TransferError;
-use crate::net::Head;
 use crescent_proto::SegmentId;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
-use crescent_proto::wire::WireError;
+use crescent_proto::wire::{Head, WireError};
 use futures_util::future::join_all;
 use std::io::IoSlice;
 use tokio::time::timeout;

@@ -46,8 +46,11 @@ fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
     let segment = SegmentId::random();
     let mem = Arc::new(mem);
     segments.register(segment, mem.clone());
-    let server =
-        TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().with_poll_window(poll).spawn();
+    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone())
+        .unwrap()
+        .with_poll_window(poll)
+        .spawn()
+        .unwrap();
     let addr = server.local_addr();
     Node { segments, segment, mem, server, addr, endpoint: addr.to_string() }
 }

@@ -2,8 +2,8 @@
 //! second, remounts by itself when the master answers `NEED_REMOUNT` (e.g. after a master restart), and
 //! unmounts on shutdown.
 
-use crate::error::ClientError;
-use crate::master::MasterConnection;
+use crescent_client::ClientError;
+use crescent_client::master::MasterConnection;
 use crescent_proto::wire::{Batch, PeerRole};
 use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
@@ -36,7 +36,7 @@ pub struct NodeConfig {
     pub prefault: bool,
     /// How long an idle data-plane connection polls for its next request before parking (default 0 = never;
     /// see `TransferServer::with_poll_window` for why). Polling all connections at once is a runtime hook
-    /// instead: `crescent_proto::poll::idle_park_hook`, which `crescent node` installs.
+    /// instead: `crescent_net::poll::idle_park_hook`, which `crescent node` installs.
     pub poll_window: Duration,
 }
 
@@ -122,7 +122,7 @@ impl StorageNode {
             });
             registry.register(id, Arc::new(mem));
         }
-        let server = server.spawn();
+        let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
         let id = ClientId::random();
         let master = Arc::new(MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout));
         for spec in &specs {

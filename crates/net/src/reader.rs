@@ -10,8 +10,8 @@
 //! initialised (as tokio's own reads do), so no read zero-fills memory first.
 #![allow(unsafe_code)]
 
-use crate::wire::{Frame, FrameCodec, Limits, WireError};
 use bytes::BytesMut;
+use crescent_proto::wire::{Frame, FrameCodec, Limits, WireError};
 use std::io;
 use std::os::fd::AsFd;
 use tokio::io::Interest;

@@ -1,0 +1,21 @@
+//! Connection plumbing shared by every Crescent server and client: what happens on a socket before and around
+//! the requests, so the master's RPC server, the storage nodes' transfer server and both clients do it one way.
+//!
+//! * [`accept`]: the accept loop (a task per connection kept in a `JoinSet`, back-off on accept errors,
+//!   connections told to stop and drained on shutdown) and the [`ServerHandle`] that stops it.
+//! * [`hello`]: the hello handshake, client side ([`hello::open`]) and server side ([`hello::answer`]).
+//! * [`frame`]: reading frames in steps (prefix checked against the limit first, header, payload wherever it
+//!   belongs), vectored writes, and [`frame::refuse`], the last frame of a connection that broke the protocol.
+//! * [`poll`]: bounded busy-polling before a waiting end parks, the per-process poll gate, and the idle set a
+//!   runtime polls before it sleeps.
+//! * [`reader`]: [`reader::FrameReader`], frames read straight from a socket a poll found readable.
+//!
+//! The frame layout and the messages are `crescent-proto`'s; this crate owns none of them.
+
+pub mod accept;
+pub mod frame;
+pub mod hello;
+pub mod poll;
+pub mod reader;
+
+pub use accept::{ServerHandle, Shutdown};
