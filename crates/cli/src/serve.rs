@@ -3,12 +3,11 @@
 
 use crate::config::{FileConfig, Global};
 use anyhow::{Context, Result, anyhow};
-use crescent_master::clock::SystemClock;
-use crescent_master::server::{AdminServer, RpcMetrics, RpcServer};
-use crescent_master::service::{MasterConfig, MasterService, PlacementPolicySetting};
+use crescent_master::placement::PlacementPolicy;
+use crescent_master::server::MasterServer;
+use crescent_master::service::MasterConfig;
 use crescent_node::{NodeConfig, StorageNode};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Master flags (each also settable under `[server]` in the config file).
@@ -37,7 +36,7 @@ pub struct MasterArgs {
     multi_tenant: Option<bool>,
     /// Placement policy: random, free-ratio-first, local-first.
     #[arg(long)]
-    placement: Option<String>,
+    placement: Option<PlacementPolicy>,
 }
 
 /// Node flags (each also settable under `[node]`).
@@ -100,24 +99,10 @@ fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
     if let Some(v) = a.multi_tenant {
         c.enable_multi_tenants = v;
     }
-    if let Some(p) = &a.placement {
-        c.placement_policy = match p.as_str() {
-            "random" => PlacementPolicySetting::Random,
-            "free-ratio-first" => PlacementPolicySetting::FreeRatioFirst,
-            "local-first" => PlacementPolicySetting::LocalFirst,
-            other => return Err(anyhow!("unknown placement policy {other:?}")),
-        };
+    if let Some(p) = a.placement {
+        c.placement_policy = p;
     }
     Ok(c)
-}
-
-/// A running master: service, background loop, RPC and admin servers.
-struct RunningMaster {
-    rpc: SocketAddr,
-    admin: SocketAddr,
-    _admin: AdminServer,
-    _rpc: crescent_master::server::RpcServerHandle,
-    _bg: crescent_master::service::BackgroundLoop,
 }
 
 /// How long the master's idle connections poll before parking, unless the config says. `crescent up` runs the
@@ -128,22 +113,15 @@ fn default_poll(combined: bool) -> Duration {
     if combined { Duration::ZERO } else { crescent_net::poll::DEFAULT_WINDOW }
 }
 
-async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<RunningMaster> {
+async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<MasterServer> {
     let config = master_config(a, file)?;
     let listen = addr(a.listen.as_deref().or(file.server.listen.as_deref()).unwrap_or(crate::config::DEFAULT_MASTER))?;
     let admin = match a.admin.as_deref().or(file.server.admin.as_deref()) {
         Some(s) => addr(s)?,
         None => SocketAddr::new(listen.ip(), if listen.port() == 0 { 0 } else { 9003 }),
     };
-    let svc = Arc::new(MasterService::new(config, Arc::new(SystemClock::new())).map_err(|e| anyhow!("{e}"))?);
-    let bg = svc.spawn_background().context("starting the background loop")?;
-    let metrics = Arc::new(RpcMetrics::default());
-    let mut rpc =
-        RpcServer::bind(listen, svc.clone(), metrics.clone()).await.with_context(|| format!("binding {listen}"))?;
-    rpc = rpc.with_poll_window(file.server.poll_us.map_or(default_poll(combined), Duration::from_micros));
-    let rpc = rpc.spawn()?;
-    let admin = AdminServer::start(admin, svc, metrics).await.with_context(|| format!("binding admin {admin}"))?;
-    Ok(RunningMaster { rpc: rpc.local_addr(), admin: admin.local_addr(), _admin: admin, _rpc: rpc, _bg: bg })
+    let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
+    Ok(MasterServer::builder(config).rpc_addr(listen).admin_addr(Some(admin)).poll_window(poll).start().await?)
 }
 
 fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: SocketAddr) -> Result<NodeConfig> {
@@ -173,6 +151,10 @@ async fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
+fn admin_addr(m: &MasterServer) -> Option<String> {
+    m.admin_addr().map(|a| a.to_string())
+}
+
 fn print_ready(v: serde_json::Value) {
     println!("{v}");
 }
@@ -180,9 +162,10 @@ fn print_ready(v: serde_json::Value) {
 /// `crescent master`.
 pub async fn master(a: MasterArgs, file: &FileConfig) -> Result<()> {
     let m = start_master(&a, file, false).await?;
-    print_ready(serde_json::json!({ "master": m.rpc.to_string(), "admin": m.admin.to_string() }));
+    print_ready(serde_json::json!({ "master": m.rpc_addr().to_string(), "admin": admin_addr(&m) }));
     wait_for_signal().await?;
     tracing::info!("master stopping");
+    m.shutdown().await;
     Ok(())
 }
 
@@ -202,15 +185,15 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
     let m = start_master(&a.master, file, true).await?;
     let node_args =
         NodeArgs { listen: a.node_listen.clone(), segment_size: a.segment_size.clone(), ..NodeArgs::default() };
-    let config = node_config(&node_args, &m.rpc.to_string(), file, SocketAddr::new(m.rpc.ip(), 0))?;
+    let config = node_config(&node_args, &m.rpc_addr().to_string(), file, SocketAddr::new(m.rpc_addr().ip(), 0))?;
     let node = StorageNode::start(config).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
     print_ready(serde_json::json!({
-        "master": m.rpc.to_string(),
-        "admin": m.admin.to_string(),
+        "master": m.rpc_addr().to_string(),
+        "admin": admin_addr(&m),
         "node": node.endpoint().to_string(),
     }));
     wait_for_signal().await?;
     node.shutdown(Duration::ZERO).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
-    drop(m);
+    m.shutdown().await;
     Ok(())
 }

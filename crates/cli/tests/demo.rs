@@ -54,5 +54,9 @@ fn demo_replays_a_trace_file() {
 fn bad_arguments_fail_cleanly() {
     let out = run(&["demo", "--policy", "nope"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown placement policy \"nope\" (one of: random, free-ratio-first, local-first)"),
+        "{stderr}"
+    );
 }

@@ -3,12 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use crescent_client::master::MasterConnection;
-use crescent_master::clock::SystemClock;
-use crescent_master::server::{RpcMetrics, RpcServer};
-use crescent_master::service::{MasterConfig, MasterService};
+use crescent_master::server::MasterServer;
+use crescent_master::service::MasterConfig;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{ClientId, MasterRequest};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -18,13 +16,9 @@ fn main() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
     };
     rt.block_on(async {
-        let svc = Arc::new(MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap());
-        let server =
-            RpcServer::bind("127.0.0.1:0".parse().unwrap(), svc, Arc::new(RpcMetrics::default())).await.unwrap();
         // Client and server share this runtime: a server connection polling for the next request would hold the
         // very thread the client needs to send it (see `crescent_net::poll`), so the server parks at once.
-        let server = server.with_poll_window(Duration::ZERO);
-        let handle = server.spawn().unwrap();
+        let master = MasterServer::builder(MasterConfig::default()).poll_window(Duration::ZERO).start().await.unwrap();
         {
             // Baseline: a bare framed echo over loopback with the same codec.
             use crescent_proto::wire::{Frame, FrameCodec, Limits};
@@ -50,7 +44,7 @@ fn main() {
             }
             println!("bare framed echo c=1: {:.0} round trips/s", n as f64 / t.elapsed().as_secs_f64());
         }
-        let addr = handle.local_addr().to_string();
+        let addr = master.rpc_addr().to_string();
         let conn = MasterConnection::new(&addr, ClientId::random(), PeerRole::Client, 1, Duration::from_secs(10));
         let one = MasterRequest::ExistKey { tenant: String::new(), key: WireKey::from("some-key-0000000001") };
         for _ in 0..1000 {

@@ -3,25 +3,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crescent_client::{Client, ClientConfig};
-use crescent_master::clock::SystemClock;
-use crescent_master::server::{RpcMetrics, RpcServer};
-use crescent_master::service::{MasterConfig, MasterService};
+use crescent_master::server::MasterServer;
+use crescent_master::service::MasterConfig;
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::{ErrorCode, ReplicateConfig};
 use crescent_transfer::SegmentRegistry;
-use std::sync::Arc;
 
-async fn master() -> (Arc<MasterService>, crescent_master::server::RpcServerHandle) {
-    let svc = Arc::new(MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap());
-    let server =
-        RpcServer::bind("127.0.0.1:0".parse().unwrap(), svc.clone(), Arc::new(RpcMetrics::default())).await.unwrap();
-    (svc, server.spawn().unwrap())
+async fn master() -> MasterServer {
+    MasterServer::builder(MasterConfig::default()).start().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt_bytes() {
-    let (_svc, server) = master().await;
-    let addr = server.local_addr().to_string();
+    let server = master().await;
+    let addr = server.rpc_addr().to_string();
     let local = SegmentRegistry::default();
     let mut cfg = NodeConfig::new(addr.clone(), 16 << 20);
     cfg.prefault = false;
@@ -56,10 +51,10 @@ async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_address_list_falls_through_to_a_reachable_master() {
-    let (_svc, server) = master().await;
+    let server = master().await;
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     // `dead` is closed again when the listener drops: connecting to it is refused.
-    let list = format!("{dead}, {}", server.local_addr());
+    let list = format!("{dead}, {}", server.rpc_addr());
     let client = Client::new(ClientConfig::new(list));
     assert!(!client.is_exist("nothing").await.unwrap());
     let none = Client::new(ClientConfig::new(format!("{dead}")));
@@ -71,8 +66,8 @@ fn a_blocking_client_serves_several_calling_threads_at_once() {
     // The cluster runs on its own runtime; the blocking client drives its calls on the callers' threads.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (addr, node, _server) = rt.block_on(async {
-        let (_svc, server) = master().await;
-        let addr = server.local_addr().to_string();
+        let server = master().await;
+        let addr = server.rpc_addr().to_string();
         let mut cfg = NodeConfig::new(addr.clone(), 64 << 20);
         cfg.prefault = false;
         let node = StorageNode::start(cfg).await.unwrap();

@@ -15,3 +15,4 @@ pub mod placement;
 pub mod segment_pool;
 pub mod server;
 pub mod service;
+pub mod sim;

@@ -5,9 +5,10 @@ mod common;
 
 use common::*;
 use crescent_master::placement::{
-    PlacementError, PlacementPolicy, PlacementRequest, ReplicaAllocator, ReplicaPlacement, host_ordered_names,
+    PlacementError, PlacementPolicy, PlacementRequest, Placer, ReplicaPlacement, host_ordered_names,
 };
-use crescent_master::segment_pool::{AllocatedBuffer, PlacementGroup, SegmentPool};
+use crescent_master::segment_pool::{AllocatedBuffer, SegmentPool};
+use crescent_proto::SegmentKind;
 use crescent_proto::{ClientId, ErrorCode, SegmentId};
 use std::collections::HashSet;
 
@@ -15,8 +16,8 @@ fn names_of(pool: &SegmentPool, bufs: &[AllocatedBuffer]) -> Vec<String> {
     bufs.iter().map(|b| pool.segment(b.segment_id().unwrap()).unwrap().spec.name.clone()).collect()
 }
 
-fn placer(policy: PlacementPolicy) -> ReplicaAllocator {
-    ReplicaAllocator::new(policy)
+fn placer(policy: PlacementPolicy) -> Placer {
+    Placer::new(policy)
 }
 
 // Property 9: distinct placement, best effort.
@@ -79,10 +80,10 @@ fn fails_with_no_available_handle_only_when_nothing_fits() {
     assert_eq!(rp.place(&PlacementRequest::memory(0, 1)).unwrap_err().code(), ErrorCode::InvalidParams);
     assert_eq!(rp.place(&PlacementRequest::memory(1, 0)).unwrap_err().code(), ErrorCode::InvalidParams);
     // One segment full, the other not: a 2-replica request gets the one that fits.
-    let _big = rp.allocate_from(PlacementGroup::Memory, "seg0", MIB).unwrap();
+    let _big = rp.allocate_from(SegmentKind::Memory, "seg0", MIB).unwrap();
     let got = rp.place(&PlacementRequest::memory(4096, 2)).unwrap();
     assert_eq!(names_of(&p, &got), vec!["seg1".to_string()]);
-    assert_eq!(rp.allocate_from(PlacementGroup::Memory, "nope", 1).unwrap_err().code(), ErrorCode::NoAvailableHandle);
+    assert_eq!(rp.allocate_from(SegmentKind::Memory, "nope", 1).unwrap_err().code(), ErrorCode::NoAvailableHandle);
 }
 
 // Property 10: preferred then fallback; exclusion wins.
@@ -107,7 +108,7 @@ fn preferred_names_first_then_fallback_and_exclusions_win() {
         assert!(!names.contains(&"seg2".to_string()));
     }
     // A full preferred segment falls back to the others.
-    let _fill = rp.allocate_from(PlacementGroup::Memory, "seg1", MIB).unwrap();
+    let _fill = rp.allocate_from(SegmentKind::Memory, "seg1", MIB).unwrap();
     let names = names_of(&p, &rp.place(&req).unwrap());
     assert_eq!(names.len(), 2);
     assert!(!names.contains(&"seg1".to_string()) && !names.contains(&"seg2".to_string()));
@@ -127,7 +128,7 @@ fn local_first_orders_hosts_cyclically_and_rotates_names_by_key() {
     }
     let acc = p.placement_access();
     let order = |host: &str, hash: u64| -> Vec<String> {
-        host_ordered_names(&acc, PlacementGroup::Memory, host, hash).iter().map(|s| s.to_string()).collect()
+        host_ordered_names(&acc, SegmentKind::Memory, host, hash).iter().map(|s| s.to_string()).collect()
     };
     assert_eq!(order("h2", 0), ["b1", "c1", "c2", "a1", "a2"]);
     assert_eq!(order("h1", 1), ["a2", "a1", "b1", "c2", "c1"]);
@@ -146,8 +147,8 @@ fn local_first_orders_hosts_cyclically_and_rotates_names_by_key() {
     }
     // The local host full → the next host (wrapping past the last), its names rotated by the key.
     req.key_hash = 0;
-    let _f1 = rp.allocate_from(PlacementGroup::Memory, "c1", MIB).unwrap();
-    let _f2 = rp.allocate_from(PlacementGroup::Memory, "c2", MIB).unwrap();
+    let _f1 = rp.allocate_from(SegmentKind::Memory, "c1", MIB).unwrap();
+    let _f2 = rp.allocate_from(SegmentKind::Memory, "c2", MIB).unwrap();
     assert_eq!(names_of(&p, &rp.place(&req).unwrap()), ["a1"]);
     req.key_hash = 1;
     assert_eq!(names_of(&p, &rp.place(&req).unwrap()), ["a2"]);

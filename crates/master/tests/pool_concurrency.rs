@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use crescent_master::placement::{PlacementRequest, ReplicaAllocator, ReplicaPlacement};
+use crescent_master::placement::{PlacementRequest, Placer, ReplicaPlacement};
 use crescent_proto::{ClientId, SegmentStatus};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -18,7 +18,7 @@ fn allocation_never_lands_in_a_deactivated_region() {
     let p = pool();
     let keep = spec("keep", 1 << 30);
     p.mount(ClientId::random(), keep).unwrap();
-    let allocator = ReplicaAllocator::new(Default::default());
+    let allocator = Placer::new(Default::default());
     const ITERATIONS: usize = 300;
     const THREADS: usize = 3;
     let mut landed_total = 0u64;
@@ -85,7 +85,7 @@ fn allocation_never_lands_in_a_deactivated_region() {
 #[test]
 fn concurrent_mount_unmount_and_placement_keep_the_pool_consistent() {
     let p = pool();
-    let allocator = ReplicaAllocator::new(Default::default());
+    let allocator = Placer::new(Default::default());
     std::thread::scope(|s| {
         for t in 0..4 {
             let (p, allocator) = (&p, &allocator);
@@ -111,5 +111,5 @@ fn concurrent_mount_unmount_and_placement_keep_the_pool_consistent() {
         }
     });
     assert!(p.is_empty());
-    assert!(p.placement_access().names(crescent_master::segment_pool::PlacementGroup::Memory).is_empty());
+    assert!(p.placement_access().names(crescent_proto::SegmentKind::Memory).is_empty());
 }

@@ -6,20 +6,18 @@ mod common;
 
 use common::*;
 use crescent_master::clock::Timestamp;
-use crescent_master::placement::{PlacementRequest, ReplicaAllocator, ReplicaPlacement};
-use crescent_master::segment_pool::{
-    AllocatedBuffer, MountOutcome, PlacementGroup, PoolConfig, PoolError, SegmentPool,
-};
+use crescent_master::placement::{PlacementRequest, Placer, ReplicaPlacement};
+use crescent_master::segment_pool::{AllocatedBuffer, MountOutcome, PoolConfig, PoolError, SegmentPool};
 use crescent_proto::{ClientId, ErrorCode, ReplicaLocation, SegmentId, SegmentKind, SegmentStatus};
 
 fn place(pool: &SegmentPool, size: u64, n: usize) -> Result<Vec<AllocatedBuffer>, ErrorCode> {
-    let a = ReplicaAllocator::new(Default::default());
+    let a = Placer::new(Default::default());
     ReplicaPlacement::new(pool, &a).place(&PlacementRequest::memory(size, n)).map_err(|e| e.code())
 }
 
 fn place_on(pool: &SegmentPool, name: &str, size: u64) -> Result<AllocatedBuffer, ErrorCode> {
-    let a = ReplicaAllocator::new(Default::default());
-    ReplicaPlacement::new(pool, &a).allocate_from(PlacementGroup::Memory, name, size).map_err(|e| e.code())
+    let a = Placer::new(Default::default());
+    ReplicaPlacement::new(pool, &a).allocate_from(SegmentKind::Memory, name, size).map_err(|e| e.code())
 }
 
 // Property 1: mount idempotency.
@@ -32,8 +30,8 @@ fn mounting_the_same_segment_twice_is_ok_and_registers_one_target() {
     assert_eq!(p.mount(c, s.clone()), Ok(MountOutcome::AlreadyMounted));
     assert_eq!(p.len(), 1);
     let access = p.placement_access();
-    assert_eq!(access.names(PlacementGroup::Memory).len(), 1);
-    assert_eq!(access.segment_of(PlacementGroup::Memory, "a"), vec![s.id]);
+    assert_eq!(access.names(SegmentKind::Memory).len(), 1);
+    assert_eq!(access.segment_of(SegmentKind::Memory, "a"), vec![s.id]);
 }
 
 #[test]
@@ -359,10 +357,10 @@ fn cxl_mounts_need_a_window_and_bind_to_it() {
     t.name = "cxl1".into();
     p.mount(c, s.clone()).unwrap();
     p.mount(c, t.clone()).unwrap();
-    let a = ReplicaAllocator::new(Default::default());
+    let a = Placer::new(Default::default());
     let placement = ReplicaPlacement::new(&p, &a);
     let mut req = PlacementRequest::memory(16 * MIB, 3);
-    req.group = PlacementGroup::Cxl;
+    req.kind = SegmentKind::Cxl;
     let one = placement.place(&req).unwrap();
     assert_eq!(one.len(), 1, "CXL objects get a single replica");
     let holder = one[0].segment_id().unwrap();
@@ -470,8 +468,8 @@ fn cxl_snapshot_round_trips_bindings() {
     let mut s = spec("cxl", 64 * MIB);
     s.kind = SegmentKind::Cxl;
     p.mount(c, s.clone()).unwrap();
-    let a = ReplicaAllocator::new(Default::default());
-    let b = ReplicaPlacement::new(&p, &a).allocate_from(PlacementGroup::Cxl, "cxl", 5 * MIB).unwrap();
+    let a = Placer::new(Default::default());
+    let b = ReplicaPlacement::new(&p, &a).allocate_from(SegmentKind::Cxl, "cxl", 5 * MIB).unwrap();
     let q = SegmentPool::new(cfg).unwrap();
     q.restore(&p.snapshot()).unwrap();
     assert_eq!(q.segment(s.id).unwrap().usage.used, 5 * MIB);

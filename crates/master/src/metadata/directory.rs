@@ -1,4 +1,4 @@
-//! `GroupDirectory`: a tenant's objects and explicit groups.
+//! `ObjectIndex`: a tenant's objects and explicit groups.
 //!
 //! Point lookup is one hash of the key: it picks a route shard and probes that shard's table, which stores
 //! only `Arc<ObjectEntry>` (the key lives once, in the entry). The route lock is released before the caller
@@ -27,7 +27,7 @@ fn entry_hash(e: &Arc<ObjectEntry>) -> u64 {
     route_hash(e.key())
 }
 
-/// The route shard of a hash (see `GroupDirectory::shard`).
+/// The route shard of a hash (see `ObjectIndex::shard`).
 fn shard_index(hash: u64) -> usize {
     ((hash >> 32) as usize) & (SHARDS - 1)
 }
@@ -89,13 +89,13 @@ impl GroupEntry {
 
 /// A tenant's route index and group catalog.
 #[derive(Debug)]
-pub struct GroupDirectory {
+pub struct ObjectIndex {
     routes: Box<[RwLock<HashTable<Arc<ObjectEntry>>>]>,
     groups: Mutex<HashMap<Arc<str>, Arc<GroupEntry>>>,
     len: AtomicUsize,
 }
 
-impl Default for GroupDirectory {
+impl Default for ObjectIndex {
     fn default() -> Self {
         Self {
             routes: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
@@ -105,7 +105,7 @@ impl Default for GroupDirectory {
     }
 }
 
-impl GroupDirectory {
+impl ObjectIndex {
     /// The shard of a route hash. Its bits must be ones the shard's table does not use: hashbrown places a
     /// key by the hash's low bits and tags it with the top 7, so a shard picked by the top bits would leave
     /// every key in it with nearly the same tag, and a probe would compare keys at almost every slot
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn matched_unlink_never_removes_a_recreated_key() {
-        let d = GroupDirectory::default();
+        let d = ObjectIndex::default();
         let old = entry(1, "k");
         d.insert_if_absent(old.clone()).unwrap();
         assert!(d.insert_if_absent(entry(2, "k")).is_err(), "one route per key");
@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn census_visits_every_entry_and_tables_shrink_after_mass_removal() {
-        let d = GroupDirectory::default();
+        let d = ObjectIndex::default();
         let all: Vec<_> = (0..40_000).map(|i| entry(i, &format!("key-{i}"))).collect();
         for e in &all {
             d.insert_if_absent(e.clone()).unwrap();

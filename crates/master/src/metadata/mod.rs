@@ -1,4 +1,4 @@
-//! Object metadata, tenant first: `TenantRegistry` → `TenantState` (quota account + `GroupDirectory`) →
+//! Object metadata, tenant first: `TenantRegistry` → `TenantState` (quota account + `ObjectIndex`) →
 //! explicit `GroupEntry` or implicit singleton → `ObjectEntry` (its own lock).
 //!
 //! Unrelated objects never share a mutation lock. See `docs/architecture.md` for the lock order.
@@ -8,7 +8,7 @@ pub mod object;
 pub mod quota;
 pub mod tenant;
 
-pub use directory::{GroupDirectory, GroupEntry, GroupMembers, route_hash};
+pub use directory::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use object::{Lifecycle, ObjectEntry, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest};
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};
 pub use tenant::{TenantRegistry, TenantState};

@@ -3,7 +3,7 @@
 //! The registry is sharded; each shard is an immutable map behind an `ArcSwap`, so a lookup is a lock-free
 //! load plus one hash probe, and registering a tenant copies only its shard.
 
-use super::directory::GroupDirectory;
+use super::directory::ObjectIndex;
 use super::object::{ObjectEntry, ObjectState, Replica};
 use super::quota::QuotaAccount;
 use arc_swap::ArcSwap;
@@ -21,13 +21,13 @@ const SHARDS: usize = 16;
 pub struct TenantState {
     id: TenantId,
     quota: QuotaAccount,
-    directory: GroupDirectory,
+    directory: ObjectIndex,
 }
 
 impl TenantState {
     /// A tenant with the given account.
     pub fn new(id: TenantId, quota: QuotaAccount) -> Self {
-        Self { id, quota, directory: GroupDirectory::default() }
+        Self { id, quota, directory: ObjectIndex::default() }
     }
 
     /// The tenant id.
@@ -41,7 +41,7 @@ impl TenantState {
     }
 
     /// The tenant's objects and groups.
-    pub fn directory(&self) -> &GroupDirectory {
+    pub fn directory(&self) -> &ObjectIndex {
         &self.directory
     }
 

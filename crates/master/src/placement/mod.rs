@@ -1,18 +1,21 @@
 //! Stateless replica placement.
 //!
-//! [`ReplicaAllocator`] owns only policy configuration; [`ReplicaPlacement`] binds it to a [`SegmentPool`] and
+//! [`Placer`] owns only policy configuration; [`ReplicaPlacement`] binds it to a [`SegmentPool`] and
 //! runs one decision under the pool's shared lock ([`PlacementAccess`]), so the segments it chooses cannot be
 //! deactivated before the allocator calls complete. Guarantees: replicas of one object land on distinct segment
 //! *names*; preferred names are tried first, in order; exclusions always win; the result is best effort (fewer
 //! replicas than asked when fewer names fit) and fails with `NO_AVAILABLE_HANDLE` only when none fits.
 
-use crate::segment_pool::{AllocatedBuffer, PlacementAccess, PlacementGroup, SegmentPool};
+use crate::segment_pool::{AllocatedBuffer, PlacementAccess, SegmentPool};
 use crescent_proto::ErrorCode;
+use crescent_proto::SegmentKind;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// How replicas are spread when no preference decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How replicas are spread when no preference decides. Written `random`, `free-ratio-first` or `local-first`
+/// in config files and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum PlacementPolicy {
     /// Uniformly random start, then consecutive names.
     #[default]
@@ -23,11 +26,43 @@ pub enum PlacementPolicy {
     LocalFirst,
 }
 
+impl PlacementPolicy {
+    /// Every policy, in the order help texts list them.
+    pub const ALL: [PlacementPolicy; 3] =
+        [PlacementPolicy::Random, PlacementPolicy::FreeRatioFirst, PlacementPolicy::LocalFirst];
+
+    /// The policy's name in config files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacementPolicy::Random => "random",
+            PlacementPolicy::FreeRatioFirst => "free-ratio-first",
+            PlacementPolicy::LocalFirst => "local-first",
+        }
+    }
+}
+
+impl std::fmt::Display for PlacementPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PlacementPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown placement policy {s:?} (one of: {})", names.join(", "))
+        })
+    }
+}
+
 /// One placement request.
 #[derive(Debug, Clone)]
 pub struct PlacementRequest<'a> {
     /// Which family of segments to use.
-    pub group: PlacementGroup,
+    pub kind: SegmentKind,
     /// Bytes per replica.
     pub size: u64,
     /// Replicas wanted.
@@ -48,7 +83,7 @@ impl<'a> PlacementRequest<'a> {
     /// A plain request: `replica_num` replicas of `size` bytes in host memory.
     pub fn memory(size: u64, replica_num: usize) -> Self {
         Self {
-            group: PlacementGroup::Memory,
+            kind: SegmentKind::Memory,
             size,
             replica_num,
             preferred: &[],
@@ -87,13 +122,13 @@ impl PlacementError {
 
 /// The policy executor: configuration and per-call scratch only, no resources.
 #[derive(Debug, Clone)]
-pub struct ReplicaAllocator {
+pub struct Placer {
     policy: PlacementPolicy,
     /// Free-ratio-first samples `factor × remaining` names per decision.
     sample_factor: usize,
 }
 
-impl ReplicaAllocator {
+impl Placer {
     /// An executor for `policy`.
     pub fn new(policy: PlacementPolicy) -> Self {
         Self { policy, sample_factor: 6 }
@@ -117,8 +152,8 @@ impl ReplicaAllocator {
             return Err(PlacementError::InvalidParams("replica_num is 0"));
         }
         // CXL objects live once in the shared device window.
-        let want = if req.group == PlacementGroup::Cxl { 1 } else { req.replica_num };
-        let names = access.names(req.group);
+        let want = if req.kind == SegmentKind::Cxl { 1 } else { req.replica_num };
+        let names = access.names(req.kind);
         let excluded: HashSet<&str> = req.excluded.iter().map(String::as_str).collect();
         let mut used: HashSet<Arc<str>> = HashSet::new();
         let mut out = Vec::with_capacity(want);
@@ -129,7 +164,7 @@ impl ReplicaAllocator {
             && want == 1
             && let Some(host) = req.writer_host.filter(|h| !h.is_empty())
         {
-            for n in host_ordered_names(access, req.group, host, req.key_hash) {
+            for n in host_ordered_names(access, req.kind, host, req.key_hash) {
                 if !preferred.contains(&n) {
                     preferred.push(n);
                 }
@@ -139,7 +174,7 @@ impl ReplicaAllocator {
             if out.len() >= want || excluded.contains(&**name) || used.contains(name) {
                 return;
             }
-            if let Ok(b) = access.allocate_on(req.group, name, req.size) {
+            if let Ok(b) = access.allocate_on(req.kind, name, req.size) {
                 used.insert(name.clone());
                 out.push(b);
             }
@@ -156,7 +191,7 @@ impl ReplicaAllocator {
                     .map(|i| &names[(start + i) % names.len()])
                     .filter(|n| !excluded.contains(&***n))
                     .take(sample)
-                    .map(|n| (access.free_ratio(req.group, n), n))
+                    .map(|n| (access.free_ratio(req.kind, n), n))
                     .collect();
                 scored.sort_by(|a, b| b.0.total_cmp(&a.0));
                 for (_, n) in scored {
@@ -182,11 +217,11 @@ impl ReplicaAllocator {
 /// then every other host cyclically; within a host, names sorted and rotated by `key_hash`.
 pub fn host_ordered_names(
     access: &PlacementAccess<'_>,
-    group: PlacementGroup,
+    kind: SegmentKind,
     writer_host: &str,
     key_hash: u64,
 ) -> Vec<Arc<str>> {
-    let hosts: Vec<(&Arc<str>, Vec<&Arc<str>>)> = access.hosts(group).collect();
+    let hosts: Vec<(&Arc<str>, Vec<&Arc<str>>)> = access.hosts(kind).collect();
     if hosts.is_empty() || writer_host.is_empty() {
         return Vec::new();
     }
@@ -207,12 +242,12 @@ pub fn host_ordered_names(
 #[derive(Debug, Clone, Copy)]
 pub struct ReplicaPlacement<'a> {
     pool: &'a SegmentPool,
-    allocator: &'a ReplicaAllocator,
+    allocator: &'a Placer,
 }
 
 impl<'a> ReplicaPlacement<'a> {
     /// Binds `allocator` to `pool`.
-    pub fn new(pool: &'a SegmentPool, allocator: &'a ReplicaAllocator) -> Self {
+    pub fn new(pool: &'a SegmentPool, allocator: &'a Placer) -> Self {
         Self { pool, allocator }
     }
 
@@ -223,19 +258,12 @@ impl<'a> ReplicaPlacement<'a> {
     }
 
     /// Allocates one buffer from the segment(s) named `name` (copy/move targets).
-    pub fn allocate_from(
-        &self,
-        group: PlacementGroup,
-        name: &str,
-        size: u64,
-    ) -> Result<AllocatedBuffer, PlacementError> {
+    pub fn allocate_from(&self, kind: SegmentKind, name: &str, size: u64) -> Result<AllocatedBuffer, PlacementError> {
         if size == 0 {
             return Err(PlacementError::InvalidParams("size is 0"));
         }
         let access = self.pool.placement_access();
-        let eligible = usize::from(access.has_name(group, name));
-        access
-            .allocate_on(group, name, size)
-            .map_err(|_| PlacementError::NoAvailableHandle { eligible_names: eligible })
+        let eligible = usize::from(access.has_name(kind, name));
+        access.allocate_on(kind, name, size).map_err(|_| PlacementError::NoAvailableHandle { eligible_names: eligible })
     }
 }

@@ -1,4 +1,4 @@
-//! `MountedRegionCatalog`: what is mounted, by whom, under which name, in which status.
+//! `SegmentCatalog`: what is mounted, by whom, under which name, in which status.
 
 use crate::clock::Timestamp;
 use crescent_proto::{ClientId, SegmentId, SegmentSpec, SegmentStatus};
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// One catalog record.
 #[derive(Debug, Clone)]
-pub(crate) struct MountedRegion {
+pub(crate) struct MountedSegment {
     pub spec: Arc<SegmentSpec>,
     pub client: ClientId,
     pub status: SegmentStatus,
@@ -17,8 +17,8 @@ pub(crate) struct MountedRegion {
 /// The mounted segments and their secondary indexes. Every index is updated by the same methods that change the
 /// primary map, so they never disagree.
 #[derive(Debug, Default)]
-pub struct MountedRegionCatalog {
-    by_id: HashMap<SegmentId, MountedRegion>,
+pub struct SegmentCatalog {
+    by_id: HashMap<SegmentId, MountedSegment>,
     by_name: HashMap<String, BTreeSet<SegmentId>>,
     by_client: HashMap<ClientId, BTreeSet<SegmentId>>,
     by_status: HashMap<SegmentStatus, BTreeSet<SegmentId>>,
@@ -35,8 +35,8 @@ fn index_remove<K: std::hash::Hash + Eq>(idx: &mut HashMap<K, BTreeSet<SegmentId
     }
 }
 
-impl MountedRegionCatalog {
-    pub(crate) fn get(&self, id: &SegmentId) -> Option<&MountedRegion> {
+impl SegmentCatalog {
+    pub(crate) fn get(&self, id: &SegmentId) -> Option<&MountedSegment> {
         self.by_id.get(id)
     }
 
@@ -44,11 +44,11 @@ impl MountedRegionCatalog {
         self.by_id.len()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&SegmentId, &MountedRegion)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&SegmentId, &MountedSegment)> {
         self.by_id.iter()
     }
 
-    pub(crate) fn insert(&mut self, region: MountedRegion) {
+    pub(crate) fn insert(&mut self, region: MountedSegment) {
         let id = region.spec.id;
         self.by_name.entry(region.spec.name.clone()).or_default().insert(id);
         self.by_client.entry(region.client).or_default().insert(id);
@@ -59,7 +59,7 @@ impl MountedRegionCatalog {
         self.by_id.insert(id, region);
     }
 
-    pub(crate) fn remove(&mut self, id: &SegmentId) -> Option<MountedRegion> {
+    pub(crate) fn remove(&mut self, id: &SegmentId) -> Option<MountedSegment> {
         let r = self.by_id.remove(id)?;
         index_remove(&mut self.by_name, &r.spec.name, id);
         index_remove(&mut self.by_client, &r.client, id);

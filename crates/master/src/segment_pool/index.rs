@@ -1,31 +1,10 @@
-//! `PlacementIndex`: the allocatable (status OK) segments, grouped by placement group and name, with stable
+//! `PlacementIndex`: the allocatable (status OK) segments, by segment kind and name, with stable
 //! non-owning references to their resources. The placement executor reads it under the pool's shared lock.
 
 use super::resource::RegionResource;
 use crescent_proto::{SegmentId, SegmentKind};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
-
-/// Which family of regions a placement draws from; replicas never mix families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PlacementGroup {
-    /// Host-memory segments.
-    Memory,
-    /// CXL bindings (single replica).
-    Cxl,
-    /// NoF segments.
-    Nof,
-}
-
-impl From<SegmentKind> for PlacementGroup {
-    fn from(k: SegmentKind) -> Self {
-        match k {
-            SegmentKind::Memory => PlacementGroup::Memory,
-            SegmentKind::Cxl => PlacementGroup::Cxl,
-            SegmentKind::Nof => PlacementGroup::Nof,
-        }
-    }
-}
 
 /// One allocatable segment under a name.
 #[derive(Debug, Clone)]
@@ -42,7 +21,7 @@ struct NameSlot {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct GroupIndex {
+pub(crate) struct KindIndex {
     /// Allocatable names in insertion order (removal swaps with the last).
     names: Vec<Arc<str>>,
     by_name: HashMap<Arc<str>, NameSlot>,
@@ -50,7 +29,7 @@ pub(crate) struct GroupIndex {
     hosts: BTreeMap<Arc<str>, BTreeMap<Arc<str>, usize>>,
 }
 
-impl GroupIndex {
+impl KindIndex {
     pub(crate) fn names(&self) -> &[Arc<str>] {
         &self.names
     }
@@ -107,44 +86,44 @@ impl GroupIndex {
     }
 }
 
-/// The allocatable segments of every placement group.
+/// The allocatable segments of every segment kind.
 #[derive(Debug, Default)]
 pub struct PlacementIndex {
-    memory: GroupIndex,
-    cxl: GroupIndex,
-    nof: GroupIndex,
+    memory: KindIndex,
+    cxl: KindIndex,
+    nof: KindIndex,
 }
 
 impl PlacementIndex {
-    pub(crate) fn group(&self, g: PlacementGroup) -> &GroupIndex {
+    pub(crate) fn kind(&self, g: SegmentKind) -> &KindIndex {
         match g {
-            PlacementGroup::Memory => &self.memory,
-            PlacementGroup::Cxl => &self.cxl,
-            PlacementGroup::Nof => &self.nof,
+            SegmentKind::Memory => &self.memory,
+            SegmentKind::Cxl => &self.cxl,
+            SegmentKind::Nof => &self.nof,
         }
     }
 
-    fn group_mut(&mut self, g: PlacementGroup) -> &mut GroupIndex {
+    fn kind_mut(&mut self, g: SegmentKind) -> &mut KindIndex {
         match g {
-            PlacementGroup::Memory => &mut self.memory,
-            PlacementGroup::Cxl => &mut self.cxl,
-            PlacementGroup::Nof => &mut self.nof,
+            SegmentKind::Memory => &mut self.memory,
+            SegmentKind::Cxl => &mut self.cxl,
+            SegmentKind::Nof => &mut self.nof,
         }
     }
 
     /// Makes a segment allocatable.
     pub(crate) fn add(&mut self, resource: &Arc<RegionResource>, host: &str) {
         let target = Target { id: resource.segment_id(), resource: Arc::downgrade(resource), host: Arc::from(host) };
-        self.group_mut(resource.kind().into()).add(resource.name().clone(), target);
+        self.kind_mut(resource.kind()).add(resource.name().clone(), target);
     }
 
     /// Makes a segment unallocatable; false if it was not in the index.
     pub(crate) fn remove(&mut self, kind: SegmentKind, name: &str, id: &SegmentId) -> bool {
-        self.group_mut(kind.into()).remove(name, id)
+        self.kind_mut(kind).remove(name, id)
     }
 
     /// Whether a segment is allocatable.
     pub(crate) fn contains(&self, kind: SegmentKind, name: &str, id: &SegmentId) -> bool {
-        self.group(kind.into()).targets(name).iter().any(|t| t.id == *id)
+        self.kind(kind).targets(name).iter().any(|t| t.id == *id)
     }
 }

@@ -1,6 +1,6 @@
 //! `SegmentPool`: the single owner of mounted Memory, CXL and NoF regions.
 //!
-//! Layout (the segment-pool RFC's target): a [`MountedRegionCatalog`] (by id, name, client, status), a
+//! Layout (the segment-pool RFC's target): a [`SegmentCatalog`] (by id, name, client, status), a
 //! [`PlacementIndex`] (allocatable segments with non-owning references to their resources) and a
 //! [`RegionDriverRegistry`] (the owners of physical resources), all behind one pool `RwLock`.
 //!
@@ -20,14 +20,14 @@ mod index;
 mod resource;
 mod snapshot;
 
-pub use catalog::MountedRegionCatalog;
+pub use catalog::SegmentCatalog;
 pub use driver::{CxlDriver, OwnAllocatorDriver, PreparedRegion, RegionAllocState, RegionDriver, RegionDriverRegistry};
-pub use index::{PlacementGroup, PlacementIndex};
+pub use index::PlacementIndex;
 pub use resource::{AllocatedBuffer, RegionResource, RegionUsage};
 
 use crate::alloc::{AllocError, Allocation};
 use crate::clock::Timestamp;
-use catalog::MountedRegion;
+use catalog::MountedSegment;
 use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::{HashMap, HashSet};
@@ -117,7 +117,7 @@ pub struct RemountReport {
 
 /// A segment that has been deactivated and awaits erase: the handle the metadata sweep works with.
 #[derive(Debug, Clone)]
-pub struct DeactivatedRegion {
+pub struct DeactivatedSegment {
     /// The segment's description.
     pub spec: Arc<SegmentSpec>,
     /// Its owner.
@@ -127,7 +127,7 @@ pub struct DeactivatedRegion {
     resource: Weak<RegionResource>,
 }
 
-impl DeactivatedRegion {
+impl DeactivatedSegment {
     /// Whether `buf` lies in this region (the sweep drops such buffers).
     pub fn holds(&self, buf: &AllocatedBuffer) -> bool {
         buf.is_in(&self.resource)
@@ -168,7 +168,7 @@ impl PoolUsage {
 }
 
 pub(crate) struct PoolState {
-    catalog: MountedRegionCatalog,
+    catalog: SegmentCatalog,
     placement: PlacementIndex,
     drivers: RegionDriverRegistry,
     /// Restored allocations that the metadata restore has not re-bound yet.
@@ -178,7 +178,7 @@ pub(crate) struct PoolState {
 impl PoolState {
     fn new(config: &PoolConfig) -> Result<Self, PoolError> {
         Ok(Self {
-            catalog: MountedRegionCatalog::default(),
+            catalog: SegmentCatalog::default(),
             placement: PlacementIndex::default(),
             drivers: RegionDriverRegistry::new(config.cxl_window)?,
             pending_rebind: HashMap::new(),
@@ -219,11 +219,11 @@ impl PoolState {
         if !prepared.adopted.is_empty() {
             self.pending_rebind.insert(spec.id, prepared.adopted);
         }
-        self.catalog.insert(MountedRegion { spec: Arc::new(spec), client, status, graceful_deadline: deadline });
+        self.catalog.insert(MountedSegment { spec: Arc::new(spec), client, status, graceful_deadline: deadline });
         Ok(())
     }
 
-    fn info(&self, r: &MountedRegion) -> SegmentInfo {
+    fn info(&self, r: &MountedSegment) -> SegmentInfo {
         SegmentInfo {
             spec: r.spec.clone(),
             client: r.client,
@@ -329,7 +329,7 @@ impl SegmentPool {
 
     /// Phase 1 of unmount: the segment leaves the placement index and every buffer on it becomes unreadable, at
     /// once. Unknown id → `Ok(None)`. Already deactivated → `UNAVAILABLE_IN_CURRENT_STATUS`.
-    pub fn deactivate(&self, id: SegmentId) -> Result<Option<DeactivatedRegion>, PoolError> {
+    pub fn deactivate(&self, id: SegmentId) -> Result<Option<DeactivatedSegment>, PoolError> {
         let mut st = self.state.write();
         let Some(r) = st.catalog.get(&id) else { return Ok(None) };
         if r.status == SegmentStatus::Unmounting {
@@ -345,7 +345,7 @@ impl SegmentPool {
         st.pending_rebind.remove(&id);
         let resource = resource.as_ref().map(Arc::downgrade).unwrap_or_default();
         tracing::info!(segment = %id, name = %spec.name, "segment deactivated");
-        Ok(Some(DeactivatedRegion { spec, client, usage, resource }))
+        Ok(Some(DeactivatedSegment { spec, client, usage, resource }))
     }
 
     /// Phase 3 of unmount: forgets a deactivated segment and drops its resource. Unknown id → OK.
@@ -369,8 +369,8 @@ impl SegmentPool {
     pub fn unmount(
         &self,
         id: SegmentId,
-        sweep: impl FnOnce(&DeactivatedRegion),
-    ) -> Result<Option<DeactivatedRegion>, PoolError> {
+        sweep: impl FnOnce(&DeactivatedSegment),
+    ) -> Result<Option<DeactivatedSegment>, PoolError> {
         let Some(d) = self.deactivate(id)? else { return Ok(None) };
         sweep(&d);
         self.erase(id)?;
@@ -537,25 +537,25 @@ pub struct PlacementAccess<'a> {
 }
 
 impl PlacementAccess<'_> {
-    /// Allocatable names of a group, in index order.
-    pub fn names(&self, group: PlacementGroup) -> &[Arc<str>] {
-        self.state.placement.group(group).names()
+    /// Allocatable names of a segment kind, in index order.
+    pub fn names(&self, kind: SegmentKind) -> &[Arc<str>] {
+        self.state.placement.kind(kind).names()
     }
 
-    /// Whether `name` is allocatable in `group`.
-    pub fn has_name(&self, group: PlacementGroup, name: &str) -> bool {
-        !self.state.placement.group(group).targets(name).is_empty()
+    /// Whether `name` is allocatable among segments of `kind`.
+    pub fn has_name(&self, kind: SegmentKind, name: &str) -> bool {
+        !self.state.placement.kind(kind).targets(name).is_empty()
     }
 
     /// Allocatable names per host (host → names), for local-first ordering.
-    pub fn hosts(&self, group: PlacementGroup) -> impl Iterator<Item = (&Arc<str>, Vec<&Arc<str>>)> {
-        self.state.placement.group(group).hosts().iter().map(|(h, names)| (h, names.keys().collect()))
+    pub fn hosts(&self, kind: SegmentKind) -> impl Iterator<Item = (&Arc<str>, Vec<&Arc<str>>)> {
+        self.state.placement.kind(kind).hosts().iter().map(|(h, names)| (h, names.keys().collect()))
     }
 
     /// Free ratio of a name (Σ free / Σ capacity over its segments).
-    pub fn free_ratio(&self, group: PlacementGroup, name: &str) -> f64 {
+    pub fn free_ratio(&self, kind: SegmentKind, name: &str) -> f64 {
         let (mut cap, mut free) = (0u64, 0u64);
-        for t in self.state.placement.group(group).targets(name) {
+        for t in self.state.placement.kind(kind).targets(name) {
             if let Some(r) = t.resource.upgrade() {
                 let u = r.usage();
                 cap += u.capacity;
@@ -567,8 +567,8 @@ impl PlacementAccess<'_> {
 
     /// Allocates `size` bytes from one segment named `name` (segments sharing a name are tried from a random
     /// start, each once).
-    pub fn allocate_on(&self, group: PlacementGroup, name: &str, size: u64) -> Result<AllocatedBuffer, AllocError> {
-        let targets = self.state.placement.group(group).targets(name);
+    pub fn allocate_on(&self, kind: SegmentKind, name: &str, size: u64) -> Result<AllocatedBuffer, AllocError> {
+        let targets = self.state.placement.kind(kind).targets(name);
         let n = targets.len();
         let start = if n > 1 { fastrand::usize(..n) } else { 0 };
         let mut last = AllocError::NoSpace { requested: size, largest_free: 0 };
@@ -586,7 +586,7 @@ impl PlacementAccess<'_> {
     }
 
     /// The segment id behind a name, when exactly one segment carries it (tests and diagnostics).
-    pub fn segment_of(&self, group: PlacementGroup, name: &str) -> Vec<SegmentId> {
-        self.state.placement.group(group).targets(name).iter().map(|t| t.id).collect()
+    pub fn segment_of(&self, kind: SegmentKind, name: &str) -> Vec<SegmentId> {
+        self.state.placement.kind(kind).targets(name).iter().map(|t| t.id).collect()
     }
 }

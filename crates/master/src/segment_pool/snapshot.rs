@@ -43,8 +43,8 @@ impl SegmentPool {
             if r.status == SegmentStatus::Unmounting {
                 continue;
             }
-            let group = st.placement.group(r.spec.kind.into());
-            let pos = group.names().iter().position(|n| **n == *r.spec.name).unwrap_or(usize::MAX);
+            let index = st.placement.kind(r.spec.kind);
+            let pos = index.names().iter().position(|n| **n == *r.spec.name).unwrap_or(usize::MAX);
             order.push((u8::from(!r.status.is_allocatable()), pos, *id));
         }
         order.sort();

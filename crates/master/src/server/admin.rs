@@ -34,10 +34,11 @@ pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
         .with_state(AdminState { svc, rpc })
 }
 
-/// A running admin server; dropping it stops it.
+/// A running admin server; dropping it stops it at once, [`AdminServer::shutdown`] lets requests finish.
 #[derive(Debug)]
 pub struct AdminServer {
     addr: SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -47,17 +48,25 @@ impl AdminServer {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let app = admin_router(svc, rpc);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
                 tracing::error!(error = %e, "admin server stopped");
             }
         });
-        Ok(Self { addr, task })
+        Ok(Self { addr, stop, task })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stops accepting, lets requests in progress finish, and waits for the server to end.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
     }
 }
 

@@ -22,7 +22,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};
 use crate::local_ssd::LocalSsdManager;
 use crate::metadata::{QuotaAccount, QuotaPolicies, TenantRegistry, TenantState};
-use crate::placement::{PlacementPolicy, ReplicaAllocator};
+use crate::placement::{PlacementPolicy, Placer};
 use crate::segment_pool::{PoolConfig, SegmentPool};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
 use parking_lot::Mutex;
@@ -56,34 +56,11 @@ pub struct MasterConfig {
     /// Namespaces and quotas per tenant; off = every request in `default`.
     pub enable_multi_tenants: bool,
     /// Replica placement policy.
-    pub placement_policy: PlacementPolicySetting,
+    pub placement_policy: PlacementPolicy,
     /// CXL device window in bytes (enables CXL segments).
     pub cxl_window: Option<u64>,
     /// Handles copied per route-lock hold during a census.
     pub census_chunk: usize,
-}
-
-/// Placement policy as written in config files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementPolicySetting {
-    /// Random start.
-    #[default]
-    Random,
-    /// Emptiest of a sample.
-    FreeRatioFirst,
-    /// Writer's host first.
-    LocalFirst,
-}
-
-impl From<PlacementPolicySetting> for PlacementPolicy {
-    fn from(p: PlacementPolicySetting) -> Self {
-        match p {
-            PlacementPolicySetting::Random => PlacementPolicy::Random,
-            PlacementPolicySetting::FreeRatioFirst => PlacementPolicy::FreeRatioFirst,
-            PlacementPolicySetting::LocalFirst => PlacementPolicy::LocalFirst,
-        }
-    }
 }
 
 impl Default for MasterConfig {
@@ -99,7 +76,7 @@ impl Default for MasterConfig {
             eviction_high_watermark: 0.90,
             eviction_ratio: 0.05,
             enable_multi_tenants: false,
-            placement_policy: PlacementPolicySetting::Random,
+            placement_policy: PlacementPolicy::Random,
             cxl_window: None,
             census_chunk: 1024,
         }
@@ -169,7 +146,7 @@ pub struct MasterService {
     config: MasterConfig,
     clock: Arc<dyn Clock>,
     pool: SegmentPool,
-    placement: ReplicaAllocator,
+    placement: Placer,
     local_ssd: LocalSsdManager,
     tenants: TenantRegistry,
     /// Requested quotas (multi-tenant mode); recomputation serialises on this lock.
@@ -210,7 +187,7 @@ impl MasterService {
     pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
         let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window }).map_err(|e| e.code())?;
         let svc = Self {
-            placement: ReplicaAllocator::new(config.placement_policy.into()),
+            placement: Placer::new(config.placement_policy),
             config,
             clock,
             pool,

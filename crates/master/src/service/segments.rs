@@ -3,7 +3,7 @@
 
 use super::MasterService;
 use crate::metadata::{Lifecycle, Replica};
-use crate::segment_pool::{DeactivatedRegion, MountOutcome};
+use crate::segment_pool::{DeactivatedSegment, MountOutcome};
 use crescent_proto::{ClientId, ClientStatus, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
@@ -108,14 +108,14 @@ impl MasterService {
 
     /// The metadata sweep between deactivate and erase: drops every replica in `region`, erases objects left
     /// with nothing, and re-settles quota. Readers already ignore these replicas; this reclaims metadata.
-    pub(super) fn sweep(&self, region: &DeactivatedRegion) {
+    pub(super) fn sweep(&self, region: &DeactivatedSegment) {
         self.sweep_objects(region);
         if region.usage.live_allocations >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }
     }
 
-    fn sweep_objects(&self, region: &DeactivatedRegion) {
+    fn sweep_objects(&self, region: &DeactivatedSegment) {
         for tenant in self.tenants.all() {
             tenant.directory().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {

@@ -8,9 +8,10 @@ use crate::metadata::{
     route_hash,
 };
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
-use crate::segment_pool::{AllocatedBuffer, PlacementGroup};
+use crate::segment_pool::AllocatedBuffer;
 use crescent_proto::{
-    ClientId, ErrorCode, KeyError, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SoftPinAction,
+    ClientId, ErrorCode, KeyError, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind,
+    SoftPinAction,
 };
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -335,9 +336,9 @@ impl MasterService {
     /// Places the replicas of one write (memory best effort, then NoF), evicting once on allocation failure.
     fn place_write(&self, client: ClientId, spec: &WriteSpec<'_>) -> Result<Vec<Replica>, ErrorCode> {
         let host = spec.config.host_id.clone().or_else(|| self.clients.host(client));
-        let group = if self.config.cxl_window.is_some() { PlacementGroup::Cxl } else { PlacementGroup::Memory };
+        let kind = if self.config.cxl_window.is_some() { SegmentKind::Cxl } else { SegmentKind::Memory };
         let mut req = PlacementRequest {
-            group,
+            kind,
             size: spec.size,
             replica_num: spec.config.replica_num as usize,
             preferred: &spec.config.preferred_segments,
@@ -372,7 +373,7 @@ impl MasterService {
             }
         }
         if spec.config.nof_replica_num > 0 {
-            req.group = PlacementGroup::Nof;
+            req.kind = SegmentKind::Nof;
             req.replica_num = spec.config.nof_replica_num as usize;
             req.preferred = &spec.config.preferred_nof_segments;
             req.writer_host = None;

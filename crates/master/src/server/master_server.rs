@@ -1,0 +1,152 @@
+//! [`MasterServer`]: the one way to run a master — its service, background loop, RPC server and admin HTTP —
+//! used alike by `crescent master`, `crescent up`, tests and benchmarks.
+
+use super::admin::AdminServer;
+use super::rpc::{RpcMetrics, RpcServer, RpcServerHandle};
+use crate::clock::{Clock, SystemClock};
+use crate::service::{BackgroundLoop, MasterConfig, MasterService};
+use crescent_proto::ErrorCode;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a master did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("invalid master configuration: {0}")]
+    Config(ErrorCode),
+    /// An address could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// The background loop's thread could not start.
+    #[error("cannot start the background loop: {0}")]
+    Background(io::Error),
+}
+
+/// How to run a master; [`MasterServerBuilder::start`] runs it on the current tokio runtime.
+pub struct MasterServerBuilder {
+    config: MasterConfig,
+    clock: Arc<dyn Clock>,
+    rpc: SocketAddr,
+    admin: Option<SocketAddr>,
+    poll_window: Duration,
+    background: bool,
+}
+
+impl MasterServerBuilder {
+    /// The time source every lease and timeout reads (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Where the RPC server listens (default `127.0.0.1:0`: a free loopback port).
+    pub fn rpc_addr(mut self, addr: SocketAddr) -> Self {
+        self.rpc = addr;
+        self
+    }
+
+    /// Where the admin HTTP listens; `None` (the default) runs none.
+    pub fn admin_addr(mut self, addr: Option<SocketAddr>) -> Self {
+        self.admin = addr;
+        self
+    }
+
+    /// How long an idle RPC connection polls for its next request before parking (default
+    /// `crescent_net::poll::DEFAULT_WINDOW`; zero never polls: right when clients share the master's runtime).
+    pub fn poll_window(mut self, window: Duration) -> Self {
+        self.poll_window = window;
+        self
+    }
+
+    /// Whether the background loop (eviction, liveness, graceful unmounts, delayed releases) runs on its own
+    /// thread (default true; a test on a manual clock steps the service itself).
+    pub fn background(mut self, run: bool) -> Self {
+        self.background = run;
+        self
+    }
+
+    /// Starts the service and its servers on the current tokio runtime.
+    pub async fn start(self) -> Result<MasterServer, StartError> {
+        let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
+        let background =
+            if self.background { Some(svc.spawn_background().map_err(StartError::Background)?) } else { None };
+        let metrics = Arc::new(RpcMetrics::default());
+        let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
+        let rpc = RpcServer::bind(self.rpc, svc.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
+        let rpc = rpc.with_poll_window(self.poll_window).spawn().map_err(bind("rpc", self.rpc))?;
+        let admin = match self.admin {
+            Some(addr) => Some(AdminServer::start(addr, svc.clone(), metrics).await.map_err(bind("admin", addr))?),
+            None => None,
+        };
+        Ok(MasterServer { svc, rpc, admin, _background: background })
+    }
+}
+
+/// A running master. Dropping it stops everything at once; [`MasterServer::shutdown`] lets connections
+/// finish the request in hand first.
+pub struct MasterServer {
+    svc: Arc<MasterService>,
+    rpc: RpcServerHandle,
+    admin: Option<AdminServer>,
+    /// Stops (and joins) the background thread when dropped, after the servers.
+    _background: Option<BackgroundLoop>,
+}
+
+impl std::fmt::Debug for MasterServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MasterServer").field("rpc", &self.rpc_addr()).field("admin", &self.admin_addr()).finish()
+    }
+}
+
+impl MasterServer {
+    /// A builder for a master with `config`.
+    pub fn builder(config: MasterConfig) -> MasterServerBuilder {
+        MasterServerBuilder {
+            config,
+            clock: Arc::new(SystemClock::new()),
+            rpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: None,
+            poll_window: crescent_net::poll::DEFAULT_WINDOW,
+            background: true,
+        }
+    }
+
+    /// Where the RPC server listens.
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.rpc.local_addr()
+    }
+
+    /// Where the admin HTTP listens, if it runs.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(AdminServer::local_addr)
+    }
+
+    /// The service behind the servers (for in-process inspection).
+    pub fn service(&self) -> &Arc<MasterService> {
+        &self.svc
+    }
+
+    /// Stops accepting, lets every connection finish the request in hand, stops the admin HTTP and the
+    /// background loop.
+    pub async fn shutdown(self) {
+        let MasterServer { rpc, admin, _background, .. } = self;
+        rpc.shutdown().await;
+        if let Some(admin) = admin {
+            admin.shutdown().await;
+        }
+        // The background thread is stopped and joined off the runtime's worker.
+        if let Some(bg) = _background {
+            let _ = tokio::task::spawn_blocking(move || drop(bg)).await;
+        }
+    }
+}
