@@ -4,115 +4,28 @@
 
 use crescent_client::{Client, ClientConfig};
 use crescent_proto::{ErrorCode, ReplicateConfig};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use crescent_testkit::{Proc, ProcCluster, eventually, pattern};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_crescent");
-
-/// A child process killed on drop.
-struct Proc {
-    child: Child,
-    ready: serde_json::Value,
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_crescent"))
 }
 
-impl Proc {
-    /// Starts `crescent args…` and waits (bounded) for its one-line JSON readiness report.
-    fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn crescent");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("process did not report readiness");
-        let ready = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
-        Proc { child, ready }
-    }
-
-    fn field(&self, name: &str) -> String {
-        self.ready[name].as_str().unwrap().to_owned()
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Cluster {
-    master: Proc,
-    nodes: Vec<Proc>,
-}
-
-impl Cluster {
-    fn start(master_args: &[&str], nodes: usize, segment: &str) -> Cluster {
-        let mut args = vec!["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-        args.extend_from_slice(master_args);
-        let master = Proc::start(&args);
-        let addr = master.field("master");
-        let nodes = (0..nodes)
-            .map(|_| Proc::start(&["node", "--master", &addr, "--listen", "127.0.0.1:0", "--segment-size", segment]))
-            .collect();
-        Cluster { master, nodes }
-    }
-
-    fn addr(&self) -> String {
-        self.master.field("master")
-    }
-
-    fn client(&self) -> Client {
-        Client::new(ClientConfig::new(self.addr()))
-    }
-}
-
-/// Polls an async condition until it holds or the bound passes.
-async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+fn cluster(master_args: &[&str], nodes: usize, segment: &str) -> ProcCluster {
+    ProcCluster::start(bin(), master_args, nodes, segment)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_from_one_byte_to_64_mib_with_one_and_two_replicas() {
-    let c = Cluster::start(&[], 3, "256MiB");
+    let c = cluster(&[], 3, "256MiB");
     let client = c.client();
     for replicas in [1u32, 2] {
         let cfg = ReplicateConfig::with_replicas(replicas);
         for (i, size) in [1usize, 4096, 1 << 20, (4 << 20) + 7, 64 << 20].into_iter().enumerate() {
             let key = format!("obj-{replicas}-{size}");
-            let value = pattern(size, i as u8);
+            let value = pattern(size, i as u64);
             client.put_from(&key, &value, &cfg).await.unwrap();
             assert_eq!(client.get(&key).await.unwrap(), value, "{key}");
             let stat = client.stat(&key).await.unwrap();
@@ -129,7 +42,7 @@ async fn round_trips_from_one_byte_to_64_mib_with_one_and_two_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_calls_answer_per_key_with_present_absent_and_invalid_keys() {
-    let c = Cluster::start(&[], 3, "64MiB");
+    let c = cluster(&[], 3, "64MiB");
     let client = c.client();
     let long = "k".repeat(5000);
     let cfg = ReplicateConfig::default();
@@ -168,7 +81,7 @@ async fn batch_calls_answer_per_key_with_present_absent_and_invalid_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
-    let mut c = Cluster::start(&["--client-ttl-ms", "2000"], 3, "64MiB");
+    let mut c = cluster(&["--client-ttl-ms", "2000"], 3, "64MiB");
     let client = c.client();
     let victim = c.nodes[0].field("node");
     let mut single_on_victim = Vec::new();
@@ -188,7 +101,7 @@ async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
     c.nodes[0].kill9();
     // Every object with a replica elsewhere stays readable (the reader falls back past the dead node).
     for k in &doubles {
-        assert_eq!(client.get(k).await.unwrap(), pattern(4096, k[4..].parse::<u8>().unwrap()), "{k}");
+        assert_eq!(client.get(k).await.unwrap(), pattern(4096, k[4..].parse::<u64>().unwrap()), "{k}");
     }
     // After the client TTL the master drops the dead node's segments: its single-replica objects are gone.
     let gone = eventually(Duration::from_secs(30), || {
@@ -209,16 +122,15 @@ async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_remount_by_themselves_after_a_master_restart() {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut master = Proc::start(&["master", "--listen", &listen, "--admin", "127.0.0.1:0"]);
-    let nodes: Vec<Proc> = (0..2)
-        .map(|_| Proc::start(&["node", "--master", &listen, "--listen", "127.0.0.1:0", "--segment-size", "32MiB"]))
-        .collect();
+    // The first master takes a port the OS picks; its successor listens on the same address, as a restarted
+    // master does.
+    let mut master = Proc::start(bin(), &["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let listen = master.field("master");
+    let nodes: Vec<Proc> = (0..2).map(|_| ProcCluster::node(bin(), &listen, "32MiB")).collect();
     let client = Client::new(ClientConfig::new(listen.clone()));
     client.put("before", b"x").await.unwrap();
     master.kill9();
-    let _master = Proc::start(&["master", "--listen", &listen, "--admin", "127.0.0.1:0"]);
+    let _master = Proc::start(bin(), &["master", "--listen", &listen, "--admin", "127.0.0.1:0"]);
     // The new master knows nothing until the nodes remount (they ping every second); once both are back a
     // 2-replica put gets both replicas.
     let attempt = std::sync::atomic::AtomicU32::new(0);
@@ -240,7 +152,7 @@ async fn nodes_remount_by_themselves_after_a_master_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_get_error_frames_and_other_clients_keep_working() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let c = Cluster::start(&[], 1, "16MiB");
+    let c = cluster(&[], 1, "16MiB");
     let client = c.client();
     client.put("k", b"value").await.unwrap();
     // Garbage instead of a hello: an error reply, then the connection closes.
@@ -307,7 +219,7 @@ impl Endpoint for crescent_proto::ReplicaDescriptor {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_unmounts_its_segments_on_sigterm() {
-    let mut c = Cluster::start(&[], 2, "16MiB");
+    let mut c = cluster(&[], 2, "16MiB");
     let client = c.client();
     let victim = c.nodes[0].field("node");
     let mut on_victim = None;
@@ -320,22 +232,9 @@ async fn a_node_unmounts_its_segments_on_sigterm() {
         }
     }
     let k = on_victim.expect("some object landed on the first node");
-    let pid = c.nodes[0].child.id().to_string();
+    let pid = c.nodes[0].pid().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let status = tokio::task::spawn_blocking(move || {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = c.nodes[0].child.try_wait().unwrap() {
-                return Some(s);
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let status = tokio::task::spawn_blocking(move || c.nodes[0].wait_exit(Duration::from_secs(30))).await.unwrap();
     assert!(status.is_some_and(|s| s.success()), "the node exits cleanly on SIGTERM");
     // It unmounted before exiting: its objects are gone at once, not after the client TTL.
     assert_eq!(client.get(&k).await.unwrap_err().code(), ErrorCode::ObjectNotFound);
@@ -345,24 +244,27 @@ async fn a_node_unmounts_its_segments_on_sigterm() {
 async fn bench_runs_every_phase_against_a_cluster_and_reports_each_key() {
     // A node with more segment memory than it backs up front (`--prefault false`), as the master-only
     // benchmark uses.
-    let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let master = Proc::start(bin(), &["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
     let addr = master.field("master");
-    let _node = Proc::start(&[
-        "node",
-        "--master",
-        &addr,
-        "--listen",
-        "127.0.0.1:0",
-        "--segment-size",
-        "64MiB",
-        "--segments",
-        "2",
-        "--prefault",
-        "false",
-    ]);
+    let _node = Proc::start(
+        bin(),
+        &[
+            "node",
+            "--master",
+            &addr,
+            "--listen",
+            "127.0.0.1:0",
+            "--segment-size",
+            "64MiB",
+            "--segments",
+            "2",
+            "--prefault",
+            "false",
+        ],
+    );
     let json = std::env::temp_dir().join(format!("crescent-bench-test-{}.jsonl", std::process::id()));
     for (batch, concurrency) in [("1", "4"), ("8", "2")] {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["--master", &addr, "bench", "--phases", "write,read,dedup,metadata,master-put,master-get"])
             .args(["--value-size", "4KiB", "--batch", batch, "--concurrency", concurrency, "--count", "40"])
             .args(["--verify", "--json", json.to_str().unwrap()])

@@ -3,24 +3,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crescent_client::{Client, ClientConfig};
-use crescent_master::server::MasterServer;
-use crescent_master::service::MasterConfig;
-use crescent_node::{NodeConfig, StorageNode};
+use crescent_node::StorageNode;
 use crescent_proto::{ErrorCode, ReplicateConfig};
+use crescent_testkit::LocalCluster;
 use crescent_transfer::SegmentRegistry;
-
-async fn master() -> MasterServer {
-    MasterServer::builder(MasterConfig::default()).start().await.unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt_bytes() {
-    let server = master().await;
-    let addr = server.rpc_addr().to_string();
+    let cluster = LocalCluster::start(0, 0).await;
+    let addr = cluster.addr();
     let local = SegmentRegistry::default();
-    let mut cfg = NodeConfig::new(addr.clone(), 16 << 20);
-    cfg.prefault = false;
-    let node = StorageNode::start_with(cfg, local.clone()).await.unwrap();
+    let node = StorageNode::start_with(cluster.node_config(16 << 20), local.clone()).await.unwrap();
     let client = Client::with_local_segments(ClientConfig::new(addr.clone()), local.clone());
     let value: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
     client.put_from("k", &value, &ReplicateConfig::default()).await.unwrap();
@@ -51,10 +44,10 @@ async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_address_list_falls_through_to_a_reachable_master() {
-    let server = master().await;
+    let cluster = LocalCluster::start(0, 0).await;
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     // `dead` is closed again when the listener drops: connecting to it is refused.
-    let list = format!("{dead}, {}", server.rpc_addr());
+    let list = format!("{dead}, {}", cluster.addr());
     let client = Client::new(ClientConfig::new(list));
     assert!(!client.is_exist("nothing").await.unwrap());
     let none = Client::new(ClientConfig::new(format!("{dead}")));
@@ -65,15 +58,8 @@ async fn a_master_address_list_falls_through_to_a_reachable_master() {
 fn a_blocking_client_serves_several_calling_threads_at_once() {
     // The cluster runs on its own runtime; the blocking client drives its calls on the callers' threads.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (addr, node, _server) = rt.block_on(async {
-        let server = master().await;
-        let addr = server.rpc_addr().to_string();
-        let mut cfg = NodeConfig::new(addr.clone(), 64 << 20);
-        cfg.prefault = false;
-        let node = StorageNode::start(cfg).await.unwrap();
-        (addr, node, server)
-    });
-    let client = crescent_client::BlockingClient::new(ClientConfig::new(addr)).unwrap();
+    let cluster = rt.block_on(LocalCluster::start(1, 64 << 20));
+    let client = crescent_client::BlockingClient::new(ClientConfig::new(cluster.addr())).unwrap();
     std::thread::scope(|s| {
         for t in 0..4u8 {
             let client = &client;
@@ -90,5 +76,5 @@ fn a_blocking_client_serves_several_calling_threads_at_once() {
     let keys: Vec<String> = (0..4).flat_map(|t| (0..50).map(move |i| format!("t{t}-{i}"))).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     assert!(client.batch_is_exist(&refs).into_iter().all(|r| r.unwrap()), "every thread's puts are visible");
-    rt.block_on(node.shutdown(std::time::Duration::ZERO)).unwrap();
+    rt.block_on(cluster.shutdown());
 }

@@ -7,21 +7,10 @@ use common::*;
 use crescent_master::clock::SystemClock;
 use crescent_master::service::{MasterConfig, MasterService};
 use crescent_proto::{ClientId, ReplicateConfig};
+use crescent_testkit::wait_for;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-/// Polls `cond` until it holds or `limit` passes (a bound on a condition, not a sleep used as a barrier).
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return true;
-        }
-        std::thread::yield_now();
-    }
-    cond()
-}
+use std::time::Duration;
 
 #[test]
 fn background_loop_evicts_over_the_watermark_and_stops_on_drop() {

@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use crescent_testkit::pattern;
+
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 
@@ -53,20 +55,6 @@ fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
         .unwrap();
     let addr = server.local_addr();
     Node { segments, segment, mem, server, addr, endpoint: addr.to_string() }
-}
-
-/// Deterministic pseudo-random bytes (xorshift), different per seed.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// Sends a frame with `header` bytes as given (possibly garbage) and `payload`.

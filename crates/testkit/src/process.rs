@@ -1,0 +1,111 @@
+//! `crescent` processes: a master and nodes as a user runs them. Every server listens on port 0 and prints
+//! one JSON line with its addresses once ready; [`Proc::start`] waits for that line.
+
+use crescent_client::{Client, ClientConfig};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a process may take to report readiness.
+const READY: Duration = Duration::from_secs(60);
+
+/// A `crescent` process, killed when dropped.
+pub struct Proc {
+    child: Child,
+    ready: serde_json::Value,
+}
+
+impl Proc {
+    /// Starts `bin args…` and waits (bounded) for its one-line JSON readiness report.
+    pub fn start(bin: &Path, args: &[&str]) -> Proc {
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(READY).unwrap_or_else(|_| panic!("{args:?} did not report readiness"));
+        let ready = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+        Proc { child, ready }
+    }
+
+    /// A field of the readiness report (e.g. `master`, `admin`, `node`).
+    pub fn field(&self, name: &str) -> String {
+        self.ready[name].as_str().unwrap_or_else(|| panic!("no {name:?} in {}", self.ready)).to_owned()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits (bounded) for the process to exit by itself; `None` if it is still running at the deadline.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if start.elapsed() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A `crescent master` and `crescent node` processes.
+pub struct ProcCluster {
+    /// The master process.
+    pub master: Proc,
+    /// The node processes, in start order.
+    pub nodes: Vec<Proc>,
+}
+
+impl ProcCluster {
+    /// A master (with `master_args` added) and `nodes` nodes of one `segment` segment each (e.g. "64MiB").
+    pub fn start(bin: &Path, master_args: &[&str], nodes: usize, segment: &str) -> ProcCluster {
+        let mut args = vec!["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        args.extend_from_slice(master_args);
+        let master = Proc::start(bin, &args);
+        let addr = master.field("master");
+        let nodes = (0..nodes).map(|_| Self::node(bin, &addr, segment)).collect();
+        ProcCluster { master, nodes }
+    }
+
+    /// Starts one more node process for the master at `addr`.
+    pub fn node(bin: &Path, addr: &str, segment: &str) -> Proc {
+        Proc::start(bin, &["node", "--master", addr, "--listen", "127.0.0.1:0", "--segment-size", segment])
+    }
+
+    /// The master's RPC address.
+    pub fn addr(&self) -> String {
+        self.master.field("master")
+    }
+
+    /// A fresh client of this cluster.
+    pub fn client(&self) -> Client {
+        Client::new(ClientConfig::new(self.addr()))
+    }
+}
