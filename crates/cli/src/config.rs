@@ -136,8 +136,8 @@ impl Global {
             c.transfer.write_stripe_size = s;
         }
         if let Some(us) = self.client.poll_us {
-            c.spin_wait = std::time::Duration::from_micros(us);
-            c.transfer.spin_wait = c.spin_wait;
+            c.poll_window = std::time::Duration::from_micros(us);
+            c.transfer.poll_window = c.poll_window;
         }
         c
     }
@@ -183,7 +183,7 @@ mod tests {
         assert_eq!((f.server.poll_us, f.node.poll_us), (Some(0), Some(20)));
         let c = g.client_config();
         assert_eq!((c.transfer.stripe_size, c.transfer.write_stripe_size), (1 << 20, 8 << 20));
-        assert_eq!((c.spin_wait, c.transfer.spin_wait), (Duration::from_micros(7), Duration::from_micros(7)));
+        assert_eq!((c.poll_window, c.transfer.poll_window), (Duration::from_micros(7), Duration::from_micros(7)));
         let g = Global::resolve(&Some("x:1".into()), &None, &f);
         assert_eq!(g.master, "x:1", "the flag wins");
         assert!(toml::from_str::<FileConfig>("nonsense = 1").is_err());

@@ -123,7 +123,8 @@ fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runt
         }
     };
     if role == Role::Node {
-        let window = file.node.poll_us.map_or(crescent_net::poll::DEFAULT_WINDOW, std::time::Duration::from_micros);
+        let window =
+            file.node.poll_us.map_or(crescent_net::poll::DEFAULT_POLL_WINDOW, std::time::Duration::from_micros);
         if !window.is_zero() {
             b.on_thread_park(crescent_net::poll::idle_park_hook(window));
         }

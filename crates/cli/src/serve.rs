@@ -110,7 +110,7 @@ fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
 /// the 2-vCPU VM, 4 KiB puts/gets against `up` ran ~1.6× faster with it off); there the runtime polls all
 /// connections at once instead (`[node] poll_us`). A separate master process runs ~2× faster with it on.
 fn default_poll(combined: bool) -> Duration {
-    if combined { Duration::ZERO } else { crescent_net::poll::DEFAULT_WINDOW }
+    if combined { Duration::ZERO } else { crescent_net::poll::DEFAULT_POLL_WINDOW }
 }
 
 async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<MasterServer> {

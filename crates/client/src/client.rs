@@ -9,6 +9,7 @@ use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
 use crescent_net::poll::InFlight;
+use crescent_proto::batch;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,
@@ -37,9 +38,9 @@ pub struct ClientConfig {
     pub transfer: TransferConfig,
     /// This client's host (for replica choice and local-first placement).
     pub host_id: Option<String>,
-    /// How long a request spins for its master reply before parking its thread (0 = never). A short spin
+    /// How long a request polls for its master reply before parking its thread (0 = never). A short poll
     /// avoids a sleeping CPU's wake-up on the reply path (tens of µs on VMs) at the cost of that CPU time.
-    pub spin_wait: Duration,
+    pub poll_window: Duration,
 }
 
 impl ClientConfig {
@@ -53,7 +54,7 @@ impl ClientConfig {
             rpc_timeout: Duration::from_secs(30),
             transfer: TransferConfig::default(),
             host_id: None,
-            spin_wait: Duration::from_micros(50),
+            poll_window: Duration::from_micros(50),
         }
     }
 }
@@ -83,28 +84,43 @@ impl std::fmt::Debug for Client {
 /// Validates a key before it is sent (same rules as the master: empty → `INVALID_PARAMS`, longer than 4096
 /// bytes → `INVALID_KEY`), so an invalid key costs no round trip and never inflates a request.
 fn check_key(key: &str) -> Result<(), ClientError> {
-    crescent_proto::ObjectKey::check(key).map_err(|e| match e {
-        crescent_proto::KeyError::Empty => ClientError::Code(ErrorCode::InvalidParams),
-        crescent_proto::KeyError::TooLong { .. } => ClientError::Code(ErrorCode::InvalidKey),
-    })
+    crescent_proto::ObjectKey::check(key).map_err(|e| ClientError::Code(e.code()))
 }
 
-/// Runs a batch call on the valid keys only and puts each answer back in its input slot; invalid keys get
-/// their own error and never reach the master.
-async fn per_key<T, F, Fut>(keys: &[&str], call: F) -> Vec<Result<T, ClientError>>
+/// Runs a batch call on the items whose keys are valid (`key` names an item's key) and puts each answer back in
+/// its input slot; an invalid key gets its own error and never reaches the master.
+async fn per_key<I, T, F, Fut>(
+    items: impl IntoIterator<Item = I>,
+    key: impl Fn(&I) -> &str,
+    call: F,
+) -> Vec<Result<T, ClientError>>
 where
-    F: FnOnce(Vec<usize>) -> Fut,
+    F: FnOnce(Vec<I>) -> Fut,
     Fut: std::future::Future<Output = Vec<Result<T, ClientError>>>,
 {
-    let mut out: Vec<Option<Result<T, ClientError>>> = keys.iter().map(|k| check_key(k).err().map(Err)).collect();
-    let valid: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
-    if !valid.is_empty() {
-        let answers = call(valid.clone()).await;
-        for (i, a) in valid.into_iter().zip(answers) {
-            out[i] = Some(a);
+    let (slots, valid) = batch::split(items.into_iter().map(|item| check_key(key(&item)).map(|()| item)));
+    let answers = if valid.is_empty() { Vec::new() } else { call(valid).await };
+    slots.fill(answers, || ClientError::Code(ErrorCode::InternalError))
+}
+
+/// What became of one object's bytes in a batch put.
+#[derive(Debug)]
+enum Written {
+    /// The master refused to start it: nothing was written.
+    NotStarted,
+    /// Every replica has its bytes.
+    Done,
+    /// A replica's write failed (the first failure is kept); the object is revoked.
+    Failed(ClientError),
+}
+
+impl Written {
+    /// Records a replica's failure; the first one is the one reported.
+    fn fail(&mut self, e: ClientError) {
+        if matches!(self, Written::Done) {
+            *self = Written::Failed(e);
         }
     }
-    out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
 }
 
 /// `n` copies of one error (a batch call that failed as a whole).
@@ -176,11 +192,11 @@ impl Client {
     /// memcpy.
     pub fn with_local_segments(config: ClientConfig, local: SegmentRegistry) -> Self {
         let id = ClientId::random();
-        // One count of exchanges in flight over both planes: a wait spins only while it is the client's only one.
+        // One count of exchanges in flight over both planes: a wait polls only while it is the client's only one.
         let inflight = Arc::new(InFlight::default());
         let master =
             MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout)
-                .with_spin(config.spin_wait)
+                .with_poll_window(config.poll_window)
                 .with_in_flight(inflight.clone());
         let transfer = TransferClient::with_in_flight(config.transfer.clone(), local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
@@ -315,12 +331,7 @@ impl Client {
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
     /// input order; one bad key never fails the others.
     pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
-        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        per_key(&keys, |valid| async move {
-            let sub: Vec<(&str, &[u8])> = valid.iter().map(|&i| items[i]).collect();
-            self.batch_put_valid(&sub, cfg).await
-        })
-        .await
+        per_key(items.iter().copied(), |(k, _)| k, |valid| async move { self.batch_put_valid(&valid, cfg).await }).await
     }
 
     async fn batch_put_valid(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
@@ -345,15 +356,15 @@ impl Client {
             match (start, w) {
                 (Err(ErrorCode::ObjectAlreadyExists), _) => out.push(Ok(())),
                 (Err(c), _) => out.push(Err(c.into())),
-                (Ok(_), Some(None)) => {
+                (Ok(_), Written::Done) => {
                     to_end.push(i);
                     out.push(Ok(()));
                 }
-                (Ok(_), Some(Some(e))) => {
+                (Ok(_), Written::Failed(e)) => {
                     to_revoke.push(i);
                     out.push(Err(e));
                 }
-                (Ok(_), None) => out.push(Err(ErrorCode::InternalError.into())),
+                (Ok(_), Written::NotStarted) => out.push(Err(ErrorCode::InternalError.into())),
             }
         }
         if !to_revoke.is_empty() {
@@ -381,15 +392,14 @@ impl Client {
     }
 
     /// Writes the replicas of every started object of a batch: the writes to each storage node are pipelined
-    /// over its lanes (`TransferClient::write_batch`), nodes in parallel. Per object: `None` if it was not
-    /// started, else its first write error, if any.
+    /// over its lanes (`TransferClient::write_batch`), nodes in parallel. Per object, what became of its bytes.
     async fn write_batch_replicas(
         &self,
         items: &[(&str, &[u8])],
         starts: &[Result<Vec<ReplicaDescriptor>, ErrorCode>],
-    ) -> Vec<Option<Option<ClientError>>> {
-        let mut written: Vec<Option<Option<ClientError>>> =
-            starts.iter().map(|s| s.as_ref().ok().map(|_| None)).collect();
+    ) -> Vec<Written> {
+        let mut written: Vec<Written> =
+            starts.iter().map(|s| if s.is_ok() { Written::Done } else { Written::NotStarted }).collect();
         let mut by_peer: HashMap<&str, (Vec<usize>, Vec<BatchWrite<'_>>)> = HashMap::new();
         for (i, ((_, data), start)) in items.iter().zip(starts).enumerate() {
             for d in start.iter().flatten() {
@@ -399,7 +409,7 @@ impl Client {
                         idx.push(i);
                         writes.push(BatchWrite { segment, offset, data });
                     }
-                    None => written[i] = Some(Some(ErrorCode::InvalidReplica.into())),
+                    None => written[i].fail(ErrorCode::InvalidReplica.into()),
                 }
             }
         }
@@ -408,10 +418,8 @@ impl Client {
             idx.iter().copied().zip(t.write_batch(endpoint, writes).await).collect::<Vec<_>>()
         });
         for (i, r) in join_all(per_peer).await.into_iter().flatten() {
-            if let (Err(e), Some(Some(slot))) = (r, written.get_mut(i))
-                && slot.is_none()
-            {
-                *slot = Some(e.into());
+            if let (Err(e), Some(slot)) = (r, written.get_mut(i)) {
+                slot.fail(e.into());
             }
         }
         written
@@ -517,22 +525,8 @@ impl Client {
 
     /// Reads many objects into the caller's buffers; results per key (object size), in input order.
     pub async fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
-        let mut out: Vec<Option<Result<usize, ClientError>>> =
-            items.iter().map(|(k, _)| check_key(k).err().map(Err)).collect();
-        let mut valid: Vec<(&str, &mut [u8])> = Vec::new();
-        let mut slots = Vec::new();
-        for (i, (k, buf)) in items.iter_mut().enumerate() {
-            if out[i].is_none() {
-                valid.push((*k, &mut **buf));
-                slots.push(i);
-            }
-        }
-        if !valid.is_empty() {
-            for (i, r) in slots.into_iter().zip(self.batch_get_valid(&mut valid).await) {
-                out[i] = Some(r);
-            }
-        }
-        out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
+        let items = items.iter_mut().map(|(k, buf)| (*k, &mut **buf));
+        per_key(items, |(k, _)| k, |mut valid| async move { self.batch_get_valid(&mut valid).await }).await
     }
 
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
@@ -616,11 +610,7 @@ impl Client {
 
     /// Existence of many keys, per key in input order.
     pub async fn batch_is_exist(&self, keys: &[&str]) -> Vec<Result<bool, ClientError>> {
-        per_key(keys, |valid| async move {
-            let sub: Vec<&str> = valid.iter().map(|&i| keys[i]).collect();
-            self.batch_exist_valid(&sub).await
-        })
-        .await
+        per_key(keys.iter().copied(), |k| k, |valid| async move { self.batch_exist_valid(&valid).await }).await
     }
 
     async fn batch_exist_valid(&self, keys: &[&str]) -> Vec<Result<bool, ClientError>> {
@@ -644,11 +634,7 @@ impl Client {
 
     /// Removes many objects, per key in input order.
     pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<Result<(), ClientError>> {
-        per_key(keys, |valid| async move {
-            let sub: Vec<&str> = valid.iter().map(|&i| keys[i]).collect();
-            self.batch_remove_valid(&sub, force).await
-        })
-        .await
+        per_key(keys.iter().copied(), |k| k, |valid| async move { self.batch_remove_valid(&valid, force).await }).await
     }
 
     async fn batch_remove_valid(&self, keys: &[&str], force: bool) -> Vec<Result<(), ClientError>> {

@@ -34,8 +34,8 @@ struct Reader {
 /// therefore reads its own reply with no task switch in between — on small VMs every wake-up of another
 /// thread costs several microseconds.
 struct Conn {
-    /// How long a lone waiter spins before parking.
-    spin: Duration,
+    /// How long a lone waiter polls before parking.
+    poll_window: Duration,
     sink: tokio::sync::Mutex<FramedWrite<OwnedWriteHalf, FrameCodec>>,
     stream: tokio::sync::Mutex<Reader>,
     pending: Pending,
@@ -53,7 +53,7 @@ impl Conn {
     }
 
     /// Waits for the reply to `id`, reading the socket itself whenever no one else is. Spins before parking
-    /// only while `inflight` counts this request alone (a spinning poll holds its thread and would stall
+    /// only while `inflight` counts this request alone (a polling wait holds its thread and would stall
     /// every other exchange driven by it).
     async fn wait(
         &self,
@@ -75,11 +75,11 @@ impl Conn {
                 // after every frame would wake another task per reply.
                 loop {
                     let mut next = frames.buffered().transpose();
-                    // The client's only exchange polls (bounded by `spin`) for its reply and reads what the poll
+                    // The client's only exchange polls (bounded by `poll_window`) for its reply and reads what the poll
                     // saw at once (see `crescent_net::poll`).
                     if next.is_none()
                         && inflight.count() == 1
-                        && crescent_net::poll::until_readable(sock, self.spin)
+                        && crescent_net::poll::until_readable(sock, self.poll_window)
                     {
                         next = match frames.read_now(sock) {
                             Ok(_) => frames.buffered().transpose(),
@@ -131,9 +131,9 @@ pub struct MasterConnection {
     client: ClientId,
     role: PeerRole,
     timeout: Duration,
-    spin: Duration,
+    poll_window: Duration,
     /// Exchanges in flight (this connection set's requests, and the transfers of a client sharing it):
-    /// spinning is for a lone exchange only.
+    /// polling is for a lone exchange only.
     inflight: Arc<InFlight>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     next_slot: AtomicUsize,
@@ -151,7 +151,7 @@ async fn dial(
     role: PeerRole,
     client: ClientId,
     timeout: Duration,
-    spin: Duration,
+    poll_window: Duration,
 ) -> Result<Arc<Conn>, ClientError> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
@@ -173,7 +173,7 @@ async fn dial(
     let sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
     let reader = Reader { sock: rd, frames: FrameReader::new(Limits::CONTROL) };
     Ok(Arc::new(Conn {
-        spin,
+        poll_window,
         sink: tokio::sync::Mutex::new(sink),
         stream: tokio::sync::Mutex::new(reader),
         pending: Mutex::new(HashMap::new()),
@@ -193,7 +193,7 @@ impl MasterConnection {
             client,
             role,
             timeout,
-            spin: Duration::ZERO,
+            poll_window: Duration::ZERO,
             inflight: Arc::default(),
             slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
@@ -201,9 +201,9 @@ impl MasterConnection {
         }
     }
 
-    /// Spin up to `spin` for a reply before parking (0 = never spin; see `Conn::wait`).
-    pub fn with_spin(mut self, spin: Duration) -> Self {
-        self.spin = spin;
+    /// Poll up to `window` for a reply before parking (0 = never poll; see `Conn::wait`).
+    pub fn with_poll_window(mut self, window: Duration) -> Self {
+        self.poll_window = window;
         self
     }
 
@@ -225,7 +225,7 @@ impl MasterConnection {
     /// over all connections so the master's workers serve them in parallel (batch-128 lookups: 961k keys/s
     /// on four connections, 789k on one).
     async fn conn(&self, req: &MasterRequest) -> Result<Arc<Conn>, ClientError> {
-        let i = if req.is_batch() { self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len() } else { 0 };
+        let i = if req.op().is_batch() { self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len() } else { 0 };
         let mut slot = self.slots[i].lock().await;
         if let Some(c) = slot.as_ref().filter(|c| c.alive.load(Ordering::Acquire)) {
             return Ok(c.clone());
@@ -238,7 +238,7 @@ impl MasterConnection {
         let mut last = ClientError::Code(ErrorCode::RpcFail);
         for k in 0..n {
             let i = (first + k) % n;
-            match dial(&self.addrs[i], self.role, self.client, self.timeout, self.spin).await {
+            match dial(&self.addrs[i], self.role, self.client, self.timeout, self.poll_window).await {
                 Ok(c) => {
                     self.preferred.store(i, Ordering::Relaxed);
                     *slot = Some(c.clone());

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// The default polling window: longer than a loopback or LAN round trip, short enough that an idle poller
 /// costs little.
-pub const DEFAULT_WINDOW: Duration = Duration::from_micros(50);
+pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
 
 /// Polls until `sock` has input (or end of stream, or an error to report) or `window` has passed; returns
 /// whether it is readable. A zero window returns at once.

@@ -20,6 +20,16 @@ pub enum KeyError {
     },
 }
 
+impl KeyError {
+    /// The wire code: an empty key is `INVALID_PARAMS`, an oversized one `INVALID_KEY`.
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            KeyError::Empty => crate::ErrorCode::InvalidParams,
+            KeyError::TooLong { .. } => crate::ErrorCode::InvalidKey,
+        }
+    }
+}
+
 /// A user key: non-empty UTF-8, at most [`MAX_KEY_LEN`] bytes. It may contain any character, NUL included; the
 /// tenant is never part of it (identity is the pair `(TenantId, ObjectKey)`).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

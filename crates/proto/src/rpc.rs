@@ -90,17 +90,83 @@ pub enum MasterRequest {
     ListKeys { tenant: String, prefix: String, limit: u32 },
 }
 
-impl MasterRequest {
+/// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
+/// [`MasterRequest::op`] mapping each request to it: the list of operations is written once.
+macro_rules! master_ops {
+    ($($variant:ident => $name:literal,)+) => {
+        /// What a [`MasterRequest`] asks for, without its arguments: names it in metrics and logs.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum MasterOp {
+            $(
+                #[doc = concat!("`", $name, "`")]
+                $variant,
+            )+
+        }
+
+        impl MasterOp {
+            /// Every operation, in declaration order ([`MasterOp::index`] is the position here).
+            pub const ALL: &'static [MasterOp] = &[$(MasterOp::$variant),+];
+
+            /// The operation's name in metrics (`put_start`, `batch_exist_key`, ...).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(MasterOp::$variant => $name,)+
+                }
+            }
+        }
+
+        impl MasterRequest {
+            /// The operation this request asks for.
+            pub fn op(&self) -> MasterOp {
+                match self {
+                    $(MasterRequest::$variant { .. } => MasterOp::$variant,)+
+                }
+            }
+        }
+    };
+}
+
+master_ops! {
+    Ping => "ping",
+    MountSegment => "mount_segment",
+    RemountSegments => "remount_segments",
+    UnmountSegment => "unmount_segment",
+    GracefulUnmount => "graceful_unmount",
+    SegmentStatus => "segment_status",
+    PutStart => "put_start",
+    PutEnd => "put_end",
+    PutRevoke => "put_revoke",
+    UpsertStart => "upsert_start",
+    BatchPutStart => "batch_put_start",
+    BatchPutEnd => "batch_put_end",
+    BatchPutRevoke => "batch_put_revoke",
+    GetReplicaList => "get_replica_list",
+    BatchGetReplicaList => "batch_get_replica_list",
+    ExistKey => "exist_key",
+    BatchExistKey => "batch_exist_key",
+    Remove => "remove",
+    BatchRemove => "batch_remove",
+    RemoveAll => "remove_all",
+    RemoveByRegex => "remove_by_regex",
+    ListKeys => "list_keys",
+}
+
+impl MasterOp {
+    /// The operation's position in [`MasterOp::ALL`] (for per-operation counter arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Whether this is a batch form (one request for many keys, which keeps the master busy longer).
-    pub fn is_batch(&self) -> bool {
+    pub fn is_batch(self) -> bool {
         matches!(
             self,
-            MasterRequest::BatchPutStart { .. }
-                | MasterRequest::BatchPutEnd { .. }
-                | MasterRequest::BatchPutRevoke { .. }
-                | MasterRequest::BatchGetReplicaList { .. }
-                | MasterRequest::BatchExistKey { .. }
-                | MasterRequest::BatchRemove { .. }
+            MasterOp::BatchPutStart
+                | MasterOp::BatchPutEnd
+                | MasterOp::BatchPutRevoke
+                | MasterOp::BatchGetReplicaList
+                | MasterOp::BatchExistKey
+                | MasterOp::BatchRemove
         )
     }
 }

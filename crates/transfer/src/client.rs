@@ -60,10 +60,10 @@ pub struct TransferConfig {
     pub connect_timeout: Duration,
     /// Deadline for one request/response exchange (one stripe) on a lane.
     pub io_timeout: Duration,
-    /// How long a request spins for its reply before parking (0 = never): avoids a sleeping CPU's wake-up
+    /// How long a request polls for its reply before parking (0 = never): avoids a sleeping CPU's wake-up
     /// on the reply path, which on VMs costs more than a small transfer itself. Reads larger than
-    /// 1 MiB never spin (see `SPIN_READ_MAX`).
-    pub spin_wait: Duration,
+    /// 1 MiB never poll (see `POLL_READ_MAX`).
+    pub poll_window: Duration,
 }
 
 impl Default for TransferConfig {
@@ -74,7 +74,7 @@ impl Default for TransferConfig {
             write_stripe_size: 2 << 20,
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
-            spin_wait: Duration::from_micros(50),
+            poll_window: Duration::from_micros(50),
         }
     }
 }
@@ -294,7 +294,7 @@ impl TransferClient {
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint);
         let stripe = self.stripe();
-        let op = self.op().polling_if(spins_for(buf.len()));
+        let op = self.op().polling_if(polls_for(buf.len()));
         if buf.len() <= stripe {
             return self.read_stripe(&peer, &op, segment, offset, buf, checksum).await;
         }
@@ -357,7 +357,7 @@ impl TransferClient {
             return Ok(0);
         }
         let lane = guard.lane()?;
-        lane.may_spin = op.alone;
+        lane.may_poll = op.alone;
         let exchange = lane.write(segment, offset, data, checksum);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
@@ -381,7 +381,7 @@ impl TransferClient {
             return Ok(0);
         }
         let lane = guard.lane()?;
-        lane.may_spin = op.alone;
+        lane.may_poll = op.alone;
         let exchange = lane.read(segment, offset, buf, checksum);
         let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
         if r.is_err() {
@@ -419,11 +419,11 @@ const SUM_PIECE: usize = 256 << 10;
 /// vs 2127 parking. Polling
 /// through a long transfer keeps the client's CPU busy while the node's workers, woken by the client's own
 /// requests, tend to be queued on that CPU, so sending and receiving serialise instead of overlapping.
-pub(crate) const SPIN_READ_MAX: usize = 1 << 20;
+pub(crate) const POLL_READ_MAX: usize = 1 << 20;
 
-/// Whether a read of `len` bytes may poll for its replies (see [`SPIN_READ_MAX`]).
-pub(crate) fn spins_for(len: usize) -> bool {
-    len <= SPIN_READ_MAX
+/// Whether a read of `len` bytes may poll for its replies (see [`POLL_READ_MAX`]).
+pub(crate) fn polls_for(len: usize) -> bool {
+    len <= POLL_READ_MAX
 }
 
 /// A stripe size: 0 means the largest transfer.
@@ -466,9 +466,10 @@ impl Peer {
                 None => break,
             }
         }
-        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config.spin_wait))
-            .await
-            .map_err(|_| TransferError::Timeout)??;
+        let lane =
+            timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config.poll_window))
+                .await
+                .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
     }
 }
@@ -512,9 +513,9 @@ impl Drop for OpenLane {
 #[derive(Debug)]
 struct Lane {
     io: BufReader<TcpStream>,
-    spin: Duration,
-    /// Whether the current exchange may spin (it is the client's only one).
-    may_spin: bool,
+    poll_window: Duration,
+    /// Whether the current exchange may poll (it is the client's only one).
+    may_poll: bool,
     next_id: u64,
     header: Vec<u8>,
     /// The server's frame limit from its hello reply.
@@ -525,7 +526,7 @@ struct Lane {
 }
 
 impl Lane {
-    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, spin: Duration) -> Result<Lane, TransferError> {
+    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, poll_window: Duration) -> Result<Lane, TransferError> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
         let mut stream = None;
         for addr in tokio::net::lookup_host(endpoint).await? {
@@ -542,8 +543,8 @@ impl Lane {
         open.fetch_add(1, Ordering::Relaxed);
         let mut lane = Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
-            spin,
-            may_spin: false,
+            poll_window,
+            may_poll: false,
             next_id: 1,
             header: Vec::new(),
             max_frame: MAX_HELLO_FRAME,
@@ -639,14 +640,14 @@ impl Lane {
     /// Receives a DATA reply's payload straight from the socket into `buf`; returns its crc32c, summed piece by
     /// piece as it lands, if `checksum` (else 0).
     async fn receive_data(&mut self, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
-        let spin = self.payload_spin();
+        let window = self.payload_poll_window();
         let mut crc = 0;
         let sum = |piece: &[u8]| {
             if checksum {
                 crc = crc32c::crc32c_append(crc, piece);
             }
         };
-        net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, spin), sum).await.map_err(io_error)?;
+        net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, window), sum).await.map_err(io_error)?;
         Ok(crc)
     }
 
@@ -683,22 +684,22 @@ impl Lane {
         Ok(crc)
     }
 
-    /// How long to poll a dry socket mid-payload: `spin` while this is the client's only exchange, else never.
-    fn payload_spin(&self) -> Duration {
-        if self.may_spin { self.spin } else { Duration::ZERO }
+    /// How long to poll a dry socket mid-payload: the poll window while this is the client's only exchange, else never.
+    fn payload_poll_window(&self) -> Duration {
+        if self.may_poll { self.poll_window } else { Duration::ZERO }
     }
 
-    /// Polls (bounded by `spin`) until the reply's first bytes are readable, so the task finds them without
-    /// parking its thread (see `TransferConfig::spin_wait`).
-    fn spin_until_readable(&self) {
-        if self.may_spin && self.io.buffer().is_empty() {
-            poll::until_readable(self.io.get_ref(), self.spin);
+    /// Polls (bounded by `poll_window`) until the reply's first bytes are readable, so the task finds them without
+    /// parking its thread (see `TransferConfig::poll_window`).
+    fn poll_until_readable(&self) {
+        if self.may_poll && self.io.buffer().is_empty() {
+            poll::until_readable(self.io.get_ref(), self.poll_window);
         }
     }
 
     /// Reads a reply's prefix and header (kept in `self.header`); returns its request id and payload length.
     async fn reply_header(&mut self) -> Result<(u64, usize), TransferError> {
-        self.spin_until_readable();
+        self.poll_until_readable();
         let shape = match frames::read_shape(&mut self.io, self.max_frame).await {
             Ok(shape) => shape,
             Err(ShapeError::Io(e)) => return Err(io_error(e)),

@@ -103,6 +103,15 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     r.register("requests", "RPC requests per operation", requests);
     r.register("failures", "RPC requests that failed, per operation", failures);
     let m = svc.metrics();
+    let keys = Family::<Labels, Counter>::default();
+    let key_failures = Family::<Labels, Counter>::default();
+    for (op, c) in m.per_key() {
+        let l = vec![("op".to_string(), op.to_string())];
+        keys.get_or_create(&l).inc_by(c.requests.load(Ordering::Relaxed));
+        key_failures.get_or_create(&l).inc_by(c.failures.load(Ordering::Relaxed));
+    }
+    r.register("key_operations", "Keys handled per operation (a batch counts each key)", keys);
+    r.register("key_failures", "Keys that failed, per operation", key_failures);
     counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
     counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
     counter(&mut r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
@@ -199,5 +208,50 @@ async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Respon
             Json(serde_json::json!({ "success": false, "error_code": code.as_i32(), "error": code.name() })),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::MasterConfig;
+    use crescent_proto::{ClientId, MasterOp, ReplicateConfig, SegmentId, SegmentSpec};
+
+    #[test]
+    fn metrics_export_every_operation_and_the_per_key_counters() {
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        let spec = SegmentSpec {
+            id: SegmentId::random(),
+            name: "seg".into(),
+            base: 0x1000_0000,
+            size: 1 << 20,
+            endpoint: "127.0.0.1:1".into(),
+            kind: SegmentKind::Memory,
+            host_id: String::new(),
+        };
+        svc.mount_segment(ClientId::random(), spec).unwrap();
+        let w = ClientId::random();
+        svc.put_start(w, "", "a", 100, &ReplicateConfig::default()).unwrap();
+        svc.put_end(w, "", "a", None).unwrap();
+        let _ = svc.batch_exist_key("", &["a", "b"]);
+        assert!(svc.get_replica_list("", "missing").is_err());
+        let rpc = RpcMetrics::default();
+        rpc.record(MasterOp::PutStart, false);
+        rpc.record(MasterOp::GetReplicaList, true);
+        let text = render_metrics(&svc, &rpc);
+        for line in [
+            r#"crescent_master_requests_total{op="put_start"} 1"#,
+            r#"crescent_master_failures_total{op="get_replica_list"} 1"#,
+            r#"crescent_master_key_operations_total{op="exist_key"} 2"#,
+            r#"crescent_master_key_operations_total{op="put_end"} 1"#,
+            r#"crescent_master_key_failures_total{op="get_replica_list"} 1"#,
+            "crescent_master_keys 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        for op in MasterOp::ALL {
+            assert!(text.contains(&format!("op=\"{}\"", op.name())), "{} not exported", op.name());
+        }
     }
 }

@@ -62,7 +62,7 @@ impl MasterServerBuilder {
     }
 
     /// How long an idle RPC connection polls for its next request before parking (default
-    /// `crescent_net::poll::DEFAULT_WINDOW`; zero never polls: right when clients share the master's runtime).
+    /// `crescent_net::poll::DEFAULT_POLL_WINDOW`; zero never polls: right when clients share the master's runtime).
     pub fn poll_window(mut self, window: Duration) -> Self {
         self.poll_window = window;
         self
@@ -116,7 +116,7 @@ impl MasterServer {
             clock: Arc::new(SystemClock::new()),
             rpc: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin: None,
-            poll_window: crescent_net::poll::DEFAULT_WINDOW,
+            poll_window: crescent_net::poll::DEFAULT_POLL_WINDOW,
             background: true,
         }
     }

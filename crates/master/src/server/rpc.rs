@@ -8,7 +8,7 @@ use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
-use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse};
+use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, batch};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,32 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Framed;
-
-/// The operations counted by the server, in `/metrics` order.
-pub const OPS: &[&str] = &[
-    "ping",
-    "mount_segment",
-    "remount_segments",
-    "unmount_segment",
-    "graceful_unmount",
-    "segment_status",
-    "put_start",
-    "put_end",
-    "put_revoke",
-    "upsert_start",
-    "batch_put_start",
-    "batch_put_end",
-    "batch_put_revoke",
-    "get_replica_list",
-    "batch_get_replica_list",
-    "exist_key",
-    "batch_exist_key",
-    "remove",
-    "batch_remove",
-    "remove_all",
-    "remove_by_regex",
-    "list_keys",
-];
 
 /// Per-operation request and failure counters, plus protocol errors.
 #[derive(Debug)]
@@ -57,8 +31,8 @@ pub struct RpcMetrics {
 impl Default for RpcMetrics {
     fn default() -> Self {
         Self {
-            requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
-            failures: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            requests: MasterOp::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            failures: MasterOp::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             malformed_frames: AtomicU64::new(0),
             connections: AtomicU64::new(0),
         }
@@ -68,62 +42,36 @@ impl Default for RpcMetrics {
 impl RpcMetrics {
     /// `(operation, requests, failures)` for every operation.
     pub fn snapshot(&self) -> Vec<(&'static str, u64, u64)> {
-        OPS.iter()
-            .enumerate()
-            .map(|(i, op)| (*op, self.requests[i].load(Ordering::Relaxed), self.failures[i].load(Ordering::Relaxed)))
+        MasterOp::ALL
+            .iter()
+            .map(|op| {
+                let i = op.index();
+                (op.name(), self.requests[i].load(Ordering::Relaxed), self.failures[i].load(Ordering::Relaxed))
+            })
             .collect()
     }
 
-    fn record(&self, op: usize, failed: bool) {
-        self.requests[op].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn record(&self, op: MasterOp, failed: bool) {
+        self.requests[op.index()].fetch_add(1, Ordering::Relaxed);
         if failed {
-            self.failures[op].fetch_add(1, Ordering::Relaxed);
+            self.failures[op.index()].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-fn op_index(req: &MasterRequest) -> usize {
-    match req {
-        MasterRequest::Ping { .. } => 0,
-        MasterRequest::MountSegment { .. } => 1,
-        MasterRequest::RemountSegments { .. } => 2,
-        MasterRequest::UnmountSegment { .. } => 3,
-        MasterRequest::GracefulUnmount { .. } => 4,
-        MasterRequest::SegmentStatus { .. } => 5,
-        MasterRequest::PutStart { .. } => 6,
-        MasterRequest::PutEnd { .. } => 7,
-        MasterRequest::PutRevoke { .. } => 8,
-        MasterRequest::UpsertStart { .. } => 9,
-        MasterRequest::BatchPutStart { .. } => 10,
-        MasterRequest::BatchPutEnd { .. } => 11,
-        MasterRequest::BatchPutRevoke { .. } => 12,
-        MasterRequest::GetReplicaList { .. } => 13,
-        MasterRequest::BatchGetReplicaList { .. } => 14,
-        MasterRequest::ExistKey { .. } => 15,
-        MasterRequest::BatchExistKey { .. } => 16,
-        MasterRequest::Remove { .. } => 17,
-        MasterRequest::BatchRemove { .. } => 18,
-        MasterRequest::RemoveAll { .. } => 19,
-        MasterRequest::RemoveByRegex { .. } => 20,
-        MasterRequest::ListKeys { .. } => 21,
-    }
-}
-
-fn key_refs(keys: &[crescent_proto::wire::WireKey]) -> Vec<Result<&str, ErrorCode>> {
-    keys.iter().map(|k| k.as_str()).collect()
-}
-
-/// Runs a batch service call on the well-formed keys only (with their input indexes) and puts each answer
-/// back in its input slot; an oversized key answers `INVALID_KEY` in its own slot.
-fn on_valid_keys<'a, T>(
-    keys: impl Iterator<Item = &'a crescent_proto::wire::WireKey>,
-    call: impl FnOnce(&[usize], Vec<&'a str>) -> Vec<Result<T, ErrorCode>>,
+/// Runs a batch service call on the well-formed items only (an oversized key answers `INVALID_KEY` in its own
+/// slot) and puts each answer back in its input slot.
+fn on_valid_keys<'a, I, T>(
+    items: impl Iterator<Item = (&'a crescent_proto::wire::WireKey, I)>,
+    call: impl FnOnce(Vec<(&'a str, I)>) -> Vec<Result<T, ErrorCode>>,
 ) -> Vec<Result<T, ErrorCode>> {
-    let refs: Vec<Result<&'a str, ErrorCode>> = keys.map(|k| k.as_str()).collect();
-    let idx: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].is_ok()).collect();
-    let valid: Vec<&'a str> = refs.iter().filter_map(|k| k.as_ref().ok().copied()).collect();
-    let mut answers = call(&idx, valid).into_iter();
-    refs.into_iter().map(|k| k.and_then(|_| answers.next().unwrap_or(Err(ErrorCode::InternalError)))).collect()
+    let (slots, valid) = batch::split(items.map(|(k, item)| k.as_str().map(|k| (k, item))));
+    let answers = if valid.is_empty() { Vec::new() } else { call(valid) };
+    slots.fill(answers, || ErrorCode::InternalError)
+}
+
+fn only_keys<'a>(valid: Vec<(&'a str, ())>) -> Vec<&'a str> {
+    valid.into_iter().map(|(k, ())| k).collect()
 }
 
 fn batch_failed<T>(v: &[Result<T, ErrorCode>]) -> bool {
@@ -157,10 +105,14 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
             if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
                 return Ok(A::BatchReplicas(vec![Err(ErrorCode::InvalidParams); items.0.len()]));
             }
-            Ok(A::BatchReplicas(on_valid_keys(items.0.iter().map(|(k, _)| k), |idx, keys| {
-                let sub: Vec<(&str, u64)> = idx.iter().zip(keys).map(|(&i, k)| (k, items.0[i].1)).collect();
+            let grouped = group_ids.is_some();
+            // Each item carries its group id (when the batch has them: as many as items, checked above).
+            let mut groups = group_ids.map(|g| g.0.into_iter());
+            let items = items.0.iter().map(|(k, size)| (k, (*size, groups.as_mut().and_then(Iterator::next))));
+            Ok(A::BatchReplicas(on_valid_keys(items, |valid| {
+                let sub: Vec<(&str, u64)> = valid.iter().map(|(k, (size, _))| (*k, *size)).collect();
                 let groups: Option<Vec<String>> =
-                    group_ids.as_ref().map(|g| idx.iter().map(|&i| g.0[i].clone()).collect());
+                    grouped.then(|| valid.into_iter().filter_map(|(_, (_, g))| g).collect());
                 if upsert {
                     svc.batch_upsert_start(client, &tenant, &sub, &config, groups.as_deref())
                 } else {
@@ -172,20 +124,24 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
             items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(client, &tenant, k, *c))).collect(),
         )),
         R::BatchPutRevoke { client, tenant, keys } => Ok(A::BatchDone(
-            key_refs(&keys.0).into_iter().map(|k| k.and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
+            keys.0.iter().map(|k| k.as_str().and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
         )),
         R::GetReplicaList { tenant, key } => svc.get_replica_list(&tenant, key.as_str()?).map(A::ReplicaList),
-        R::BatchGetReplicaList { tenant, keys } => Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter(), |_, valid| {
-            svc.batch_get_replica_list(&tenant, &valid)
-        }))),
+        R::BatchGetReplicaList { tenant, keys } => {
+            Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
+                svc.batch_get_replica_list(&tenant, &only_keys(valid))
+            })))
+        }
         R::ExistKey { tenant, key } => svc.exist_key(&tenant, key.as_str()?).map(A::Exists),
         R::BatchExistKey { tenant, keys } => {
-            Ok(A::BatchExists(on_valid_keys(keys.0.iter(), |_, valid| svc.batch_exist_key(&tenant, &valid))))
+            Ok(A::BatchExists(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
+                svc.batch_exist_key(&tenant, &only_keys(valid))
+            })))
         }
         R::Remove { tenant, key, force } => svc.remove(&tenant, key.as_str()?, force).map(|()| A::Done),
-        R::BatchRemove { tenant, keys, force } => Ok(A::BatchDone(
-            key_refs(&keys.0).into_iter().map(|k| k.and_then(|k| svc.remove(&tenant, k, force))).collect(),
-        )),
+        R::BatchRemove { tenant, keys, force } => {
+            Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(&tenant, k, force))).collect()))
+        }
         R::RemoveAll { tenant, force } => Ok(A::Count(svc.remove_all(tenant.as_deref(), force))),
         R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(&tenant, &pattern, force).map(A::Count),
         R::ListKeys { tenant, prefix, limit } => svc.list_keys(&tenant, &prefix, limit as usize).map(A::Keys),
@@ -248,7 +204,7 @@ impl RpcServerHandle {
 impl RpcServer {
     /// Binds `addr` (port 0 picks a free port).
     pub async fn bind(addr: SocketAddr, svc: Arc<MasterService>, metrics: Arc<RpcMetrics>) -> std::io::Result<Self> {
-        Ok(Self { listener: TcpListener::bind(addr).await?, svc, metrics, poll_window: poll::DEFAULT_WINDOW })
+        Ok(Self { listener: TcpListener::bind(addr).await?, svc, metrics, poll_window: poll::DEFAULT_POLL_WINDOW })
     }
 
     /// Sets how long an idle connection polls for its next request before parking; zero never polls.
@@ -337,7 +293,7 @@ async fn serve(
             Ok(env) => env,
             Err(e) => return Err(refuse(&mut framed, &metrics, e).await),
         };
-        let op = op_index(&body);
+        let op = body.op();
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;

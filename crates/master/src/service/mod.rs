@@ -86,7 +86,7 @@ impl Default for MasterConfig {
 /// Monotonic counters (read with [`MasterService::metrics`]).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Per operation: requests and failures.
+    /// Per operation, per key (a batch counts each of its keys): calls and failures. PutStart.
     pub put_start: OpCounter,
     /// PutEnd.
     pub put_end: OpCounter,
@@ -114,6 +114,21 @@ pub struct Metrics {
     pub expired_clients: AtomicU64,
     /// Background loop iterations (liveness of the loop itself).
     pub background_ticks: AtomicU64,
+}
+
+impl Metrics {
+    /// The per-key counters by operation name (a batch counts each of its keys).
+    pub fn per_key(&self) -> [(&'static str, &OpCounter); 7] {
+        [
+            ("put_start", &self.put_start),
+            ("put_end", &self.put_end),
+            ("put_revoke", &self.put_revoke),
+            ("upsert_start", &self.upsert_start),
+            ("get_replica_list", &self.get_replica_list),
+            ("exist_key", &self.exist_key),
+            ("remove", &self.remove),
+        ]
+    }
 }
 
 /// Requests and failures of one operation.

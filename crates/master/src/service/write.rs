@@ -10,8 +10,7 @@ use crate::metadata::{
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
 use crescent_proto::{
-    ClientId, ErrorCode, KeyError, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind,
-    SoftPinAction,
+    ClientId, ErrorCode, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind, SoftPinAction,
 };
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -43,13 +42,6 @@ enum Next {
     Replace { entry: Arc<ObjectEntry>, hard_pinned: bool },
 }
 
-fn key_error(e: KeyError) -> ErrorCode {
-    match e {
-        KeyError::Empty => ErrorCode::InvalidParams,
-        KeyError::TooLong { .. } => ErrorCode::InvalidKey,
-    }
-}
-
 fn descriptors(replicas: &[Replica]) -> Vec<ReplicaDescriptor> {
     replicas.iter().filter_map(Replica::descriptor).collect()
 }
@@ -61,7 +53,7 @@ impl MasterService {
         size: u64,
         config: &'a ReplicateConfig,
     ) -> Result<WriteSpec<'a>, ErrorCode> {
-        ObjectKey::check(key).map_err(key_error)?;
+        ObjectKey::check(key).map_err(|e| e.code())?;
         if size == 0 || (config.replica_num == 0 && config.nof_replica_num == 0) {
             return Err(ErrorCode::InvalidParams);
         }

@@ -118,7 +118,7 @@ impl TransferClient {
         };
         for part in run.chunks_mut(MAX_RUN) {
             let Some(lane) = usable(&mut guard, part.iter().map(|(i, _)| *i), &mut out) else { continue };
-            lane.may_spin = alone && part.iter().all(|(_, item)| super::spins_for(item.buf.len()));
+            lane.may_poll = alone && part.iter().all(|(_, item)| super::polls_for(item.buf.len()));
             match timeout(self.inner.config.io_timeout, lane.read_many(part)).await {
                 Ok(results) => out.extend(results),
                 Err(_) => out.extend(fail_all(part.iter().map(|(i, _)| *i), TransferError::Timeout)),
@@ -141,7 +141,7 @@ impl TransferClient {
         };
         for part in run.chunks(MAX_RUN) {
             let Some(lane) = usable(&mut guard, part.iter().map(|(i, _)| *i), &mut out) else { continue };
-            lane.may_spin = alone;
+            lane.may_poll = alone;
             match timeout(self.inner.config.io_timeout, lane.write_many(part)).await {
                 Ok(results) => out.extend(results),
                 Err(_) => out.extend(fail_all(part.iter().map(|(i, _)| *i), TransferError::Timeout)),
