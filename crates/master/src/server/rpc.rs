@@ -70,7 +70,7 @@ fn on_valid_keys<'a, I, T>(
     slots.fill(answers, || ErrorCode::InternalError)
 }
 
-fn only_keys<'a>(valid: Vec<(&'a str, ())>) -> Vec<&'a str> {
+fn only_keys(valid: Vec<(&str, ())>) -> Vec<&str> {
     valid.into_iter().map(|(k, ())| k).collect()
 }
 
