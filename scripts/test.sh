@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the tests need (when missing) and runs every check: fmt, clippy, all tests.
+# Installs what the tests need (when missing) and runs every check: fmt, clippy, docs, all tests.
 # This is the README's test command and exactly what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,8 @@ command -v protoc >/dev/null
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Doc comments are checked too (intra-doc links resolve, no rustdoc warnings).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --no-fail-fast
 else

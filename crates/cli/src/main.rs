@@ -4,6 +4,9 @@
 //! Every flag can also be set in a TOML file (`--config FILE`); a flag given on the command line wins.
 //! `CRESCENT_MASTER` is the default master address. Servers print one JSON line with their endpoints on
 //! stdout once ready; logs go to stderr.
+//!
+//! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `bench`, `demo`,
+//! `config` (the TOML file).
 
 mod bench;
 mod config;

@@ -1,9 +1,18 @@
 //! The Crescent master: metadata only, it never touches object bytes.
 //!
-//! Module map (see `docs/architecture.md`): [`alloc`] is the offset allocator over one region; [`segment_pool`]
-//! is the single owner of mounted Memory/CXL/NoF regions; [`placement`] is the stateless replica placement that
-//! borrows a lock-scoped view of the pool; [`local_ssd`] owns client-local SSD registrations; [`clock`] is the
-//! injectable time source every lease and timeout reads.
+//! Module map (the data flow and lock order are in `docs/architecture.md`):
+//! * [`server`]: the network edge — RPC server, admin HTTP, and [`server::MasterServer`] that runs a master.
+//! * [`service`]: `MasterService`, request orchestration for every RPC, client liveness, delayed releases,
+//!   metrics and the background loop.
+//! * [`metadata`]: object metadata, tenant first (tenants, quotas, object indexes, groups, objects).
+//! * [`eviction`]: the eviction kernel every trigger runs (census, selection, commit).
+//! * [`segment_pool`]: the single owner of mounted Memory/CXL/NoF segments and the regions behind them.
+//! * [`placement`]: stateless replica placement over a lock-scoped view of the pool.
+//! * [`alloc`]: the offset allocator over one region.
+//! * [`local_ssd`]: client-local SSD registrations (not allocatable by the master).
+//! * [`clock`]: the injectable time source every lease and timeout reads.
+//! * [`memory`]: returning freed heap to the OS after bulk removals.
+//! * [`sim`]: a KV-cache workload replayed through the master core in-process (`crescent demo`).
 
 pub mod alloc;
 pub mod clock;

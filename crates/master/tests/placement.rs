@@ -1,4 +1,4 @@
-//! Replica placement (mooncake-segments_tenants.md §11 properties 9–12).
+//! Replica placement: distinct names, preferences and exclusions, best effort, local-first, free-ratio-first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -20,7 +20,7 @@ fn placer(policy: PlacementPolicy) -> Placer {
     Placer::new(policy)
 }
 
-// Property 9: distinct placement, best effort.
+// Distinct placement, best effort.
 #[test]
 fn replicas_land_on_distinct_names_and_are_best_effort() {
     let p = pool();
@@ -86,7 +86,7 @@ fn fails_with_no_available_handle_only_when_nothing_fits() {
     assert_eq!(rp.allocate_from(SegmentKind::Memory, "nope", 1).unwrap_err().code(), ErrorCode::NoAvailableHandle);
 }
 
-// Property 10: preferred then fallback; exclusion wins.
+// Preferred then fallback; exclusion wins.
 #[test]
 fn preferred_names_first_then_fallback_and_exclusions_win() {
     let p = pool();
@@ -118,7 +118,7 @@ fn preferred_names_first_then_fallback_and_exclusions_win() {
     assert_eq!(rp.place(&req).unwrap_err(), PlacementError::NoAvailableHandle { eligible_names: 0 });
 }
 
-// Property 11: local-first ordering.
+// Local-first ordering.
 #[test]
 fn local_first_orders_hosts_cyclically_and_rotates_names_by_key() {
     let p = pool();
@@ -165,7 +165,7 @@ fn local_first_orders_hosts_cyclically_and_rotates_names_by_key() {
     assert_eq!(names_of(&p, &rp.place(&req).unwrap()), ["b1"]);
 }
 
-// Property 12: free-ratio balancing on heterogeneous segments.
+// Free-ratio balancing on heterogeneous segments.
 #[test]
 fn free_ratio_first_keeps_utilisation_balanced() {
     let p = pool();

@@ -1,5 +1,4 @@
-//! SegmentPool behaviour: mount/remount/unmount lifecycle, statuses, CXL/NoF drivers, snapshots
-//! (mooncake-segments_tenants.md §11 properties 1–8 at the pool level).
+//! SegmentPool behaviour: mount/remount/unmount lifecycle, statuses, CXL/NoF drivers, snapshots.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -20,7 +19,7 @@ fn place_on(pool: &SegmentPool, name: &str, size: u64) -> Result<AllocatedBuffer
     ReplicaPlacement::new(pool, &a).allocate_from(SegmentKind::Memory, name, size).map_err(|e| e.code())
 }
 
-// Property 1: mount idempotency.
+// Mount idempotency.
 #[test]
 fn mounting_the_same_segment_twice_is_ok_and_registers_one_target() {
     let p = pool();
@@ -61,7 +60,7 @@ fn mounting_an_id_that_is_not_ok_is_unavailable() {
     assert_eq!(p.remount(c, std::slice::from_ref(&s)).unwrap_err().code(), ErrorCode::UnavailableInCurrentStatus);
 }
 
-// Property 2: mount validation.
+// Mount validation.
 #[test]
 fn mount_validation_per_medium() {
     let p = pool();
@@ -101,7 +100,7 @@ fn nof_endpoint_of_a_live_segment_cannot_be_mounted_twice() {
     assert_eq!(p.mount(c, b), Ok(MountOutcome::Mounted), "free again after the first is gone");
 }
 
-// Property 3: allocatable ⇔ OK.
+// Allocatable ⇔ OK.
 #[test]
 fn only_ok_segments_receive_replicas() {
     let p = pool();
@@ -143,7 +142,7 @@ fn status_index_tracks_every_transition() {
     assert!(p.client_segments(ids[2].0).is_empty());
 }
 
-// Property 4: two-phase unmount visibility.
+// Two-phase unmount visibility.
 #[test]
 fn deactivation_hides_buffers_before_the_sweep_and_erase_forgets_the_segment() {
     let p = pool();
@@ -170,7 +169,7 @@ fn deactivation_hides_buffers_before_the_sweep_and_erase_forgets_the_segment() {
     drop(bufs); // Releasing buffers of an erased region is a harmless no-op.
 }
 
-// Property 5: unmount idempotency.
+// Unmount idempotency.
 #[test]
 fn unmounting_unknown_or_twice_is_ok_and_deactivating_twice_is_unavailable() {
     let p = pool();
@@ -205,7 +204,7 @@ fn remount_after_unmount_and_random_sizes_of_the_same_id() {
     assert!(p.is_empty());
 }
 
-// Property 6: surviving replicas.
+// Surviving replicas.
 #[test]
 fn replicas_on_other_segments_survive_an_unmount() {
     let p = pool();
@@ -225,7 +224,7 @@ fn replicas_on_other_segments_survive_an_unmount() {
     }
 }
 
-// Property 7: graceful unmount.
+// Graceful unmount.
 #[test]
 fn graceful_unmount_keeps_replicas_readable_until_the_deadline() {
     let p = pool();
@@ -288,7 +287,7 @@ fn graceful_unmount_refuses_unmounting_and_drained_segments() {
     );
 }
 
-// Property 8 (pool part): a client's expiry unmounts all of its memory segments; its NoF segments stay.
+// A client's expiry unmounts all of its memory segments; its NoF segments stay.
 #[test]
 fn expiring_a_client_unmounts_its_memory_segments_only() {
     let p = pool();

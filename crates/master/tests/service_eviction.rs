@@ -1,4 +1,5 @@
-//! Eviction (behaviours 18–21; properties 24–25; the reference's eviction scenarios).
+//! Eviction: the watermark trigger and its target, leases and pins, groups evicted together, allocation and
+//! quota triggers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! Segments and liveness through the master (behaviours 14–17; properties 4–8 with metadata).
+//! Segments and liveness through the master: mounts, unmounts and their objects, remounts, client expiry.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -8,7 +8,6 @@ use crescent_master::service::{ClientStatus, MasterConfig};
 use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentId, SegmentStatus};
 use std::time::Duration;
 
-// 14
 #[test]
 fn mount_is_idempotent_and_validated_unmount_of_unknown_is_ok() {
     let h = Harness::default3();
@@ -26,7 +25,6 @@ fn mount_is_idempotent_and_validated_unmount_of_unknown_is_ok() {
     assert_eq!(h.svc.segment_status(s.id).unwrap_err(), ErrorCode::SegmentNotFound);
 }
 
-// 15 / property 4 / property 6
 #[test]
 fn unmount_hides_replicas_at_once_and_keeps_objects_with_survivors() {
     let h = Harness::default3();
@@ -57,7 +55,6 @@ fn unmount_hides_replicas_at_once_and_keeps_objects_with_survivors() {
     assert_eq!(h.get("both").unwrap_err(), ErrorCode::ObjectNotFound);
 }
 
-// 16
 #[test]
 fn ping_asks_for_remount_until_the_client_remounts() {
     let h = Harness::new(MasterConfig::default(), 0, 0);
@@ -78,7 +75,6 @@ fn ping_asks_for_remount_until_the_client_remounts() {
     assert_eq!(h.svc.ping(d), ClientStatus::Ok);
 }
 
-// 17 / property 8
 #[test]
 fn silent_clients_lose_their_memory_segments_and_must_remount() {
     let h = Harness::default3();
@@ -106,7 +102,7 @@ fn silent_clients_lose_their_memory_segments_and_must_remount() {
     assert_eq!(h.svc.metrics().expired_clients.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
-// property 7 through the master
+// Graceful unmount through the master.
 #[test]
 fn graceful_unmount_runs_at_its_deadline() {
     let h = Harness::default3();

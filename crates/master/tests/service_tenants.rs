@@ -1,4 +1,5 @@
-//! Tenants, quotas and groups (behaviour 25; properties 17–23).
+//! Tenants, quotas and groups: namespaces, orphans, quota limits and settlement, capacity changes, quota
+//! eviction, group routing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -21,7 +22,7 @@ fn put(h: &Harness, tenant: &str, key: &str, size: u64) -> Result<(), ErrorCode>
     h.put_in(tenant, key, size, &ReplicateConfig::default()).map(|_| ())
 }
 
-// 25 (off): tenants collapse.
+// Tenants collapse.
 #[test]
 fn single_tenant_mode_ignores_the_tenant() {
     let h = Harness::default3();
@@ -32,7 +33,6 @@ fn single_tenant_mode_ignores_the_tenant() {
     assert_eq!(h.svc.upsert_tenant_quota("a", 10).unwrap_err(), ErrorCode::UnavailableInCurrentMode);
 }
 
-// 25 (on) / 17 / 18
 #[test]
 fn tenants_are_namespaces_and_writes_need_registration() {
     let h = multi(2, 64 * MIB);
@@ -61,7 +61,7 @@ fn tenants_are_namespaces_and_writes_need_registration() {
     assert_eq!(h.svc.tenant_quota("a").unwrap().charged_bytes, 0);
 }
 
-// 18: orphans
+// Objects of a removed tenant.
 #[test]
 fn orphan_tenants_stay_readable_and_removable_but_not_writable() {
     let h = multi(1, 64 * MIB);
@@ -79,7 +79,7 @@ fn orphan_tenants_stay_readable_and_removable_but_not_writable() {
     assert_eq!(h.svc.tenant_quota("b").map(|s| s.charged_bytes), None, "drained orphan disappears from snapshots");
 }
 
-// 19 / 20 / 25: quota limit, settlement, conservation.
+// Quota limit, settlement, conservation.
 #[test]
 fn quota_is_charged_per_memory_replica_and_settled_at_put_end() {
     let h = multi(3, 64 * MIB);
@@ -116,7 +116,7 @@ fn quota_is_charged_per_memory_replica_and_settled_at_put_end() {
     assert_eq!(put(&h, "a", "z", 1).unwrap_err(), ErrorCode::TenantNotRegistered);
 }
 
-// 21 through the master: capacity changes rescale effective quotas.
+// Through the master: capacity changes rescale effective quotas.
 #[test]
 fn effective_quotas_follow_mounted_capacity() {
     let h = multi(1, 300);
@@ -132,7 +132,7 @@ fn effective_quotas_follow_mounted_capacity() {
     assert_eq!(h.svc.upsert_tenant_quota("a", 0).unwrap_err(), ErrorCode::InvalidParams);
 }
 
-// 22: quota eviction stays inside the tenant.
+// Quota eviction stays inside the tenant.
 #[test]
 fn quota_triggered_eviction_takes_only_the_tenants_own_objects() {
     let h = multi(1, 64 * MIB);
@@ -172,7 +172,7 @@ fn group(g: &str) -> ReplicateConfig {
     ReplicateConfig { group_id: Some(g.to_string()), ..ReplicateConfig::default() }
 }
 
-// 23: routing, immutability, matched unlink.
+// Routing, immutability, matched unlink.
 #[test]
 fn grouped_objects_are_found_by_key_and_membership_is_immutable() {
     let h = Harness::default3();

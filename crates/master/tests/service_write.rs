@@ -1,4 +1,5 @@
-//! Write/read/remove behaviours of the master (mooncake-master_api.md §9, behaviours 1–13 and 22).
+//! Write/read/remove behaviours of the master: put-if-absent, upsert, leases, revokes, preempted writers,
+//! batch forms, removal and its guards.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -19,7 +20,6 @@ fn segment_of(d: &crescent_proto::ReplicaDescriptor) -> crescent_proto::SegmentI
     d.location.segment_id().unwrap()
 }
 
-// 1
 #[test]
 fn put_start_rejects_invalid_requests() {
     let h = Harness::default3();
@@ -46,7 +46,6 @@ fn put_start_rejects_invalid_requests() {
     assert_eq!(h.used(), 0);
 }
 
-// 2
 #[test]
 fn put_start_is_best_effort_on_distinct_segments() {
     let h = Harness::default3();
@@ -64,7 +63,6 @@ fn put_start_is_best_effort_on_distinct_segments() {
     assert_eq!(small.svc.put_start(h.writer, "", "k", 2 * MIB, &cfg(1)).unwrap_err(), ErrorCode::NoAvailableHandle);
 }
 
-// 3, 4
 #[test]
 fn put_if_absent_and_preemption_of_stale_writes() {
     let h = Harness::default3();
@@ -90,7 +88,6 @@ fn put_if_absent_and_preemption_of_stale_writes() {
     h.svc.put_end(h.writer, "", "k", None).unwrap();
 }
 
-// 5, 9
 #[test]
 fn objects_are_invisible_until_put_end_and_reads_return_complete_replicas() {
     let h = Harness::default3();
@@ -108,7 +105,6 @@ fn objects_are_invisible_until_put_end_and_reads_return_complete_replicas() {
     assert_eq!(h.svc.exist_key("", "absent"), Ok(false));
 }
 
-// 6, 7, 8
 #[test]
 fn end_and_revoke_are_writer_only_idempotent_and_revoke_frees() {
     let h = Harness::default3();
@@ -128,7 +124,6 @@ fn end_and_revoke_are_writer_only_idempotent_and_revoke_frees() {
     assert_eq!(h.svc.put_revoke(h.writer, "", "done").unwrap_err(), ErrorCode::InvalidWrite);
 }
 
-// 10, 11
 #[test]
 fn read_leases_block_non_forced_removal() {
     let h = Harness::default3();
@@ -161,7 +156,6 @@ fn leases_extend_but_never_shrink() {
     h.svc.remove("", "k", false).unwrap();
 }
 
-// 12
 #[test]
 fn unfinished_writes_cannot_be_removed_even_by_force() {
     let h = Harness::default3();
@@ -170,7 +164,6 @@ fn unfinished_writes_cannot_be_removed_even_by_force() {
     assert_eq!(h.svc.remove("", "k", false).unwrap_err(), ErrorCode::ReplicaIsNotReady);
 }
 
-// 13
 #[test]
 fn remove_all_and_remove_by_regex() {
     let h = Harness::default3();
@@ -212,7 +205,6 @@ fn batch_calls_answer_per_key_in_order() {
     assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["c"]), vec![Err(ErrorCode::InvalidWrite)]);
 }
 
-// 22
 #[test]
 fn upsert_same_size_reuses_buffers_and_hides_the_key_until_end() {
     let h = Harness::default3();

@@ -21,7 +21,7 @@ macro_rules! error_codes {
         }
 
         impl ErrorCode {
-            /// Every code, in the reference's order.
+            /// Every code, in ascending order of magnitude (the original's order).
             pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant),+];
 
             /// The enumerator name (what CLIs print, e.g. `OBJECT_NOT_FOUND`).

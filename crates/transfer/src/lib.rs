@@ -9,6 +9,10 @@
 //!   socket buffers), striping of large transfers over the lanes, and a memcpy fast path for segments hosted
 //!   by this very process.
 //!
+//! Modules: `memory` ([`SegmentMemory`] and its range leases), `registry`, `server`, `client` (and
+//! `client::batch`, pipelined runs of small ranges), `net` (socket sizing, payloads into their destination,
+//! sendfile), `checksum` (joining crc32c sums of adjacent pieces), `error` ([`TransferError`]).
+//!
 //! The design keeps the original's one-sided `(addr, len, opcode)` semantics and its "applied" acknowledgement
 //! for writes, and drops its TCP transport's structural limits: no single I/O thread (a task per connection on
 //! the multi-threaded runtime), no socket per transfer (persistent lanes), no serialised slices (stripes in

@@ -11,7 +11,7 @@
 //!    revalidated under the locks. Emptied objects are retired and matched-unlinked; buffers and quota are
 //!    released after the locks are dropped.
 //!
-//! Counts are objects (the reference's unit, for the watermark trigger) and bytes (the quota trigger's unit).
+//! Counts are objects (the original's unit, for the watermark trigger) and bytes (the quota trigger's unit).
 
 use crate::clock::Timestamp;
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantState};
@@ -176,7 +176,7 @@ pub fn run(
     let mut normal: Vec<Candidate> = Vec::new();
     let mut soft: Vec<Candidate> = Vec::new();
     for (ti, t) in tenants.iter().enumerate() {
-        t.directory().visit_chunks(census_chunk, |chunk| {
+        t.objects().visit_chunks(census_chunk, |chunk| {
             for entry in chunk {
                 let (in_base, candidate, soft_pinned, lease) = {
                     let st = entry.lock();

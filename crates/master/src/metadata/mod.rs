@@ -3,12 +3,12 @@
 //!
 //! Unrelated objects never share a mutation lock. See `docs/architecture.md` for the lock order.
 
-pub mod directory;
+pub mod index;
 pub mod object;
 pub mod quota;
 pub mod tenant;
 
-pub use directory::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
+pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use object::{Lifecycle, ObjectEntry, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest};
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};
 pub use tenant::{TenantRegistry, TenantState};

@@ -4,7 +4,7 @@
 //! index hashes it from the entry), write-in-flight state is boxed and exists only during a write, a single
 //! replica lives inline, deadlines are 8-byte millisecond stamps.
 
-use super::directory::GroupEntry;
+use super::index::GroupEntry;
 use crate::clock::Timestamp;
 use crate::segment_pool::AllocatedBuffer;
 use compact_str::CompactString;

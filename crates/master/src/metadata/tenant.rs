@@ -3,7 +3,7 @@
 //! The registry is sharded; each shard is an immutable map behind an `ArcSwap`, so a lookup is a lock-free
 //! load plus one hash probe, and registering a tenant copies only its shard.
 
-use super::directory::ObjectIndex;
+use super::index::ObjectIndex;
 use super::object::{ObjectEntry, ObjectState, Replica};
 use super::quota::QuotaAccount;
 use arc_swap::ArcSwap;
@@ -21,13 +21,13 @@ const SHARDS: usize = 16;
 pub struct TenantState {
     id: TenantId,
     quota: QuotaAccount,
-    directory: ObjectIndex,
+    objects: ObjectIndex,
 }
 
 impl TenantState {
     /// A tenant with the given account.
     pub fn new(id: TenantId, quota: QuotaAccount) -> Self {
-        Self { id, quota, directory: ObjectIndex::default() }
+        Self { id, quota, objects: ObjectIndex::default() }
     }
 
     /// The tenant id.
@@ -41,8 +41,8 @@ impl TenantState {
     }
 
     /// The tenant's objects and groups.
-    pub fn directory(&self) -> &ObjectIndex {
-        &self.directory
+    pub fn objects(&self) -> &ObjectIndex {
+        &self.objects
     }
 
     /// Step 1 of erasing an object, under its lock: mark it `Removing`, take its replicas and return its quota
@@ -80,7 +80,7 @@ impl TenantState {
             let mut members = group.lock();
             self.detach_locked(entry, group, &mut members);
         } else {
-            self.directory.unlink_if_match(entry);
+            self.objects.unlink_if_match(entry);
         }
     }
 
@@ -88,18 +88,18 @@ impl TenantState {
     pub fn detach_locked(
         &self,
         entry: &Arc<ObjectEntry>,
-        group: &Arc<super::directory::GroupEntry>,
-        members: &mut super::directory::GroupMembers,
+        group: &Arc<super::index::GroupEntry>,
+        members: &mut super::index::GroupMembers,
     ) {
         let before = members.members.len();
         members.members.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)) && w.strong_count() > 0);
         if members.members.len() != before {
             group.mark_dirty();
         }
-        self.directory.unlink_if_match(entry);
+        self.objects.unlink_if_match(entry);
         if members.members.is_empty() && !members.removing {
             members.removing = true;
-            self.directory.remove_group_if_match(group);
+            self.objects.remove_group_if_match(group);
         }
     }
 }

@@ -1,6 +1,6 @@
-//! `SegmentPool`: the single owner of mounted Memory, CXL and NoF regions.
+//! `SegmentPool`: the single owner of mounted Memory, CXL and NoF segments and of the regions behind them.
 //!
-//! Layout (the segment-pool RFC's target): a [`SegmentCatalog`] (by id, name, client, status), a
+//! Layout: a [`SegmentCatalog`] (by id, name, client, status), a
 //! [`PlacementIndex`] (allocatable segments with non-owning references to their resources) and a
 //! [`RegionDriverRegistry`] (the owners of physical resources), all behind one pool `RwLock`.
 //!

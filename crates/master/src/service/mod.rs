@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Master behaviour knobs; defaults are the reference's.
+/// Master behaviour knobs; defaults are the original Mooncake master's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MasterConfig {
@@ -340,7 +340,7 @@ impl MasterService {
         let timeout = Duration::from_millis(self.config.put_start_release_timeout_ms);
         let mut n = 0;
         for t in self.tenants.all() {
-            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+            t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
                     let mut st = e.lock();
                     let stale = st.lifecycle == crate::metadata::Lifecycle::Active
@@ -420,7 +420,7 @@ impl MasterService {
         for t in self.tenants.all() {
             let mut keys = std::collections::HashSet::new();
             let mut charged = 0u64;
-            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+            t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
                     a.objects += 1;
                     if !keys.insert(e.key().to_owned()) {
@@ -485,7 +485,7 @@ mod refcount_tests {
         svc.put_start(w, "", "k", 100, &ReplicateConfig::default()).unwrap();
         svc.put_end(w, "", "k", None).unwrap();
         let t = svc.tenants.get(&TenantId::default_tenant()).unwrap();
-        t.directory().get("k").unwrap().lock().replicas[0].refcnt = 1;
+        t.objects().get("k").unwrap().lock().replicas[0].refcnt = 1;
         (svc, w)
     }
 
@@ -498,7 +498,7 @@ mod refcount_tests {
         assert_eq!((r.base, r.objects), (0, 0), "a refcount-pinned replica is not evictable");
         assert!(svc.get_replica_list("", "k").is_ok());
         let t = svc.tenants.get(&TenantId::default_tenant()).unwrap();
-        t.directory().get("k").unwrap().lock().replicas[0].refcnt = 0;
+        t.objects().get("k").unwrap().lock().replicas[0].refcnt = 0;
         svc.remove("", "k", true).unwrap();
     }
 }

@@ -98,7 +98,7 @@ impl MasterService {
         now: Timestamp,
     ) -> Lookup {
         let Some(tenant) = tenant else { return Lookup::Missing };
-        let Some(entry) = tenant.directory().get(key) else { return Lookup::Missing };
+        let Some(entry) = tenant.objects().get(key) else { return Lookup::Missing };
         let deadline = now.saturating_add(self.lease_ttl());
         let (found, refresh_group) = {
             let mut st = entry.lock();

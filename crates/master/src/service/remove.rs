@@ -36,7 +36,7 @@ impl MasterService {
 
     fn remove_one(&self, tenant: &str, key: &str, force: bool) -> Result<(), ErrorCode> {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
-        let e = t.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let e = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         self.remove_entry(&t, &e, force)
     }
 
@@ -72,7 +72,7 @@ impl MasterService {
         let Ok(tenants) = self.tenants_for_bulk(tenant) else { return 0 };
         let mut n = 0;
         for t in tenants {
-            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+            t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
                     n += u64::from(self.remove_entry(&t, &e, force).is_ok());
                 }
@@ -90,7 +90,7 @@ impl MasterService {
         let tenants = self.tenants_for_bulk(Some(tenant))?;
         let mut n = 0;
         for t in tenants {
-            t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+            t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk.iter().filter(|e| re.is_match(e.key())) {
                     n += u64::from(self.remove_entry(&t, e, force).is_ok());
                 }
@@ -103,7 +103,7 @@ impl MasterService {
     pub fn list_keys(&self, tenant: &str, prefix: &str, limit: usize) -> Result<Vec<String>, ErrorCode> {
         let Some(t) = self.read_tenant(tenant)? else { return Ok(Vec::new()) };
         let mut keys = Vec::new();
-        t.directory().visit_chunks(self.config.census_chunk, |chunk| {
+        t.objects().visit_chunks(self.config.census_chunk, |chunk| {
             for e in chunk.iter().filter(|e| e.key().starts_with(prefix)) {
                 let st = e.lock();
                 if st.lifecycle == Lifecycle::Active && st.has_readable() {
@@ -120,8 +120,8 @@ impl MasterService {
     /// Number of objects routed in a tenant (`None`: all tenants), any state.
     pub fn key_count(&self, tenant: Option<&TenantId>) -> usize {
         match tenant {
-            Some(t) => self.tenants.get(t).map_or(0, |t| t.directory().len()),
-            None => self.tenants.all().iter().map(|t| t.directory().len()).sum(),
+            Some(t) => self.tenants.get(t).map_or(0, |t| t.objects().len()),
+            None => self.tenants.all().iter().map(|t| t.objects().len()).sum(),
         }
     }
 }

@@ -117,7 +117,7 @@ impl MasterService {
 
     fn sweep_objects(&self, region: &DeactivatedSegment) {
         for tenant in self.tenants.all() {
-            tenant.directory().visit_chunks(self.config.census_chunk, |chunk| {
+            tenant.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {
                     let mut st = entry.lock();
                     if st.lifecycle != Lifecycle::Active || !st.replicas.iter().any(|r| region.holds(&r.buffer)) {

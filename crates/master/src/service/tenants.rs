@@ -55,7 +55,7 @@ impl MasterService {
             return Err(ErrorCode::ObjectNotFound);
         }
         if let Some(t) = self.tenants.get(&id) {
-            if !t.directory().is_empty() || t.quota().charged() != 0 {
+            if !t.objects().is_empty() || t.quota().charged() != 0 {
                 return Err(ErrorCode::TenantNotEmpty);
             }
             self.tenants.remove_if_match(&t);
@@ -118,7 +118,7 @@ impl MasterService {
             .tenants
             .all()
             .iter()
-            .filter(|t| p.requested(t.id()).is_some() || t.quota().charged() > 0 || !t.directory().is_empty())
+            .filter(|t| p.requested(t.id()).is_some() || t.quota().charged() > 0 || !t.objects().is_empty())
             .map(|t| {
                 let q = t.quota();
                 TenantQuotaSnapshot {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Quota-triggered eviction rounds before a write gives up (the reference's two retries).
+/// Quota-triggered eviction rounds before a write gives up (two, as in the original).
 const QUOTA_EVICTION_RETRIES: usize = 2;
 /// Re-lookups when a write races an erase of the same key.
 const RACE_RETRIES: usize = 16;
@@ -189,7 +189,7 @@ impl MasterService {
         let spec = self.validate_write(key, size, config)?;
         let tenant = self.write_tenant(tenant)?;
         for _ in 0..RACE_RETRIES {
-            let next = match tenant.directory().get(key) {
+            let next = match tenant.objects().get(key) {
                 None => Next::Create,
                 Some(entry) => self.resolve_existing(&tenant, entry, client, &spec, upsert)?,
             };
@@ -202,7 +202,7 @@ impl MasterService {
                 Err(ErrorCode::ObjectAlreadyExists) if upsert => continue,
                 Err(ErrorCode::ObjectAlreadyExists) => {
                     // Lost a creation race; if the winner is an erase in progress, look again.
-                    match tenant.directory().get(key) {
+                    match tenant.objects().get(key) {
                         Some(e) if e.lock().lifecycle == Lifecycle::Active => {
                             return Err(ErrorCode::ObjectAlreadyExists);
                         }
@@ -419,7 +419,7 @@ impl MasterService {
         let published = match spec.group.filter(|g| !g.is_empty()) {
             None => {
                 let entry = Arc::new(ObjectEntry::new(id, key, None, state));
-                tenant.directory().insert_if_absent(entry.clone()).map_err(|_| entry)
+                tenant.objects().insert_if_absent(entry.clone()).map_err(|_| entry)
             }
             Some(name) => publish_member(tenant, name, id, key, state),
         };
@@ -515,7 +515,7 @@ impl MasterService {
 
     fn end_write(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
-        let entry = tenant.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let now = self.clock.now();
         let mut st = entry.lock();
         if st.lifecycle != Lifecycle::Active {
@@ -610,7 +610,7 @@ impl MasterService {
 
     fn revoke_write(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
-        let entry = tenant.directory().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let mut st = entry.lock();
         if st.lifecycle != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
@@ -658,14 +658,14 @@ fn publish_member(
     state: ObjectState,
 ) -> Result<(), Arc<ObjectEntry>> {
     loop {
-        let group: Arc<GroupEntry> = tenant.directory().group_or_create(name);
+        let group: Arc<GroupEntry> = tenant.objects().group_or_create(name);
         let mut members = group.lock();
         if members.removing {
             // The group emptied and left the catalog between our lookup and lock: take the new one.
             continue;
         }
         let entry = Arc::new(ObjectEntry::new(id, key, Some(group.clone()), state));
-        let result = tenant.directory().insert_if_absent(entry.clone());
+        let result = tenant.objects().insert_if_absent(entry.clone());
         if result.is_ok() {
             members.members.push(Arc::downgrade(&entry));
             group.mark_dirty();
@@ -673,7 +673,7 @@ fn publish_member(
         }
         if members.members.is_empty() {
             members.removing = true;
-            tenant.directory().remove_group_if_match(&group);
+            tenant.objects().remove_group_if_match(&group);
         }
         return Err(entry);
     }
