@@ -7,7 +7,7 @@
 use crescent_master::clock::SystemClock;
 use crescent_master::eviction::{EvictionScope, EvictionTarget};
 use crescent_master::service::{MasterConfig, MasterService};
-use crescent_proto::{ClientId, ReplicateConfig, SegmentId, SegmentKind, SegmentSpec};
+use crescent_proto::{ClientId, ReplicateConfig};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,15 +17,7 @@ const GIB: u64 = 1 << 30;
 fn service(segments: usize) -> MasterService {
     let svc = MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap();
     for i in 0..segments {
-        let spec = SegmentSpec {
-            id: SegmentId::random(),
-            name: format!("node{i}"),
-            base: 0x7f00_0000_0000,
-            size: 256 * GIB,
-            endpoint: format!("10.0.0.{i}:7000"),
-            kind: SegmentKind::Memory,
-            host_id: format!("host{i}"),
-        };
+        let spec = crescent_testkit::segment_on(&format!("node{i}"), 256 * GIB, &format!("host{i}"));
         svc.mount_segment(ClientId::random(), spec).unwrap();
     }
     svc

@@ -159,6 +159,19 @@ struct Result_ {
     p99: Duration,
 }
 
+/// Prints one case's line (`what`: `transfer` or `local`).
+fn report(what: &str, op: Op, size: usize, conc: usize, r: &Result_) {
+    println!(
+        "{what:<9} {:<9} size={:<6} conc={conc}: {:>9.1} MiB/s {:>9.0} ops/s  p50 {:>8.1?}  p99 {:>8.1?}",
+        op.name(),
+        fmt_size(size),
+        r.mib_s,
+        r.ops_s,
+        r.p50,
+        r.p99
+    );
+}
+
 /// Runs `op` on `size`-byte objects from `conc` tasks for `secs`; each task cycles over its own region.
 async fn run(
     c: &TransferClient,
@@ -229,7 +242,10 @@ fn main() {
             for streams in [1, 4] {
                 let r = raw(total, streams, tuned).await;
                 let label = if tuned { "nodelay+4MiB-buffers" } else { "default-sockets" };
-                println!("raw       streams={streams} {label:<21} {} GiB in 4 MiB writes: {r:>9.1} MiB/s", args.raw_gib);
+                println!(
+                    "raw       streams={streams} {label:<21} {} GiB in 4 MiB writes: {r:>9.1} MiB/s",
+                    args.raw_gib
+                );
             }
         }
 
@@ -245,8 +261,7 @@ fn main() {
         segments.register(segment, mem.clone());
         let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap().spawn().unwrap();
         let endpoint = server.local_addr().to_string();
-        let config =
-            TransferConfig {
+        let config = TransferConfig {
             lanes_per_peer: args.lanes,
             stripe_size: args.stripe_kib << 10,
             write_stripe_size: args.stripe_kib << 10,
@@ -263,15 +278,7 @@ fn main() {
             for conc in [1, 8] {
                 for op in [Op::Write, Op::ReadInto, Op::Read] {
                     let r = run(&client, &endpoint, segment, op, size, conc, args.secs).await;
-                    println!(
-                        "transfer  {:<9} size={:<6} conc={conc}: {:>9.1} MiB/s {:>9.0} ops/s  p50 {:>8.1?}  p99 {:>8.1?}",
-                        op.name(),
-                        fmt_size(size),
-                        r.mib_s,
-                        r.ops_s,
-                        r.p50,
-                        r.p99
-                    );
+                    report("transfer", op, size, conc, &r);
                 }
             }
         }
@@ -282,15 +289,7 @@ fn main() {
         for size in [4 * KIB, 4 * MIB] {
             for op in [Op::Write, Op::ReadInto] {
                 let r = run(&local, "unused:1", segment, op, size, 1, args.secs / 2.0).await;
-                println!(
-                    "local     {:<9} size={:<6} conc=1: {:>9.1} MiB/s {:>9.0} ops/s  p50 {:>8.1?}  p99 {:>8.1?}",
-                    op.name(),
-                    fmt_size(size),
-                    r.mib_s,
-                    r.ops_s,
-                    r.p50,
-                    r.p99
-                );
+                report("local", op, size, 1, &r);
             }
         }
         server.shutdown().await;

@@ -352,18 +352,9 @@ impl TransferClient {
         data: &[u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
-        let mut guard = peer.checkout(&self.inner.config).await?;
-        if op.failed.load(Ordering::Relaxed) {
-            return Ok(0);
-        }
-        let lane = guard.lane()?;
-        lane.may_poll = op.alone;
-        let exchange = lane.write(segment, offset, data, checksum);
-        let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
-        if r.is_err() {
-            op.failed.store(true, Ordering::Relaxed);
-        }
-        r
+        let Some(mut guard) = self.stripe_lane(peer, op).await? else { return Ok(0) };
+        let exchange = guard.lane()?.write(segment, offset, data, checksum);
+        op.settle(timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout)))
     }
 
     /// The read counterpart of [`TransferClient::write_stripe`]; returns the stripe's crc32c if `checksum`.
@@ -376,18 +367,20 @@ impl TransferClient {
         buf: &mut [u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
+        let Some(mut guard) = self.stripe_lane(peer, op).await? else { return Ok(0) };
+        let exchange = guard.lane()?.read(segment, offset, buf, checksum);
+        op.settle(timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout)))
+    }
+
+    /// A lane for one stripe of `op`, set to poll if the transfer is alone; `None` when another stripe of the
+    /// transfer already failed (the stripe is skipped).
+    async fn stripe_lane<'p>(&self, peer: &'p Peer, op: &Op) -> Result<Option<LaneGuard<'p>>, TransferError> {
         let mut guard = peer.checkout(&self.inner.config).await?;
         if op.failed.load(Ordering::Relaxed) {
-            return Ok(0);
+            return Ok(None);
         }
-        let lane = guard.lane()?;
-        lane.may_poll = op.alone;
-        let exchange = lane.read(segment, offset, buf, checksum);
-        let r = timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout));
-        if r.is_err() {
-            op.failed.store(true, Ordering::Relaxed);
-        }
-        r
+        guard.lane()?.may_poll = op.alone;
+        Ok(Some(guard))
     }
 }
 
@@ -407,6 +400,14 @@ impl Op {
         self.alone &= allowed;
         self
     }
+
+    /// Passes a stripe's result on, marking the transfer failed if it failed (its other stripes then skip).
+    fn settle<T>(&self, r: Result<T, TransferError>) -> Result<T, TransferError> {
+        if r.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
 }
 
 /// Payload bytes per write call when a write is summed as it is sent: small enough that a piece is still in
@@ -416,8 +417,7 @@ const SUM_PIECE: usize = 256 << 10;
 /// Reads up to this many bytes (the whole transfer) poll for their replies when they are the client's only
 /// transfer; larger ones park. Measured on the 2-vCPU VM against a two-worker node (`crescent bench`, c=1,
 /// medians of 7 alternating runs): 4 MiB reads 3106 MiB/s parking vs 2650 polling; 1 MiB reads 2237 polling
-/// vs 2127 parking. Polling
-/// through a long transfer keeps the client's CPU busy while the node's workers, woken by the client's own
+/// vs 2127 parking. Polling through a long transfer keeps the client's CPU busy while the node's workers, woken by the client's own
 /// requests, tend to be queued on that CPU, so sending and receiving serialise instead of overlapping.
 pub(crate) const POLL_READ_MAX: usize = 1 << 20;
 

@@ -90,28 +90,42 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
     registry.register(name, help, g);
 }
 
+/// Registers two counter families labelled by operation: calls (`names[0]`) and failures (`names[1]`).
+fn per_op(
+    registry: &mut Registry,
+    names: [&str; 2],
+    help: [&str; 2],
+    ops: impl IntoIterator<Item = (&'static str, u64, u64)>,
+) {
+    let calls = Family::<Labels, Counter>::default();
+    let failures = Family::<Labels, Counter>::default();
+    for (op, n, failed) in ops {
+        let l = vec![("op".to_string(), op.to_string())];
+        calls.get_or_create(&l).inc_by(n);
+        failures.get_or_create(&l).inc_by(failed);
+    }
+    registry.register(names[0], help[0], calls);
+    registry.register(names[1], help[1], failures);
+}
+
 /// Renders the Prometheus text exposition of the service and server counters.
 pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     let mut r = Registry::with_prefix("crescent_master");
-    let requests = Family::<Labels, Counter>::default();
-    let failures = Family::<Labels, Counter>::default();
-    for (op, req, fail) in rpc.snapshot() {
-        let l = vec![("op".to_string(), op.to_string())];
-        requests.get_or_create(&l).inc_by(req);
-        failures.get_or_create(&l).inc_by(fail);
-    }
-    r.register("requests", "RPC requests per operation", requests);
-    r.register("failures", "RPC requests that failed, per operation", failures);
+    per_op(
+        &mut r,
+        ["requests", "failures"],
+        ["RPC requests per operation", "RPC requests that failed, per operation"],
+        rpc.snapshot(),
+    );
     let m = svc.metrics();
-    let keys = Family::<Labels, Counter>::default();
-    let key_failures = Family::<Labels, Counter>::default();
-    for (op, c) in m.per_key() {
-        let l = vec![("op".to_string(), op.to_string())];
-        keys.get_or_create(&l).inc_by(c.requests.load(Ordering::Relaxed));
-        key_failures.get_or_create(&l).inc_by(c.failures.load(Ordering::Relaxed));
-    }
-    r.register("key_operations", "Keys handled per operation (a batch counts each key)", keys);
-    r.register("key_failures", "Keys that failed, per operation", key_failures);
+    let per_key =
+        m.per_key().map(|(op, c)| (op, c.requests.load(Ordering::Relaxed), c.failures.load(Ordering::Relaxed)));
+    per_op(
+        &mut r,
+        ["key_operations", "key_failures"],
+        ["Keys handled per operation (a batch counts each key)", "Keys that failed, per operation"],
+        per_key,
+    );
     counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
     counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
     counter(&mut r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
@@ -216,21 +230,12 @@ mod tests {
     use super::*;
     use crate::clock::{ManualClock, Timestamp};
     use crate::service::MasterConfig;
-    use crescent_proto::{ClientId, MasterOp, ReplicateConfig, SegmentId, SegmentSpec};
+    use crescent_proto::{ClientId, MasterOp, ReplicateConfig};
 
     #[test]
     fn metrics_export_every_operation_and_the_per_key_counters() {
         let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
-        let spec = SegmentSpec {
-            id: SegmentId::random(),
-            name: "seg".into(),
-            base: 0x1000_0000,
-            size: 1 << 20,
-            endpoint: "127.0.0.1:1".into(),
-            kind: SegmentKind::Memory,
-            host_id: String::new(),
-        };
-        svc.mount_segment(ClientId::random(), spec).unwrap();
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
         let w = ClientId::random();
         svc.put_start(w, "", "a", 100, &ReplicateConfig::default()).unwrap();
         svc.put_end(w, "", "a", None).unwrap();

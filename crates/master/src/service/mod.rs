@@ -467,20 +467,11 @@ mod refcount_tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::eviction::{EvictionScope, EvictionTarget};
-    use crescent_proto::{ClientId, ReplicateConfig, SegmentId, SegmentKind, SegmentSpec};
+    use crescent_proto::{ClientId, ReplicateConfig};
 
     fn pinned_master() -> (MasterService, ClientId) {
         let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1))).unwrap();
-        let spec = SegmentSpec {
-            id: SegmentId::random(),
-            name: "s".into(),
-            base: 1 << 20,
-            size: 1 << 24,
-            endpoint: "127.0.0.1:1".into(),
-            kind: SegmentKind::Memory,
-            host_id: String::new(),
-        };
-        svc.mount_segment(ClientId::random(), spec).unwrap();
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("s", 1 << 24)).unwrap();
         let w = ClientId::random();
         svc.put_start(w, "", "k", 100, &ReplicateConfig::default()).unwrap();
         svc.put_end(w, "", "k", None).unwrap();

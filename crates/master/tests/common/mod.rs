@@ -2,25 +2,11 @@
 #![allow(dead_code)]
 
 use crescent_master::segment_pool::{PoolConfig, SegmentPool};
-use crescent_proto::{ClientId, SegmentId, SegmentKind, SegmentSpec};
+use crescent_proto::{ClientId, SegmentId, SegmentKind};
 
 pub const MIB: u64 = 1 << 20;
 
-pub fn spec(name: &str, size: u64) -> SegmentSpec {
-    spec_on(name, size, "")
-}
-
-pub fn spec_on(name: &str, size: u64, host: &str) -> SegmentSpec {
-    SegmentSpec {
-        id: SegmentId::random(),
-        name: name.to_owned(),
-        base: 0x1000_0000,
-        size,
-        endpoint: format!("127.0.0.1:9{:03}", name.len()),
-        kind: SegmentKind::Memory,
-        host_id: host.to_owned(),
-    }
-}
+pub use crescent_testkit::{segment as spec, segment_on as spec_on};
 
 pub fn pool() -> SegmentPool {
     SegmentPool::new(PoolConfig::default()).unwrap()
