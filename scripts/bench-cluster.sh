@@ -7,10 +7,12 @@
 #   master    the master alone, as the original's master_bench measures it: PutStart + PutEnd without bytes
 #             (`master-put`) and GetReplicaList over 10 000 keys per client (`master-get`), 1 and 4 clients,
 #             single keys and batches of 128. Its node hosts 1 TiB of unprefaulted segments so nothing is evicted.
-# TOPOLOGIES="up" (or any subset) runs those. Results: target/bench-cluster-<topology>.jsonl
+# TOPOLOGIES="up" (or any subset) runs those. Results: target/bench-cluster-<topology><TAG>.jsonl
+# CRESCENT_BIN=path measures that binary instead of building this tree (e.g. to compare two builds in one
+# sitting, alternating them); TAG names its result files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p crescent-cli
+[ -n "${CRESCENT_BIN:-}" ] || cargo build --release -q -p crescent-cli
 # Raw loopback TCP, measured right before each topology starts (this VM's speed drifts by tens of per cent
 # over minutes, so the store's fraction of the link is taken against the link of the same few minutes).
 cargo bench -q -p crescent-transfer --bench loopback --no-run 2>/dev/null
@@ -18,7 +20,7 @@ raw() { # topology
     cargo bench -q -p crescent-transfer --bench loopback -- --secs 1 --sizes-kib "" 2>/dev/null | grep '^raw' \
         | tee "target/bench-raw-$1.txt"
 }
-B=target/release/crescent
+B=${CRESCENT_BIN:-target/release/crescent}
 PIDS=()
 trap 'kill ${PIDS[@]+"${PIDS[@]}"} 2>/dev/null || true' EXIT
 ready() { # file: waits for a server's JSON line
@@ -66,7 +68,7 @@ run() { # out size batch conc count
     $B --master "$M" rm --all --force > /dev/null
 }
 for topology in ${TOPOLOGIES:-up separate master}; do
-    OUT=target/bench-cluster-$topology.jsonl
+    OUT=target/bench-cluster-$topology${TAG:-}.jsonl
     : > "$OUT"
     if [ "$topology" = master ]; then
         # A fresh master per case, as master_bench runs: keys a case made do not slow the next one's lookups.

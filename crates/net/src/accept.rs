@@ -29,9 +29,23 @@ impl Shutdown {
         self.0.is_cancelled()
     }
 
-    /// Completes once the server is stopping (for `select!` beside an idle wait).
-    pub async fn stopping(&self) {
-        self.0.cancelled().await
+    /// Completes once the server is stopping (for `select!` beside an idle wait). Make it once per connection
+    /// and poll the same one at every wait: it registers with the server once, where a fresh wait would
+    /// register (and unregister) at every request.
+    pub fn stopping(self) -> Stopping {
+        Stopping(Box::pin(self.0.cancelled_owned()))
+    }
+}
+
+/// See [`Shutdown::stopping`].
+#[derive(Debug)]
+pub struct Stopping(std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>);
+
+impl Future for Stopping {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.0.as_mut().poll(cx)
     }
 }
 
@@ -93,7 +107,9 @@ where
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     crate::poll::watch_when_idle(&stream);
-                    conns.spawn(serve(stream, peer, Shutdown(stop.clone())));
+                    // A child token per connection: its waits register with its own node, not one node
+                    // shared by every connection of the server.
+                    conns.spawn(serve(stream, peer, Shutdown(stop.child_token())));
                 }
                 Err(e) => {
                     tracing::warn!(server = name, error = %e, "accept failed");
@@ -144,7 +160,8 @@ mod tests {
                 let mut b = [0u8; 1];
                 stream.read_exact(&mut b).await.unwrap();
                 stream.write_all(&b).await.unwrap();
-                shutdown.stopping().await;
+                assert!(!shutdown.is_stopping());
+                shutdown.clone().stopping().await;
                 assert!(shutdown.is_stopping());
                 finished.fetch_add(1, Ordering::SeqCst);
             }

@@ -18,4 +18,4 @@ pub mod hello;
 pub mod poll;
 pub mod reader;
 
-pub use accept::{ServerHandle, Shutdown};
+pub use accept::{ServerHandle, Shutdown, Stopping};

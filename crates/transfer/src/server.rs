@@ -25,7 +25,7 @@ use crate::registry::SegmentRegistry;
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
-use crescent_net::{ServerHandle, Shutdown};
+use crescent_net::{ServerHandle, Shutdown, Stopping};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
@@ -231,7 +231,7 @@ struct Connection {
     idle: Idle,
     max_frame: usize,
     /// Ends the connection, between requests, when the server stops.
-    shutdown: Shutdown,
+    stopping: Stopping,
     counters: Arc<Counters>,
 }
 
@@ -261,7 +261,7 @@ impl Connection {
             io_timeout,
             idle,
             max_frame: Limits::DATA.max_frame as usize,
-            shutdown,
+            stopping: shutdown.stopping(),
             counters,
         }
     }
@@ -290,8 +290,9 @@ impl Connection {
                 self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.window);
             }
             let started = tokio::select! {
+                biased;
                 started = frames::frame_starts(&mut self.io) => started?,
-                () = self.shutdown.stopping() => false,
+                () = &mut self.stopping => false,
             };
             if !started {
                 return Ok(());

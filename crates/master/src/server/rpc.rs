@@ -264,6 +264,7 @@ async fn serve(
     }
     let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
     let mut adaptive = Adaptive::default();
+    let mut stopping = shutdown.clone().stopping();
     loop {
         if shutdown.is_stopping() {
             let _ = framed.flush().await;
@@ -279,8 +280,9 @@ async fn serve(
                 framed.flush().await?;
                 adaptive.poll(gate, framed.get_ref(), poll_window);
                 tokio::select! {
-                    () = shutdown.stopping() => return Ok(()),
+                    biased;
                     f = framed.next() => f,
+                    () = &mut stopping => return Ok(()),
                 }
             }
         };
