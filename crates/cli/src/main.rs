@@ -126,10 +126,10 @@ fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runt
         }
     };
     if role == Role::Node {
-        let window =
+        let poll_window =
             file.node.poll_us.map_or(crescent_net::poll::DEFAULT_POLL_WINDOW, std::time::Duration::from_micros);
-        if !window.is_zero() {
-            b.on_thread_park(crescent_net::poll::idle_park_hook(window));
+        if !poll_window.is_zero() {
+            b.on_thread_park(crescent_net::poll::idle_park_hook(poll_window));
         }
     }
     b.enable_all().build()

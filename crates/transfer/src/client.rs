@@ -640,14 +640,14 @@ impl Lane {
     /// Receives a DATA reply's payload straight from the socket into `buf`; returns its crc32c, summed piece by
     /// piece as it lands, if `checksum` (else 0).
     async fn receive_data(&mut self, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
-        let window = self.payload_poll_window();
+        let poll_window = self.payload_poll_window();
         let mut crc = 0;
         let sum = |piece: &[u8]| {
             if checksum {
                 crc = crc32c::crc32c_append(crc, piece);
             }
         };
-        net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, window), sum).await.map_err(io_error)?;
+        net::read_payload(&mut self.io, buf, |s| poll::until_readable(s, poll_window), sum).await.map_err(io_error)?;
         Ok(crc)
     }
 

@@ -131,7 +131,7 @@ impl TransferServer {
         let c = counters.clone();
         let inner = crescent_net::accept::spawn("transfer", listener, move |stream, peer, shutdown| {
             c.accepted.fetch_add(1, Ordering::Relaxed);
-            let idle = Idle { gate: &poll::PROCESS_GATE, window: poll_window, adaptive: Adaptive::default() };
+            let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
             serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone())
         })?;
         Ok(TransferServerHandle { inner, counters })
@@ -239,7 +239,7 @@ struct Connection {
 /// parking, since a client's next stripe or object usually follows within a round trip.
 struct Idle {
     gate: &'static PollGate,
-    window: Duration,
+    poll_window: Duration,
     /// Backs this connection's polling off when its requests do not come within the window.
     adaptive: Adaptive,
 }
@@ -287,7 +287,7 @@ impl Connection {
             // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
             // (and its reply) must happen within the I/O timeout.
             if self.io.buffer().is_empty() {
-                self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.window);
+                self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.poll_window);
             }
             let started = tokio::select! {
                 biased;
@@ -366,8 +366,8 @@ impl Connection {
             Err(e) => return self.refuse_write(id, len, e.code()).await,
         };
         // Straight from the socket into the segment.
-        let Idle { gate, window, .. } = &self.idle;
-        net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *window), |_| {}).await?;
+        let Idle { gate, poll_window, .. } = &self.idle;
+        net::read_payload(&mut self.io, &mut dst, |sock| gate.poll(sock, *poll_window), |_| {}).await?;
         drop(dst);
         self.queue(id, &TransferResponse::Written)
     }
@@ -455,7 +455,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (stream, _) = listener.accept().await.unwrap();
-        let idle = Idle { gate: &poll::PROCESS_GATE, window: Duration::ZERO, adaptive: Adaptive::default() };
+        let idle = Idle { gate: &poll::PROCESS_GATE, poll_window: Duration::ZERO, adaptive: Adaptive::default() };
         let conn =
             Connection::new(stream, segments, DEFAULT_SERVER_IO_TIMEOUT, idle, Shutdown::default(), Arc::default());
         (conn, peer)
