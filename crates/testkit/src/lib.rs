@@ -3,7 +3,7 @@
 //! * [`value`]: deterministic value patterns and their checker.
 //! * [`wait`]: waiting on a condition with a bound ([`eventually`], [`wait_for`]), never a sleep as a barrier.
 //! * [`cluster`]: a master and storage nodes in this process ([`LocalCluster`]).
-//! * [`segment`]: segment descriptions for tests that drive the master without a node.
+//! * [`mod@segment`]: segment descriptions for tests that drive the master without a node.
 //! * [`process`]: `crescent` processes ([`Proc`], [`ProcCluster`]) on ports the OS picks: each server binds port
 //!   0 and reports its address, so no port is chosen, released and re-bound (a race with every other process).
 //!
