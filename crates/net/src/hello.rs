@@ -53,7 +53,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Server side: reads a new connection's hello within `deadline` and answers it with `limits`; `Ok(None)` when
+/// Server side: reads a new connection's hello and answers it with `limits`, all within `deadline`; `Ok(None)` when
 /// the peer left without sending a byte. A hello that breaks the protocol (too large, undecodable, wrong magic
 /// or version) is returned as [`HandshakeError::Protocol`] with nothing written yet, so the server can count
 /// it before the peer learns of it; the server then answers it with [`refuse`].
@@ -62,15 +62,17 @@ pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     limits: Limits,
     deadline: Duration,
 ) -> Result<Option<Hello>, HandshakeError> {
-    let read = tokio::time::timeout(deadline, read_hello_frame::<_, Hello>(io)).await;
-    let Some(hello) = read.map_err(|_| HandshakeError::Timeout)?? else {
-        return Ok(None);
+    let handshake = async {
+        let Some(hello) = read_hello_frame::<_, Hello>(io).await? else {
+            return Ok(None);
+        };
+        let ack = hello.negotiate(limits).map_err(HandshakeError::Protocol)?;
+        let reply = Head::encode(0, &HelloReply::Ok(ack), 0).map_err(HandshakeError::Protocol)?;
+        io.write_all(reply.as_bytes()).await?;
+        io.flush().await?;
+        Ok(Some(hello))
     };
-    let ack = hello.negotiate(limits).map_err(HandshakeError::Protocol)?;
-    let reply = Head::encode(0, &HelloReply::Ok(ack), 0).map_err(HandshakeError::Protocol)?;
-    io.write_all(reply.as_bytes()).await?;
-    io.flush().await?;
-    Ok(Some(hello))
+    tokio::time::timeout(deadline, handshake).await.map_err(|_| HandshakeError::Timeout)?
 }
 
 /// Server side: answers a hello that broke the protocol with why, and closes the connection gracefully.

@@ -33,9 +33,19 @@ impl Proc {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let line = rx.recv_timeout(READY).unwrap_or_else(|_| panic!("{args:?} did not report readiness"));
-        let ready = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
-        Proc { child, ready }
+        let ready = rx
+            .recv_timeout(READY)
+            .map_err(|_| "no readiness report".to_owned())
+            .and_then(|line| serde_json::from_str(line.trim()).map_err(|e| format!("bad ready line {line:?}: {e}")));
+        match ready {
+            Ok(ready) => Proc { child, ready },
+            Err(why) => {
+                // Not left running behind the failed test.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?}: {why}");
+            }
+        }
     }
 
     /// A field of the readiness report (e.g. `master`, `admin`, `node`).

@@ -230,7 +230,10 @@ struct Connection {
     io_timeout: Duration,
     idle: Idle,
     max_frame: usize,
-    /// Ends the connection, between requests, when the server stops.
+    /// Whether the server is stopping (checked between requests, so a client that keeps pipelining is let go
+    /// after its request in hand rather than cut off mid-reply).
+    shutdown: Shutdown,
+    /// The same, as a future an idle wait selects on (made once per connection).
     stopping: Stopping,
     counters: Arc<Counters>,
 }
@@ -261,7 +264,8 @@ impl Connection {
             io_timeout,
             idle,
             max_frame: Limits::DATA.max_frame as usize,
-            stopping: shutdown.stopping(),
+            stopping: shutdown.clone().stopping(),
+            shutdown,
             counters,
         }
     }
@@ -280,9 +284,15 @@ impl Connection {
             Err(e) => return Err(Close::Io(io::Error::other(e))),
         }
         loop {
-            if !self.out.is_empty() && (self.out.len() >= MAX_PENDING_REPLIES || !self.next_frame_buffered()) {
-                // About to wait for the peer: everything answered so far must be on the wire first.
+            let stopping = self.shutdown.is_stopping();
+            if !self.out.is_empty()
+                && (stopping || self.out.len() >= MAX_PENDING_REPLIES || !self.next_frame_buffered())
+            {
+                // About to wait for the peer (or to go): everything answered so far must be on the wire first.
                 timeout(self.io_timeout, self.flush()).await.map_err(|_| Close::Timeout)??;
+            }
+            if stopping {
+                return Ok(());
             }
             // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
             // (and its reply) must happen within the I/O timeout.

@@ -34,6 +34,9 @@ pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
         .with_state(AdminState { svc, rpc })
 }
 
+/// How long a stopping admin server lets requests in progress finish.
+const ADMIN_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A running admin server; dropping it stops it at once, [`AdminServer::shutdown`] lets requests finish.
 #[derive(Debug)]
 pub struct AdminServer {
@@ -63,10 +66,13 @@ impl AdminServer {
         self.addr
     }
 
-    /// Stops accepting, lets requests in progress finish, and waits for the server to end.
+    /// Stops accepting and lets requests in progress finish for up to a second (a scraper that stalls
+    /// mid-request, or reads a large answer slowly, cannot hold the process up), then ends the rest.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        let _ = (&mut self.task).await;
+        if tokio::time::timeout(ADMIN_DRAIN, &mut self.task).await.is_err() {
+            tracing::debug!("admin requests still in progress at shutdown were cut off");
+        }
     }
 }
 

@@ -86,7 +86,7 @@ impl Default for MasterConfig {
 /// Monotonic counters (read with [`MasterService::metrics`]).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Per operation, per key (a batch counts each of its keys): calls and failures. PutStart.
+    /// PutStart calls and failures, per key (so are the other operations': a batch counts each of its keys).
     pub put_start: OpCounter,
     /// PutEnd.
     pub put_end: OpCounter,
