@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v curl >/dev/null 2>&1 || need+=(curl) # the README quick-start test runs its curl line
 if ((${#need[@]})); then
     echo "installing: ${need[*]}" >&2
     SUDO=""
@@ -17,6 +18,7 @@ fi
 # Fail loudly, never skip, if a prerequisite is still missing.
 command -v etcd >/dev/null
 command -v protoc >/dev/null
+command -v curl >/dev/null
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -10,11 +10,14 @@
 use crate::config::{FileConfig, Global};
 use anyhow::{Result, anyhow, bail};
 use bytes::BytesMut;
-use crescent_client::Client;
+use crescent_client::{Client, ClientError};
+use crescent_proto::ClusterInfo;
 use crescent_proto::rpc::{MasterRequest, MasterResponse};
 use crescent_proto::wire::{Batch, WireKey};
 use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +58,9 @@ pub struct BenchArgs {
     /// Write one JSON object per phase to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Leave the benchmark's keys in the store when done (by default they are removed).
+    #[arg(long)]
+    keep: bool,
 }
 
 /// One phase's results.
@@ -75,6 +81,8 @@ pub struct PhaseResult {
     p95_us: u64,
     p99_us: u64,
     errors: u64,
+    /// Failed keys by error code (`VERIFY_MISMATCH`: read, but not the bytes written).
+    errors_by_code: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -170,11 +178,33 @@ struct Shared {
     meta_next: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Failed keys of the current phase by error code.
+    errors_by_code: Mutex<BTreeMap<&'static str, u64>>,
+    /// Value keys the cluster can hold at once: writes cycle over this many keys (replacing the values they
+    /// wrote before), so reads never meet keys the benchmark's own writes evicted.
+    key_budget: u64,
 }
 
 impl Shared {
     fn key(&self, k: u64) -> String {
-        format!("bench-{}-{k}", self.run)
+        format!("bench-{}-{}", self.run, k % self.key_budget)
+    }
+
+    /// Counts one failed key under its error code.
+    fn failed(&self, code: &'static str) {
+        *self.errors_by_code.lock().entry(code).or_default() += 1;
+    }
+
+    /// Counts the failures among `results`; returns (ok, failed).
+    fn tally<T>(&self, results: &[Result<T, ClientError>]) -> (u64, u64) {
+        let mut ok = 0;
+        for r in results {
+            match r {
+                Ok(_) => ok += 1,
+                Err(e) => self.failed(e.code().name()),
+            }
+        }
+        (ok, results.len() as u64 - ok)
     }
 
     /// Puts keys `ks` from the worker's reusable buffers; returns (keys ok, errors).
@@ -183,27 +213,20 @@ impl Shared {
         if ks.len() == 1 {
             // One owned buffer per worker, reused: the value goes out without a copy and comes back.
             let mut buf = w.owned.take().unwrap_or_else(|| BytesMut::from(&self.base[..]));
-            stamp(ks[0], &mut buf);
+            stamp(ks[0] % self.key_budget, &mut buf);
             let value = buf.freeze();
-            let r = self.client.put_bytes(&names[0], value.clone(), &self.replicate).await;
+            let r = self.client.upsert_bytes(&names[0], value.clone(), &self.replicate).await;
             w.owned = value.try_into_mut().ok();
-            return match r {
-                Ok(()) => (1, 0),
-                Err(e) => {
-                    tracing::debug!(error = %e, "put failed");
-                    (0, 1)
-                }
-            };
+            return self.tally(&[r]);
         }
         w.batch.resize_with(ks.len(), || self.base.clone());
         for (b, k) in w.batch.iter_mut().zip(ks) {
-            stamp(*k, b);
+            stamp(*k % self.key_budget, b);
         }
         let items: Vec<(&str, &[u8])> =
             names.iter().map(String::as_str).zip(w.batch.iter().map(Vec::as_slice)).collect();
-        let r = self.client.batch_put_from(&items, &self.replicate).await;
-        let ok = r.iter().filter(|x| x.is_ok()).count() as u64;
-        (ok, r.len() as u64 - ok)
+        let r = self.client.batch_upsert_from(&items, &self.replicate).await;
+        self.tally(&r)
     }
 
     /// Gets keys `ks` into the worker's reusable buffers; returns (keys ok, errors).
@@ -211,25 +234,23 @@ impl Shared {
         let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
         w.read.resize_with(ks.len(), || vec![0u8; self.base.len()]);
         let bufs = &mut w.read[..ks.len()];
-        let results: Vec<bool> = if ks.len() == 1 && self.owned_reads {
-            match self.client.get(&names[0]).await {
-                Ok(v) => {
-                    bufs[0] = v;
-                    vec![true]
-                }
-                Err(_) => vec![false],
-            }
+        let results: Vec<Result<(), ClientError>> = if ks.len() == 1 && self.owned_reads {
+            vec![self.client.get(&names[0]).await.map(|v| bufs[0] = v)]
         } else if ks.len() == 1 {
-            vec![self.client.get_into(&names[0], &mut bufs[0]).await.is_ok()]
+            vec![self.client.get_into(&names[0], &mut bufs[0]).await.map(|_| ())]
         } else {
             let mut items: Vec<(&str, &mut [u8])> =
                 names.iter().map(String::as_str).zip(bufs.iter_mut().map(Vec::as_mut_slice)).collect();
-            self.client.batch_get_into(&mut items).await.iter().map(Result::is_ok).collect()
+            self.client.batch_get_into(&mut items).await.into_iter().map(|r| r.map(|_| ())).collect()
         };
         let mut ok = 0;
-        for ((good, buf), k) in results.iter().zip(bufs.iter()).zip(ks) {
-            if *good && (!self.verify || check(&self.base, *k, buf)) {
-                ok += 1;
+        for ((r, buf), k) in results.iter().zip(bufs.iter()).zip(ks) {
+            match r {
+                Err(e) => self.failed(e.code().name()),
+                Ok(()) if self.verify && !check(&self.base, *k % self.key_budget, buf) => {
+                    self.failed("VERIFY_MISMATCH")
+                }
+                Ok(()) => ok += 1,
             }
         }
         (ok, ks.len() as u64 - ok)
@@ -255,7 +276,7 @@ impl Shared {
                 Ok(_) => master.call(&MasterRequest::PutEnd { client: id, tenant, key, checksum: None }).await,
                 Err(e) => Err(e),
             };
-            u64::from(ended.is_ok())
+            self.tally(&[ended]).0
         } else {
             let keys: Vec<WireKey> = (start..start + n as u64).map(|k| self.meta_key(k)).collect();
             let req = MasterRequest::BatchPutStart {
@@ -266,9 +287,12 @@ impl Shared {
                 group_ids: None,
                 upsert: false,
             };
-            let started = match master.call(&req).await {
-                Ok(MasterResponse::BatchReplicas(r)) => r.iter().map(Result::is_ok).collect(),
-                _ => vec![false; keys.len()],
+            let started: Vec<bool> = match master.call(&req).await {
+                Ok(MasterResponse::BatchReplicas(r)) => r.iter().map(|x| self.code_ok(x)).collect(),
+                other => {
+                    self.failed(reply_code(other));
+                    vec![false; keys.len()]
+                }
             };
             let items: Vec<(WireKey, Option<u64>)> =
                 keys.into_iter().zip(&started).filter(|(_, s)| **s).map(|(k, _)| (k, None)).collect();
@@ -277,8 +301,11 @@ impl Shared {
             } else {
                 let req = MasterRequest::BatchPutEnd { client: id, tenant: self.tenant.clone(), items: Batch(items) };
                 match master.call(&req).await {
-                    Ok(MasterResponse::BatchDone(r)) => r.iter().filter(|x| x.is_ok()).count() as u64,
-                    _ => 0,
+                    Ok(MasterResponse::BatchDone(r)) => r.iter().filter(|x| self.code_ok(x)).count() as u64,
+                    other => {
+                        self.failed(reply_code(other));
+                        0
+                    }
                 }
             }
         };
@@ -297,10 +324,24 @@ impl Shared {
         };
         let ok = match self.client.master().call(&req).await {
             Ok(MasterResponse::ReplicaList(_)) => 1,
-            Ok(MasterResponse::BatchReplicaList(r)) => r.iter().filter(|x| x.is_ok()).count() as u64,
-            _ => 0,
+            Ok(MasterResponse::BatchReplicaList(r)) => r.iter().filter(|x| self.code_ok(x)).count() as u64,
+            other => {
+                self.failed(reply_code(other));
+                0
+            }
         };
         (ok, self.batch as u64 - ok)
+    }
+
+    /// Whether a per-key master answer succeeded (counting its code if not).
+    fn code_ok<T>(&self, r: &Result<T, crescent_proto::ErrorCode>) -> bool {
+        match r {
+            Ok(_) => true,
+            Err(c) => {
+                self.failed(c.name());
+                false
+            }
+        }
     }
 
     fn fresh_keys(&self) -> Vec<u64> {
@@ -309,7 +350,7 @@ impl Shared {
     }
 
     fn existing_keys(&self, rng: &mut fastrand::Rng) -> Vec<u64> {
-        let n = self.written.load(Ordering::Relaxed).max(1);
+        let n = self.written.load(Ordering::Relaxed).clamp(1, self.key_budget);
         (0..self.batch).map(|_| rng.u64(..n)).collect()
     }
 }
@@ -357,7 +398,7 @@ async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
             let names: Vec<String> = ks.iter().map(|k| s.key(*k)).collect();
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
             let exist = s.client.batch_is_exist(&refs).await;
-            let errors = exist.iter().filter(|e| e.is_err()).count() as u64;
+            let (_, errors) = s.tally(&exist);
             if phase == Phase::Metadata {
                 return (ks.len() as u64 - errors, 0, errors);
             }
@@ -366,6 +407,26 @@ async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
             let (ok, err) = if missing.is_empty() { (0, 0) } else { s.write(w, &missing).await };
             (ks.len() as u64 - errors - err, ok * size, errors + err)
         }
+    }
+}
+
+/// The code of a master reply that was not the batch answer expected.
+fn reply_code(r: Result<MasterResponse, ClientError>) -> &'static str {
+    match r {
+        Ok(_) => crescent_proto::ErrorCode::InternalError.name(),
+        Err(e) => e.code().name(),
+    }
+}
+
+/// What an error code means for a benchmark key.
+fn meaning(code: &str) -> &'static str {
+    match code {
+        "OBJECT_NOT_FOUND" => "evicted or never written",
+        "REPLICA_IS_NOT_READY" | "OBJECT_REPLICA_BUSY" | "OBJECT_HAS_LEASE" => "busy: being written or read",
+        "NO_AVAILABLE_HANDLE" | "TENANT_QUOTA_EXCEEDED" => "no space",
+        "TRANSFER_FAIL" | "RPC_FAIL" | "RPC_TIMEOUT" => "transfer or network",
+        "CHECKSUM_MISMATCH" | "VERIFY_MISMATCH" => "wrong bytes",
+        _ => "other",
     }
 }
 
@@ -400,6 +461,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     }
     s.requests.store(0, Ordering::Relaxed);
     s.errors.store(0, Ordering::Relaxed);
+    s.errors_by_code.lock().clear();
     let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s)).collect();
     let started = Instant::now();
     let (keys, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -461,6 +523,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         p95_us: percentile(&lat, 0.95),
         p99_us: percentile(&lat, 0.99),
         errors: s.errors.load(Ordering::Relaxed),
+        errors_by_code: std::mem::take(&mut *s.errors_by_code.lock()),
     }
 }
 
@@ -476,10 +539,28 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
     cfg.replicate.replica_num = a.replicas;
     let mut base = vec![0u8; usize::try_from(size)?];
     fastrand::Rng::with_seed(7).fill(&mut base);
+    let client = Client::new(cfg.clone());
+    let info = client.cluster_info().await.map_err(|e| anyhow!("{}: asking the master its capacity: {e}", e.code()))?;
+    let key_budget = key_budget(&info, size, a.replicas);
+    if key_budget == 0 {
+        bail!(
+            "the cluster cannot hold one {} value with {} replica(s): {} memory segment(s), {} free in the largest",
+            crate::ops::fmt_bytes(size),
+            a.replicas,
+            info.memory_segments,
+            crate::ops::fmt_bytes(info.largest_free)
+        );
+    }
+    eprintln!(
+        "key set: {key_budget} keys of {} ({} of memory at the {:.0}% eviction watermark); writes cycle over them",
+        crate::ops::fmt_bytes(size),
+        crate::ops::fmt_bytes(info.memory_capacity),
+        info.eviction_high_watermark * 100.0
+    );
     let shared = Arc::new(Shared {
         tenant: cfg.tenant.clone(),
         replicate: cfg.replicate.clone(),
-        client: Client::new(cfg),
+        client,
         base,
         run: format!("{:08x}", fastrand::u32(..)),
         batch: a.batch,
@@ -491,6 +572,8 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         meta_next: AtomicU64::new(0),
         requests: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        errors_by_code: Mutex::new(BTreeMap::new()),
+        key_budget,
     });
     let mut json = match &a.json {
         Some(p) => Some(std::fs::File::create(p)?),
@@ -516,11 +599,36 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
             r.p99_us,
             r.errors
         );
+        if !r.errors_by_code.is_empty() {
+            let by: Vec<String> =
+                r.errors_by_code.iter().map(|(code, n)| format!("{n} {code} ({})", meaning(code))).collect();
+            println!("          errors: {}", by.join(", "));
+        }
         if let Some(f) = json.as_mut() {
             writeln!(f, "{}", serde_json::to_string(&r)?)?;
         }
     }
+    if !a.keep {
+        let req = MasterRequest::RemoveByRegex {
+            tenant: shared.tenant.clone(),
+            pattern: format!("^bench-{}-", shared.run),
+            force: true,
+        };
+        match shared.client.master().call(&req).await {
+            Ok(MasterResponse::Count(n)) => eprintln!("removed the benchmark's {n} keys (--keep keeps them)"),
+            Ok(_) => {}
+            Err(e) => eprintln!("could not remove the benchmark's keys: {e}"),
+        }
+    }
     Ok(())
+}
+
+/// How many values of `size` bytes with `replicas` replicas the cluster holds below its eviction watermark,
+/// with a margin for allocator slack and other users' data.
+fn key_budget(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
+    let usable = info.memory_capacity as f64 * info.eviction_high_watermark * 0.8 - info.memory_used as f64;
+    let per_key = size.saturating_mul(u64::from(replicas.max(1))) as f64;
+    if size > info.largest_free || usable < per_key { 0 } else { (usable / per_key) as u64 }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! error code's name on stderr (e.g. `OBJECT_NOT_FOUND`).
 
 use crate::config::Global;
-use crescent_client::{Client, ClientError};
+use crescent_client::{Client, ClientError, PutMode, PutOutcome};
 use crescent_proto::{ErrorCode, ReplicaLocation};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -18,6 +18,9 @@ pub struct PutArgs {
     /// Replicas.
     #[arg(long)]
     replicas: Option<u32>,
+    /// Keep the value an existing key holds (put-if-absent) instead of replacing it; says when it existed.
+    #[arg(long)]
+    if_absent: bool,
 }
 
 /// `get` flags.
@@ -53,6 +56,9 @@ pub struct LsArgs {
     /// At most this many keys.
     #[arg(long, default_value_t = 10_000)]
     limit: u32,
+    /// Print JSON (`{"keys": [...], "truncated": bool}`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// `stat` flags.
@@ -60,6 +66,9 @@ pub struct LsArgs {
 pub struct StatArgs {
     /// The key.
     key: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// A command failure: the wire code and a message.
@@ -93,7 +102,7 @@ pub fn exit(r: Result<(), Failure>) -> ExitCode {
     }
 }
 
-/// `crescent put`.
+/// `crescent put`: replaces the key's value (upsert) unless `--if-absent`.
 pub async fn put(a: PutArgs, g: &Global) -> Result<(), Failure> {
     let data = match a.file.as_deref() {
         None => read_stdin()?,
@@ -105,9 +114,41 @@ pub async fn put(a: PutArgs, g: &Global) -> Result<(), Failure> {
         cfg.replicate.replica_num = r;
     }
     let replicate = cfg.replicate.clone();
-    let client = Client::new(cfg);
-    client.put_from(&a.key, &data, &replicate).await?;
+    let client = client(g).await?;
+    let mode = if a.if_absent { PutMode::IfAbsent } else { PutMode::Upsert };
+    match client.put_with(&a.key, &data, &replicate, mode).await? {
+        PutOutcome::Existed => eprintln!("key {:?} already exists; its value was kept (--if-absent)", a.key),
+        PutOutcome::Stored { replicas } if replicas < replicate.replica_num as usize => eprintln!(
+            "stored {replicas} replica{} of the {} asked: only {replicas} node{} had room",
+            plural(replicas),
+            replicate.replica_num,
+            plural(replicas)
+        ),
+        PutOutcome::Stored { .. } => {}
+    }
     Ok(())
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// A client for `g`, refusing a tenant the master would ignore (a master without multi-tenancy puts every
+/// request in the default tenant, so `--tenant bob` would silently read and write everyone's keys).
+async fn client(g: &Global) -> Result<Client, Failure> {
+    let client = Client::new(g.client_config());
+    let default = crescent_proto::TenantId::default_tenant();
+    if !g.tenant.is_empty() && g.tenant != default.as_str() && !client.cluster_info().await?.multi_tenant {
+        return Err(Failure(
+            ErrorCode::UnavailableInCurrentMode,
+            format!(
+                "the master at {} runs without multi-tenancy, so --tenant {:?} would be ignored (start it with \
+                 --multi-tenant)",
+                g.master, g.tenant
+            ),
+        ));
+    }
+    Ok(client)
 }
 
 fn read_stdin() -> Result<Vec<u8>, Failure> {
@@ -118,8 +159,7 @@ fn read_stdin() -> Result<Vec<u8>, Failure> {
 
 /// `crescent get`.
 pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
-    let client = Client::new(g.client_config());
-    let data = client.get(&a.key).await?;
+    let data = client(g).await?.get(&a.key).await?;
     match a.output {
         Some(p) => std::fs::write(&p, &data).map_err(|e| Failure(ErrorCode::FileWriteFail, e.to_string()))?,
         None => {
@@ -132,45 +172,153 @@ pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `crescent rm`.
+/// `crescent rm`. A key a reader still holds a lease on is not removed without `--force`; the error says for
+/// how long and by how many readers.
 pub async fn rm(a: RmArgs, g: &Global) -> Result<(), Failure> {
-    let client = Client::new(g.client_config());
-    match a.key {
-        Some(key) => client.remove(&key, a.force).await?,
-        None => println!("{}", client.remove_all(a.force).await?),
+    let client = client(g).await?;
+    let Some(key) = a.key else {
+        println!("{}", client.remove_all(a.force).await?);
+        return Ok(());
+    };
+    match client.remove(&key, a.force).await {
+        Err(e) if e.code() == ErrorCode::ObjectHasLease => {
+            let held = match client.stat(&key).await {
+                Ok(s) if s.lease_remaining_ms > 0 => format!(
+                    " for another {} by {} reader{} that ha{} not released it",
+                    fmt_ms(s.lease_remaining_ms),
+                    s.lease_readers,
+                    plural(s.lease_readers as usize),
+                    if s.lease_readers == 1 { "s" } else { "ve" }
+                ),
+                _ => String::new(),
+            };
+            Err(Failure(
+                ErrorCode::ObjectHasLease,
+                format!("key {key:?} is leased{held}; `crescent rm --force {key}` removes it anyway"),
+            ))
+        }
+        r => Ok(r?),
     }
-    Ok(())
 }
 
-/// `crescent ls`.
+/// `crescent ls`: keys, one per line; says on stderr when `--limit` cut the list short.
 pub async fn ls(a: LsArgs, g: &Global) -> Result<(), Failure> {
-    for k in Client::new(g.client_config()).list_keys(&a.prefix, a.limit).await? {
-        println!("{k}");
+    let mut keys = client(g).await?.list_keys(&a.prefix, a.limit.saturating_add(1)).await?;
+    let truncated = keys.len() > a.limit as usize;
+    keys.truncate(a.limit as usize);
+    if a.json {
+        println!("{}", serde_json::json!({ "keys": keys, "truncated": truncated }));
+    } else {
+        for k in &keys {
+            println!("{k}");
+        }
+    }
+    if truncated {
+        eprintln!("(the first {} keys; more match: raise --limit)", a.limit);
     }
     Ok(())
 }
 
-/// `crescent stat`: JSON with size, checksum and where each replica lives.
+/// `crescent stat`: size, checksum, lease, pins and where each replica lives, without leasing the object.
 pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
-    let s = Client::new(g.client_config()).stat(&a.key).await?;
-    let replicas: Vec<serde_json::Value> = s
-        .replicas
-        .iter()
-        .map(|d| match &d.location {
-            ReplicaLocation::Memory { segment_id, offset, length, endpoint }
-            | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => serde_json::json!({
-                "id": d.id, "segment": segment_id.to_string(), "offset": offset, "length": length,
-                "endpoint": endpoint.as_ref(), "status": format!("{:?}", d.status),
-            }),
-            ReplicaLocation::LocalDisk { client_id, length, endpoint } => serde_json::json!({
-                "id": d.id, "client": client_id.to_string(), "length": length, "endpoint": endpoint.as_ref(),
-                "status": format!("{:?}", d.status),
-            }),
-        })
-        .collect();
+    let s = client(g).await?.stat(&a.key).await?;
+    if a.json {
+        let replicas: Vec<serde_json::Value> = s.replicas.iter().map(replica_json).collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "key": a.key, "size": s.size, "checksum": s.checksum,
+                "lease_remaining_ms": s.lease_remaining_ms, "lease_readers": s.lease_readers,
+                "soft_pin_remaining_ms": s.soft_pin_remaining_ms, "hard_pinned": s.hard_pinned,
+                "writing": s.writing, "replicas": replicas,
+            })
+        );
+        return Ok(());
+    }
+    let lease = match s.lease_remaining_ms {
+        0 => "none".to_owned(),
+        ms => format!("{} left, {} reader{}", fmt_ms(ms), s.lease_readers, plural(s.lease_readers as usize)),
+    };
+    println!("key       {:?}", a.key);
+    println!("size      {}", fmt_bytes(s.size));
+    println!("checksum  {}", s.checksum.map_or("none".to_owned(), |c| format!("{c:#010x} (crc32c)")));
+    println!("lease     {lease}");
     println!(
-        "{}",
-        serde_json::json!({ "key": a.key, "size": s.size, "checksum": s.checksum, "lease_ttl_ms": s.lease_ttl_ms, "replicas": replicas })
+        "soft pin  {}",
+        if s.soft_pin_remaining_ms == 0 { "none".into() } else { fmt_ms(s.soft_pin_remaining_ms) }
     );
+    println!("hard pin  {}", if s.hard_pinned { "yes" } else { "no" });
+    if s.writing {
+        println!("writing   a write is in flight");
+    }
+    println!("replicas  {}", s.replicas.len());
+    for d in &s.replicas {
+        let (where_, length) = match &d.location {
+            ReplicaLocation::Memory { segment_id, offset, length, endpoint } => {
+                (format!("memory on {endpoint}, segment {segment_id}, offset {offset}"), *length)
+            }
+            ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
+                (format!("NoF on {endpoint}, segment {segment_id}, offset {offset}"), *length)
+            }
+            ReplicaLocation::LocalDisk { client_id, length, endpoint } => {
+                (format!("local disk of client {client_id} at {endpoint}"), *length)
+            }
+        };
+        println!("  #{} {:?}: {}, {where_}", d.id, d.status, fmt_bytes(length));
+    }
     Ok(())
+}
+
+fn replica_json(d: &crescent_proto::ReplicaDescriptor) -> serde_json::Value {
+    match &d.location {
+        ReplicaLocation::Memory { segment_id, offset, length, endpoint }
+        | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => serde_json::json!({
+            "id": d.id, "segment": segment_id.to_string(), "offset": offset, "length": length,
+            "endpoint": endpoint.as_ref(), "status": format!("{:?}", d.status),
+        }),
+        ReplicaLocation::LocalDisk { client_id, length, endpoint } => serde_json::json!({
+            "id": d.id, "client": client_id.to_string(), "length": length, "endpoint": endpoint.as_ref(),
+            "status": format!("{:?}", d.status),
+        }),
+    }
+}
+
+/// `1234` → `1.2 KiB`; below 1 KiB in bytes.
+pub(crate) fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// Milliseconds as a person reads them: `850 ms`, `8.7 s`, `29 min`.
+fn fmt_ms(ms: u64) -> String {
+    match ms {
+        0..1000 => format!("{ms} ms"),
+        1000..120_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        _ => format!("{} min", ms / 60_000),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_read_like_a_person_writes_them() {
+        assert_eq!(fmt_bytes(6), "6 B");
+        assert_eq!(fmt_bytes(4096), "4.0 KiB");
+        assert_eq!(fmt_bytes(1_572_864), "1.5 MiB");
+        assert_eq!(fmt_bytes(u64::MAX), "16384.0 PiB");
+        assert_eq!(fmt_ms(850), "850 ms");
+        assert_eq!(fmt_ms(8_700), "8.7 s");
+        assert_eq!(fmt_ms(29 * 60_000 + 5), "29 min");
+    }
 }

@@ -2,7 +2,7 @@
 
 use crate::client::{Client, ClientConfig};
 use crate::error::ClientError;
-use crescent_proto::{GetReplicaListResponse, ReplicateConfig};
+use crescent_proto::{ObjectStat, ReplicateConfig};
 
 /// A blocking client: owns a small tokio runtime and runs each call to completion on it.
 pub struct BlockingClient {
@@ -81,7 +81,7 @@ impl BlockingClient {
     }
 
     /// See [`Client::stat`].
-    pub fn stat(&self, key: &str) -> Result<GetReplicaListResponse, ClientError> {
+    pub fn stat(&self, key: &str) -> Result<ObjectStat, ClientError> {
         self.rt.block_on(self.client.stat(key))
     }
 

@@ -12,8 +12,8 @@ use crescent_net::poll::InFlight;
 use crescent_proto::batch;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
-    ClientId, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicaLocation,
-    ReplicateConfig,
+    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ObjectStat,
+    ReplicaDescriptor, ReplicaLocation, ReplicateConfig,
 };
 use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
@@ -101,6 +101,27 @@ where
     let (slots, valid) = batch::split(items.into_iter().map(|item| check_key(key(&item)).map(|()| item)));
     let answers = if valid.is_empty() { Vec::new() } else { call(valid).await };
     slots.fill(answers, || ClientError::Code(ErrorCode::InternalError))
+}
+
+/// How a put treats a key that already holds a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Keep the existing value (put-if-absent).
+    IfAbsent,
+    /// Replace it (insert or update).
+    Upsert,
+}
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The value is stored on this many replicas (fewer than asked when fewer nodes had room).
+    Stored {
+        /// Replicas placed and written.
+        replicas: usize,
+    },
+    /// Put-if-absent found the key holding a value, which is kept.
+    Existed,
 }
 
 /// What became of one object's bytes in a batch put.
@@ -256,30 +277,58 @@ impl Client {
         }
     }
 
-    /// Stores `value` (the caller's buffer, sent without copying) under `key`.
+    /// Stores `value` (the caller's buffer, sent without copying) under `key` if the key is free; an existing
+    /// key keeps its value and this reports success (put-if-absent, the original's semantics).
     pub async fn put_from(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<(), ClientError> {
-        self.put_value(key, Value::Borrowed(value), cfg).await
+        self.put_with(key, value, cfg, PutMode::IfAbsent).await.map(|_| ())
     }
 
-    /// Stores an owned `value` under `key` without copying it; large values are striped from several tasks
-    /// and their checksum is computed while the bytes are in flight.
+    /// Stores an owned `value` under `key` (put-if-absent) without copying it; large values are striped from
+    /// several tasks and their checksum is computed while the bytes are in flight.
     pub async fn put_bytes(&self, key: &str, value: Bytes, cfg: &ReplicateConfig) -> Result<(), ClientError> {
-        self.put_value(key, Value::Owned(value), cfg).await
+        self.put_value(key, Value::Owned(value), cfg, PutMode::IfAbsent).await.map(|_| ())
     }
 
-    async fn put_value(&self, key: &str, value: Value<'_>, cfg: &ReplicateConfig) -> Result<(), ClientError> {
+    /// Stores an owned `value` under `key`, replacing any value it held, without copying it.
+    pub async fn upsert_bytes(&self, key: &str, value: Bytes, cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        self.put_value(key, Value::Owned(value), cfg, PutMode::Upsert).await.map(|_| ())
+    }
+
+    /// Stores `value` under `key`, replacing any value it held (insert or update).
+    pub async fn upsert_from(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<(), ClientError> {
+        self.put_with(key, value, cfg, PutMode::Upsert).await.map(|_| ())
+    }
+
+    /// Stores `value` under `key` as `mode` says, and tells what happened (how many replicas were placed,
+    /// or that the key already existed).
+    pub async fn put_with(
+        &self,
+        key: &str,
+        value: &[u8],
+        cfg: &ReplicateConfig,
+        mode: PutMode,
+    ) -> Result<PutOutcome, ClientError> {
+        self.put_value(key, Value::Borrowed(value), cfg, mode).await
+    }
+
+    async fn put_value(
+        &self,
+        key: &str,
+        value: Value<'_>,
+        cfg: &ReplicateConfig,
+        mode: PutMode,
+    ) -> Result<PutOutcome, ClientError> {
         check_key(key)?;
-        let req = MasterRequest::PutStart {
-            client: self.inner.id,
-            tenant: self.tenant(),
-            key: WireKey::from(key),
-            size: value.len() as u64,
-            config: self.with_host(cfg),
+        let (tenant, key_w, size, config) =
+            (self.tenant(), WireKey::from(key), value.len() as u64, self.with_host(cfg));
+        let req = match mode {
+            PutMode::IfAbsent => MasterRequest::PutStart { client: self.inner.id, tenant, key: key_w, size, config },
+            PutMode::Upsert => MasterRequest::UpsertStart { client: self.inner.id, tenant, key: key_w, size, config },
         };
         let replicas = match self.inner.master.call(&req).await {
             Ok(MasterResponse::Replicas(r)) => r,
             Ok(_) => return Err(ErrorCode::InternalError.into()),
-            Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(()),
+            Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(PutOutcome::Existed),
             Err(e) => return Err(e),
         };
         let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());
@@ -301,7 +350,8 @@ impl Client {
             key: WireKey::from(key),
             checksum: Some(crc),
         };
-        self.inner.master.call(&end).await.map(|_| ())
+        self.inner.master.call(&end).await?;
+        Ok(PutOutcome::Stored { replicas: replicas.len() })
     }
 
     /// Writes `value` to every replica concurrently; the first failure is returned. For a borrowed value, also
@@ -330,18 +380,43 @@ impl Client {
 
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
     /// input order; one bad key never fails the others.
+    /// Existing keys keep their values (put-if-absent).
     pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
-        per_key(items.iter().copied(), |(k, _)| k, |valid| async move { self.batch_put_valid(&valid, cfg).await }).await
+        self.batch_put_with(items, cfg, PutMode::IfAbsent).await
     }
 
-    async fn batch_put_valid(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
+    /// Like [`Client::batch_put_from`], replacing the values of existing keys (insert or update).
+    pub async fn batch_upsert_from(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<(), ClientError>> {
+        self.batch_put_with(items, cfg, PutMode::Upsert).await
+    }
+
+    async fn batch_put_with(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+        mode: PutMode,
+    ) -> Vec<Result<(), ClientError>> {
+        per_key(items.iter().copied(), |(k, _)| k, |valid| async move { self.batch_put_valid(&valid, cfg, mode).await })
+            .await
+    }
+
+    async fn batch_put_valid(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+        mode: PutMode,
+    ) -> Vec<Result<(), ClientError>> {
         let req = MasterRequest::BatchPutStart {
             client: self.inner.id,
             tenant: self.tenant(),
             items: Batch(items.iter().map(|(k, v)| (WireKey::from(*k), v.len() as u64)).collect()),
             config: self.with_host(cfg),
             group_ids: None,
-            upsert: false,
+            upsert: mode == PutMode::Upsert,
         };
         let pick = |r| if let MasterResponse::BatchReplicas(v) = r { Some(v) } else { None };
         let starts = match self.batch_call(&req, items.len(), pick).await {
@@ -425,8 +500,9 @@ impl Client {
         written
     }
 
-    /// The replica list (and lease) of an object, without reading it.
-    pub async fn stat(&self, key: &str) -> Result<GetReplicaListResponse, ClientError> {
+    /// The replica list of an object, and a read lease on it that the caller must release
+    /// ([`Client::release_leases`]) once it has the bytes.
+    async fn replica_list(&self, key: &str) -> Result<GetReplicaListResponse, ClientError> {
         check_key(key)?;
         let req = MasterRequest::GetReplicaList { tenant: self.tenant(), key: WireKey::from(key) };
         self.inner
@@ -435,21 +511,54 @@ impl Client {
             .await
     }
 
+    /// An object's size, checksum, replicas, lease and pins, without leasing it.
+    pub async fn stat(&self, key: &str) -> Result<ObjectStat, ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::Stat { tenant: self.tenant(), key: WireKey::from(key) };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Stat(s) = r { Some(s) } else { None }).await
+    }
+
     /// The object's size.
     pub async fn get_size(&self, key: &str) -> Result<u64, ClientError> {
         Ok(self.stat(key).await?.size)
     }
 
+    /// Tells the master this client is done reading `keys`, so their read leases end now rather than at
+    /// their deadline (an object nobody reads any more can be removed or evicted at once). Sent without
+    /// waiting for the answer: a lost release only leaves a lease to run out.
+    pub async fn release_leases(&self, keys: &[&str]) {
+        if keys.is_empty() {
+            return;
+        }
+        let keys = Batch(keys.iter().map(|k| WireKey::from(*k)).collect());
+        let req = MasterRequest::ReleaseLeases { tenant: self.tenant(), keys };
+        if let Err(e) = self.inner.master.send(&req).await {
+            tracing::debug!(error = %e, "lease release not sent");
+        }
+    }
+
     /// Reads an object into a new buffer (striped over the node's lanes, checksummed as stripes land).
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
         let started = Instant::now();
-        let list = self.stat(key).await?;
+        let list = self.replica_list(key).await?;
+        let read = self.read_owned(key, &list, started).await;
+        self.release_leases(&[key]).await;
+        read
+    }
+
+    /// Reads the best readable replica into a new buffer (falling back to the next on a transfer error).
+    async fn read_owned(
+        &self,
+        key: &str,
+        list: &GetReplicaListResponse,
+        started: Instant,
+    ) -> Result<Vec<u8>, ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
-        for d in self.ranked(&list) {
+        for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
             match self.inner.transfer.read_checksummed(endpoint, segment, offset, list.size).await {
                 Ok((bytes, crc)) => {
-                    self.verify(key, &list, started, u64::from(crc))?;
+                    self.verify(key, list, started, u64::from(crc))?;
                     return Ok(Vec::from(bytes));
                 }
                 Err(e) => last = e.into(),
@@ -473,13 +582,14 @@ impl Client {
     /// Reads an object into the caller's buffer; returns its size.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
         let started = Instant::now();
-        let list = self.stat(key).await?;
-        let n = usize::try_from(list.size).map_err(|_| ClientError::Code(ErrorCode::BufferOverflow))?;
-        if n > buf.len() {
-            return Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() });
-        }
-        self.read_replica(key, &list, &mut buf[..n], started).await?;
-        Ok(n)
+        let list = self.replica_list(key).await?;
+        let read = match usize::try_from(list.size) {
+            Err(_) => Err(ClientError::Code(ErrorCode::BufferOverflow)),
+            Ok(n) if n > buf.len() => Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() }),
+            Ok(n) => self.read_replica(key, &list, &mut buf[..n], started).await.map(|()| n),
+        };
+        self.release_leases(&[key]).await;
+        read
     }
 
     /// Orders replicas: this process's segments, then the same host, then remote.
@@ -598,7 +708,19 @@ impl Client {
         for (i, r) in pipelined.into_iter().chain(singles).flatten() {
             out[i] = Some(r);
         }
+        // Every lease this batch was granted ends with one release.
+        let leased: Vec<&str> = lists.iter().zip(items_keys).filter(|(l, _)| l.is_ok()).map(|(_, k)| *k).collect();
+        self.release_leases(&leased).await;
         out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()
+    }
+
+    /// The cluster's mode (multi-tenancy, lease) and how much its memory segments hold.
+    pub async fn cluster_info(&self) -> Result<ClusterInfo, ClientError> {
+        let req = MasterRequest::ClusterInfo;
+        self.inner
+            .master
+            .call_expect(&req, |r| if let MasterResponse::ClusterInfo(i) = r { Some(i) } else { None })
+            .await
     }
 
     /// Whether an object is readable (grants a lease if so).

@@ -12,5 +12,5 @@ pub mod error;
 pub mod master;
 
 pub use blocking::BlockingClient;
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, PutMode, PutOutcome};
 pub use error::ClientError;

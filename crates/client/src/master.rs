@@ -280,6 +280,19 @@ impl MasterConnection {
         reply.map_err(ClientError::Code)
     }
 
+    /// Sends one request without waiting for its reply (which whoever reads the connection next discards):
+    /// for notifications whose outcome the caller does not need, at the cost of one write.
+    pub async fn send(&self, req: &MasterRequest) -> Result<(), ClientError> {
+        let conn = self.conn(req).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = Frame::encode(id, req, Bytes::new())?;
+        if let Err(e) = conn.sink.lock().await.send(frame).await {
+            conn.alive.store(false, Ordering::Release);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// Like [`MasterConnection::call`], mapping an unexpected reply shape to `INTERNAL_ERROR`.
     pub async fn call_expect<T>(
         &self,

@@ -157,6 +157,66 @@ fn leases_extend_but_never_shrink() {
 }
 
 #[test]
+fn the_last_reader_to_release_ends_the_lease_at_once() {
+    let h = Harness::default3();
+    h.put("k", 10);
+    h.get("k").unwrap(); // reader A
+    h.advance(Duration::from_secs(1));
+    h.get("k").unwrap(); // reader B
+    assert_eq!(h.svc.stat("", "k").unwrap().lease_readers, 2);
+    h.svc.release_leases("", &["k"]).unwrap(); // A is done
+    assert_eq!(h.svc.remove("", "k", false).unwrap_err(), ErrorCode::ObjectHasLease, "B still reads");
+    let s = h.svc.stat("", "k").unwrap();
+    assert_eq!((s.lease_readers, s.lease_remaining_ms), (1, 10_000));
+    h.svc.release_leases("", &["k"]).unwrap(); // B is done
+    assert_eq!(h.svc.stat("", "k").unwrap().lease_remaining_ms, 0);
+    h.svc.remove("", "k", false).unwrap();
+}
+
+#[test]
+fn a_reader_that_never_releases_holds_the_lease_to_its_deadline_only() {
+    let h = Harness::default3();
+    h.put("k", 10);
+    h.get("k").unwrap(); // gone without releasing
+    h.get("k").unwrap();
+    h.svc.release_leases("", &["k"]).unwrap();
+    h.advance(Duration::from_millis(9_999));
+    assert_eq!(h.svc.remove("", "k", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.advance(Duration::from_millis(1));
+    // Expired: a late release changes nothing, and the next reader's lease counts from one.
+    h.svc.release_leases("", &["k"]).unwrap();
+    h.get("k").unwrap();
+    assert_eq!(h.svc.stat("", "k").unwrap().lease_readers, 1);
+    h.svc.release_leases("", &["k"]).unwrap();
+    h.svc.remove("", "k", false).unwrap();
+    // Releasing what does not exist (or never was leased) is harmless.
+    h.put("never-read", 10);
+    h.svc.release_leases("", &["never-read", "missing", "k"]).unwrap();
+    h.svc.remove("", "never-read", false).unwrap();
+}
+
+#[test]
+fn stat_looks_without_leasing_and_existence_checks_hold_a_lease() {
+    let h = Harness::default3();
+    h.put("k", 123);
+    let s = h.svc.stat("", "k").unwrap();
+    assert_eq!((s.size, s.checksum, s.lease_remaining_ms, s.lease_readers), (123, Some(0xC0FFEE), 0, 0));
+    assert_eq!((s.replicas.len(), s.hard_pinned, s.writing, s.soft_pin_remaining_ms), (1, false, false, 0));
+    h.svc.remove("", "k", false).unwrap();
+    assert_eq!(h.svc.stat("", "k").unwrap_err(), ErrorCode::ObjectNotFound);
+    // An unfinished write shows its replicas and that it is being written.
+    h.svc.put_start(h.writer, "", "w", 10, &cfg(1)).unwrap();
+    let s = h.svc.stat("", "w").unwrap();
+    assert!(s.writing && s.replicas[0].status == ReplicaStatus::Processing);
+    // ExistKey leases like a read (the checker may read next) and counts as a reader.
+    h.put("e", 10);
+    assert_eq!(h.svc.exist_key("", "e"), Ok(true));
+    assert_eq!(h.svc.stat("", "e").unwrap().lease_readers, 1);
+    h.svc.release_leases("", &["e"]).unwrap();
+    h.svc.remove("", "e", false).unwrap();
+}
+
+#[test]
 fn unfinished_writes_cannot_be_removed_even_by_force() {
     let h = Harness::default3();
     h.svc.put_start(h.writer, "", "k", 10, &cfg(1)).unwrap();
@@ -234,6 +294,26 @@ fn upsert_of_another_size_allocates_anew_and_frees_the_old_after_the_lease() {
     h.advance(Duration::from_secs(10));
     h.svc.step_discards();
     assert_eq!(h.used(), 8192);
+}
+
+#[test]
+fn upsert_of_the_same_size_never_rewrites_bytes_a_reader_holds() {
+    let h = Harness::default3();
+    let first = h.put("k", 4096);
+    h.get("k").unwrap(); // a reader is reading `first`
+    let next = h.svc.upsert_start(h.writer, "", "k", 4096, &cfg(1)).unwrap();
+    assert_ne!(first[0].location, next[0].location, "new buffers, not the ones being read");
+    assert_eq!(h.used(), 2 * 4096);
+    h.svc.upsert_end(h.writer, "", "k", None).unwrap();
+    assert_eq!(h.get("k").unwrap().replicas[0].location, next[0].location);
+    // The old bytes are freed when the lease they were read under runs out.
+    h.svc.release_leases("", &["k", "k"]).unwrap();
+    h.advance(Duration::from_secs(10));
+    h.svc.step_discards();
+    assert_eq!(h.used(), 4096);
+    // Unleased, the same size is rewritten in place again.
+    let again = h.svc.upsert_start(h.writer, "", "k", 4096, &cfg(1)).unwrap();
+    assert_eq!(again[0].location, next[0].location);
 }
 
 #[test]

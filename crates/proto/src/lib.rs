@@ -27,6 +27,8 @@ pub use error::{ErrorCode, ErrorCodeUnknown};
 pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
-pub use rpc::{ClientStatus, GetReplicaListResponse, MasterOp, MasterReply, MasterRequest, MasterResponse};
+pub use rpc::{
+    ClientStatus, ClusterInfo, GetReplicaListResponse, MasterOp, MasterReply, MasterRequest, MasterResponse, ObjectStat,
+};
 pub use segment::{SegmentKind, SegmentSpec, SegmentStatus};
 pub use tenant::{TenantId, TenantIdError};

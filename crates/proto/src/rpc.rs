@@ -32,6 +32,47 @@ pub struct GetReplicaListResponse {
     pub size: u64,
 }
 
+/// An object as it stands, looked at without leasing it (what `crescent stat` shows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectStat {
+    /// Object bytes.
+    pub size: u64,
+    /// The checksum the writer stored at PutEnd.
+    pub checksum: Option<u64>,
+    /// Every replica, readable or not, in placement order.
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// How much longer a read lease holds the object (0 = none): it cannot be removed without force, nor
+    /// evicted, until then.
+    pub lease_remaining_ms: u64,
+    /// Readers holding that lease that have not released it (a reader that vanished holds it to its end).
+    pub lease_readers: u32,
+    /// How much longer the soft pin lasts (0 = not soft-pinned).
+    pub soft_pin_remaining_ms: u64,
+    /// Never evicted.
+    pub hard_pinned: bool,
+    /// A write (PutStart without PutEnd yet) is in flight.
+    pub writing: bool,
+}
+
+/// What a client may want to know about the cluster before it acts: its mode and how much it can hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    /// Tenants are namespaces with quotas; off, every request is in the default tenant whatever it names.
+    pub multi_tenant: bool,
+    /// The read lease a reader is granted, in ms.
+    pub lease_ttl_ms: u64,
+    /// Memory segments mounted (readable).
+    pub memory_segments: u32,
+    /// Bytes those segments offer.
+    pub memory_capacity: u64,
+    /// Bytes held by replicas (allocator slack included).
+    pub memory_used: u64,
+    /// Eviction starts above this share of the capacity.
+    pub eviction_high_watermark: f64,
+    /// The largest value one segment can hold now: a put at most this large fits without evicting.
+    pub largest_free: u64,
+}
+
 /// A master request. Fields mean the same everywhere: `client` is the caller's id, `tenant` the raw tenant
 /// string (resolved by the master: `""` = default), `key` a user key, `force` bypasses read leases.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +80,8 @@ pub struct GetReplicaListResponse {
 pub enum MasterRequest {
     /// Liveness; answers [`MasterResponse::Pong`].
     Ping { client: ClientId },
+    /// The cluster's mode and capacity ([`ClusterInfo`]).
+    ClusterInfo,
     /// Mount one segment.
     MountSegment { client: ClientId, spec: SegmentSpec },
     /// Re-adopt all of a client's segments after `NEED_REMOUNT`.
@@ -72,6 +115,11 @@ pub enum MasterRequest {
     BatchPutRevoke { client: ClientId, tenant: String, keys: Batch<WireKey> },
     /// Readable replicas + lease.
     GetReplicaList { tenant: String, key: WireKey },
+    /// An object's state without taking a lease.
+    Stat { tenant: String, key: WireKey },
+    /// The caller is done reading these objects: its leases on them end (the last reader's release ends the
+    /// lease at once, so the object may be removed or evicted). Unknown keys are ignored.
+    ReleaseLeases { tenant: String, keys: Batch<WireKey> },
     /// Batch GetReplicaList.
     BatchGetReplicaList { tenant: String, keys: Batch<WireKey> },
     /// Whether an object is readable (grants a lease if so).
@@ -128,6 +176,7 @@ macro_rules! master_ops {
 
 master_ops! {
     Ping => "ping",
+    ClusterInfo => "cluster_info",
     MountSegment => "mount_segment",
     RemountSegments => "remount_segments",
     UnmountSegment => "unmount_segment",
@@ -141,6 +190,8 @@ master_ops! {
     BatchPutEnd => "batch_put_end",
     BatchPutRevoke => "batch_put_revoke",
     GetReplicaList => "get_replica_list",
+    Stat => "stat",
+    ReleaseLeases => "release_leases",
     BatchGetReplicaList => "batch_get_replica_list",
     ExistKey => "exist_key",
     BatchExistKey => "batch_exist_key",
@@ -183,6 +234,10 @@ pub enum MasterResponse {
     Replicas(Vec<ReplicaDescriptor>),
     /// GetReplicaList.
     ReplicaList(GetReplicaListResponse),
+    /// Stat.
+    Stat(ObjectStat),
+    /// ClusterInfo.
+    ClusterInfo(ClusterInfo),
     /// ExistKey.
     Exists(bool),
     /// A count (RemoveAll / RemoveByRegex).

@@ -258,6 +258,7 @@ mod tests {
             size: 1,
             checksum: 0,
             lease: Timestamp(0),
+            readers: 0,
             soft_pin: Timestamp(0),
             charged: 0,
             pending: None,

@@ -104,6 +104,10 @@ pub struct ObjectState {
     pub checksum: u64,
     /// Read lease: no eviction or non-forced removal before it (expired ⇔ now ≥ lease).
     pub lease: Timestamp,
+    /// Readers holding the current lease that have not released it. The last release ends the lease at once;
+    /// a reader that never releases (gone, or an existence check) holds it until its deadline. Meaningless
+    /// once the lease has expired (the next grant starts again from one).
+    pub readers: u32,
     /// Soft-pin deadline; `Timestamp(0)` = none.
     pub soft_pin: Timestamp,
     /// Quota bytes charged for completed memory replicas (settled charge).
@@ -128,6 +132,26 @@ impl ObjectState {
     /// Whether a read lease is in force at `now`.
     pub fn leased(&self, now: Timestamp) -> bool {
         now < self.lease
+    }
+
+    /// Grants a read lease until at least `deadline` to one more reader.
+    pub fn grant_lease(&mut self, now: Timestamp, deadline: Timestamp) {
+        if !self.leased(now) {
+            self.readers = 0;
+        }
+        self.readers = self.readers.saturating_add(1);
+        self.lease = self.lease.max(deadline);
+    }
+
+    /// One reader is done with its lease; the last one ends it at `now`.
+    pub fn release_lease(&mut self, now: Timestamp) {
+        if !self.leased(now) || self.readers == 0 {
+            return;
+        }
+        self.readers -= 1;
+        if self.readers == 0 {
+            self.lease = now;
+        }
     }
 
     /// Bytes that settle as this object's quota charge: size × completed, valid memory replicas.

@@ -84,6 +84,7 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
     use MasterResponse as A;
     match req {
         R::Ping { client } => Ok(A::Pong { status: svc.ping(client), view_version: 0 }),
+        R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
         R::MountSegment { client, spec } => svc.mount_segment(client, spec).map(|()| A::Done),
         R::RemountSegments { client, specs } => svc.remount_segments(client, &specs.0).map(|()| A::Done),
         R::UnmountSegment { segment, .. } => svc.unmount_segment(segment).map(|()| A::Done),
@@ -127,6 +128,11 @@ pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
             keys.0.iter().map(|k| k.as_str().and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
         )),
         R::GetReplicaList { tenant, key } => svc.get_replica_list(&tenant, key.as_str()?).map(A::ReplicaList),
+        R::Stat { tenant, key } => svc.stat(&tenant, key.as_str()?).map(A::Stat),
+        R::ReleaseLeases { tenant, keys } => {
+            let keys: Vec<&str> = keys.0.iter().filter_map(|k| k.as_str().ok()).collect();
+            svc.release_leases(&tenant, &keys).map(|()| A::Done)
+        }
         R::BatchGetReplicaList { tenant, keys } => {
             Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
                 svc.batch_get_replica_list(&tenant, &only_keys(valid))

@@ -1,9 +1,10 @@
-//! The read path: GetReplicaList, ExistKey and batch forms. Reads grant leases (group-aware).
+//! The read path: GetReplicaList, ExistKey and batch forms grant leases (group-aware); a reader releases its
+//! lease when it has its bytes (ReleaseLeases); Stat looks without leasing.
 
 use super::MasterService;
 use crate::clock::Timestamp;
 use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState};
-use crescent_proto::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaStatus};
+use crescent_proto::{ErrorCode, GetReplicaListResponse, ObjectStat, ReplicaDescriptor, ReplicaStatus};
 use std::sync::Arc;
 
 /// The outcome of looking an object up for reading.
@@ -116,7 +117,7 @@ impl MasterService {
             };
             let half = self.config.lease_ttl_ms / 2;
             let near_expiry = st.lease.0 <= now.0.saturating_add(half);
-            st.lease = st.lease.max(deadline);
+            st.grant_lease(now, deadline);
             let checksum = st.has_checksum.then_some(st.checksum);
             (Lookup::Found { descriptors, checksum, size: st.size }, near_expiry)
         };
@@ -124,6 +125,43 @@ impl MasterService {
             refresh_group_leases(&entry, deadline, refresh_group);
         }
         found
+    }
+}
+
+impl MasterService {
+    /// ReleaseLeases: the caller is done reading `keys`; each object's lease ends when its last reader releases
+    /// it. Keys that name nothing (or are malformed) are ignored: a release can only shorten a lease.
+    pub fn release_leases(&self, tenant: &str, keys: &[&str]) -> Result<(), ErrorCode> {
+        let Some(t) = self.read_tenant(tenant)? else { return Ok(()) };
+        let now = self.clock.now();
+        for key in keys {
+            if let Some(entry) = t.objects().get(key) {
+                entry.lock().release_lease(now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stat: an object's size, checksum, replicas (readable or not), lease and pins, without leasing it.
+    pub fn stat(&self, tenant: &str, key: &str) -> Result<ObjectStat, ErrorCode> {
+        let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let now = self.clock.now();
+        let st = entry.lock();
+        if st.lifecycle != Lifecycle::Active {
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        let leased = st.leased(now);
+        Ok(ObjectStat {
+            size: st.size,
+            checksum: st.has_checksum.then_some(st.checksum),
+            replicas: st.replicas.iter().filter_map(Replica::descriptor).collect(),
+            lease_remaining_ms: if leased { st.lease.0 - now.0 } else { 0 },
+            lease_readers: if leased { st.readers } else { 0 },
+            soft_pin_remaining_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
+            hard_pinned: st.hard_pinned,
+            writing: st.pending.is_some(),
+        })
     }
 }
 

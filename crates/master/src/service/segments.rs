@@ -4,7 +4,9 @@
 use super::MasterService;
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome};
-use crescent_proto::{ClientId, ClientStatus, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use crescent_proto::{
+    ClientId, ClientStatus, ClusterInfo, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
+};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -81,6 +83,30 @@ impl MasterService {
     /// Ping: refreshes the client's TTL and tells it whether to remount.
     pub fn ping(&self, client: ClientId) -> ClientStatus {
         self.clients.touch(client, self.liveness_deadline())
+    }
+
+    /// ClusterInfo: the mode clients must respect and how much the memory segments hold.
+    pub fn cluster_info(&self) -> ClusterInfo {
+        let segments: Vec<_> = self
+            .pool
+            .segments()
+            .into_iter()
+            .filter(|s| s.spec.kind == SegmentKind::Memory && s.status.is_readable())
+            .collect();
+        ClusterInfo {
+            multi_tenant: self.config.enable_multi_tenants,
+            lease_ttl_ms: self.config.lease_ttl_ms,
+            memory_segments: u32::try_from(segments.len()).unwrap_or(u32::MAX),
+            memory_capacity: segments.iter().map(|s| s.usage.capacity).sum(),
+            memory_used: segments.iter().map(|s| s.usage.used + s.usage.slack).sum(),
+            eviction_high_watermark: self.config.eviction_high_watermark,
+            largest_free: segments
+                .iter()
+                .filter(|s| s.status == SegmentStatus::Ok)
+                .map(|s| s.usage.largest_free)
+                .max()
+                .unwrap_or(0),
+        }
     }
 
     /// Number of clients the liveness monitor tracks.

@@ -93,8 +93,9 @@ impl MasterService {
         self.start_write(client, tenant, key, size, config, false)
     }
 
-    /// UpsertStart: insert or update. Same size reuses the buffers in place (the key is unreadable until End);
-    /// a different size allocates anew; an unfinished write is preempted at once.
+    /// UpsertStart: insert or update. Same size, with no read lease in force, reuses the buffers in place (the
+    /// key is unreadable until End); a different size or a leased object gets new buffers (the old ones are
+    /// freed when the lease ends); an unfinished write is preempted at once.
     pub fn upsert_start(
         &self,
         client: ClientId,
@@ -272,7 +273,9 @@ impl MasterService {
             drop((stale, dead));
             return Ok(Next::Create);
         }
-        if st.size != spec.size {
+        // Another size, or a reader still holding a lease (it may be reading these very buffers): write into
+        // new buffers; the old ones are kept until the lease ends.
+        if st.size != spec.size || st.leased(now) {
             let hard_pinned = st.hard_pinned;
             drop(st);
             drop(stale);
@@ -403,6 +406,7 @@ impl MasterService {
             size: spec.size,
             checksum: 0,
             lease: Timestamp(0),
+            readers: 0,
             soft_pin: Timestamp(0),
             charged: 0,
             pending: Some(Box::new(PendingWrite {
