@@ -159,7 +159,10 @@ fn read_stdin() -> Result<Vec<u8>, Failure> {
 
 /// `crescent get`.
 pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
-    let data = client(g).await?.get(&a.key).await?;
+    let client = client(g).await?;
+    let data = client.get(&a.key).await?;
+    // The read's lease release leaves now, before this process does.
+    client.flush().await?;
     match a.output {
         Some(p) => std::fs::write(&p, &data).map_err(|e| Failure(ErrorCode::FileWriteFail, e.to_string()))?,
         None => {

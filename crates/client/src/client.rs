@@ -523,18 +523,24 @@ impl Client {
         Ok(self.stat(key).await?.size)
     }
 
-    /// Tells the master this client is done reading `keys`, so their read leases end now rather than at
-    /// their deadline (an object nobody reads any more can be removed or evicted at once). Sent without
-    /// waiting for the answer: a lost release only leaves a lease to run out.
+    /// Tells the master this client is done reading `keys`, so their read leases end rather than run to their
+    /// deadline (an object nobody reads any more can be removed or evicted at once). The release rides with
+    /// this client's next master request (or leaves on its own within milliseconds; [`Client::flush`] sends it
+    /// at once); nobody waits for its answer: a lost release only leaves a lease to run out.
     pub async fn release_leases(&self, keys: &[&str]) {
         if keys.is_empty() {
             return;
         }
         let keys = Batch(keys.iter().map(|k| WireKey::from(*k)).collect());
         let req = MasterRequest::ReleaseLeases { tenant: self.tenant(), keys };
-        if let Err(e) = self.inner.master.send(&req).await {
+        if let Err(e) = self.inner.master.send_deferred(&req).await {
             tracing::debug!(error = %e, "lease release not sent");
         }
+    }
+
+    /// Sends what this client deferred (lease releases) now, e.g. before the process exits.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        self.inner.master.flush().await
     }
 
     /// Reads an object into a new buffer (striped over the node's lanes, checksummed as stripes land).

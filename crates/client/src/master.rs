@@ -40,6 +40,19 @@ struct Conn {
     stream: tokio::sync::Mutex<Reader>,
     pending: Pending,
     alive: AtomicBool,
+    /// A deferred request sits in `sink`'s buffer and a task will flush it unless a request does first.
+    flush_scheduled: AtomicBool,
+}
+
+/// How long a deferred request may wait for a request to ride with before it is sent on its own.
+const DEFER_FLUSH: Duration = Duration::from_millis(2);
+
+impl Conn {
+    /// Writes out whatever deferred requests `sink` holds.
+    async fn flush(&self) -> Result<(), WireError> {
+        self.flush_scheduled.store(false, Ordering::Release);
+        self.sink.lock().await.flush().await
+    }
 }
 
 impl Conn {
@@ -178,6 +191,7 @@ async fn dial(
         stream: tokio::sync::Mutex::new(reader),
         pending: Mutex::new(HashMap::new()),
         alive: AtomicBool::new(true),
+        flush_scheduled: AtomicBool::new(false),
     }))
 }
 
@@ -260,6 +274,7 @@ impl MasterConnection {
         let frame = Frame::encode(id, req, Bytes::new())?;
         let (tx, rx) = oneshot::channel();
         conn.pending.lock().insert(id, tx);
+        // The write also carries any deferred requests queued before this one.
         let sent = conn.sink.lock().await.send(frame).await;
         if let Err(e) = sent {
             conn.pending.lock().remove(&id);
@@ -280,15 +295,38 @@ impl MasterConnection {
         reply.map_err(ClientError::Code)
     }
 
-    /// Sends one request without waiting for its reply (which whoever reads the connection next discards):
-    /// for notifications whose outcome the caller does not need, at the cost of one write.
-    pub async fn send(&self, req: &MasterRequest) -> Result<(), ClientError> {
+    /// Queues one request whose reply nobody waits for (whoever reads the connection next discards it): it
+    /// leaves in the same write as the next request on that connection, or on its own within a couple of
+    /// milliseconds if none comes. For notifications such as lease releases, which then cost neither a round
+    /// trip nor a syscall of their own.
+    pub async fn send_deferred(&self, req: &MasterRequest) -> Result<(), ClientError> {
         let conn = self.conn(req).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = Frame::encode(id, req, Bytes::new())?;
-        if let Err(e) = conn.sink.lock().await.send(frame).await {
+        if let Err(e) = conn.sink.lock().await.feed(frame).await {
             conn.alive.store(false, Ordering::Release);
             return Err(e.into());
+        }
+        if !conn.flush_scheduled.swap(true, Ordering::AcqRel) {
+            tokio::spawn(async move {
+                tokio::time::sleep(DEFER_FLUSH).await;
+                if conn.flush_scheduled.load(Ordering::Acquire)
+                    && let Err(e) = conn.flush().await
+                {
+                    tracing::debug!(error = %e, "deferred master request not sent");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends every deferred request now (before a process exits, say).
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        for slot in &self.slots {
+            let conn = slot.lock().await.clone();
+            if let Some(c) = conn.filter(|c| c.alive.load(Ordering::Acquire)) {
+                c.flush().await?;
+            }
         }
         Ok(())
     }
