@@ -22,11 +22,15 @@ pub struct ServerSection {
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,
+    /// Keys neither above nor in the master's settings (refused at load: serde cannot deny unknown fields
+    /// next to a flattened struct, so they are collected here).
+    #[serde(flatten)]
+    pub unknown: std::collections::BTreeMap<String, toml::Value>,
 }
 
 /// Settings of `crescent node` (and the node inside `up`).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeSection {
     /// Data-plane listen address.
     pub listen: Option<String>,
@@ -51,7 +55,7 @@ pub struct NodeSection {
 
 /// Settings of client commands.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ClientSection {
     /// Replicas per object.
     pub replicas: Option<u32>,
@@ -87,6 +91,9 @@ impl FileConfig {
         let Some(path) = path else { return Ok(Self::default()) };
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let file: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        if let Some(key) = file.server.unknown.keys().next() {
+            anyhow::bail!("{}: unknown key `{key}` in [server]", path.display());
+        }
         for (name, size) in
             [("stripe_size", &file.client.stripe_size), ("write_stripe_size", &file.client.write_stripe_size)]
         {
@@ -187,5 +194,25 @@ mod tests {
         let g = Global::resolve(&Some("x:1".into()), &None, &f);
         assert_eq!(g.master, "x:1", "the flag wins");
         assert!(toml::from_str::<FileConfig>("nonsense = 1").is_err());
+    }
+
+    #[test]
+    fn a_misspelt_key_in_any_section_is_named() {
+        let dir = std::env::temp_dir().join(format!("crescent-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (text, named) in [
+            ("[node]\nsegment_sise = \"1GiB\"\n", "segment_sise"),
+            ("[client]\nlanse = 2\n", "lanse"),
+            ("[server]\nlistn = \"127.0.0.1:1\"\n", "listn"),
+        ] {
+            let path = dir.join("c.toml");
+            std::fs::write(&path, text).unwrap();
+            let err = format!("{:#}", FileConfig::load(Some(&path)).unwrap_err());
+            assert!(err.contains(named), "{err}");
+        }
+        let path = dir.join("ok.toml");
+        std::fs::write(&path, "[server]\nlease_ttl_ms = 5\nlisten = \"127.0.0.1:0\"\n").unwrap();
+        assert_eq!(FileConfig::load(Some(&path)).unwrap().server.master.lease_ttl_ms, 5);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

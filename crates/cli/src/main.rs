@@ -144,7 +144,12 @@ fn main() -> ExitCode {
     let file = match config::FileConfig::load(cli.config.as_deref()) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("INVALID_PARAMS: {e:#}");
+            // A file that is not there is not a bad parameter inside one.
+            let missing = e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+            });
+            let code = if missing { "FILE_NOT_FOUND" } else { "INVALID_PARAMS" };
+            eprintln!("{code}: {e:#}");
             return ExitCode::from(2);
         }
     };

@@ -167,3 +167,21 @@ fn stat_reads_like_a_table_or_json_and_ls_says_when_it_was_cut_short() {
     let json: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
     assert_eq!((json["keys"].as_array().unwrap().len(), json["truncated"].as_bool()), (3, Some(false)));
 }
+
+#[test]
+fn a_missing_config_file_and_a_misspelt_key_are_told_apart() {
+    let out = Command::new(bin()).args(["--config", "/nonexistent/crescent.toml", "ls"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).starts_with("FILE_NOT_FOUND: reading /nonexistent/crescent.toml"),
+        "{}",
+        text(&out.stderr)
+    );
+    let path = std::env::temp_dir().join(format!("crescent-user-test-{}.toml", std::process::id()));
+    std::fs::write(&path, "[node]\nsegment_sise = \"1GiB\"\n").unwrap();
+    let out = Command::new(bin()).args(["--config", path.to_str().unwrap(), "ls"]).output().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.starts_with("INVALID_PARAMS: ") && err.contains("unknown field `segment_sise`"), "{err}");
+}
