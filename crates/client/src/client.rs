@@ -379,8 +379,7 @@ impl Client {
     }
 
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
-    /// input order; one bad key never fails the others.
-    /// Existing keys keep their values (put-if-absent).
+    /// input order; one bad key never fails the others. Existing keys keep their values (put-if-absent).
     pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Vec<Result<(), ClientError>> {
         self.batch_put_with(items, cfg, PutMode::IfAbsent).await
     }

@@ -53,9 +53,7 @@ impl Conn {
         self.flush_scheduled.store(false, Ordering::Release);
         self.sink.lock().await.flush().await
     }
-}
 
-impl Conn {
     /// Marks the connection dead and fails every waiter.
     fn fail_all(&self, why: &'static str) {
         self.alive.store(false, Ordering::Release);

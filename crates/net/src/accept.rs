@@ -7,6 +7,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -21,19 +23,36 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// Tells a connection its server is stopping: it should finish the request in hand and return. The default
 /// one never fires (a connection served outside an accept loop, e.g. in a test).
 #[derive(Debug, Clone, Default)]
-pub struct Shutdown(CancellationToken);
+pub struct Shutdown {
+    /// Wakes an idle wait ([`Shutdown::stopping`]).
+    token: CancellationToken,
+    /// Read between requests: one atomic load (the token's own check takes a mutex, on every request).
+    flag: Arc<AtomicBool>,
+}
 
 impl Shutdown {
     /// Whether the server is stopping.
     pub fn is_stopping(&self) -> bool {
-        self.0.is_cancelled()
+        self.flag.load(Ordering::Acquire)
     }
 
     /// Completes once the server is stopping (for `select!` beside an idle wait). Make it once per connection
     /// and poll the same one at every wait: it registers with the server once, where a fresh wait would
     /// register (and unregister) at every request.
     pub fn stopping(self) -> Stopping {
-        Stopping(Box::pin(self.0.cancelled_owned()))
+        Stopping(Box::pin(self.token.cancelled_owned()))
+    }
+
+    /// Tells every connection holding this signal (or a child of it) to stop.
+    fn stop(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// A signal for one connection: it fires with this one, and its idle wait registers with a node of its
+    /// own rather than one shared by every connection of the server.
+    fn child(&self) -> Shutdown {
+        Shutdown { token: self.token.child_token(), flag: self.flag.clone() }
     }
 }
 
@@ -53,7 +72,7 @@ impl Future for Stopping {
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
-    stop: CancellationToken,
+    stop: Shutdown,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -65,7 +84,7 @@ impl ServerHandle {
 
     /// Stops accepting, ends every connection (see the module doc) and waits until all are gone.
     pub async fn shutdown(mut self) {
-        self.stop.cancel();
+        self.stop.stop();
         if let Some(task) = self.task.take()
             && let Err(e) = task.await
         {
@@ -76,7 +95,7 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        self.stop.cancel();
+        self.stop.stop();
     }
 }
 
@@ -88,12 +107,12 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let addr = listener.local_addr()?;
-    let stop = CancellationToken::new();
+    let stop = Shutdown::default();
     let task = tokio::spawn(accept_loop(name, listener, stop.clone(), serve));
     Ok(ServerHandle { addr, stop, task: Some(task) })
 }
 
-async fn accept_loop<F, Fut>(name: &'static str, listener: TcpListener, stop: CancellationToken, serve: F)
+async fn accept_loop<F, Fut>(name: &'static str, listener: TcpListener, stop: Shutdown, serve: F)
 where
     F: Fn(TcpStream, SocketAddr, Shutdown) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -103,13 +122,11 @@ where
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
-            _ = stop.cancelled() => break,
+            _ = stop.token.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     crate::poll::watch_when_idle(&stream);
-                    // A child token per connection: its waits register with its own node, not one node
-                    // shared by every connection of the server.
-                    conns.spawn(serve(stream, peer, Shutdown(stop.child_token())));
+                    conns.spawn(serve(stream, peer, stop.child()));
                 }
                 Err(e) => {
                     tracing::warn!(server = name, error = %e, "accept failed");
