@@ -221,3 +221,102 @@ fn grouped_objects_fill_and_a_third_put_evicts_the_unleased_group() {
     h.put("c", 2 * MIB);
     assert!(!probe(&h, "a") && !probe(&h, "b") && probe(&h, "c"));
 }
+
+fn evicted(h: &Harness) -> u64 {
+    h.svc.metrics().evicted_objects.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// 54 aged 1 MiB objects in one 64 MiB segment (the high watermark, 0.90, is 57.6 MiB).
+fn cache_of_54(h: &Harness) -> Vec<String> {
+    let keys = names("k", 54);
+    for k in &keys {
+        h.put_in("", k, MIB, &ReplicateConfig::default()).unwrap();
+        h.advance(Duration::from_millis(1));
+    }
+    keys
+}
+
+#[test]
+fn an_object_over_the_watermark_share_is_refused_and_evicts_nothing() {
+    let h = Harness::new(MasterConfig::default(), 1, 64 * MIB);
+    let keys = cache_of_54(&h);
+    for _ in 0..17 {
+        let e = h.svc.put_start(h.writer, "", "big", 60 * MIB, &ReplicateConfig::default()).unwrap_err();
+        assert_eq!(e, ErrorCode::NoAvailableHandle);
+    }
+    assert_eq!(evicted(&h), 0, "no round may run for a write that can never stay");
+    assert!(alive(&h, &keys).iter().all(|x| *x));
+    // Even into an empty pool: the first watermark round would take it back at once.
+    let empty = Harness::new(MasterConfig::default(), 1, 64 * MIB);
+    let e = empty.svc.put_start(empty.writer, "", "big", 60 * MIB, &ReplicateConfig::default()).unwrap_err();
+    assert_eq!(e, ErrorCode::NoAvailableHandle);
+    // With the watermark off it fits.
+    let off = Harness::new(MasterConfig { eviction_high_watermark: 1.0, ..MasterConfig::default() }, 1, 64 * MIB);
+    off.put("big", 60 * MIB);
+}
+
+#[test]
+fn a_failed_allocation_evicts_the_oldest_hole_and_its_object_survives_the_next_round() {
+    let h = Harness::new(MasterConfig::default(), 1, 64 * MIB);
+    let keys = cache_of_54(&h);
+    h.put("big", 50 * MIB);
+    // The objects lie in write order; 50 contiguous MiB: the 50 oldest (a hole at the free tail would take the
+    // 4 newest too). That also brings 104 MiB under the watermark's 57.6 MiB.
+    let left = alive(&h, &keys);
+    assert!(left[..50].iter().all(|x| !x) && left[50..].iter().all(|x| *x), "{left:?}");
+    assert_eq!(evicted(&h), 50);
+    // The next step sees 57/64 < 0.90: no round, and the new object is readable.
+    assert!(!h.svc.step_eviction().ran);
+    assert_eq!(h.get("big").unwrap().size, 50 * MIB);
+}
+
+#[test]
+fn a_failed_allocation_that_cannot_make_room_evicts_nothing() {
+    let h = Harness::new(MasterConfig::default(), 1, 64 * MIB);
+    let keys = cache_of_54(&h);
+    // Readers hold all but the 10 newest: 10 MiB free + 10 MiB evictable cannot hold 30 MiB.
+    for k in &keys[..44] {
+        h.get(k).unwrap();
+    }
+    for _ in 0..5 {
+        let e = h.svc.put_start(h.writer, "", "mid", 30 * MIB, &ReplicateConfig::default()).unwrap_err();
+        assert_eq!(e, ErrorCode::NoAvailableHandle);
+    }
+    assert_eq!(evicted(&h), 0);
+    assert!(alive(&h, &keys).iter().all(|x| *x));
+    // 12 MiB fits: a hole of the 2 newest and the free tail; then 54 + 12 − 57.6 = 8.4 MiB must go for the
+    // watermark: 7 more, oldest first.
+    h.put("fits", 12 * MIB);
+    assert_eq!(evicted(&h), 9);
+    let left = alive(&h, &keys);
+    assert!(left[44..51].iter().all(|x| !x) && left[51] && !left[52] && !left[53], "{left:?}");
+}
+
+#[test]
+fn room_is_made_where_it_evicts_nothing_newer_than_it_must() {
+    // Two 8 MiB segments: seg0 holds 7 older × 1 MiB (1 free), seg1 4 newer × 1 MiB (4 free). A 6 MiB hole
+    // takes seg1's 2 newest, or on seg0 a0..a5 or a2..a6: a0..a5, none newer than a5, all older than seg1's.
+    let off = MasterConfig { eviction_high_watermark: 1.0, ..MasterConfig::default() };
+    let h = Harness::new(off, 2, 8 * MIB);
+    let on =
+        |seg: usize| ReplicateConfig { preferred_segments: vec![format!("seg{seg}")], ..ReplicateConfig::default() };
+    let a = names("a", 7);
+    let b = names("b", 4);
+    for (k, seg) in a.iter().map(|k| (k, 0)).chain(b.iter().map(|k| (k, 1))) {
+        h.put_in("", k, MIB, &on(seg)).unwrap();
+        h.advance(Duration::from_millis(1));
+    }
+    h.put("six", 6 * MIB);
+    assert_eq!(alive(&h, &a), [false, false, false, false, false, false, true]);
+    assert!(alive(&h, &b).iter().all(|x| *x));
+    // A reader on a4 makes seg0's hole impossible: seg1's 2 newest go instead.
+    let h2 = Harness::new(MasterConfig { eviction_high_watermark: 1.0, ..MasterConfig::default() }, 2, 8 * MIB);
+    for (k, seg) in a.iter().map(|k| (k, 0)).chain(b.iter().map(|k| (k, 1))) {
+        h2.put_in("", k, MIB, &on(seg)).unwrap();
+        h2.advance(Duration::from_millis(1));
+    }
+    h2.get(&a[4]).unwrap();
+    h2.put("six", 6 * MIB);
+    assert!(alive(&h2, &a).iter().all(|x| *x));
+    assert_eq!(alive(&h2, &b), [true, true, false, false]);
+}

@@ -12,10 +12,12 @@
 //!    released after the locks are dropped.
 //!
 //! Counts are objects (the original's unit, for the watermark trigger) and bytes (the quota trigger's unit).
+//! An allocation failure asks for [`EvictionTarget::Room`]: room for one buffer on one segment, chosen so the
+//! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantState};
-use crescent_proto::TenantId;
+use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -45,6 +47,40 @@ pub enum EvictionTarget {
     Bytes(u64),
 }
 
+/// Room for one allocation that failed: the buffer's size, the segments that could take it with where their
+/// space is taken, and how many bytes the whole pool must free to stay under the high watermark once the buffer
+/// is placed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RoomRequest {
+    /// Bytes of the buffer.
+    pub size: u64,
+    /// Candidate segments.
+    pub segments: Vec<SegmentMap>,
+    /// Bytes to free anywhere (0 = the pool stays under the watermark).
+    pub total: u64,
+}
+
+/// One segment's space: its capacity and its live allocations `(offset, bytes occupied)` in address order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentMap {
+    /// The segment.
+    pub id: SegmentId,
+    /// Bytes it offers.
+    pub capacity: u64,
+    /// Live allocations in address order.
+    pub occupied: Vec<(u64, u64)>,
+}
+
+/// What an allocation-failure round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoomReport {
+    /// The segment the round freed room on; `None`: no segment's evictable objects could make the room, so
+    /// nothing was evicted.
+    pub segment: Option<SegmentId>,
+    /// The round's counts.
+    pub report: EvictionReport,
+}
+
 /// What a round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EvictionReport {
@@ -64,6 +100,8 @@ struct Candidate {
     tenant: usize,
     entry: Arc<ObjectEntry>,
     lease: Timestamp,
+    /// Where its evictable memory buffers are, `(segment, offset)` (collected for [`make_room`] only).
+    at: SmallVec<[(SegmentId, u64); 1]>,
 }
 
 /// Whether the object may lose its memory replicas now.
@@ -92,6 +130,15 @@ fn strip(tenant: &TenantState, st: &mut ObjectState) -> (SmallVec<[Replica; 1]>,
 
 fn bytes_of(replicas: &[Replica]) -> u64 {
     replicas.iter().filter(|r| r.memory).map(|r| r.buffer.size()).sum()
+}
+
+/// Where the evictable memory buffers of `st` are.
+fn evictable_at(st: &ObjectState) -> SmallVec<[(SegmentId, u64); 1]> {
+    st.replicas
+        .iter()
+        .filter(|r| r.memory && r.refcnt == 0 && r.is_readable())
+        .filter_map(|r| Some((r.buffer.segment_id()?, r.buffer.offset())))
+        .collect()
 }
 
 struct Committer<'a> {
@@ -164,6 +211,159 @@ impl Committer<'_> {
     }
 }
 
+/// The census: every object's summary, read under its own lock; candidates oldest lease first, soft-pinned
+/// ones apart. `per_seg` also records where each candidate's evictable buffers are.
+fn census(
+    tenants: &[Arc<TenantState>],
+    now: Timestamp,
+    census_chunk: usize,
+    per_seg: bool,
+) -> (EvictionReport, Vec<Candidate>, Vec<Candidate>) {
+    let mut report = EvictionReport::default();
+    let mut normal: Vec<Candidate> = Vec::new();
+    let mut soft: Vec<Candidate> = Vec::new();
+    for (ti, t) in tenants.iter().enumerate() {
+        t.objects().visit_chunks(census_chunk, |chunk| {
+            for entry in chunk {
+                let (in_base, candidate, soft_pinned, lease, at) = {
+                    let st = entry.lock();
+                    let in_base =
+                        st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_memory_bytes() > 0;
+                    let candidate = in_base && !st.leased(now);
+                    let at = if candidate && per_seg { evictable_at(&st) } else { SmallVec::new() };
+                    (in_base, candidate, st.soft_pinned(now), st.lease, at)
+                };
+                report.base += u64::from(in_base);
+                if candidate {
+                    report.candidates += 1;
+                    let c = Candidate { tenant: ti, entry, lease, at };
+                    if soft_pinned { soft.push(c) } else { normal.push(c) }
+                }
+            }
+        });
+    }
+    normal.sort_unstable_by_key(|c| c.lease);
+    soft.sort_unstable_by_key(|c| c.lease);
+    (report, normal, soft)
+}
+
+/// The evictions that open a hole of at least `size` bytes in one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Window {
+    /// The newest candidate (highest rank) it evicts: the best window evicts nothing hotter than it must.
+    worst: usize,
+    /// Bytes it evicts.
+    bytes: u64,
+    /// Candidate ranks, in address order.
+    ranks: Vec<usize>,
+}
+
+/// The best window of `seg` for `size` bytes: consecutive allocations, all evictable (`rank` maps an offset
+/// to its candidate's rank), whose eviction joins the free space around them into one hole of `size` bytes.
+/// Two pointers over each run of evictable allocations, with a monotonic queue for the run's newest rank:
+/// linear in the segment's allocations.
+fn best_window(seg: &SegmentMap, size: u64, rank: impl Fn(u64) -> Option<usize>) -> Option<Window> {
+    let occ = &seg.occupied;
+    let mut best: Option<Window> = None;
+    let mut start = 0; // first allocation of the current run
+    while start <= occ.len() {
+        // The run: allocations start..end are evictable; the one at `end` (if any) is not.
+        let mut end = start;
+        while end < occ.len() && rank(occ[end].0).is_some() {
+            end += 1;
+        }
+        let left_edge = if start == 0 { 0 } else { occ[start - 1].0 + occ[start - 1].1 };
+        let right_edge = if end < occ.len() { occ[end].0 } else { seg.capacity };
+        let ranks: Vec<usize> = occ[start..end].iter().filter_map(|&(o, _)| rank(o)).collect();
+        // Evicting allocations i..j (half-open) leaves the hole [end of i−1, start of j).
+        let hole = |i: usize, j: usize| {
+            let l = if i == start { left_edge } else { occ[i - 1].0 + occ[i - 1].1 };
+            let r = if j == end { right_edge } else { occ[j].0 };
+            r.saturating_sub(l)
+        };
+        let mut queue: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+        let mut j = start;
+        for i in start..=end {
+            if j < i {
+                j = i;
+            }
+            while queue.front().is_some_and(|&q| q < i) {
+                queue.pop_front();
+            }
+            while j < end && hole(i, j) < size {
+                while queue.back().is_some_and(|&q| ranks[q - start] <= ranks[j - start]) {
+                    queue.pop_back();
+                }
+                queue.push_back(j);
+                j += 1;
+            }
+            if hole(i, j) >= size {
+                let worst = queue.front().map_or(0, |&q| ranks[q - start]);
+                let taken: u64 = occ[i..j].iter().map(|a| a.1).sum();
+                let better = best.as_ref().is_none_or(|b| (worst, taken) < (b.worst, b.bytes));
+                if better {
+                    best = Some(Window { worst, bytes: taken, ranks: ranks[i - start..j - start].to_vec() });
+                }
+            }
+        }
+        start = end + 1;
+    }
+    best
+}
+
+/// Frees room for one allocation (see [`RoomRequest`]): on the segment whose best hole evicts nothing newer
+/// than it must (then the fewest bytes), evicts the objects in that hole, then, if the pool must also come back
+/// under the watermark, the oldest anywhere. Evicts nothing when no segment has such a hole or the pool cannot
+/// free `total`: a write that cannot be placed must not empty the cache on its way to failing.
+pub fn make_room(
+    tenants: &[Arc<TenantState>],
+    room: &RoomRequest,
+    now: Timestamp,
+    allow_evict_soft_pinned: bool,
+    census_chunk: usize,
+) -> RoomReport {
+    let (report, normal, soft) = census(tenants, now, census_chunk, true);
+    let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
+    // Rank = eviction order: oldest lease first, soft-pinned after all others.
+    let ordered: Vec<(&Candidate, bool)> =
+        normal.iter().map(|c| (c, false)).chain(soft_pass.iter().map(|c| (c, true))).collect();
+    let mut where_: std::collections::HashMap<(SegmentId, u64), usize> = std::collections::HashMap::new();
+    for (i, (c, _)) in ordered.iter().enumerate() {
+        for &at in &c.at {
+            where_.insert(at, i);
+        }
+    }
+    let evictable_total: u64 = room
+        .segments
+        .iter()
+        .flat_map(|s| s.occupied.iter().filter(|(o, _)| where_.contains_key(&(s.id, *o))).map(|(_, b)| b))
+        .sum();
+    let choice = room
+        .segments
+        .iter()
+        .filter_map(|s| Some((s.id, best_window(s, room.size, |o| where_.get(&(s.id, o)).copied())?)))
+        .min_by_key(|(_, w)| (w.worst, w.bytes));
+    let Some((seg, window)) = choice.filter(|_| evictable_total >= room.total) else {
+        return RoomReport { segment: None, report };
+    };
+    let mut k = Committer { tenants, now, groups_done: HashSet::new(), report };
+    let mut done = vec![false; ordered.len()];
+    for &r in &window.ranks {
+        done[r] = true;
+        let (c, allow_soft) = ordered[r];
+        k.commit(c, allow_soft);
+    }
+    for (i, (c, allow_soft)) in ordered.iter().enumerate() {
+        if k.report.bytes >= room.total {
+            break;
+        }
+        if !done[i] {
+            k.commit(c, *allow_soft);
+        }
+    }
+    RoomReport { segment: Some(seg), report: k.report }
+}
+
 /// Runs one eviction round over `tenants`.
 pub fn run(
     tenants: &[Arc<TenantState>],
@@ -172,29 +372,7 @@ pub fn run(
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
 ) -> EvictionReport {
-    let mut report = EvictionReport::default();
-    let mut normal: Vec<Candidate> = Vec::new();
-    let mut soft: Vec<Candidate> = Vec::new();
-    for (ti, t) in tenants.iter().enumerate() {
-        t.objects().visit_chunks(census_chunk, |chunk| {
-            for entry in chunk {
-                let (in_base, candidate, soft_pinned, lease) = {
-                    let st = entry.lock();
-                    let in_base =
-                        st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_memory_bytes() > 0;
-                    (in_base, in_base && !st.leased(now), st.soft_pinned(now), st.lease)
-                };
-                report.base += u64::from(in_base);
-                if candidate {
-                    report.candidates += 1;
-                    let c = Candidate { tenant: ti, entry, lease };
-                    if soft_pinned { soft.push(c) } else { normal.push(c) }
-                }
-            }
-        });
-    }
-    normal.sort_unstable_by_key(|c| c.lease);
-    soft.sort_unstable_by_key(|c| c.lease);
+    let (report, normal, soft) = census(tenants, now, census_chunk, false);
     let mut k = Committer { tenants, now, groups_done: HashSet::new(), report };
     let mut evicted = 0u64;
     match target {

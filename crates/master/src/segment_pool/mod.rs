@@ -430,6 +430,16 @@ impl SegmentPool {
         st.catalog.get(&id).map(|r| st.info(r))
     }
 
+    /// Where `id`'s live allocations lie: `(capacity, [(offset, bytes occupied)])` in address order; `None` for
+    /// an unknown segment or one whose space is not its own (CXL).
+    pub fn occupancy(&self, id: SegmentId) -> Option<(u64, Vec<(u64, u64)>)> {
+        let res = {
+            let st = self.state.read();
+            st.catalog.get(&id).and_then(|r| st.resource(&r.spec)).cloned()
+        }?;
+        Some((res.usage().capacity, res.occupancy()?))
+    }
+
     /// Every mounted segment (any status), ordered by id.
     pub fn segments(&self) -> Vec<SegmentInfo> {
         let st = self.state.read();

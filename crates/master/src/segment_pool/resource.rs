@@ -191,6 +191,17 @@ impl RegionResource {
         }
     }
 
+    /// Live allocations as `(offset, bytes occupied)` in address order (what allocation-failure eviction needs
+    /// to find a hole it can widen); `None` for a CXL binding, whose space lies in a shared window.
+    pub(crate) fn occupancy(&self) -> Option<Vec<(u64, u64)>> {
+        match &self.target {
+            AllocationTarget::Own(a) => {
+                Some(a.lock().snapshot().allocations.iter().map(|x| (x.offset, x.consumed)).collect())
+            }
+            AllocationTarget::CxlBinding { .. } => None,
+        }
+    }
+
     /// A quick O(1) "could `size` fit" check that never takes a wrong "no" for the normal path.
     pub(crate) fn can_fit(&self, size: u64) -> bool {
         match &self.target {

@@ -168,7 +168,7 @@ pub struct MasterService {
     policies: Mutex<QuotaPolicies>,
     clients: clients::ClientTable,
     discards: discard::DiscardQueue,
-    /// Set by a failed allocation; the next eviction step runs even below the watermark.
+    /// Set by a failed allocation (which evicts for itself); a hint that writes may evict until the next step.
     need_eviction: AtomicBool,
     /// Memory use was above the high watermark at the last eviction step: writes may evict inline until the
     /// next step says otherwise (a hint for the RPC layer, which runs such writes off its async workers).
@@ -282,14 +282,14 @@ impl MasterService {
         self.next_replica_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// One eviction step: runs a round if memory use is above the high watermark or an allocation failed since
-    /// the last step. The background loop calls this every 10 ms; tests call it directly.
+    /// One eviction step: runs a round if memory use is above the high watermark. The background loop calls this every 10 ms; tests call it directly.
     pub fn step_eviction(&self) -> EvictionStep {
         let used = self.pool.usage(SegmentKind::Memory).used_ratio();
         let hw = self.config.eviction_high_watermark;
-        let forced = self.need_eviction.swap(false, Ordering::AcqRel);
+        // A failed allocation freed its own room when it failed; only the watermark starts a round here.
+        self.need_eviction.store(false, Ordering::Release);
         self.above_watermark.store(used > hw, Ordering::Relaxed);
-        if used <= hw && !(forced && self.config.eviction_ratio > 0.0) {
+        if used <= hw {
             return EvictionStep { ran: false, used_ratio: used, report: EvictionReport::default() };
         }
         let ratio = self.config.eviction_ratio;
@@ -318,13 +318,18 @@ impl MasterService {
             self.config.allow_evict_soft_pinned,
             self.config.census_chunk,
         );
+        self.record_eviction(&report);
+        report
+    }
+
+    /// Counts a round in the metrics; returns memory to the OS after a large one.
+    fn record_eviction(&self, report: &EvictionReport) {
         self.metrics.eviction_runs.fetch_add(1, Ordering::Relaxed);
         self.metrics.evicted_objects.fetch_add(report.objects, Ordering::Relaxed);
         self.metrics.evicted_bytes.fetch_add(report.bytes, Ordering::Relaxed);
         if report.objects >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }
-        report
     }
 
     /// Frees discarded buffers whose release time has come; returns how many were freed.

@@ -2,7 +2,7 @@
 
 use super::{MasterService, OpCounter};
 use crate::clock::Timestamp;
-use crate::eviction::{EvictionScope, EvictionTarget};
+use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
     GroupEntry, Lifecycle, ObjectEntry, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest, TenantState,
     route_hash,
@@ -10,7 +10,8 @@ use crate::metadata::{
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
 use crescent_proto::{
-    ClientId, ErrorCode, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind, SoftPinAction,
+    ClientId, ErrorCode, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind, SegmentStatus,
+    SoftPinAction,
 };
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -19,6 +20,8 @@ use std::time::Duration;
 
 /// Quota-triggered eviction rounds before a write gives up (two, as in the original).
 const QUOTA_EVICTION_RETRIES: usize = 2;
+/// Allocation-failure eviction rounds for one write before it gives up.
+const ROOM_ROUNDS: usize = 3;
 /// Re-lookups when a write races an erase of the same key.
 const RACE_RETRIES: usize = 16;
 
@@ -344,21 +347,15 @@ impl MasterService {
         };
         let placement = ReplicaPlacement::new(&self.pool, &self.placement);
         let mut buffers: Vec<AllocatedBuffer> = Vec::new();
-        if spec.config.replica_num > 0 {
+        // A buffer the watermark would evict as soon as it is written is refused before anything is evicted.
+        if spec.config.replica_num > 0 && self.fits_under_watermark(kind, spec.size) {
             match placement.place(&req) {
                 Ok(b) => buffers = b,
                 Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
-                    // Allocation failure: free space (one round at a time across writers), then retry once.
+                    // Allocation failure: free room for it (one round at a time across writers), if any can be.
                     self.need_eviction.store(true, Ordering::Release);
                     let _gate = self.eviction_gate.lock();
-                    buffers = match placement.place(&req) {
-                        Ok(b) => b,
-                        Err(_) => {
-                            let ratio = self.config.eviction_ratio;
-                            self.evict(EvictionScope::All, EvictionTarget::Fraction { target: ratio, lower: ratio });
-                            placement.place(&req).unwrap_or_default()
-                        }
-                    };
+                    buffers = self.place_with_room(&placement, &req).unwrap_or_default();
                 }
                 Err(PlacementError::NoAvailableHandle { .. }) => {}
                 Err(e) => return Err(e.code()),
@@ -380,6 +377,67 @@ impl MasterService {
             return Err(ErrorCode::NoAvailableHandle);
         }
         Ok(buffers.into_iter().map(|b| Replica::processing(self.next_replica_id(), b)).collect())
+    }
+
+    /// Whether one `size`-byte buffer on `kind` segments can stay under the eviction high watermark: an object
+    /// larger than that share of the whole pool would be evicted by the first round after its write.
+    pub(crate) fn fits_under_watermark(&self, kind: SegmentKind, size: u64) -> bool {
+        let hw = self.config.eviction_high_watermark;
+        hw >= 1.0 || size as f64 <= hw * self.pool.usage(kind).capacity as f64
+    }
+
+    /// Places `req` after an allocation-failure eviction round that opens a hole for it on one segment (at
+    /// most [`ROOM_ROUNDS`] rounds: a concurrent write may take the hole first). `None` when no round could
+    /// make room; such a round evicts nothing.
+    fn place_with_room(
+        &self,
+        placement: &ReplicaPlacement<'_>,
+        req: &PlacementRequest<'_>,
+    ) -> Option<Vec<AllocatedBuffer>> {
+        for _ in 0..ROOM_ROUNDS {
+            if let Ok(b) = placement.place(req) {
+                return Some(b);
+            }
+            let room = self.room_for(req);
+            let round = crate::eviction::make_room(
+                &self.tenants.all(),
+                &room,
+                self.clock.now(),
+                self.config.allow_evict_soft_pinned,
+                self.config.census_chunk,
+            );
+            self.record_eviction(&round.report);
+            if round.segment.is_none() || round.report.objects == 0 {
+                return None;
+            }
+        }
+        placement.place(req).ok()
+    }
+
+    /// What one more buffer of `req.size` needs: the space maps of the allocatable segments that could ever
+    /// hold it, and what brings the pool back under the watermark once it is in.
+    fn room_for(&self, req: &PlacementRequest<'_>) -> RoomRequest {
+        let size = req.size;
+        let segments = self
+            .pool
+            .segments()
+            .into_iter()
+            .filter(|s| {
+                s.spec.kind == req.kind
+                    && s.status == SegmentStatus::Ok
+                    && s.usage.capacity >= size
+                    && !req.excluded.iter().any(|n| n.as_str() == &*s.spec.name)
+            })
+            .filter_map(|s| {
+                let (capacity, occupied) = self.pool.occupancy(s.spec.id)?;
+                Some(SegmentMap { id: s.spec.id, capacity, occupied })
+            })
+            .collect();
+        let usage = self.pool.usage(req.kind);
+        let hw = self.config.eviction_high_watermark;
+        let after = (usage.used + usage.slack + size) as f64;
+        let total = if hw >= 1.0 { 0 } else { (after - hw * usage.capacity as f64).max(0.0).ceil() as u64 };
+        RoomRequest { size, segments, total }
     }
 
     /// Case A: a brand-new object.
