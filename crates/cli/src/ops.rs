@@ -91,7 +91,10 @@ impl From<std::io::Error> for Failure {
 pub fn exit(r: Result<(), Failure>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure(code, msg)) if msg == code.name() => {
+        // Messages that already lead with their code (the master's and the client's refusals) print as they are.
+        Err(Failure(code, msg))
+            if msg.strip_prefix(code.name()).is_some_and(|r| r.is_empty() || r.starts_with(':')) =>
+        {
             eprintln!("{msg}");
             ExitCode::from(1)
         }

@@ -182,7 +182,11 @@ async fn malformed_frames_get_error_frames_and_other_clients_keep_working() {
         };
         f.send(Frame::encode(1, &req, bytes::Bytes::new()).unwrap()).await.unwrap();
         let reply = f.next().await.unwrap().unwrap().decode::<crescent_proto::MasterReply>().unwrap();
-        assert_eq!((reply.id, reply.body), (1, Err(ErrorCode::InvalidKey)));
+        let refusal = crescent_proto::wire::ErrorFrame {
+            code: ErrorCode::InvalidKey,
+            message: "key is 5000 bytes, the limit is 4096".into(),
+        };
+        assert_eq!((reply.id, reply.body), (1, Err(refusal)), "the reply says why");
         let ok = crescent_proto::MasterRequest::ExistKey { tenant: String::new(), key: WireKey::from("k") };
         f.send(Frame::encode(2, &ok, bytes::Bytes::new()).unwrap()).await.unwrap();
         let reply = f.next().await.unwrap().unwrap().decode::<crescent_proto::MasterReply>().unwrap();

@@ -185,3 +185,42 @@ fn a_missing_config_file_and_a_misspelt_key_are_told_apart() {
     let err = text(&out.stderr);
     assert!(err.starts_with("INVALID_PARAMS: ") && err.contains("unknown field `segment_sise`"), "{err}");
 }
+
+#[test]
+fn every_error_names_its_subject_and_its_limit_or_cause() {
+    let cluster = up(&["--segment-size", "16MiB"]);
+    let err = |args: &[&str], stdin: &[u8]| {
+        let out = crescent(&cluster, args, stdin);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        text(&out.stderr)
+    };
+    assert_eq!(err(&["get", "nothere"], b""), "OBJECT_NOT_FOUND: key \"nothere\" not found\n");
+    assert_eq!(err(&["rm", "nothere"], b""), "OBJECT_NOT_FOUND: key \"nothere\" not found\n");
+    let long = "x".repeat(5000);
+    assert_eq!(err(&["put", &long, "-"], b"v"), "INVALID_KEY: object key is 5000 bytes, the limit is 4096\n");
+    // (The master says the same to a raw peer: cluster.rs.)
+    let out = Command::new(bin()).args(["get", "k"]).env("CRESCENT_MASTER", "127.0.0.1:1").output().unwrap();
+    assert_eq!(text(&out.stderr), "RPC_FAIL: cannot reach the master at 127.0.0.1:1: connection refused\n");
+}
+
+#[test]
+fn a_put_that_cannot_fit_says_why_and_evicts_nothing_and_one_that_fits_stays() {
+    let cluster = up(&["--segment-size", "64MiB"]);
+    for i in 0..20 {
+        assert!(crescent(&cluster, &["put", &format!("k{i}"), "-"], &vec![i as u8; 1 << 20]).status.success());
+    }
+    let big = vec![7u8; 60 << 20];
+    let out = crescent(&cluster, &["put", "big", "-"], &big);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        "NO_AVAILABLE_HANDLE: no room for key \"big\": an object of 60.0 MiB cannot stay under the eviction \
+         watermark: 90% of the cluster's 64.0 MiB is 57.6 MiB\n"
+    );
+    let keys = crescent(&cluster, &["ls"], b"");
+    assert_eq!(text(&keys.stdout).lines().count(), 20, "nothing was evicted for it");
+    // 50 MiB fits once older objects go; it is readable right after, byte for byte.
+    let fits = vec![9u8; 50 << 20];
+    assert!(crescent(&cluster, &["put", "big", "-"], &fits).status.success());
+    assert!(crescent(&cluster, &["get", "big"], b"").stdout == fits);
+}

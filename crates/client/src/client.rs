@@ -84,7 +84,7 @@ impl std::fmt::Debug for Client {
 /// Validates a key before it is sent (same rules as the master: empty → `INVALID_PARAMS`, longer than 4096
 /// bytes → `INVALID_KEY`), so an invalid key costs no round trip and never inflates a request.
 fn check_key(key: &str) -> Result<(), ClientError> {
-    crescent_proto::ObjectKey::check(key).map_err(|e| ClientError::Code(e.code()))
+    crescent_proto::ObjectKey::check(key).map_err(ClientError::from)
 }
 
 /// Runs a batch call on the items whose keys are valid (`key` names an item's key) and puts each answer back in
@@ -328,7 +328,7 @@ impl Client {
         let replicas = match self.inner.master.call(&req).await {
             Ok(MasterResponse::Replicas(r)) => r,
             Ok(_) => return Err(ErrorCode::InternalError.into()),
-            Err(ClientError::Code(ErrorCode::ObjectAlreadyExists)) => return Ok(PutOutcome::Existed),
+            Err(e) if e.code() == ErrorCode::ObjectAlreadyExists => return Ok(PutOutcome::Existed),
             Err(e) => return Err(e),
         };
         let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());

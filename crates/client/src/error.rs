@@ -1,7 +1,7 @@
 //! Client errors: every failure carries the wire [`ErrorCode`] it is reported as.
 
 use crescent_proto::ErrorCode;
-use crescent_proto::wire::WireError;
+use crescent_proto::wire::{ErrorFrame, WireError};
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -9,6 +9,17 @@ pub enum ClientError {
     /// The master (or a storage node) answered with an error code.
     #[error("{0}")]
     Code(ErrorCode),
+    /// The request was refused, with the reason in words (from the master, or the client's own checks).
+    #[error("{0}")]
+    Refused(ErrorFrame),
+    /// No connection to the master could be made.
+    #[error("RPC_FAIL: cannot reach the master at {addr}: {reason}")]
+    Unreachable {
+        /// The address tried.
+        addr: String,
+        /// Why (connection refused, no answer, ...).
+        reason: String,
+    },
     /// The connection to the master failed.
     #[error("master connection: {0}")]
     Wire(#[from] WireError),
@@ -47,6 +58,8 @@ impl ClientError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ClientError::Code(c) => *c,
+            ClientError::Refused(f) => f.code,
+            ClientError::Unreachable { .. } => ErrorCode::RpcFail,
             ClientError::Wire(e) => e.code(),
             ClientError::Transfer(e) => e.code(),
             ClientError::Timeout => ErrorCode::RpcTimeout,
@@ -54,6 +67,21 @@ impl ClientError {
             ClientError::LeaseExpired { .. } => ErrorCode::LeaseExpired,
             ClientError::BufferTooSmall { .. } => ErrorCode::BufferOverflow,
         }
+    }
+}
+
+/// An I/O error as a short reason: `connection refused`, not `Connection refused (os error 111)`.
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+        std::io::ErrorKind::TimedOut => "timed out".into(),
+        _ => e.to_string(),
+    }
+}
+
+impl From<crescent_proto::KeyError> for ClientError {
+    fn from(e: crescent_proto::KeyError) -> Self {
+        ClientError::Refused(ErrorFrame { code: e.code(), message: e.to_string() })
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
-use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits, PeerRole, WireError};
+use crescent_proto::wire::{Frame, FrameCodec, Limits, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::SinkExt;
 use parking_lot::Mutex;
@@ -164,18 +164,19 @@ async fn dial(
     timeout: Duration,
     poll_window: Duration,
 ) -> Result<Arc<Conn>, ClientError> {
+    let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason };
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
-        .map_err(|_| ClientError::Timeout)?
-        .map_err(WireError::Io)?;
+        .map_err(|_| unreachable(format!("no answer within {} ms", timeout.as_millis())))?
+        .map_err(|e| unreachable(crate::error::io_reason(&e)))?;
     let mut stream = stream;
     stream.set_nodelay(true).map_err(WireError::Io)?;
     match tokio::time::timeout(timeout, hello::open(&mut stream, role, Some(client))).await {
         Err(_) | Ok(Err(HandshakeError::Timeout)) => return Err(ClientError::Timeout),
         Ok(Ok(_)) => {}
-        Ok(Err(HandshakeError::Refused(ErrorFrame { code, message }))) => {
-            tracing::warn!(%addr, %message, "master refused the connection");
-            return Err(ClientError::Code(code));
+        Ok(Err(HandshakeError::Refused(refusal))) => {
+            tracing::warn!(%addr, message = %refusal.message, "master refused the connection");
+            return Err(ClientError::Refused(refusal));
         }
         Ok(Err(HandshakeError::Protocol(e))) => return Err(e.into()),
         Ok(Err(HandshakeError::Io(e))) => return Err(WireError::Io(e).into()),
@@ -290,7 +291,7 @@ impl MasterConnection {
             }
         };
         let reply: MasterReply = frame.decode::<MasterReply>()?.body;
-        reply.map_err(ClientError::Code)
+        reply.map_err(ClientError::Refused)
     }
 
     /// Queues one request whose reply nobody waits for (whoever reads the connection next discards it): it

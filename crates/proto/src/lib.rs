@@ -13,6 +13,7 @@
 pub mod batch;
 pub mod config;
 pub mod error;
+pub mod human;
 pub mod ids;
 pub mod key;
 pub mod replica;

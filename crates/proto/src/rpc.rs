@@ -6,7 +6,7 @@ use crate::error::ErrorCode;
 use crate::ids::{ClientId, SegmentId};
 use crate::replica::ReplicaDescriptor;
 use crate::segment::{SegmentSpec, SegmentStatus};
-use crate::wire::{Batch, WireKey};
+use crate::wire::{Batch, ErrorFrame, WireKey};
 use serde::{Deserialize, Serialize};
 
 /// What `Ping` tells a client.
@@ -257,7 +257,7 @@ pub enum MasterResponse {
 }
 
 /// The reply to one request.
-pub type MasterReply = Result<MasterResponse, ErrorCode>;
+pub type MasterReply = Result<MasterResponse, ErrorFrame>;
 
 #[cfg(test)]
 mod tests {
@@ -278,6 +278,10 @@ mod tests {
         let f = Frame::encode(9, &req, Bytes::new()).unwrap();
         assert_eq!(f.decode::<MasterRequest>().unwrap().body, req);
         let reply: MasterReply = Ok(MasterResponse::BatchDone(vec![Ok(()), Err(ErrorCode::ObjectNotFound)]));
+        let f = Frame::encode(9, &reply, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
+        let reply: MasterReply =
+            Err(ErrorFrame { code: ErrorCode::ObjectNotFound, message: "key \"x\" not found".into() });
         let f = Frame::encode(9, &reply, Bytes::new()).unwrap();
         assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
     }

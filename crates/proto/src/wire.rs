@@ -23,9 +23,9 @@ use tokio_util::codec::{Decoder, Encoder};
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// The oldest version this build accepts.
-pub const MIN_PROTOCOL_VERSION: u16 = 1;
+pub const MIN_PROTOCOL_VERSION: u16 = 2;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
 /// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).
@@ -348,14 +348,32 @@ pub struct HelloAck {
 /// The reply to a [`Hello`] (request id 0): the negotiated parameters or why the connection is refused.
 pub type HelloReply = Result<HelloAck, ErrorFrame>;
 
-/// The body of an error frame: sent for a malformed or refused frame before the connection closes, or as the
-/// reply to a request that cannot be decoded.
+/// The body of an error frame: sent for a malformed or refused frame before the connection closes, as the
+/// reply to a request that cannot be decoded, and as a failed request's reply (what failed and why, naming its
+/// subject: the key, the segment, the limit).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorFrame {
     /// What went wrong.
     pub code: ErrorCode,
     /// Human-readable detail.
     pub message: String,
+}
+
+impl ErrorFrame {
+    /// A frame with no detail beyond its code.
+    pub fn bare(code: ErrorCode) -> Self {
+        Self { code, message: String::new() }
+    }
+}
+
+impl std::fmt::Display for ErrorFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.message.is_empty() {
+            f.write_str(self.code.name())
+        } else {
+            write!(f, "{}: {}", self.code.name(), self.message)
+        }
+    }
 }
 
 /// A key as received: oversized keys are recognised from their length prefix and never allocated, so one bad

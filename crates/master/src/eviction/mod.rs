@@ -56,7 +56,7 @@ pub struct RoomRequest {
     pub size: u64,
     /// Candidate segments.
     pub segments: Vec<SegmentMap>,
-    /// Bytes to free anywhere (0 = the pool stays under the watermark).
+    /// Bytes to free anywhere, as far as unleased objects allow (0 = none).
     pub total: u64,
 }
 
@@ -258,63 +258,85 @@ struct Window {
     ranks: Vec<usize>,
 }
 
-/// The best window of `seg` for `size` bytes: consecutive allocations, all evictable (`rank` maps an offset
-/// to its candidate's rank), whose eviction joins the free space around them into one hole of `size` bytes.
-/// Two pointers over each run of evictable allocations, with a monotonic queue for the run's newest rank:
-/// linear in the segment's allocations.
-fn best_window(seg: &SegmentMap, size: u64, rank: impl Fn(u64) -> Option<usize>) -> Option<Window> {
+/// The best window of `seg` for `size` bytes: consecutive allocations, all evictable (`rank[k]`: the rank of
+/// the candidate owning `seg.occupied[k]`, `None` if it cannot go), whose eviction joins the free space around
+/// them into one hole of `size` bytes. Two pointers over each run of evictable allocations, with a monotonic
+/// queue for the window's newest rank: linear in the segment's allocations, and a run too short to matter costs
+/// O(1).
+fn best_window(seg: &SegmentMap, size: u64, rank: &[Option<usize>]) -> Option<Window> {
     let occ = &seg.occupied;
-    let mut best: Option<Window> = None;
+    let n = occ.len().min(rank.len());
+    let end_of = |k: usize| occ[k].0 + occ[k].1;
+    // (worst, bytes, i, j) of the best window so far.
+    let mut best: Option<(usize, u64, usize, usize)> = None;
+    let mut queue: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
     let mut start = 0; // first allocation of the current run
-    while start <= occ.len() {
+    while start <= n {
         // The run: allocations start..end are evictable; the one at `end` (if any) is not.
         let mut end = start;
-        while end < occ.len() && rank(occ[end].0).is_some() {
+        while end < n && rank[end].is_some() {
             end += 1;
         }
-        let left_edge = if start == 0 { 0 } else { occ[start - 1].0 + occ[start - 1].1 };
-        let right_edge = if end < occ.len() { occ[end].0 } else { seg.capacity };
-        let ranks: Vec<usize> = occ[start..end].iter().filter_map(|&(o, _)| rank(o)).collect();
-        // Evicting allocations i..j (half-open) leaves the hole [end of i−1, start of j).
-        let hole = |i: usize, j: usize| {
-            let l = if i == start { left_edge } else { occ[i - 1].0 + occ[i - 1].1 };
-            let r = if j == end { right_edge } else { occ[j].0 };
-            r.saturating_sub(l)
-        };
-        let mut queue: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
-        let mut j = start;
-        for i in start..=end {
-            if j < i {
-                j = i;
-            }
-            while queue.front().is_some_and(|&q| q < i) {
-                queue.pop_front();
-            }
-            while j < end && hole(i, j) < size {
-                while queue.back().is_some_and(|&q| ranks[q - start] <= ranks[j - start]) {
-                    queue.pop_back();
+        let left_edge = if start == 0 { 0 } else { end_of(start - 1) };
+        let right_edge = if end < n { occ[end].0 } else { seg.capacity };
+        if right_edge.saturating_sub(left_edge) >= size {
+            // Evicting allocations i..j (half-open) leaves the hole [end of i−1, start of j).
+            let hole = |i: usize, j: usize| {
+                let l = if i == start { left_edge } else { end_of(i - 1) };
+                let r = if j == end { right_edge } else { occ[j].0 };
+                r.saturating_sub(l)
+            };
+            queue.clear();
+            let (mut j, mut bytes) = (start, 0u64); // bytes of occ[i..j]
+            for i in start..=end {
+                if j < i {
+                    (j, bytes) = (i, 0);
                 }
-                queue.push_back(j);
-                j += 1;
-            }
-            if hole(i, j) >= size {
-                let worst = queue.front().map_or(0, |&q| ranks[q - start]);
-                let taken: u64 = occ[i..j].iter().map(|a| a.1).sum();
-                let better = best.as_ref().is_none_or(|b| (worst, taken) < (b.worst, b.bytes));
-                if better {
-                    best = Some(Window { worst, bytes: taken, ranks: ranks[i - start..j - start].to_vec() });
+                while queue.front().is_some_and(|&q| q < i) {
+                    queue.pop_front();
+                }
+                while j < end && hole(i, j) < size {
+                    while queue.back().is_some_and(|&q| rank[q] <= rank[j]) {
+                        queue.pop_back();
+                    }
+                    queue.push_back(j);
+                    bytes += occ[j].1;
+                    j += 1;
+                }
+                if hole(i, j) >= size {
+                    let worst = queue.front().and_then(|&q| rank[q]).unwrap_or(0);
+                    if best.is_none_or(|b| (worst, bytes) < (b.0, b.1)) {
+                        best = Some((worst, bytes, i, j));
+                    }
+                }
+                if i < j {
+                    bytes -= occ[i].1;
                 }
             }
         }
         start = end + 1;
     }
-    best
+    best.map(|(worst, bytes, i, j)| Window { worst, bytes, ranks: rank[i..j].iter().flatten().copied().collect() })
+}
+
+/// `rank[k]` for each of `seg`'s allocations: the place in eviction order of the candidate owning it.
+fn ranks_on(seg: &SegmentMap, mut mine: Vec<(u64, usize)>) -> Vec<Option<usize>> {
+    mine.sort_unstable();
+    let mut it = mine.into_iter().peekable();
+    seg.occupied
+        .iter()
+        .map(|&(offset, _)| {
+            while it.next_if(|&(o, _)| o < offset).is_some() {}
+            it.next_if(|&(o, _)| o == offset).map(|(_, r)| r)
+        })
+        .collect()
 }
 
 /// Frees room for one allocation (see [`RoomRequest`]): on the segment whose best hole evicts nothing newer
-/// than it must (then the fewest bytes), evicts the objects in that hole, then, if the pool must also come back
-/// under the watermark, the oldest anywhere. Evicts nothing when no segment has such a hole or the pool cannot
-/// free `total`: a write that cannot be placed must not empty the cache on its way to failing.
+/// than it must (then the fewest bytes), evicts the objects in that hole, then, as far as the unleased objects
+/// allow, the oldest anywhere until the pool is back under its target (so the next watermark round has no
+/// reason to reach the new object). Evicts nothing when no segment has such a hole: a write that cannot be
+/// placed must not empty the cache on its way to failing.
 pub fn make_room(
     tenants: &[Arc<TenantState>],
     room: &RoomRequest,
@@ -327,23 +349,21 @@ pub fn make_room(
     // Rank = eviction order: oldest lease first, soft-pinned after all others.
     let ordered: Vec<(&Candidate, bool)> =
         normal.iter().map(|c| (c, false)).chain(soft_pass.iter().map(|c| (c, true))).collect();
-    let mut where_: std::collections::HashMap<(SegmentId, u64), usize> = std::collections::HashMap::new();
+    let mut by_segment: std::collections::HashMap<SegmentId, Vec<(u64, usize)>> = std::collections::HashMap::new();
     for (i, (c, _)) in ordered.iter().enumerate() {
-        for &at in &c.at {
-            where_.insert(at, i);
+        for &(seg, offset) in &c.at {
+            by_segment.entry(seg).or_default().push((offset, i));
         }
     }
-    let evictable_total: u64 = room
-        .segments
-        .iter()
-        .flat_map(|s| s.occupied.iter().filter(|(o, _)| where_.contains_key(&(s.id, *o))).map(|(_, b)| b))
-        .sum();
     let choice = room
         .segments
         .iter()
-        .filter_map(|s| Some((s.id, best_window(s, room.size, |o| where_.get(&(s.id, o)).copied())?)))
+        .filter_map(|s| {
+            let rank = ranks_on(s, by_segment.remove(&s.id).unwrap_or_default());
+            Some((s.id, best_window(s, room.size, &rank)?))
+        })
         .min_by_key(|(_, w)| (w.worst, w.bytes));
-    let Some((seg, window)) = choice.filter(|_| evictable_total >= room.total) else {
+    let Some((seg, window)) = choice else {
         return RoomReport { segment: None, report };
     };
     let mut k = Committer { tenants, now, groups_done: HashSet::new(), report };
@@ -418,4 +438,70 @@ pub fn run(
         }
     }
     k.report
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::{SegmentMap, best_window, ranks_on};
+    use crescent_proto::SegmentId;
+    use proptest::prelude::*;
+
+    /// Every window by brute force: `(worst rank, bytes)` of the best one.
+    fn brute(seg: &SegmentMap, size: u64, rank: &dyn Fn(u64) -> Option<usize>) -> Option<(usize, u64)> {
+        let occ = &seg.occupied;
+        let mut best: Option<(usize, u64)> = None;
+        for i in 0..=occ.len() {
+            for j in i..=occ.len() {
+                if occ[i..j].iter().any(|a| rank(a.0).is_none()) {
+                    break;
+                }
+                let l = if i == 0 { 0 } else { occ[i - 1].0 + occ[i - 1].1 };
+                let r = if j == occ.len() { seg.capacity } else { occ[j].0 };
+                if r - l >= size {
+                    let worst = occ[i..j].iter().filter_map(|a| rank(a.0)).max().unwrap_or(0);
+                    let bytes = occ[i..j].iter().map(|a| a.1).sum();
+                    if best.is_none_or(|b| (worst, bytes) < b) {
+                        best = Some((worst, bytes));
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    proptest! {
+        #[test]
+        fn the_two_pointer_window_is_the_best_window(
+            layout in proptest::collection::vec((0u64..4, 1u64..6, proptest::option::of(0usize..40)), 0..24),
+            size in 1u64..30,
+        ) {
+            // (gap before, bytes, rank or blocked) → a segment map.
+            let mut occupied = Vec::new();
+            let mut ranks = std::collections::HashMap::new();
+            let mut at = 0;
+            for (i, (gap, bytes, rank)) in layout.into_iter().enumerate() {
+                at += gap;
+                occupied.push((at, bytes));
+                if let Some(r) = rank {
+                    ranks.insert(at, r * 100 + i); // unique, like a candidate's place in eviction order
+                }
+                at += bytes;
+            }
+            let seg = SegmentMap { id: SegmentId::random(), capacity: at + 2, occupied };
+            let rank = |o: u64| ranks.get(&o).copied();
+            let mine: Vec<(u64, usize)> = ranks.iter().map(|(o, r)| (*o, *r)).collect();
+            let got = best_window(&seg, size, &ranks_on(&seg, mine));
+            if let Some(w) = &got {
+                let bytes: u64 = seg
+                    .occupied
+                    .iter()
+                    .filter(|a| ranks.get(&a.0).is_some_and(|r| w.ranks.contains(r)))
+                    .map(|a| a.1)
+                    .sum();
+                prop_assert_eq!(bytes, w.bytes, "the ranks it names are the bytes it counts");
+            }
+            prop_assert_eq!(got.map(|w| (w.worst, w.bytes)), brute(&seg, size, &rank));
+        }
+    }
 }

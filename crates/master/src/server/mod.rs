@@ -3,6 +3,7 @@
 //! translate wire messages 1:1 into service calls; no business logic lives here.
 
 mod admin;
+mod explain;
 mod master_server;
 mod rpc;
 

@@ -78,79 +78,84 @@ fn batch_failed<T>(v: &[Result<T, ErrorCode>]) -> bool {
     !v.is_empty() && v.iter().all(Result::is_err)
 }
 
-/// Runs one request against the service. Per-key problems (an oversized key) fail only their own slot.
-pub fn dispatch(svc: &MasterService, req: MasterRequest) -> MasterReply {
+/// Runs one request against the service. Per-key problems (an oversized key) fail only their own slot; a
+/// failed request's reply says why in words.
+pub fn dispatch(svc: &MasterService, req: &MasterRequest) -> MasterReply {
+    answer(svc, req).map_err(|code| ErrorFrame { code, message: super::explain::explain(svc, req, code) })
+}
+
+fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, ErrorCode> {
     use MasterRequest as R;
     use MasterResponse as A;
     match req {
-        R::Ping { client } => Ok(A::Pong { status: svc.ping(client), view_version: 0 }),
+        R::Ping { client } => Ok(A::Pong { status: svc.ping(*client), view_version: 0 }),
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
-        R::MountSegment { client, spec } => svc.mount_segment(client, spec).map(|()| A::Done),
-        R::RemountSegments { client, specs } => svc.remount_segments(client, &specs.0).map(|()| A::Done),
-        R::UnmountSegment { segment, .. } => svc.unmount_segment(segment).map(|()| A::Done),
+        R::MountSegment { client, spec } => svc.mount_segment(*client, spec.clone()).map(|()| A::Done),
+        R::RemountSegments { client, specs } => svc.remount_segments(*client, &specs.0).map(|()| A::Done),
+        R::UnmountSegment { segment, .. } => svc.unmount_segment(*segment).map(|()| A::Done),
         R::GracefulUnmount { client, segment, grace_ms } => {
-            svc.graceful_unmount_segment(segment, client, Duration::from_millis(grace_ms)).map(|()| A::Done)
+            svc.graceful_unmount_segment(*segment, *client, Duration::from_millis(*grace_ms)).map(|()| A::Done)
         }
-        R::SegmentStatus { segment } => svc.segment_status(segment).map(A::Status),
+        R::SegmentStatus { segment } => svc.segment_status(*segment).map(A::Status),
         R::PutStart { client, tenant, key, size, config } => {
-            svc.put_start(client, &tenant, key.as_str()?, size, &config).map(A::Replicas)
+            svc.put_start(*client, tenant, key.as_str()?, *size, config).map(A::Replicas)
         }
         R::UpsertStart { client, tenant, key, size, config } => {
-            svc.upsert_start(client, &tenant, key.as_str()?, size, &config).map(A::Replicas)
+            svc.upsert_start(*client, tenant, key.as_str()?, *size, config).map(A::Replicas)
         }
         R::PutEnd { client, tenant, key, checksum } => {
-            svc.put_end(client, &tenant, key.as_str()?, checksum).map(|()| A::Done)
+            svc.put_end(*client, tenant, key.as_str()?, *checksum).map(|()| A::Done)
         }
-        R::PutRevoke { client, tenant, key } => svc.put_revoke(client, &tenant, key.as_str()?).map(|()| A::Done),
+        R::PutRevoke { client, tenant, key } => svc.put_revoke(*client, tenant, key.as_str()?).map(|()| A::Done),
         R::BatchPutStart { client, tenant, items, config, group_ids, upsert } => {
             if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
                 return Ok(A::BatchReplicas(vec![Err(ErrorCode::InvalidParams); items.0.len()]));
             }
             let grouped = group_ids.is_some();
             // Each item carries its group id (when the batch has them: as many as items, checked above).
-            let mut groups = group_ids.map(|g| g.0.into_iter());
+            let mut groups = group_ids.as_ref().map(|g| g.0.iter().cloned());
             let items = items.0.iter().map(|(k, size)| (k, (*size, groups.as_mut().and_then(Iterator::next))));
             Ok(A::BatchReplicas(on_valid_keys(items, |valid| {
                 let sub: Vec<(&str, u64)> = valid.iter().map(|(k, (size, _))| (*k, *size)).collect();
                 let groups: Option<Vec<String>> =
                     grouped.then(|| valid.into_iter().filter_map(|(_, (_, g))| g).collect());
-                if upsert {
-                    svc.batch_upsert_start(client, &tenant, &sub, &config, groups.as_deref())
+                if *upsert {
+                    svc.batch_upsert_start(*client, tenant, &sub, config, groups.as_deref())
                 } else {
-                    svc.batch_put_start(client, &tenant, &sub, &config, groups.as_deref())
+                    svc.batch_put_start(*client, tenant, &sub, config, groups.as_deref())
                 }
             })))
         }
         R::BatchPutEnd { client, tenant, items } => Ok(A::BatchDone(
-            items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(client, &tenant, k, *c))).collect(),
+            items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(*client, tenant, k, *c))).collect(),
         )),
         R::BatchPutRevoke { client, tenant, keys } => Ok(A::BatchDone(
-            keys.0.iter().map(|k| k.as_str().and_then(|k| svc.put_revoke(client, &tenant, k))).collect(),
+            keys.0.iter().map(|k| k.as_str().and_then(|k| svc.put_revoke(*client, tenant, k))).collect(),
         )),
-        R::GetReplicaList { tenant, key } => svc.get_replica_list(&tenant, key.as_str()?).map(A::ReplicaList),
-        R::Stat { tenant, key } => svc.stat(&tenant, key.as_str()?).map(A::Stat),
+        R::GetReplicaList { tenant, key } => svc.get_replica_list(tenant, key.as_str()?).map(A::ReplicaList),
+        R::Stat { tenant, key } => svc.stat(tenant, key.as_str()?).map(A::Stat),
         R::ReleaseLeases { tenant, keys } => {
             let keys: Vec<&str> = keys.0.iter().filter_map(|k| k.as_str().ok()).collect();
-            svc.release_leases(&tenant, &keys).map(|()| A::Done)
+            svc.release_leases(tenant, &keys).map(|()| A::Done)
         }
         R::BatchGetReplicaList { tenant, keys } => {
             Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
-                svc.batch_get_replica_list(&tenant, &only_keys(valid))
+                svc.batch_get_replica_list(tenant, &only_keys(valid))
             })))
         }
-        R::ExistKey { tenant, key } => svc.exist_key(&tenant, key.as_str()?).map(A::Exists),
+        R::ExistKey { tenant, key } => svc.exist_key(tenant, key.as_str()?).map(A::Exists),
         R::BatchExistKey { tenant, keys } => {
             Ok(A::BatchExists(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
-                svc.batch_exist_key(&tenant, &only_keys(valid))
+                svc.batch_exist_key(tenant, &only_keys(valid))
             })))
         }
-        R::Remove { tenant, key, force } => svc.remove(&tenant, key.as_str()?, force).map(|()| A::Done),
+        R::Remove { tenant, key, force } => svc.remove(tenant, key.as_str()?, *force).map(|()| A::Done),
         R::BatchRemove { tenant, keys, force } => {
-            Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(&tenant, k, force))).collect()))
+            Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(tenant, k, *force))).collect()))
         }
-        R::RemoveAll { tenant, force } => Ok(A::Count(svc.remove_all(tenant.as_deref(), force))),
-        R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(&tenant, &pattern, force).map(A::Count),
-        R::ListKeys { tenant, prefix, limit } => svc.list_keys(&tenant, &prefix, limit as usize).map(A::Keys),
+        R::RemoveAll { tenant, force } => Ok(A::Count(svc.remove_all(tenant.as_deref(), *force))),
+        R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(tenant, pattern, *force).map(A::Count),
+        R::ListKeys { tenant, prefix, limit } => svc.list_keys(tenant, prefix, *limit as usize).map(A::Keys),
     }
 }
 
@@ -306,9 +311,9 @@ async fn serve(
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         let reply = if multi_thread && may_block(&svc, &body) {
-            tokio::task::block_in_place(|| dispatch(&svc, body))
+            tokio::task::block_in_place(|| dispatch(&svc, &body))
         } else {
-            dispatch(&svc, body)
+            dispatch(&svc, &body)
         };
         metrics.record(op, failed(&reply));
         framed.feed(Frame::encode(id, &reply, Bytes::new())?).await?;

@@ -173,6 +173,8 @@ pub struct MasterService {
     /// Memory use was above the high watermark at the last eviction step: writes may evict inline until the
     /// next step says otherwise (a hint for the RPC layer, which runs such writes off its async workers).
     above_watermark: AtomicBool,
+    /// The memory capacity the last eviction step saw (a hint for the watermark check of each write).
+    seen_capacity: AtomicU64,
     /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
     eviction_gate: Mutex<()>,
     next_object_id: AtomicU64,
@@ -213,6 +215,7 @@ impl MasterService {
             discards: discard::DiscardQueue::default(),
             need_eviction: AtomicBool::new(false),
             above_watermark: AtomicBool::new(false),
+            seen_capacity: AtomicU64::new(0),
             eviction_gate: Mutex::new(()),
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
@@ -284,7 +287,9 @@ impl MasterService {
 
     /// One eviction step: runs a round if memory use is above the high watermark. The background loop calls this every 10 ms; tests call it directly.
     pub fn step_eviction(&self) -> EvictionStep {
-        let used = self.pool.usage(SegmentKind::Memory).used_ratio();
+        let usage = self.pool.usage(SegmentKind::Memory);
+        self.seen_capacity.store(usage.capacity, Ordering::Relaxed);
+        let used = usage.used_ratio();
         let hw = self.config.eviction_high_watermark;
         // A failed allocation freed its own room when it failed; only the watermark starts a round here.
         self.need_eviction.store(false, Ordering::Release);

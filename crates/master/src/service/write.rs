@@ -383,7 +383,50 @@ impl MasterService {
     /// larger than that share of the whole pool would be evicted by the first round after its write.
     pub(crate) fn fits_under_watermark(&self, kind: SegmentKind, size: u64) -> bool {
         let hw = self.config.eviction_high_watermark;
-        hw >= 1.0 || size as f64 <= hw * self.pool.usage(kind).capacity as f64
+        // The capacity the last eviction step saw answers almost every write with one load; only an object near
+        // the limit (or one before the first step) sums the segments.
+        let fits = |capacity: u64| size as f64 <= hw * capacity as f64;
+        hw >= 1.0
+            || (kind == SegmentKind::Memory && fits(self.seen_capacity.load(Ordering::Relaxed)))
+            || fits(self.pool.usage(kind).capacity)
+    }
+
+    /// Why a `size`-byte write found no room, in words (the detail of its `NO_AVAILABLE_HANDLE`).
+    pub fn no_space_detail(&self, size: u64) -> String {
+        use crescent_proto::human::fmt_bytes;
+        let kind = if self.config.cxl_window.is_some() { SegmentKind::Cxl } else { SegmentKind::Memory };
+        let segments: Vec<_> =
+            self.pool.segments().into_iter().filter(|s| s.spec.kind == kind && s.status.is_readable()).collect();
+        if segments.is_empty() {
+            return "no storage node has a segment mounted".into();
+        }
+        let capacity: u64 = segments.iter().map(|s| s.usage.capacity).sum();
+        if !self.fits_under_watermark(kind, size) {
+            let hw = self.config.eviction_high_watermark;
+            return format!(
+                "an object of {} cannot stay under the eviction watermark: {:.0}% of the cluster's {} is {}",
+                fmt_bytes(size),
+                hw * 100.0,
+                fmt_bytes(capacity),
+                fmt_bytes((hw * capacity as f64) as u64)
+            );
+        }
+        let largest_segment = segments.iter().map(|s| s.usage.capacity).max().unwrap_or(0);
+        if size > largest_segment {
+            return format!(
+                "an object of {} does not fit in any segment: the largest holds {}",
+                fmt_bytes(size),
+                fmt_bytes(largest_segment)
+            );
+        }
+        let largest_free =
+            segments.iter().filter(|s| s.status == SegmentStatus::Ok).map(|s| s.usage.largest_free).max().unwrap_or(0);
+        format!(
+            "no segment has a free block of {}: the largest is {}, and evicting the objects no reader holds cannot \
+             join one that large",
+            fmt_bytes(size),
+            fmt_bytes(largest_free)
+        )
     }
 
     /// Places `req` after an allocation-failure eviction round that opens a hole for it on one segment (at
@@ -407,15 +450,15 @@ impl MasterService {
                 self.config.census_chunk,
             );
             self.record_eviction(&round.report);
-            if round.segment.is_none() || round.report.objects == 0 {
-                return None;
-            }
+            // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
+            // loop runs beside this one) is still a hole: try the placement again.
+            round.segment?;
         }
         placement.place(req).ok()
     }
 
     /// What one more buffer of `req.size` needs: the space maps of the allocatable segments that could ever
-    /// hold it, and what brings the pool back under the watermark once it is in.
+    /// hold it, and what brings the pool back under the watermark (less one eviction ratio) once it is in.
     fn room_for(&self, req: &PlacementRequest<'_>) -> RoomRequest {
         let size = req.size;
         let segments = self
@@ -433,10 +476,19 @@ impl MasterService {
                 Some(SegmentMap { id: s.spec.id, capacity, occupied })
             })
             .collect();
+        // Down to the watermark less one eviction ratio, as a watermark round does: the writes that follow find
+        // room without a census each (one round per ~5 % of the pool, not per write).
         let usage = self.pool.usage(req.kind);
-        let hw = self.config.eviction_high_watermark;
+        let low = self.config.eviction_high_watermark - self.config.eviction_ratio.max(0.0);
         let after = (usage.used + usage.slack + size) as f64;
-        let total = if hw >= 1.0 { 0 } else { (after - hw * usage.capacity as f64).max(0.0).ceil() as u64 };
+        // At most one ratio of the pool beyond the buffer itself: when readers hold the pool above its target,
+        // one write must not take every unleased object (the next write would find none to evict).
+        let cap = (size as f64 + self.config.eviction_ratio.max(0.0) * usage.capacity as f64).max(0.0);
+        let total = if self.config.eviction_high_watermark >= 1.0 {
+            0
+        } else {
+            (after - low * usage.capacity as f64).clamp(0.0, cap) as u64
+        };
         RoomRequest { size, segments, total }
     }
 
