@@ -378,7 +378,15 @@ impl MasterService {
         let thread = std::thread::Builder::new().name("crescent-master-bg".into()).spawn(move || {
             let mut ticks = 0u64;
             while !flag.load(Ordering::Acquire) {
-                svc.step_eviction();
+                let step = svc.step_eviction();
+                if step.ran {
+                    tracing::info!(
+                        "eviction round: {} objects, {} bytes evicted; memory {:.1} % used before",
+                        step.report.objects,
+                        step.report.bytes,
+                        step.used_ratio * 100.0
+                    );
+                }
                 if ticks.is_multiple_of(100) {
                     svc.step_liveness();
                     svc.step_graceful_unmounts();
