@@ -240,6 +240,28 @@ fn servers_log_their_config_and_lifecycle_at_info_and_json_logs_parse() {
 }
 
 #[test]
+fn eviction_rounds_are_logged_as_a_summary() {
+    let up = Spawned::start(&[
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--segment-size",
+        "16MiB",
+        "--prefault",
+        "false",
+        "--eviction-high-watermark",
+        "0.1",
+    ]);
+    let addr = up.ready()["master"].as_str().unwrap().to_owned();
+    let put = crescent(&addr, &["put", "big", "-"], &vec![1u8; 4 << 20]);
+    assert!(put.status.success(), "{}", text(&put.stderr));
+    let err = up.await_stderr("eviction: 1 object, 4194304 bytes in ");
+    assert!(err.contains("; memory 25.0 % used before"), "{err}");
+}
+
+#[test]
 fn help_shows_defaults_and_only_the_flags_a_command_uses() {
     let help = |args: &[&str]| text(&Command::new(bin()).args(args).output().unwrap().stdout);
     let master = help(&["master", "--help"]);

@@ -299,7 +299,7 @@ impl StorageNode {
         for spec in self.specs.iter() {
             self.master.call(&MasterRequest::UnmountSegment { client: self.id, segment: spec.id }).await?;
         }
-        tracing::info!("unmounted {} segments", self.specs.len());
+        tracing::info!("unmounted {} segment{}", self.specs.len(), if self.specs.len() == 1 { "" } else { "s" });
         if let Some(s) = self.server.take() {
             s.shutdown().await;
         }
