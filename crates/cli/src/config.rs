@@ -14,6 +14,14 @@ pub const DEFAULT_ADMIN_PORT: u16 = 9003;
 pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:0";
 /// Bytes per segment by default.
 pub const DEFAULT_SEGMENT_SIZE: &str = "1GiB";
+/// Segments a node hosts by default.
+pub const DEFAULT_SEGMENTS: usize = 1;
+/// Whether segments are memfd-backed by default.
+pub const DEFAULT_MEMFD: bool = false;
+/// Whether segment memory is backed at start-up by default.
+pub const DEFAULT_PREFAULT: bool = true;
+/// Milliseconds a node keeps serving reads after SIGTERM by default.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 0;
 
 /// Settings of `crescent master` / `up`.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,7 +1,10 @@
 //! `crescent up | master | node`: long-running processes. Each prints one JSON line with its endpoints once
 //! ready, then runs until SIGINT/SIGTERM.
 
-use crate::config::{DEFAULT_ADMIN_PORT, DEFAULT_MASTER, DEFAULT_NODE_LISTEN, DEFAULT_SEGMENT_SIZE, FileConfig};
+use crate::config::{
+    DEFAULT_ADMIN_PORT, DEFAULT_MASTER, DEFAULT_MEMFD, DEFAULT_NODE_LISTEN, DEFAULT_PREFAULT, DEFAULT_SEGMENT_SIZE,
+    DEFAULT_SEGMENTS, DEFAULT_SHUTDOWN_GRACE_MS, FileConfig,
+};
 use anyhow::{Context, Result, anyhow};
 use crescent_master::placement::PlacementPolicy;
 use crescent_master::server::MasterServer;
@@ -57,13 +60,13 @@ pub struct SegmentArgs {
     #[arg(long, help = dflt("Bytes per segment (e.g. 16MiB, 8GiB)", DEFAULT_SEGMENT_SIZE))]
     segment_size: Option<String>,
     /// Segments to host.
-    #[arg(long, help = dflt("Segments to host", 1))]
+    #[arg(long, help = dflt("Segments to host", DEFAULT_SEGMENTS))]
     segments: Option<usize>,
     /// Back segments with memfd.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", help = dflt("Back segments with memfd", false))]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help = dflt("Back segments with memfd", DEFAULT_MEMFD))]
     memfd: Option<bool>,
     /// Back segment memory at start-up.
-    #[arg(long, help = dflt("Back segment memory at start-up (`--prefault false` for segments larger than memory)", true))]
+    #[arg(long, help = dflt("Back segment memory at start-up (`--prefault false` for segments larger than memory)", DEFAULT_PREFAULT))]
     prefault: Option<bool>,
     /// Host id for local-first placement.
     #[arg(long, help = dflt("Host id for local-first placement", "the advertised IP"))]
@@ -85,7 +88,7 @@ pub struct NodeArgs {
     #[command(flatten)]
     segments: SegmentArgs,
     /// Keep serving reads this long after SIGTERM before unmounting (ms).
-    #[arg(long, help = dflt("Keep serving reads this long after SIGTERM before unmounting (ms)", 0))]
+    #[arg(long, help = dflt("Keep serving reads this long after SIGTERM before unmounting (ms)", DEFAULT_SHUTDOWN_GRACE_MS))]
     shutdown_grace_ms: Option<u64>,
 }
 
@@ -186,9 +189,9 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
         None => default_listen,
     };
     c.advertise = a.advertise.clone().or_else(|| n.advertise.clone());
-    c.segments = g.segments.or(n.segments).unwrap_or(1);
-    c.memfd = g.memfd.or(n.memfd).unwrap_or(false);
-    c.prefault = g.prefault.or(n.prefault).unwrap_or(true);
+    c.segments = g.segments.or(n.segments).unwrap_or(DEFAULT_SEGMENTS);
+    c.memfd = g.memfd.or(n.memfd).unwrap_or(DEFAULT_MEMFD);
+    c.prefault = g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT);
     c.host_id = g.host_id.clone().or_else(|| n.host_id.clone());
     // No per-connection polling (see `TransferServer::with_poll_window`): the node's runtime polls all its
     // connections at once before it sleeps (`[node] poll_us`, installed with the runtime).
@@ -249,7 +252,8 @@ pub async fn node(a: NodeArgs, master: &str, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
     let config = node_config(&a, master, file, DEFAULT_NODE_LISTEN.parse()?)?;
     log_node_config(&config);
-    let grace = Duration::from_millis(a.shutdown_grace_ms.or(file.node.shutdown_grace_ms).unwrap_or(0));
+    let grace =
+        Duration::from_millis(a.shutdown_grace_ms.or(file.node.shutdown_grace_ms).unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS));
     tokio::pin!(stop);
     let node = tokio::select! {
         n = StorageNode::start(config) => n.map_err(|e| anyhow!("{}: {e}", e.code()))?,
