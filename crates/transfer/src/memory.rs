@@ -106,7 +106,7 @@ impl SegmentMemory {
         self.prefault_with(|_, _| {})
     }
 
-    /// [`SegmentMemory::prefault`] in chunks of [`PREFAULT_CHUNK`] bytes, calling `progress(done, total)` after
+    /// [`SegmentMemory::prefault`] in chunks of `PREFAULT_CHUNK` (256 MiB), calling `progress(done, total)` after
     /// each, so a caller can report a slow start-up (a large segment takes seconds). One `madvise` per
     /// 256 MiB costs nothing next to faulting the pages in.
     pub fn prefault_with(&self, progress: impl FnMut(u64, u64)) -> io::Result<()> {
