@@ -6,8 +6,22 @@ use crescent_master::service::MasterConfig;
 use serde::Deserialize;
 use std::path::Path;
 
-/// The default master address.
+/// The default master address (and `crescent master`'s listen address).
 pub const DEFAULT_MASTER: &str = "127.0.0.1:50051";
+/// The master's admin HTTP port when its RPC port is fixed.
+pub const DEFAULT_ADMIN_PORT: u16 = 9003;
+/// `crescent node`'s default data-plane listen address.
+pub const DEFAULT_NODE_LISTEN: &str = "127.0.0.1:0";
+/// Bytes per segment by default.
+pub const DEFAULT_SEGMENT_SIZE: &str = "1GiB";
+/// Segments a node hosts by default.
+pub const DEFAULT_SEGMENTS: usize = 1;
+/// Whether segments are memfd-backed by default.
+pub const DEFAULT_MEMFD: bool = false;
+/// Whether segment memory is backed at start-up by default.
+pub const DEFAULT_PREFAULT: bool = true;
+/// Milliseconds a node keeps serving reads after SIGTERM by default.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 0;
 
 /// Settings of `crescent master` / `up`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -17,6 +31,8 @@ pub struct ServerSection {
     pub listen: Option<String>,
     /// Admin HTTP listen address.
     pub admin: Option<String>,
+    /// Host (IP or name) the master is reached at (default: the listen IP, or this host's primary address).
+    pub advertise: Option<String>,
     /// Microseconds an idle RPC connection polls for its next request before parking (0 = never).
     pub poll_us: Option<u64>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
@@ -34,6 +50,8 @@ pub struct ServerSection {
 pub struct NodeSection {
     /// Data-plane listen address.
     pub listen: Option<String>,
+    /// Host (IP or name) other hosts reach this node at (default: the listen IP, or this host's primary address).
+    pub advertise: Option<String>,
     /// Bytes per segment (e.g. "1GiB").
     pub segment_size: Option<String>,
     /// Segments to host.
@@ -162,12 +180,14 @@ mod tests {
             master = "10.0.0.1:1"
             [server]
             listen = "127.0.0.1:0"
+            advertise = "10.0.0.2"
             lease_ttl_ms = 5000
             enable_multi_tenants = true
             placement_policy = "local-first"
             poll_us = 0
             [node]
             segment_size = "64MiB"
+            advertise = "node-1.example"
             segments = 2
             prefault = false
             poll_us = 20
@@ -181,6 +201,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.server.master.lease_ttl_ms, 5000);
+        assert!(f.server.unknown.is_empty(), "{:?}", f.server.unknown);
+        assert_eq!(
+            (f.server.advertise.as_deref(), f.node.advertise.as_deref()),
+            (Some("10.0.0.2"), Some("node-1.example"))
+        );
         assert!(f.server.master.enable_multi_tenants);
         assert_eq!(f.server.master.client_ttl_ms, MasterConfig::default().client_ttl_ms);
         assert_eq!((f.node.segments, f.node.threads, f.node.prefault), (Some(2), Some(3), Some(false)));

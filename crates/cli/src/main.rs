@@ -3,7 +3,8 @@
 //!
 //! Every flag can also be set in a TOML file (`--config FILE`); a flag given on the command line wins.
 //! `CRESCENT_MASTER` is the default master address. Servers print one JSON line with their endpoints on
-//! stdout once ready; logs go to stderr.
+//! stdout once ready; logs go to stderr (info for servers, warn for client commands; `--log-level`,
+//! `RUST_LOG`, `--log-format json`).
 //!
 //! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `bench`, `demo`,
 //! `config` (the TOML file).
@@ -15,24 +16,71 @@ mod ops;
 mod serve;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// `crescent --version`: the package version, the commit it was built from and the build profile (from
+/// `build.rs`).
+const VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CRESCENT_COMMIT"), ", ", env!("CRESCENT_PROFILE"), ")");
+
 #[derive(Parser, Debug)]
-#[command(name = "crescent", version, about = "Crescent: a distributed KV-cache store")]
+#[command(name = "crescent", version = VERSION, about = "Crescent: a distributed KV-cache store")]
 struct Cli {
     /// TOML config file; flags given on the command line override it.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     config: Option<PathBuf>,
-    /// Master address (`host:port`).
-    #[arg(long, global = true, env = "CRESCENT_MASTER")]
+    /// Log filter: a level (error, warn, info, debug, trace) or `RUST_LOG`-style directives; wins over
+    /// `RUST_LOG`.
+    #[arg(long, global = true, value_name = "LEVEL", help = LOG_LEVEL_HELP, help_heading = GLOBAL)]
+    log_level: Option<String>,
+    /// Log format on stderr (json: one object per line).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, help_heading = GLOBAL)]
+    log_format: LogFormat,
+    /// Before the subcommand, as earlier versions took it (`crescent --master A put …`); hidden, the
+    /// subcommand's own `--master` is the documented form.
+    #[arg(long, hide = true)]
     master: Option<String>,
-    /// Tenant for client commands.
-    #[arg(long, global = true)]
+    /// Likewise for `--tenant`.
+    #[arg(long, hide = true)]
     tenant: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The help heading of the flags every subcommand takes, listed after its own.
+const GLOBAL: &str = "Global options";
+
+const LOG_LEVEL_HELP: &str = "Log filter: a level (error, warn, info, debug, trace) or RUST_LOG-style directives; \
+                              wins over RUST_LOG [default: info for up, master and node; warn for the others]";
+
+/// How log lines are written.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `--master`, for the commands that talk to a master.
+#[derive(clap::Args, Debug)]
+struct MasterFlag {
+    /// Master address (`host:port`).
+    #[arg(long, help = format!(
+        "Master address (host:port; also the CRESCENT_MASTER environment variable) [default: {}]",
+        config::DEFAULT_MASTER
+    ))]
+    master: Option<String>,
+}
+
+/// `--master` and `--tenant`, for client commands.
+#[derive(clap::Args, Debug)]
+struct ClientFlags {
+    #[command(flatten)]
+    master: MasterFlag,
+    /// Tenant (the master must run with --multi-tenant for any but `default`).
+    #[arg(long, help = "Tenant (any but `default` needs a master started with --multi-tenant) [default: default]")]
+    tenant: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -42,21 +90,101 @@ enum Command {
     /// Run a master.
     Master(serve::MasterArgs),
     /// Run a storage node.
-    Node(serve::NodeArgs),
+    Node {
+        #[command(flatten)]
+        args: serve::NodeArgs,
+        #[command(flatten)]
+        to: MasterFlag,
+    },
     /// Store a file (or stdin) under KEY.
-    Put(ops::PutArgs),
+    Put {
+        #[command(flatten)]
+        args: ops::PutArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// Read KEY to stdout or a file.
-    Get(ops::GetArgs),
-    /// Remove KEY.
-    Rm(ops::RmArgs),
+    Get {
+        #[command(flatten)]
+        args: ops::GetArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
+    /// Remove KEY (or everything, with --all).
+    Rm {
+        #[command(flatten)]
+        args: ops::RmArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// List keys.
-    Ls(ops::LsArgs),
+    Ls {
+        #[command(flatten)]
+        args: ops::LsArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// Show an object's size, checksum and replicas.
-    Stat(ops::StatArgs),
+    Stat {
+        #[command(flatten)]
+        args: ops::StatArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// Measure throughput and latency against a running cluster.
-    Bench(bench::BenchArgs),
+    Bench {
+        #[command(flatten)]
+        args: bench::BenchArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// Replay a KV-cache workload through the master core in-process.
     Demo(demo::DemoArgs),
+    /// Print a shell completion script to stdout (e.g. `crescent completions bash > /etc/bash_completion.d/crescent`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+impl Command {
+    /// The `--master` and `--tenant` given to this subcommand, if it takes them.
+    fn target(&self) -> (Option<&str>, Option<&str>) {
+        fn client(c: &ClientFlags) -> (Option<&str>, Option<&str>) {
+            (c.master.master.as_deref(), c.tenant.as_deref())
+        }
+        match self {
+            Command::Node { to, .. } => (to.master.as_deref(), None),
+            Command::Put { to, .. }
+            | Command::Get { to, .. }
+            | Command::Rm { to, .. }
+            | Command::Ls { to, .. }
+            | Command::Stat { to, .. }
+            | Command::Bench { to, .. } => client(to),
+            Command::Up(_) | Command::Master(_) | Command::Demo(_) | Command::Completions { .. } => (None, None),
+        }
+    }
+}
+
+/// The log filter: `--log-level` wins over `RUST_LOG`, which wins over the role's default (servers say what
+/// they do at info; client commands keep stderr for their own messages).
+fn log_filter(flag: Option<&str>, env: Option<&str>, role: Role) -> Result<tracing_subscriber::EnvFilter, String> {
+    let default = if role == Role::Client { "warn" } else { "info" };
+    match (flag, env.filter(|e| !e.trim().is_empty())) {
+        (Some(f), _) => tracing_subscriber::EnvFilter::try_new(f).map_err(|e| format!("--log-level {f:?}: {e}")),
+        (None, Some(e)) => tracing_subscriber::EnvFilter::try_new(e).map_err(|err| format!("RUST_LOG={e:?}: {err}")),
+        (None, None) => Ok(tracing_subscriber::EnvFilter::new(default)),
+    }
+}
+
+/// Installs the stderr logger.
+fn init_logs(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
+    use std::io::IsTerminal;
+    let b = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match format {
+        LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => b.json().with_ansi(false).init(),
+    }
 }
 
 /// Parses `123`, `4KiB`, `16MiB`, `1GiB`, `2TiB` (also KB/MB/GB/TB, 1024-based, case-insensitive).
@@ -136,11 +264,19 @@ fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runt
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .init();
     let cli = Cli::parse();
+    let role = match cli.command {
+        Command::Master(_) => Role::Master,
+        Command::Up(_) | Command::Node { .. } => Role::Node,
+        _ => Role::Client,
+    };
+    match log_filter(cli.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref(), role) {
+        Ok(filter) => init_logs(filter, cli.log_format),
+        Err(e) => {
+            eprintln!("INVALID_PARAMS: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let file = match config::FileConfig::load(cli.config.as_deref()) {
         Ok(f) => f,
         Err(e) => {
@@ -153,15 +289,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let global = config::Global::resolve(&cli.master, &cli.tenant, &file);
-    if let Command::Demo(a) = cli.command {
-        return report(demo::run(a));
+    let (master, tenant) = cli.command.target();
+    let master = master.or(cli.master.as_deref()).map(str::to_owned).or_else(|| std::env::var("CRESCENT_MASTER").ok());
+    let tenant = tenant.or(cli.tenant.as_deref()).map(str::to_owned);
+    let global = config::Global::resolve(&master, &tenant, &file);
+    match cli.command {
+        Command::Demo(a) => return report(demo::run(a)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "crescent", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
     }
-    let role = match cli.command {
-        Command::Master(_) => Role::Master,
-        Command::Up(_) | Command::Node(_) => Role::Node,
-        _ => Role::Client,
-    };
     let rt = match runtime(role, &file) {
         Ok(rt) => rt,
         Err(e) => {
@@ -173,14 +312,14 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Up(a) => report(serve::up(a, &file).await),
             Command::Master(a) => report(serve::master(a, &file).await),
-            Command::Node(a) => report(serve::node(a, &global, &file).await),
-            Command::Put(a) => ops::exit(ops::put(a, &global).await),
-            Command::Get(a) => ops::exit(ops::get(a, &global).await),
-            Command::Rm(a) => ops::exit(ops::rm(a, &global).await),
-            Command::Ls(a) => ops::exit(ops::ls(a, &global).await),
-            Command::Stat(a) => ops::exit(ops::stat(a, &global).await),
-            Command::Bench(a) => report(bench::run(a, &global, &file).await),
-            Command::Demo(_) => ExitCode::SUCCESS,
+            Command::Node { args, .. } => report(serve::node(args, &global.master, &file).await),
+            Command::Put { args, .. } => ops::exit(ops::put(args, &global).await),
+            Command::Get { args, .. } => ops::exit(ops::get(args, &global).await),
+            Command::Rm { args, .. } => ops::exit(ops::rm(args, &global).await),
+            Command::Ls { args, .. } => ops::exit(ops::ls(args, &global).await),
+            Command::Stat { args, .. } => ops::exit(ops::stat(args, &global).await),
+            Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
+            Command::Demo(_) | Command::Completions { .. } => ExitCode::SUCCESS,
         }
     })
 }
@@ -197,7 +336,19 @@ fn report(r: Result<()>) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{Role, parse_size, threads};
+    use super::{Role, log_filter, parse_size, threads};
+
+    #[test]
+    fn the_log_level_flag_wins_over_rust_log_which_wins_over_the_role_default() {
+        let f = |flag, env, role| log_filter(flag, env, role).map(|f| f.to_string());
+        assert_eq!(f(None, None, Role::Master).unwrap(), "info");
+        assert_eq!(f(None, None, Role::Node).unwrap(), "info");
+        assert_eq!(f(None, None, Role::Client).unwrap(), "warn");
+        assert_eq!(f(None, Some("debug"), Role::Client).unwrap(), "debug");
+        assert_eq!(f(None, Some(" "), Role::Client).unwrap(), "warn", "an empty RUST_LOG is no setting");
+        assert_eq!(f(Some("error"), Some("debug"), Role::Master).unwrap(), "error");
+        assert!(f(Some("crescent=notalevel"), None, Role::Master).unwrap_err().starts_with("--log-level"));
+    }
 
     #[test]
     fn nodes_take_half_the_cpus_unless_configured() {

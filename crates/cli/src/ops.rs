@@ -183,7 +183,7 @@ pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
 pub async fn rm(a: RmArgs, g: &Global) -> Result<(), Failure> {
     let client = client(g).await?;
     let Some(key) = a.key else {
-        println!("{}", client.remove_all(a.force).await?);
+        println!("{}", removed_all(&client.remove_all_report(a.force).await?));
         return Ok(());
     };
     match client.remove(&key, a.force).await {
@@ -204,6 +204,30 @@ pub async fn rm(a: RmArgs, g: &Global) -> Result<(), Failure> {
             ))
         }
         r => Ok(r?),
+    }
+}
+
+/// What `rm --all` did, in a sentence: "removed 10 objects; skipped 2 leased by readers (--force removes them)
+/// and 1 being written".
+fn removed_all(r: &crescent_proto::RemoveAllReport) -> String {
+    let objects = |n: u64| format!("{n} object{}", plural(n as usize));
+    let mut skipped = Vec::new();
+    if r.skipped_leased > 0 {
+        skipped.push(format!("{} leased by readers (--force removes them)", r.skipped_leased));
+    }
+    if r.skipped_writing > 0 {
+        skipped.push(format!("{} being written", r.skipped_writing));
+    }
+    if r.skipped_pinned > 0 {
+        skipped.push(format!("{} pinned by a replication task", r.skipped_pinned));
+    }
+    match skipped.len() {
+        0 => format!("removed {}", objects(r.removed)),
+        n => {
+            let last = skipped.pop().unwrap_or_default();
+            let list = if n == 1 { last } else { format!("{} and {last}", skipped.join(", ")) };
+            format!("removed {}; skipped {list}", objects(r.removed))
+        }
     }
 }
 
@@ -316,6 +340,30 @@ fn fmt_ms(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rm_all_says_what_it_skipped_and_why() {
+        let r = |removed, skipped_leased, skipped_writing, skipped_pinned| crescent_proto::RemoveAllReport {
+            removed,
+            skipped_leased,
+            skipped_writing,
+            skipped_pinned,
+        };
+        assert_eq!(removed_all(&r(1, 0, 0, 0)), "removed 1 object");
+        assert_eq!(
+            removed_all(&r(0, 2, 0, 0)),
+            "removed 0 objects; skipped 2 leased by readers (--force removes them)"
+        );
+        assert_eq!(
+            removed_all(&r(10, 2, 1, 0)),
+            "removed 10 objects; skipped 2 leased by readers (--force removes them) and 1 being written"
+        );
+        assert_eq!(
+            removed_all(&r(3, 1, 1, 1)),
+            "removed 3 objects; skipped 1 leased by readers (--force removes them), 1 being written and 1 pinned by a \
+             replication task"
+        );
+    }
 
     #[test]
     fn sizes_and_durations_read_like_a_person_writes_them() {

@@ -1,81 +1,112 @@
 //! `crescent up | master | node`: long-running processes. Each prints one JSON line with its endpoints once
 //! ready, then runs until SIGINT/SIGTERM.
 
-use crate::config::{FileConfig, Global};
+use crate::config::{
+    DEFAULT_ADMIN_PORT, DEFAULT_MASTER, DEFAULT_MEMFD, DEFAULT_NODE_LISTEN, DEFAULT_PREFAULT, DEFAULT_SEGMENT_SIZE,
+    DEFAULT_SEGMENTS, DEFAULT_SHUTDOWN_GRACE_MS, FileConfig,
+};
 use anyhow::{Context, Result, anyhow};
 use crescent_master::placement::PlacementPolicy;
 use crescent_master::server::MasterServer;
 use crescent_master::service::MasterConfig;
-use crescent_node::{NodeConfig, StorageNode};
+use crescent_node::{Backoff, NodeConfig, StorageNode};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Master flags (each also settable under `[server]` in the config file).
+/// Master flags (each also settable under `[server]` in the config file). The defaults in the help come from
+/// the constants the code uses, not `default_value`: a flag left out must stay `None` so the file can set it.
 #[derive(clap::Args, Debug, Default)]
 pub struct MasterArgs {
     /// RPC listen address (`127.0.0.1:0` picks a free port).
-    #[arg(long)]
+    #[arg(long, help = dflt("RPC listen address (`127.0.0.1:0` picks a free port)", DEFAULT_MASTER))]
     listen: Option<String>,
+    /// Host (IP or name) the master is reached at.
+    #[arg(long, value_name = "HOST", help = dflt(
+        "Host (IP or name) others reach this server at",
+        "the listen IP; for 0.0.0.0 this host's primary address",
+    ))]
+    advertise: Option<String>,
     /// Admin HTTP listen address.
-    #[arg(long)]
+    #[arg(long, help = dflt("Admin HTTP listen address", format!("the listen IP, port {DEFAULT_ADMIN_PORT} (0 with --listen port 0)")))]
     admin: Option<String>,
     /// Read lease in ms.
-    #[arg(long)]
+    #[arg(long, help = dflt("Read lease in ms", MasterConfig::default().lease_ttl_ms))]
     lease_ttl_ms: Option<u64>,
     /// Client liveness TTL in ms.
-    #[arg(long)]
+    #[arg(long, help = dflt("Client liveness TTL in ms", MasterConfig::default().client_ttl_ms))]
     client_ttl_ms: Option<u64>,
     /// Evict above this used ratio.
-    #[arg(long)]
+    #[arg(long, help = dflt("Evict above this used ratio", MasterConfig::default().eviction_high_watermark))]
     eviction_high_watermark: Option<f64>,
     /// Fraction of objects one eviction round removes.
-    #[arg(long)]
+    #[arg(long, help = dflt("Fraction of objects one eviction round removes", MasterConfig::default().eviction_ratio))]
     eviction_ratio: Option<f64>,
     /// Namespaces and quotas per tenant.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true",
+        help = dflt("Namespaces and quotas per tenant", MasterConfig::default().enable_multi_tenants))]
     multi_tenant: Option<bool>,
-    /// Placement policy: random, free-ratio-first, local-first.
-    #[arg(long)]
+    /// Placement policy.
+    #[arg(long, help = dflt(
+        &format!("Placement policy: {}", PlacementPolicy::ALL.map(|p| p.name()).join(", ")),
+        MasterConfig::default().placement_policy,
+    ))]
     placement: Option<PlacementPolicy>,
+}
+
+/// A node's segments (`node`, and the node inside `up`; each also settable under `[node]`).
+#[derive(clap::Args, Debug, Default)]
+pub struct SegmentArgs {
+    /// Bytes per segment (e.g. 1GiB).
+    #[arg(long, help = dflt("Bytes per segment (e.g. 16MiB, 8GiB)", DEFAULT_SEGMENT_SIZE))]
+    segment_size: Option<String>,
+    /// Segments to host.
+    #[arg(long, help = dflt("Segments to host", DEFAULT_SEGMENTS))]
+    segments: Option<usize>,
+    /// Back segments with memfd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help = dflt("Back segments with memfd", DEFAULT_MEMFD))]
+    memfd: Option<bool>,
+    /// Back segment memory at start-up.
+    #[arg(long, help = dflt("Back segment memory at start-up (`--prefault false` for segments larger than memory)", DEFAULT_PREFAULT))]
+    prefault: Option<bool>,
+    /// Host id for local-first placement.
+    #[arg(long, help = dflt("Host id for local-first placement", "the advertised IP"))]
+    host_id: Option<String>,
 }
 
 /// Node flags (each also settable under `[node]`).
 #[derive(clap::Args, Debug, Default)]
 pub struct NodeArgs {
     /// Data-plane listen address.
-    #[arg(long)]
+    #[arg(long, help = dflt("Data-plane listen address (`0.0.0.0:0` on every interface)", DEFAULT_NODE_LISTEN))]
     listen: Option<String>,
-    /// Bytes per segment (e.g. 1GiB).
-    #[arg(long)]
-    segment_size: Option<String>,
-    /// Segments to host.
-    #[arg(long)]
-    segments: Option<usize>,
-    /// Back segments with memfd.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
-    memfd: Option<bool>,
-    /// Back segment memory at start-up (default true; `--prefault false` for segments larger than memory).
-    #[arg(long)]
-    prefault: Option<bool>,
-    /// Host id for local-first placement.
-    #[arg(long)]
-    host_id: Option<String>,
+    /// Host (IP or name) other hosts reach this node at.
+    #[arg(long, value_name = "HOST", help = dflt(
+        "Host (IP or name) other hosts reach this node at",
+        "the listen IP; for 0.0.0.0 this host's primary address",
+    ))]
+    advertise: Option<String>,
+    #[command(flatten)]
+    segments: SegmentArgs,
     /// Keep serving reads this long after SIGTERM before unmounting (ms).
-    #[arg(long)]
+    #[arg(long, help = dflt("Keep serving reads this long after SIGTERM before unmounting (ms)", DEFAULT_SHUTDOWN_GRACE_MS))]
     shutdown_grace_ms: Option<u64>,
 }
 
-/// `up` flags: the master's, plus the embedded node's size.
+/// `up` flags: the master's, plus the embedded node's segments.
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
     #[command(flatten)]
     master: MasterArgs,
-    /// Bytes of the embedded node's segment.
-    #[arg(long)]
-    segment_size: Option<String>,
+    #[command(flatten)]
+    segments: SegmentArgs,
     /// Data-plane listen address of the embedded node.
-    #[arg(long)]
+    #[arg(long, help = dflt("Data-plane listen address of the embedded node", "the master's IP, port 0"))]
     node_listen: Option<String>,
+}
+
+/// A flag's help line with its default, e.g. `Segments to host [default: 1]`.
+fn dflt(help: &str, default: impl std::fmt::Display) -> String {
+    format!("{help} [default: {default}]")
 }
 
 fn addr(s: &str) -> Result<SocketAddr> {
@@ -113,46 +144,90 @@ fn default_poll(combined: bool) -> Duration {
     if combined { Duration::ZERO } else { crescent_net::poll::DEFAULT_POLL_WINDOW }
 }
 
-async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<MasterServer> {
+/// A started master and the address it tells others to reach it at.
+struct Started {
+    server: MasterServer,
+    advertised: SocketAddr,
+    admin: Option<SocketAddr>,
+}
+
+async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
     let config = master_config(a, file)?;
-    let listen = addr(a.listen.as_deref().or(file.server.listen.as_deref()).unwrap_or(crate::config::DEFAULT_MASTER))?;
+    let listen = addr(a.listen.as_deref().or(file.server.listen.as_deref()).unwrap_or(DEFAULT_MASTER))?;
     let admin = match a.admin.as_deref().or(file.server.admin.as_deref()) {
         Some(s) => addr(s)?,
-        None => SocketAddr::new(listen.ip(), if listen.port() == 0 { 0 } else { 9003 }),
+        None => SocketAddr::new(listen.ip(), if listen.port() == 0 { 0 } else { DEFAULT_ADMIN_PORT }),
     };
     let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
-    Ok(MasterServer::builder(config).rpc_addr(listen).admin_addr(Some(admin)).poll_window(poll).start().await?)
+    let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
+    let server = MasterServer::builder(config.clone())
+        .rpc_addr(listen)
+        .admin_addr(Some(admin))
+        .poll_window(poll)
+        .start()
+        .await?;
+    let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
+        .with_context(|| format!("advertised host {advertise:?}"))?;
+    let admin = match server.admin_addr() {
+        Some(a) => Some(crescent_net::advertise::advertised(a, advertise)?),
+        None => None,
+    };
+    tracing::info!(
+        "master listening on {} (advertised as {advertised}), admin {}, poll {poll:?}; {config:?}",
+        server.rpc_addr(),
+        admin.map_or("off".to_owned(), |a| a.to_string()),
+    );
+    Ok(Started { server, advertised, admin })
 }
 
 fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: SocketAddr) -> Result<NodeConfig> {
-    let n = &file.node;
-    let size = a.segment_size.as_deref().or(n.segment_size.as_deref()).unwrap_or("1GiB");
+    let (n, g) = (&file.node, &a.segments);
+    let size = g.segment_size.as_deref().or(n.segment_size.as_deref()).unwrap_or(DEFAULT_SEGMENT_SIZE);
     let mut c = NodeConfig::new(master, crate::parse_size(size).map_err(|e| anyhow!(e))?);
     c.listen = match a.listen.as_deref().or(n.listen.as_deref()) {
         Some(s) => addr(s)?,
         None => default_listen,
     };
-    c.segments = a.segments.or(n.segments).unwrap_or(1);
-    c.memfd = a.memfd.or(n.memfd).unwrap_or(false);
-    c.prefault = a.prefault.or(n.prefault).unwrap_or(true);
-    c.host_id = a.host_id.clone().or_else(|| n.host_id.clone());
+    c.advertise = a.advertise.clone().or_else(|| n.advertise.clone());
+    c.segments = g.segments.or(n.segments).unwrap_or(DEFAULT_SEGMENTS);
+    c.memfd = g.memfd.or(n.memfd).unwrap_or(DEFAULT_MEMFD);
+    c.prefault = g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT);
+    c.host_id = g.host_id.clone().or_else(|| n.host_id.clone());
     // No per-connection polling (see `TransferServer::with_poll_window`): the node's runtime polls all its
     // connections at once before it sleeps (`[node] poll_us`, installed with the runtime).
     c.poll_window = Duration::ZERO;
+    // A master that is not up yet (started after the node, or restarting) is waited for.
+    c.master_retry = Some(Backoff::default());
     Ok(c)
 }
 
-async fn wait_for_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
-    }
-    Ok(())
+/// One start-up line with a node's effective settings.
+fn log_node_config(c: &NodeConfig) {
+    tracing::info!(
+        "node starting: master {}, listen {}, advertise {}, {} × {} segment{}, memfd {}, prefault {}, host {}",
+        c.master,
+        c.listen,
+        c.advertise.as_deref().unwrap_or("(auto)"),
+        c.segments,
+        crate::ops::fmt_bytes(c.segment_size),
+        if c.segments == 1 { "" } else { "s" },
+        c.memfd,
+        c.prefault,
+        c.host_id.as_deref().unwrap_or("(advertised IP)"),
+    );
 }
 
-fn admin_addr(m: &MasterServer) -> Option<String> {
-    m.admin_addr().map(|a| a.to_string())
+/// Resolves once SIGINT or SIGTERM arrives; the handlers are installed when this is called, so a signal
+/// that comes before the future is first polled is not lost (nor kills the process).
+fn signal() -> Result<impl std::future::Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn print_ready(v: serde_json::Value) {
@@ -161,39 +236,63 @@ fn print_ready(v: serde_json::Value) {
 
 /// `crescent master`.
 pub async fn master(a: MasterArgs, file: &FileConfig) -> Result<()> {
+    let stop = signal()?;
     let m = start_master(&a, file, false).await?;
-    print_ready(serde_json::json!({ "master": m.rpc_addr().to_string(), "admin": admin_addr(&m) }));
-    wait_for_signal().await?;
+    print_ready(serde_json::json!({ "master": m.advertised.to_string(), "admin": m.admin.map(|a| a.to_string()) }));
+    stop.await;
     tracing::info!("master stopping");
-    m.shutdown().await;
+    m.server.shutdown().await;
+    tracing::info!("master stopped");
     Ok(())
 }
 
-/// `crescent node`.
-pub async fn node(a: NodeArgs, global: &Global, file: &FileConfig) -> Result<()> {
-    let config = node_config(&a, &global.master, file, SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let grace = Duration::from_millis(a.shutdown_grace_ms.or(file.node.shutdown_grace_ms).unwrap_or(0));
-    let node = StorageNode::start(config).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
+/// `crescent node`. A master that cannot be reached yet is retried (see [`NodeConfig::master_retry`]) until
+/// it answers or a signal ends the wait.
+pub async fn node(a: NodeArgs, master: &str, file: &FileConfig) -> Result<()> {
+    let stop = signal()?;
+    let config = node_config(&a, master, file, DEFAULT_NODE_LISTEN.parse()?)?;
+    log_node_config(&config);
+    let grace =
+        Duration::from_millis(a.shutdown_grace_ms.or(file.node.shutdown_grace_ms).unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS));
+    tokio::pin!(stop);
+    let node = tokio::select! {
+        n = StorageNode::start(config) => n.map_err(|e| anyhow!("{}: {e}", e.code()))?,
+        () = &mut stop => {
+            tracing::info!("node stopping before it mounted");
+            return Ok(());
+        }
+    };
     print_ready(serde_json::json!({ "node": node.endpoint().to_string() }));
-    wait_for_signal().await?;
+    stop.await;
+    tracing::info!("node stopping");
     node.shutdown(grace).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
+    tracing::info!("node stopped");
     Ok(())
 }
 
 /// `crescent up`: a master and one storage node in this process.
 pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
+    let stop = signal()?;
     let m = start_master(&a.master, file, true).await?;
-    let node_args =
-        NodeArgs { listen: a.node_listen.clone(), segment_size: a.segment_size.clone(), ..NodeArgs::default() };
-    let config = node_config(&node_args, &m.rpc_addr().to_string(), file, SocketAddr::new(m.rpc_addr().ip(), 0))?;
+    let node_args = NodeArgs {
+        listen: a.node_listen.clone(),
+        advertise: a.master.advertise.clone(),
+        segments: a.segments,
+        shutdown_grace_ms: None,
+    };
+    let listen = SocketAddr::new(m.server.rpc_addr().ip(), 0);
+    let config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;
+    log_node_config(&config);
     let node = StorageNode::start(config).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
     print_ready(serde_json::json!({
-        "master": m.rpc_addr().to_string(),
-        "admin": admin_addr(&m),
+        "master": m.advertised.to_string(),
+        "admin": m.admin.map(|a| a.to_string()),
         "node": node.endpoint().to_string(),
     }));
-    wait_for_signal().await?;
+    stop.await;
+    tracing::info!("stopping");
     node.shutdown(Duration::ZERO).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
-    m.shutdown().await;
+    m.server.shutdown().await;
+    tracing::info!("stopped");
     Ok(())
 }

@@ -116,13 +116,13 @@ fn fewer_replicas_than_asked_and_an_ignored_tenant_are_said_out_loud() {
     let out = crescent(&cluster, &["put", "--replicas", "2", "k", "-"], b"v");
     assert!(out.status.success());
     assert_eq!(text(&out.stderr), "stored 1 replica of the 2 asked: only 1 node had room\n");
-    let out = crescent(&cluster, &["--tenant", "bob", "get", "k"], b"");
+    let out = crescent(&cluster, &["get", "--tenant", "bob", "k"], b"");
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.starts_with("UNAVAILABLE_IN_CURRENT_MODE: "), "{err}");
     assert!(err.contains("runs without multi-tenancy, so --tenant \"bob\" would be ignored"), "{err}");
     // The default tenant, named, is fine.
-    assert_eq!(crescent(&cluster, &["--tenant", "default", "get", "k"], b"").stdout, b"v");
+    assert_eq!(crescent(&cluster, &["get", "k", "--tenant", "default"], b"").stdout, b"v");
 }
 
 #[test]
@@ -141,6 +141,23 @@ fn rm_of_a_leased_object_says_for_how_long_and_how_to_force_it() {
     assert!(crescent(&cluster, &["rm", "--force", "held"], b"").status.success());
     let gone = crescent(&cluster, &["get", "held"], b"");
     assert!(text(&gone.stderr).starts_with("OBJECT_NOT_FOUND"), "{}", text(&gone.stderr));
+}
+
+#[test]
+fn rm_all_says_what_it_removed_and_what_it_skipped_and_why() {
+    let cluster = up(&["--segment-size", "16MiB", "--prefault", "false"]);
+    for k in ["a", "b", "held"] {
+        assert!(crescent(&cluster, &["put", k, "-"], b"v").status.success());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = crescent_client::Client::new(crescent_client::ClientConfig::new(cluster.field("master")));
+    assert!(rt.block_on(client.is_exist("held")).unwrap(), "a reader holds a lease on it");
+    let out = crescent(&cluster, &["rm", "--all"], b"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "removed 2 objects; skipped 1 leased by readers (--force removes them)\n");
+    let out = crescent(&cluster, &["rm", "--all", "--force"], b"");
+    assert_eq!(text(&out.stdout), "removed 1 object\n");
+    assert_eq!(text(&crescent(&cluster, &["ls"], b"").stdout), "");
 }
 
 #[test]

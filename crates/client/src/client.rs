@@ -13,7 +13,7 @@ use crescent_proto::batch;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ObjectStat,
-    ReplicaDescriptor, ReplicaLocation, ReplicateConfig,
+    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig,
 };
 use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
@@ -779,8 +779,19 @@ impl Client {
 
     /// Removes every object of this client's tenant; returns how many.
     pub async fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
+        Ok(self.remove_all_report(force).await?.removed)
+    }
+
+    /// Removes every object of this client's tenant; says how many it removed and, of those it left, why.
+    pub async fn remove_all_report(&self, force: bool) -> Result<RemoveAllReport, ClientError> {
         let req = MasterRequest::RemoveAll { tenant: Some(self.tenant()), force };
-        self.inner.master.call_expect(&req, |r| if let MasterResponse::Count(n) = r { Some(n) } else { None }).await
+        let pick = |r| match r {
+            MasterResponse::RemovedAll(report) => Some(report),
+            // A master from before the report: a bare count.
+            MasterResponse::Count(removed) => Some(RemoveAllReport { removed, ..RemoveAllReport::default() }),
+            _ => None,
+        };
+        self.inner.master.call_expect(&req, pick).await
     }
 
     /// Readable keys starting with `prefix` (sorted, at most `limit`).

@@ -10,10 +10,10 @@ pub enum ClientError {
     #[error("{0}")]
     Code(ErrorCode),
     /// The request was refused, with the reason in words (from the master, or the client's own checks).
-    #[error("{0}")]
+    #[error("{}", if .0.message.is_empty() { .0.code.name() } else { .0.message.as_str() })]
     Refused(ErrorFrame),
     /// No connection to the master could be made.
-    #[error("RPC_FAIL: cannot reach the master at {addr}: {reason}")]
+    #[error("cannot reach the master at {addr}: {reason}")]
     Unreachable {
         /// The address tried.
         addr: String,

@@ -242,6 +242,20 @@ fn remove_all_and_remove_by_regex() {
 }
 
 #[test]
+fn remove_all_reports_what_it_skipped_and_why() {
+    let h = Harness::default3();
+    for k in ["a", "b", "c"] {
+        h.put(k, 10);
+    }
+    h.get("a").unwrap();
+    h.svc.put_start(h.writer, "", "pending", 10, &cfg(1)).unwrap();
+    let r = h.svc.remove_all_report(None, false);
+    assert_eq!((r.removed, r.skipped_leased, r.skipped_writing, r.skipped_pinned), (2, 1, 1, 0));
+    let r = h.svc.remove_all_report(Some(""), true);
+    assert_eq!((r.removed, r.skipped_leased, r.skipped_writing), (1, 0, 1), "force takes the leased one only");
+}
+
+#[test]
 fn batch_calls_answer_per_key_in_order() {
     let h = Harness::default3();
     let items = [("a", 10u64), ("", 10), ("b", 0), ("c", 10)];

@@ -8,11 +8,13 @@
 //!   belongs), vectored writes, and [`frame::refuse`], the last frame of a connection that broke the protocol.
 //! * [`poll`]: bounded busy-polling before a waiting end parks, the per-process poll gate, and the idle set a
 //!   runtime polls before it sleeps.
+//! * [`advertise`]: the address a server advertises when it listens on an unspecified one.
 //! * [`reader`]: [`reader::FrameReader`], frames read straight from a socket a poll found readable.
 //!
 //! The frame layout and the messages are `crescent-proto`'s; this crate owns none of them.
 
 pub mod accept;
+pub mod advertise;
 pub mod frame;
 pub mod hello;
 pub mod poll;

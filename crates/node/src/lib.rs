@@ -20,13 +20,16 @@ pub struct NodeConfig {
     pub master: String,
     /// Where the transfer server listens (port 0 picks one).
     pub listen: SocketAddr,
+    /// The host (IP or name) other hosts reach this node at; `None`: the listen IP, or this host's primary
+    /// address when listening on an unspecified one (`0.0.0.0`), which no other host can reach.
+    pub advertise: Option<String>,
     /// Bytes per segment.
     pub segment_size: u64,
     /// Segments to host.
     pub segments: usize,
     /// Back segments with memfd instead of anonymous memory.
     pub memfd: bool,
-    /// This node's host (for local-first placement); defaults to the listen IP.
+    /// This node's host (for local-first placement); defaults to the advertised IP.
     pub host_id: Option<String>,
     /// Liveness ping period.
     pub ping_interval: Duration,
@@ -38,6 +41,25 @@ pub struct NodeConfig {
     /// see `TransferServer::with_poll_window` for why). Polling all connections at once is a runtime hook
     /// instead: `crescent_net::poll::idle_park_hook`, which `crescent node` installs.
     pub poll_window: Duration,
+    /// Retry the first mount while the master cannot be reached (it may start after the node, as under
+    /// systemd or Kubernetes); `None` fails at once.
+    pub master_retry: Option<Backoff>,
+}
+
+/// Delays between attempts: `initial`, doubling up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first delay.
+    pub initial: Duration,
+    /// The longest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// 100 ms doubling to 5 s.
+    fn default() -> Self {
+        Self { initial: Duration::from_millis(100), max: Duration::from_secs(5) }
+    }
 }
 
 impl NodeConfig {
@@ -46,6 +68,7 @@ impl NodeConfig {
         Self {
             master: master.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
             segment_size,
             segments: 1,
             memfd: false,
@@ -54,6 +77,7 @@ impl NodeConfig {
             rpc_timeout: Duration::from_secs(10),
             prefault: true,
             poll_window: Duration::ZERO,
+            master_retry: None,
         }
     }
 }
@@ -82,6 +106,72 @@ async fn remount(master: &MasterConnection, id: ClientId, specs: &[SegmentSpec])
     master.call(&req).await.map(|_| ())
 }
 
+/// Mounts every segment, then remounts them all (which makes the master's pings answer OK).
+async fn mount_all(master: &MasterConnection, id: ClientId, specs: &[SegmentSpec]) -> Result<(), ClientError> {
+    for spec in specs {
+        master.call(&MasterRequest::MountSegment { client: id, spec: spec.clone() }).await?;
+    }
+    remount(master, id, specs).await
+}
+
+/// [`mount_all`], retried with `retry`'s backoff while the master cannot be reached (each attempt said at
+/// warn level); an answer from the master (even a refusal) ends the retries.
+async fn mount_retrying(
+    master: &MasterConnection,
+    addr: &str,
+    id: ClientId,
+    specs: &[SegmentSpec],
+    retry: Option<Backoff>,
+) -> Result<(), ClientError> {
+    let mut delay = retry.map(|r| r.initial);
+    loop {
+        match mount_all(master, id, specs).await {
+            Err(e @ (ClientError::Unreachable { .. } | ClientError::Wire(_) | ClientError::Timeout))
+                if let Some(d) = delay =>
+            {
+                let why = match &e {
+                    ClientError::Unreachable { reason, .. } => reason.clone(),
+                    e => e.to_string(),
+                };
+                tracing::warn!("master {addr} not reachable ({why}): retrying in {d:?}");
+                tokio::time::sleep(d).await;
+                delay = retry.map(|r| (d * 2).min(r.max));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Prefaults `mem` (segment `i` of `count`), saying how far it got every second so a slow start-up shows
+/// progress.
+fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
+    let start = std::time::Instant::now();
+    let mut last = start;
+    let r = mem.prefault_with(|done, total| {
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = std::time::Instant::now();
+            tracing::info!("prefaulting segment {}/{count}: {} of {}", i + 1, gib(done), gib(total));
+        }
+    });
+    match r {
+        Err(e) => tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use"),
+        Ok(()) if last != start => {
+            tracing::info!("prefaulted segment {}/{count} ({}) in {:.1?}", i + 1, gib(mem.len()), start.elapsed())
+        }
+        Ok(()) => {}
+    }
+}
+
+/// A segment size as people write it: whole MiB below 1 GiB, else GiB.
+fn size(n: u64) -> String {
+    if n < 1 << 30 { format!("{} MiB", n >> 20) } else { gib(n) }
+}
+
+/// Bytes in GiB, one decimal.
+fn gib(n: u64) -> String {
+    format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30))
+}
+
 impl StorageNode {
     /// Allocates the segments, starts the transfer server and mounts everything at the master.
     pub async fn start(config: NodeConfig) -> Result<StorageNode, ClientError> {
@@ -94,7 +184,8 @@ impl StorageNode {
         let server = TransferServer::bind(config.listen, registry.clone())
             .map_err(crescent_proto::wire::WireError::Io)?
             .with_poll_window(config.poll_window);
-        let endpoint = server.local_addr();
+        let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
+            .map_err(crescent_proto::wire::WireError::Io)?;
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
         let mut specs = Vec::with_capacity(config.segments);
         for i in 0..config.segments {
@@ -104,10 +195,8 @@ impl StorageNode {
                 SegmentMemory::anonymous(config.segment_size)
             }
             .map_err(crescent_proto::wire::WireError::Io)?;
-            if config.prefault
-                && let Err(e) = mem.prefault()
-            {
-                tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use");
+            if config.prefault {
+                prefault(&mem, i, config.segments);
             }
             let id = SegmentId::random();
             specs.push(SegmentSpec {
@@ -125,10 +214,14 @@ impl StorageNode {
         let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
         let id = ClientId::random();
         let master = Arc::new(MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout));
-        for spec in &specs {
-            master.call(&MasterRequest::MountSegment { client: id, spec: spec.clone() }).await?;
-        }
-        remount(&master, id, &specs).await?;
+        mount_retrying(&master, &config.master, id, &specs, config.master_retry).await?;
+        tracing::info!(
+            "mounted {} segment{} of {} at master {} as {endpoint} (host {host})",
+            specs.len(),
+            if specs.len() == 1 { "" } else { "s" },
+            size(config.segment_size),
+            config.master
+        );
         let specs = Arc::new(specs);
         let (stop, mut stopped) = watch::channel(false);
         let remounts = Arc::new(AtomicU64::new(0));
@@ -146,7 +239,7 @@ impl StorageNode {
                         match remount(&m, id, &s).await {
                             Ok(()) => {
                                 r.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!("remounted {} segments", s.len());
+                                tracing::info!("master asked for a remount: remounted {} segments", s.len());
                             }
                             Err(e) => tracing::warn!(error = %e, "remount failed"),
                         }
@@ -212,6 +305,7 @@ impl StorageNode {
         for spec in self.specs.iter() {
             self.master.call(&MasterRequest::UnmountSegment { client: self.id, segment: spec.id }).await?;
         }
+        tracing::info!("unmounted {} segment{}", self.specs.len(), if self.specs.len() == 1 { "" } else { "s" });
         if let Some(s) = self.server.take() {
             s.shutdown().await;
         }

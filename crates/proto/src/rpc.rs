@@ -54,6 +54,19 @@ pub struct ObjectStat {
     pub writing: bool,
 }
 
+/// What RemoveAll did: how many objects it removed and, of those it left, why.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveAllReport {
+    /// Objects removed.
+    pub removed: u64,
+    /// Left because a reader holds a lease (`force` removes them).
+    pub skipped_leased: u64,
+    /// Left because a write to them is unfinished.
+    pub skipped_writing: u64,
+    /// Left because a replica is pinned by a replication task.
+    pub skipped_pinned: u64,
+}
+
 /// What a client may want to know about the cluster before it acts: its mode and how much it can hold.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterInfo {
@@ -240,7 +253,7 @@ pub enum MasterResponse {
     ClusterInfo(ClusterInfo),
     /// ExistKey.
     Exists(bool),
-    /// A count (RemoveAll / RemoveByRegex).
+    /// A count (RemoveByRegex).
     Count(u64),
     /// Keys (ListKeys).
     Keys(Vec<String>),
@@ -254,6 +267,8 @@ pub enum MasterResponse {
     BatchReplicaList(Vec<Result<GetReplicaListResponse, ErrorCode>>),
     /// Batch of existence answers.
     BatchExists(Vec<Result<bool, ErrorCode>>),
+    /// RemoveAll: removed and skipped objects (appended last: variants are numbered in order on the wire).
+    RemovedAll(RemoveAllReport),
 }
 
 /// The reply to one request.

@@ -47,6 +47,9 @@ impl Lease {
     }
 }
 
+/// Bytes [`SegmentMemory::prefault_with`] backs per step (a multiple of the 2 MiB huge page).
+pub const PREFAULT_CHUNK: usize = 256 << 20;
+
 /// The bytes of one segment: an anonymous or memfd-backed shared mapping.
 pub struct SegmentMemory {
     map: MmapRaw,
@@ -100,12 +103,31 @@ impl SegmentMemory {
     /// first write into a range does not stall on page faults. A storage node does this once at start-up;
     /// errors (an old kernel without `MADV_POPULATE_WRITE`) leave the segment faulting lazily as before.
     pub fn prefault(&self) -> io::Result<()> {
-        if self.map.len() == 0 {
+        self.prefault_with(|_, _| {})
+    }
+
+    /// [`SegmentMemory::prefault`] in chunks of `PREFAULT_CHUNK` (256 MiB), calling `progress(done, total)` after
+    /// each, so a caller can report a slow start-up (a large segment takes seconds). One `madvise` per
+    /// 256 MiB costs nothing next to faulting the pages in.
+    pub fn prefault_with(&self, progress: impl FnMut(u64, u64)) -> io::Result<()> {
+        self.prefault_chunked(PREFAULT_CHUNK, progress)
+    }
+
+    fn prefault_chunked(&self, chunk: usize, mut progress: impl FnMut(u64, u64)) -> io::Result<()> {
+        let len = self.map.len();
+        if len == 0 {
             return Ok(());
         }
         // Huge pages are a hint: 2 MiB pages cut both fault and TLB-miss costs for MiB-sized objects.
         let _ = self.map.advise(memmap2::Advice::HugePage);
-        self.map.advise(memmap2::Advice::PopulateWrite)
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            self.map.advise_range(memmap2::Advice::PopulateWrite, done, n)?;
+            done += n;
+            progress(done as u64, len as u64);
+        }
+        Ok(())
     }
 
     /// Bytes in the segment.
@@ -261,6 +283,17 @@ impl fmt::Debug for SegmentMut<'_> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn prefault_reports_progress_chunk_by_chunk_up_to_the_whole_segment() {
+        let m = SegmentMemory::anonymous(5 << 20).unwrap();
+        let mut seen = Vec::new();
+        m.prefault_chunked(2 << 20, |done, total| seen.push((done >> 20, total >> 20))).unwrap();
+        assert_eq!(seen, [(2, 5), (4, 5), (5, 5)]);
+        let mut calls = 0;
+        m.prefault_with(|_, _| calls += 1).unwrap();
+        assert_eq!(calls, 1, "one chunk of {PREFAULT_CHUNK} bytes covers 5 MiB");
+    }
 
     #[test]
     fn bounds_are_checked_with_overflow_safe_arithmetic() {

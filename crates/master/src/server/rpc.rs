@@ -153,7 +153,7 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
         R::BatchRemove { tenant, keys, force } => {
             Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(tenant, k, *force))).collect()))
         }
-        R::RemoveAll { tenant, force } => Ok(A::Count(svc.remove_all(tenant.as_deref(), *force))),
+        R::RemoveAll { tenant, force } => Ok(A::RemovedAll(svc.remove_all_report(tenant.as_deref(), *force))),
         R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(tenant, pattern, *force).map(A::Count),
         R::ListKeys { tenant, prefix, limit } => svc.list_keys(tenant, prefix, *limit as usize).map(A::Keys),
     }

@@ -23,9 +23,15 @@ impl ClientTable {
     /// Refreshes (or starts) a client's TTL; returns its status.
     pub fn touch(&self, client: ClientId, deadline: Timestamp) -> ClientStatus {
         let mut m = self.clients.lock();
+        let joined = !m.contains_key(&client);
         let r = m.entry(client).or_insert(ClientRecord { deadline, remounted: false, host: None });
         r.deadline = r.deadline.max(deadline);
-        if r.remounted { ClientStatus::Ok } else { ClientStatus::NeedRemount }
+        let status = if r.remounted { ClientStatus::Ok } else { ClientStatus::NeedRemount };
+        drop(m);
+        if joined {
+            tracing::info!(%client, "client joined");
+        }
+        status
     }
 
     /// Marks a client remounted (and alive until `deadline`).

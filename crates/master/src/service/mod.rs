@@ -387,9 +387,12 @@ impl MasterService {
         let (svc, flag) = (Arc::clone(self), Arc::clone(&stop));
         let thread = std::thread::Builder::new().name("crescent-master-bg".into()).spawn(move || {
             let mut ticks = 0u64;
+            // Rounds run every 10 ms under pressure: they are logged as one summary a second, not each.
+            let mut evicted = EvictionSummary::default();
             while !flag.load(Ordering::Acquire) {
-                svc.step_eviction();
+                evicted.add(&svc.step_eviction());
                 if ticks.is_multiple_of(100) {
+                    evicted.log_and_reset();
                     svc.step_liveness();
                     svc.step_graceful_unmounts();
                     svc.step_discards();
@@ -403,6 +406,48 @@ impl MasterService {
             }
         })?;
         Ok(BackgroundLoop { stop, thread: Some(thread) })
+    }
+}
+
+/// The background loop's eviction rounds since its last log line.
+#[derive(Debug, Default)]
+struct EvictionSummary {
+    rounds: u64,
+    objects: u64,
+    bytes: u64,
+    /// Used ratio before the first round summarised.
+    used_before: f64,
+}
+
+impl EvictionSummary {
+    fn add(&mut self, step: &EvictionStep) {
+        if !step.ran {
+            return;
+        }
+        if self.rounds == 0 {
+            self.used_before = step.used_ratio;
+        }
+        self.rounds += 1;
+        self.objects += step.report.objects;
+        self.bytes += step.report.bytes;
+    }
+
+    /// One info line for the rounds that evicted something (rounds that found nothing to take are debug).
+    fn log_and_reset(&mut self) {
+        if self.objects > 0 {
+            tracing::info!(
+                "eviction: {} object{}, {} bytes in {} round{}; memory {:.1} % used before",
+                self.objects,
+                if self.objects == 1 { "" } else { "s" },
+                self.bytes,
+                self.rounds,
+                if self.rounds == 1 { "" } else { "s" },
+                self.used_before * 100.0
+            );
+        } else if self.rounds > 0 {
+            tracing::debug!(rounds = self.rounds, "eviction rounds found nothing evictable");
+        }
+        *self = Self::default();
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::MasterService;
 use crate::metadata::{Lifecycle, ObjectEntry, TenantState};
-use crescent_proto::{ErrorCode, ReplicaStatus, TenantId};
+use crescent_proto::{ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
 use std::sync::Arc;
 
 /// Why a removal was refused (mapped to a wire code by single-key calls; bulk calls just skip).
@@ -69,19 +69,32 @@ impl MasterService {
     /// RemoveAll: removes every complete, unleased (unless `force`) object of one tenant (`Some`) or of every
     /// tenant (`None`); returns how many were removed. An invalid tenant removes nothing.
     pub fn remove_all(&self, tenant: Option<&str>, force: bool) -> u64 {
-        let Ok(tenants) = self.tenants_for_bulk(tenant) else { return 0 };
-        let mut n = 0;
+        self.remove_all_report(tenant, force).removed
+    }
+
+    /// [`MasterService::remove_all`], also counting the objects it left and why (what `crescent rm --all`
+    /// tells its user).
+    pub fn remove_all_report(&self, tenant: Option<&str>, force: bool) -> RemoveAllReport {
+        let mut report = RemoveAllReport::default();
+        let Ok(tenants) = self.tenants_for_bulk(tenant) else { return report };
         for t in tenants {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
-                    n += u64::from(self.remove_entry(&t, &e, force).is_ok());
+                    match self.remove_entry(&t, &e, force) {
+                        Ok(()) => report.removed += 1,
+                        Err(ErrorCode::ObjectHasLease) => report.skipped_leased += 1,
+                        Err(ErrorCode::ReplicaIsNotReady) => report.skipped_writing += 1,
+                        Err(ErrorCode::ObjectHasReplicationTask) => report.skipped_pinned += 1,
+                        // Already being removed by someone else.
+                        Err(_) => {}
+                    }
                 }
             });
         }
-        if n >= crate::memory::TRIM_THRESHOLD {
+        if report.removed >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }
-        n
+        report
     }
 
     /// RemoveByRegex: removes the tenant's removable objects whose key *contains* a match of `pattern`.

@@ -20,10 +20,12 @@ impl MasterService {
     /// `NEED_REMOUNT` until the client remounts.
     pub fn mount_segment(&self, client: ClientId, spec: SegmentSpec) -> Result<(), ErrorCode> {
         let host = spec.host_id.clone();
+        let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
         self.clients.touch(client, self.liveness_deadline());
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
         if outcome == MountOutcome::Mounted {
+            tracing::info!(segment = %id, %name, %client, "segment mounted: {size} bytes at {endpoint}");
             self.recompute_quotas();
         }
         Ok(())
@@ -38,6 +40,7 @@ impl MasterService {
             self.clients.set_host(client, host);
         }
         if !report.mounted.is_empty() {
+            tracing::info!(%client, "remount: {} segments, {} newly mounted", specs.len(), report.mounted.len());
             self.recompute_quotas();
         }
         Ok(())
@@ -48,6 +51,7 @@ impl MasterService {
     pub fn unmount_segment(&self, segment: SegmentId) -> Result<(), ErrorCode> {
         let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
         if done.is_some() {
+            tracing::info!(%segment, "segment unmounted");
             self.recompute_quotas();
         }
         Ok(())
@@ -119,7 +123,7 @@ impl MasterService {
     pub fn step_liveness(&self) -> Vec<ClientId> {
         let expired = self.clients.take_expired(self.clock.now());
         for c in &expired {
-            tracing::warn!(client = %c, "client expired");
+            tracing::warn!(client = %c, "client expired: silent for {} ms, its segments are unmounted", self.config.client_ttl_ms);
             for id in self.pool.client_segments(*c) {
                 let memory = self.pool.segment(id).is_some_and(|s| s.spec.kind != SegmentKind::Nof);
                 if memory && let Err(e) = self.unmount_segment(id) {
