@@ -210,7 +210,7 @@ fn servers_log_their_config_and_lifecycle_at_info_and_json_logs_parse() {
     assert!(err.contains("lease_ttl_ms: 10000") && err.contains("placement_policy: Random"), "{err}");
     let node = Proc::start(bin(), &node_args(&addr, &[]));
     m.await_stderr("client joined");
-    m.await_stderr(&format!("segment mounted: 16777216 bytes at {}", node.field("node")));
+    m.await_stderr(&format!("segment mounted: 16.0 MiB at {}", node.field("node")));
     // A client command's stderr stays clean at its default level.
     let put = crescent(&addr, &["put", "k", "-"], b"v");
     assert!(put.status.success() && put.stderr.is_empty(), "{}", text(&put.stderr));
@@ -260,7 +260,7 @@ fn eviction_rounds_are_logged_as_a_summary() {
         let put = crescent(&addr, &["put", key, "-"], &vec![1u8; 1 << 20]);
         assert!(put.status.success(), "{}", text(&put.stderr));
     }
-    let err = up.await_stderr("eviction: 1 object, 1048576 bytes in ");
+    let err = up.await_stderr("eviction: 1 object, 1.0 MiB in ");
     assert!(err.contains("; memory 12.5 % used before"), "{err}");
 }
 

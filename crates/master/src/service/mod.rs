@@ -387,12 +387,13 @@ impl MasterService {
         let (svc, flag) = (Arc::clone(self), Arc::clone(&stop));
         let thread = std::thread::Builder::new().name("crescent-master-bg".into()).spawn(move || {
             let mut ticks = 0u64;
-            // Rounds run every 10 ms under pressure: they are logged as one summary a second, not each.
+            // Rounds run every 10 ms under pressure, and writes run their own: they are logged as one summary
+            // a second, not each.
             let mut evicted = EvictionSummary::default();
             while !flag.load(Ordering::Acquire) {
                 evicted.add(&svc.step_eviction());
                 if ticks.is_multiple_of(100) {
-                    evicted.log_and_reset();
+                    evicted.log_and_reset(svc.metrics());
                     svc.step_liveness();
                     svc.step_graceful_unmounts();
                     svc.step_discards();
@@ -409,45 +410,43 @@ impl MasterService {
     }
 }
 
-/// The background loop's eviction rounds since its last log line.
+/// Eviction since the last log line: every round (the background loop's and the writes'), from the metrics.
 #[derive(Debug, Default)]
 struct EvictionSummary {
-    rounds: u64,
-    objects: u64,
-    bytes: u64,
-    /// Used ratio before the first round summarised.
-    used_before: f64,
+    /// `(rounds, objects, bytes)` of the metrics at the last line.
+    logged: (u64, u64, u64),
+    /// Used ratio the first background round since then saw (`None`: no background round ran).
+    used_before: Option<f64>,
 }
 
 impl EvictionSummary {
     fn add(&mut self, step: &EvictionStep) {
-        if !step.ran {
-            return;
+        if step.ran && self.used_before.is_none() {
+            self.used_before = Some(step.used_ratio);
         }
-        if self.rounds == 0 {
-            self.used_before = step.used_ratio;
-        }
-        self.rounds += 1;
-        self.objects += step.report.objects;
-        self.bytes += step.report.bytes;
     }
 
-    /// One info line for the rounds that evicted something (rounds that found nothing to take are debug).
-    fn log_and_reset(&mut self) {
-        if self.objects > 0 {
+    /// One info line if anything was evicted since the last (rounds that found nothing to take are debug).
+    fn log_and_reset(&mut self, m: &Metrics) {
+        let now = (
+            m.eviction_runs.load(Ordering::Relaxed),
+            m.evicted_objects.load(Ordering::Relaxed),
+            m.evicted_bytes.load(Ordering::Relaxed),
+        );
+        let (rounds, objects, bytes) = (now.0 - self.logged.0, now.1 - self.logged.1, now.2 - self.logged.2);
+        let plural = |n: u64| if n == 1 { "" } else { "s" };
+        if objects > 0 {
+            let before = self.used_before.map_or(String::new(), |u| format!("; memory {:.1} % used before", u * 100.0));
             tracing::info!(
-                "eviction: {} object{}, {} bytes in {} round{}; memory {:.1} % used before",
-                self.objects,
-                if self.objects == 1 { "" } else { "s" },
-                self.bytes,
-                self.rounds,
-                if self.rounds == 1 { "" } else { "s" },
-                self.used_before * 100.0
+                "eviction: {objects} object{}, {} in {rounds} round{}{before}",
+                plural(objects),
+                crescent_proto::human::fmt_bytes(bytes),
+                plural(rounds),
             );
-        } else if self.rounds > 0 {
-            tracing::debug!(rounds = self.rounds, "eviction rounds found nothing evictable");
+        } else if rounds > 0 {
+            tracing::debug!(rounds, "eviction rounds found nothing evictable");
         }
-        *self = Self::default();
+        *self = Self { logged: now, used_before: None };
     }
 }
 

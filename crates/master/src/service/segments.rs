@@ -25,7 +25,10 @@ impl MasterService {
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
         if outcome == MountOutcome::Mounted {
-            tracing::info!(segment = %id, %name, %client, "segment mounted: {size} bytes at {endpoint}");
+            tracing::info!(
+                segment = %id, %name, %client,
+                "segment mounted: {} at {endpoint}", crescent_proto::human::fmt_bytes(size)
+            );
             self.recompute_quotas();
         }
         Ok(())
