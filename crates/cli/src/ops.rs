@@ -313,20 +313,7 @@ fn replica_json(d: &crescent_proto::ReplicaDescriptor) -> serde_json::Value {
     }
 }
 
-/// `1234` → `1.2 KiB`; below 1 KiB in bytes.
-pub(crate) fn fmt_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
+pub(crate) use crescent_proto::human::fmt_bytes;
 
 /// Milliseconds as a person reads them: `850 ms`, `8.7 s`, `29 min`.
 fn fmt_ms(ms: u64) -> String {

@@ -108,18 +108,7 @@ impl Drop for Spawned {
 }
 
 fn crescent(master: &str, args: &[&str], stdin: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(bin())
-        .args(args)
-        .env("CRESCENT_MASTER", master)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    crescent_testkit::process::run(bin(), master, args, stdin)
 }
 
 fn master() -> Proc {

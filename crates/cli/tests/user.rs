@@ -4,7 +4,7 @@
 
 use crescent_testkit::Proc;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_crescent"))
@@ -19,17 +19,7 @@ fn up(extra: &[&str]) -> Proc {
 
 /// Runs `crescent args…` against the master of `cluster`, with `stdin` as its input.
 fn crescent(cluster: &Proc, args: &[&str], stdin: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(bin())
-        .args(args)
-        .env("CRESCENT_MASTER", cluster.field("master"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    crescent_testkit::process::run(bin(), &cluster.field("master"), args, stdin)
 }
 
 fn text(b: &[u8]) -> String {

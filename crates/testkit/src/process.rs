@@ -119,3 +119,23 @@ impl ProcCluster {
         Client::new(ClientConfig::new(self.addr()))
     }
 }
+
+/// Runs `bin args…` to completion against the master at `master` (`CRESCENT_MASTER`), with `stdin` as its
+/// input and `RUST_LOG` unset (so its stderr holds only what it says to a user); returns its output.
+pub fn run(bin: &Path, master: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("CRESCENT_MASTER", master)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+    if let Some(mut input) = child.stdin.take() {
+        // A command that exits before reading its input closes the pipe: that is its answer, not an error.
+        let _ = input.write_all(stdin);
+    }
+    child.wait_with_output().unwrap_or_else(|e| panic!("wait {}: {e}", bin.display()))
+}
