@@ -4,6 +4,7 @@
 
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
+use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::{Batch, PeerRole};
 use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
@@ -150,26 +151,16 @@ fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
     let r = mem.prefault_with(|done, total| {
         if last.elapsed() >= Duration::from_secs(1) {
             last = std::time::Instant::now();
-            tracing::info!("prefaulting segment {}/{count}: {} of {}", i + 1, gib(done), gib(total));
+            tracing::info!("prefaulting segment {}/{count}: {} of {}", i + 1, fmt_bytes(done), fmt_bytes(total));
         }
     });
     match r {
         Err(e) => tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use"),
         Ok(()) if last != start => {
-            tracing::info!("prefaulted segment {}/{count} ({}) in {:.1?}", i + 1, gib(mem.len()), start.elapsed())
+            tracing::info!("prefaulted segment {}/{count} ({}) in {:.1?}", i + 1, fmt_bytes(mem.len()), start.elapsed())
         }
         Ok(()) => {}
     }
-}
-
-/// A segment size as people write it: whole MiB below 1 GiB, else GiB.
-fn size(n: u64) -> String {
-    if n < 1 << 30 { format!("{} MiB", n >> 20) } else { gib(n) }
-}
-
-/// Bytes in GiB, one decimal.
-fn gib(n: u64) -> String {
-    format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30))
 }
 
 impl StorageNode {
@@ -219,7 +210,7 @@ impl StorageNode {
             "mounted {} segment{} of {} at master {} as {endpoint} (host {host})",
             specs.len(),
             if specs.len() == 1 { "" } else { "s" },
-            size(config.segment_size),
+            fmt_bytes(config.segment_size),
             config.master
         );
         let specs = Arc::new(specs);
