@@ -12,7 +12,7 @@
 //!    released after the locks are dropped.
 //!
 //! Counts are objects (the original's unit, for the watermark trigger) and bytes (the quota trigger's unit).
-//! An allocation failure asks for [`EvictionTarget::Room`]: room for one buffer on one segment, chosen so the
+//! An allocation failure asks [`make_room`] for room for one buffer on one segment, chosen so the
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
