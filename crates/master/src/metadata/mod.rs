@@ -11,4 +11,4 @@ pub mod tenant;
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use object::{Lifecycle, ObjectEntry, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest};
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};
-pub use tenant::{TenantRegistry, TenantState};
+pub use tenant::{TenantLifecycle, TenantOp, TenantRegistry, TenantState};

@@ -13,26 +13,138 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 const SHARDS: usize = 16;
+
+/// Instance ids of tenant states, unique in this process: a re-created tenant of the same name is another
+/// instance, so a handle (or a deferred job) holding the old one can tell.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// Where a tenant is in its teardown (the RFC's lifecycle: close admission, unregister, drain, release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TenantLifecycle {
+    /// Registered and admitting operations.
+    Active = 0,
+    /// Being removed: new operations are refused while the ones in flight drain.
+    Closing = 1,
+    /// Unregistered: nothing may act on this instance again.
+    Removed = 2,
+}
 
 /// One tenant: its quota account and its objects.
 #[derive(Debug)]
 pub struct TenantState {
     id: TenantId,
+    /// This instance (see [`NEXT_INSTANCE`]).
+    instance: u64,
+    /// A [`TenantLifecycle`].
+    lifecycle: AtomicU8,
+    /// Operations holding a [`TenantOp`] on this instance: teardown waits for them.
+    inflight: AtomicU64,
     quota: QuotaAccount,
     objects: ObjectIndex,
+}
+
+/// An operation admitted on a tenant: while it lives, the tenant cannot be torn down (teardown refuses after
+/// a bounded wait). Derefs to the tenant.
+#[derive(Debug)]
+pub struct TenantOp {
+    tenant: Arc<TenantState>,
+    /// Whether this op is counted in `inflight` (a tenant that can never be removed skips the count).
+    counted: bool,
+}
+
+impl std::ops::Deref for TenantOp {
+    type Target = Arc<TenantState>;
+    fn deref(&self) -> &Arc<TenantState> {
+        &self.tenant
+    }
+}
+
+impl Drop for TenantOp {
+    fn drop(&mut self) {
+        if self.counted {
+            self.tenant.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl TenantState {
     /// A tenant with the given account.
     pub fn new(id: TenantId, quota: QuotaAccount) -> Self {
-        Self { id, quota, objects: ObjectIndex::default() }
+        Self {
+            id,
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            lifecycle: AtomicU8::new(TenantLifecycle::Active as u8),
+            inflight: AtomicU64::new(0),
+            quota,
+            objects: ObjectIndex::default(),
+        }
     }
 
     /// The tenant id.
     pub fn id(&self) -> &TenantId {
         &self.id
+    }
+
+    /// This instance's id: differs from any earlier or later tenant of the same name.
+    pub fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    /// Where the tenant is in its lifecycle.
+    pub fn lifecycle(&self) -> TenantLifecycle {
+        match self.lifecycle.load(Ordering::SeqCst) {
+            0 => TenantLifecycle::Active,
+            1 => TenantLifecycle::Closing,
+            _ => TenantLifecycle::Removed,
+        }
+    }
+
+    /// Admits one operation, or `None` once teardown has begun. `counted: false` for a tenant that is never
+    /// torn down (single-tenant mode's default), which then costs no shared counter.
+    pub fn enter(self: &Arc<Self>, counted: bool) -> Option<TenantOp> {
+        if counted {
+            // SeqCst on both sides (here: count, then check; teardown: close, then read the count): either this
+            // op sees the tenant closing, or teardown sees this op.
+            self.inflight.fetch_add(1, Ordering::SeqCst);
+        }
+        let op = TenantOp { tenant: self.clone(), counted };
+        (self.lifecycle() == TenantLifecycle::Active).then_some(op)
+    }
+
+    /// Operations admitted and not yet finished.
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Teardown step 1: close admission. False if the tenant was not active.
+    pub fn close(&self) -> bool {
+        self.lifecycle
+            .compare_exchange(
+                TenantLifecycle::Active as u8,
+                TenantLifecycle::Closing as u8,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// Teardown abandoned (the tenant was not empty): admit operations again.
+    pub fn reopen(&self) {
+        let _ = self.lifecycle.compare_exchange(
+            TenantLifecycle::Closing as u8,
+            TenantLifecycle::Active as u8,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Teardown's end: this instance is unregistered for good.
+    pub fn mark_removed(&self) {
+        self.lifecycle.store(TenantLifecycle::Removed as u8, Ordering::SeqCst);
     }
 
     /// The quota account.

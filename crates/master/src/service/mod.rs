@@ -21,7 +21,7 @@ pub use tenants::TenantQuotaSnapshot;
 use crate::clock::{Clock, Timestamp};
 use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};
 use crate::local_ssd::LocalSsdManager;
-use crate::metadata::{QuotaAccount, QuotaPolicies, TenantRegistry, TenantState};
+use crate::metadata::{QuotaAccount, QuotaPolicies, TenantOp, TenantRegistry, TenantState};
 use crate::placement::{PlacementPolicy, Placer};
 use crate::segment_pool::{PoolConfig, SegmentPool};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
@@ -267,18 +267,21 @@ impl MasterService {
         Ok(self.tenants.get(&id))
     }
 
-    /// Resolves the tenant of a write: it must exist and be open for admission.
-    fn write_tenant(&self, tenant: &str) -> Result<Arc<TenantState>, ErrorCode> {
+    /// Resolves the tenant of a write: it must exist, be open for admission and not be in teardown. The
+    /// returned op holds the tenant until the write has charged and published (teardown waits for it).
+    fn write_tenant(&self, tenant: &str) -> Result<TenantOp, ErrorCode> {
         if !self.config.enable_multi_tenants {
-            return self.tenants.get(&TenantId::default_tenant()).ok_or(ErrorCode::InternalError);
+            // The default tenant of single-tenant mode is never torn down: no shared counter to bump.
+            let t = self.tenants.get(&TenantId::default_tenant()).ok_or(ErrorCode::InternalError)?;
+            return t.enter(false).ok_or(ErrorCode::InternalError);
         }
         if tenant.is_empty() {
             return Err(ErrorCode::TenantNotRegistered);
         }
         let id = TenantId::new(tenant).map_err(|_| ErrorCode::TenantNotRegistered)?;
-        let t = self.tenants.get(&id).ok_or(ErrorCode::TenantNotRegistered)?;
-        t.quota().admit().map_err(|e| e.code())?;
-        Ok(t)
+        let op = self.tenants.get(&id).and_then(|t| t.enter(true)).ok_or(ErrorCode::TenantNotRegistered)?;
+        op.quota().admit().map_err(|e| e.code())?;
+        Ok(op)
     }
 
     fn next_replica_id(&self) -> u64 {
@@ -510,6 +513,31 @@ impl Drop for BackgroundLoop {
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
+        }
+    }
+}
+
+/// Points where a unit test can run code in the middle of an operation, on the operation's own thread, to
+/// replay an interleaving deterministically.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnMut()>;
+
+    thread_local! {
+        static AFTER_WRITE_TENANT: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// Runs `f` (once) right after a write on this thread has resolved its tenant.
+    pub fn set_after_write_tenant(f: impl FnMut() + 'static) {
+        AFTER_WRITE_TENANT.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(crate) fn after_write_tenant() {
+        let hook = AFTER_WRITE_TENANT.with(|h| h.borrow_mut().take());
+        if let Some(mut f) = hook {
+            f();
         }
     }
 }

@@ -25,6 +25,28 @@ pub struct TenantQuotaSnapshot {
     pub has_explicit_policy: bool,
 }
 
+/// How long a tenant teardown waits for the operations already admitted (each holds the tenant for one
+/// service call, microseconds).
+const TEARDOWN_DRAIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Waits until no operation holds `t`: spins briefly, then sleeps in short steps, up to `limit`.
+fn drain(t: &TenantState, limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    let mut spins = 0u32;
+    while t.inflight() > 0 {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    true
+}
+
 impl MasterService {
     fn require_multi_tenant(&self) -> Result<(), ErrorCode> {
         if self.config.enable_multi_tenants { Ok(()) } else { Err(ErrorCode::UnavailableInCurrentMode) }
@@ -46,7 +68,10 @@ impl MasterService {
     }
 
     /// Deletes a tenant's policy: `OBJECT_NOT_FOUND` without one, `TENANT_NOT_EMPTY` while it holds objects or
-    /// charges. An empty tenant is unregistered.
+    /// charges. An empty tenant is torn down as the RFC orders it: admission closed (new writes are refused),
+    /// the operations already admitted drained (waited for, briefly: if they do not finish, or leave objects,
+    /// the tenant is reopened and the delete refused), unregistered (only this instance: a tenant re-created
+    /// under the name meanwhile is not touched), then its policy released.
     pub fn delete_tenant_quota(&self, tenant: &str) -> Result<(), ErrorCode> {
         self.require_multi_tenant()?;
         let id = Self::tenant_id(tenant)?;
@@ -55,10 +80,17 @@ impl MasterService {
             return Err(ErrorCode::ObjectNotFound);
         }
         if let Some(t) = self.tenants.get(&id) {
-            if !t.objects().is_empty() || t.quota().charged() != 0 {
+            // Not even closed for a tenant visibly in use.
+            if !t.objects().is_empty() || t.quota().charged() != 0 || !t.close() {
+                return Err(ErrorCode::TenantNotEmpty);
+            }
+            let drained = drain(&t, TEARDOWN_DRAIN);
+            if !drained || !t.objects().is_empty() || t.quota().charged() != 0 {
+                t.reopen();
                 return Err(ErrorCode::TenantNotEmpty);
             }
             self.tenants.remove_if_match(&t);
+            t.mark_removed();
         }
         p.remove(&id);
         self.apply_quotas(&p);
@@ -139,5 +171,67 @@ impl MasterService {
     pub fn tenant_quota(&self, tenant: &str) -> Option<TenantQuotaSnapshot> {
         let id = TenantId::new(tenant).ok()?;
         self.tenant_quotas()?.into_iter().find(|s| s.tenant_id == id.as_str())
+    }
+}
+
+#[cfg(test)]
+mod teardown_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::test_hooks;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::{MasterConfig, MasterService};
+    use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentKind};
+    use std::sync::Arc;
+
+    fn master() -> Arc<MasterService> {
+        let config = MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() };
+        let svc = Arc::new(MasterService::new(config, ManualClock::new(Timestamp(1))).unwrap());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("s", 1 << 24)).unwrap();
+        svc.upsert_tenant_quota("t", 1 << 20).unwrap();
+        svc
+    }
+
+    /// The interleaving that leaked before teardown had a lifecycle: a write resolves its tenant, the tenant
+    /// is deleted and re-created, the write goes on. Now the delete is refused while the write holds the
+    /// tenant, and the write lands in the tenant that is registered.
+    #[test]
+    fn a_delete_between_a_writes_tenant_lookup_and_its_publication_is_refused() {
+        let svc = master();
+        let during = svc.clone();
+        let seen = Arc::new(parking_lot::Mutex::new(None));
+        let seen2 = seen.clone();
+        test_hooks::set_after_write_tenant(move || {
+            let deleted = during.delete_tenant_quota("t");
+            during.upsert_tenant_quota("t", 1 << 20).unwrap();
+            *seen2.lock() = Some(deleted);
+        });
+        let w = ClientId::random();
+        svc.put_start(w, "t", "k", 4096, &ReplicateConfig::default()).unwrap();
+        svc.put_end(w, "t", "k", None).unwrap();
+        assert_eq!(*seen.lock(), Some(Err(ErrorCode::TenantNotEmpty)), "the delete waited, then refused");
+        assert_eq!(svc.get_replica_list("t", "k").unwrap().size, 4096, "the object is reachable");
+        let audit = svc.audit();
+        assert!(audit.quota_mismatches.is_empty(), "{audit:?}");
+        assert_eq!(svc.pool().usage(SegmentKind::Memory).used, audit.replica_bytes);
+        // Once the write is done the tenant is deleted normally (after its object goes).
+        svc.remove("t", "k", true).unwrap();
+        svc.delete_tenant_quota("t").unwrap();
+        assert_eq!(svc.put_start(w, "t", "k", 1, &ReplicateConfig::default()), Err(ErrorCode::TenantNotRegistered));
+    }
+
+    /// A handle kept across a teardown cannot act: the instance it names is removed, and the tenant re-created
+    /// under the name is another instance.
+    #[test]
+    fn a_stale_tenant_handle_never_acts_on_a_recreated_tenant() {
+        let svc = master();
+        let id = crescent_proto::TenantId::new("t").unwrap();
+        let old = svc.tenants.get(&id).unwrap();
+        svc.delete_tenant_quota("t").unwrap();
+        svc.upsert_tenant_quota("t", 1 << 20).unwrap();
+        let new = svc.tenants.get(&id).unwrap();
+        assert_ne!(old.instance(), new.instance());
+        assert_eq!(old.lifecycle(), crate::metadata::TenantLifecycle::Removed);
+        assert!(old.enter(true).is_none(), "the old instance admits nothing");
+        assert!(new.enter(true).is_some());
     }
 }

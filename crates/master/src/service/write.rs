@@ -192,6 +192,8 @@ impl MasterService {
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let spec = self.validate_write(key, size, config)?;
         let tenant = self.write_tenant(tenant)?;
+        #[cfg(test)]
+        super::test_hooks::after_write_tenant();
         for _ in 0..RACE_RETRIES {
             let next = match tenant.objects().get(key) {
                 None => Next::Create,
