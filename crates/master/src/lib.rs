@@ -25,3 +25,5 @@ pub mod segment_pool;
 pub mod server;
 pub mod service;
 pub mod sim;
+#[cfg(test)]
+pub(crate) mod test_hooks;

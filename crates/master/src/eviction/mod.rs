@@ -16,7 +16,7 @@
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
-use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantState};
+use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState};
 use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
@@ -99,6 +99,8 @@ pub struct EvictionReport {
 struct Candidate {
     tenant: usize,
     entry: Arc<ObjectEntry>,
+    /// The version the census saw: commit skips an object written again since.
+    version: u16,
     lease: Timestamp,
     /// Where its evictable memory buffers are, `(segment, offset)` (collected for [`make_room`] only).
     at: SmallVec<[(SegmentId, u64); 1]>,
@@ -152,10 +154,18 @@ impl Committer<'_> {
     /// Evicts one candidate (its whole group for a member). Returns objects evicted.
     fn commit(&mut self, c: &Candidate, allow_soft: bool) -> u64 {
         let tenant = &self.tenants[c.tenant];
+        #[cfg(test)]
+        crate::test_hooks::before_eviction_commit();
+        // The tenant instance the census saw must still be the registered one (a removed instance's objects
+        // are no one's to evict).
+        if tenant.lifecycle() == TenantLifecycle::Removed {
+            self.report.skipped += 1;
+            return 0;
+        }
         match c.entry.group() {
             None => {
                 let mut st = c.entry.lock();
-                if !eligible(&st, self.now, allow_soft) {
+                if !eligible(&st, self.now, allow_soft) || st.version != c.version {
                     self.report.skipped += 1;
                     return 0;
                 }
@@ -173,19 +183,22 @@ impl Committer<'_> {
                 if !self.groups_done.insert(Arc::as_ptr(group)) {
                     return 0;
                 }
-                self.commit_group(tenant, group, allow_soft)
+                self.commit_group(tenant, group, c, allow_soft)
             }
         }
     }
 
-    fn commit_group(&mut self, tenant: &TenantState, group: &Arc<GroupEntry>, allow_soft: bool) -> u64 {
+    fn commit_group(&mut self, tenant: &TenantState, group: &Arc<GroupEntry>, c: &Candidate, allow_soft: bool) -> u64 {
         let mut members_guard = group.lock();
         let members = members_guard.live_sorted();
         let mut freed: Vec<SmallVec<[Replica; 1]>> = Vec::new();
         let mut retired: Vec<&Arc<ObjectEntry>> = Vec::new();
         {
             let mut guards: Vec<_> = members.iter().map(|m| m.lock()).collect();
-            if guards.iter().any(|st| st.lifecycle == Lifecycle::Active && st.leased(self.now)) {
+            // The member that made the group a candidate must be the version the census saw.
+            let rewritten =
+                members.iter().zip(guards.iter()).any(|(m, st)| Arc::ptr_eq(m, &c.entry) && st.version != c.version);
+            if rewritten || guards.iter().any(|st| st.lifecycle == Lifecycle::Active && st.leased(self.now)) {
                 self.report.skipped += 1;
                 return 0;
             }
@@ -225,18 +238,18 @@ fn census(
     for (ti, t) in tenants.iter().enumerate() {
         t.objects().visit_chunks(census_chunk, |chunk| {
             for entry in chunk {
-                let (in_base, candidate, soft_pinned, lease, at) = {
+                let (in_base, candidate, soft_pinned, lease, version, at) = {
                     let st = entry.lock();
                     let in_base =
                         st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_memory_bytes() > 0;
                     let candidate = in_base && !st.leased(now);
                     let at = if candidate && per_seg { evictable_at(&st) } else { SmallVec::new() };
-                    (in_base, candidate, st.soft_pinned(now), st.lease, at)
+                    (in_base, candidate, st.soft_pinned(now), st.lease, st.version, at)
                 };
                 report.base += u64::from(in_base);
                 if candidate {
                     report.candidates += 1;
-                    let c = Candidate { tenant: ti, entry, lease, at };
+                    let c = Candidate { tenant: ti, entry, version, lease, at };
                     if soft_pinned { soft.push(c) } else { normal.push(c) }
                 }
             }
@@ -503,5 +516,113 @@ mod tests {
             }
             prop_assert_eq!(got.map(|w| (w.worst, w.bytes)), brute(&seg, size, &rank));
         }
+    }
+}
+
+/// Commit revalidates what the census selected: each test changes the candidate between census and commit
+/// (on the round's own thread, through a test hook) and checks it is skipped, counted, and left as changed.
+#[cfg(test)]
+mod revalidation_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::{EvictionReport, EvictionScope, EvictionTarget};
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::{MasterConfig, MasterService};
+    use crate::test_hooks::set_before_eviction_commit;
+    use crescent_proto::{ClientId, ReplicateConfig, TenantId};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    struct Setup {
+        svc: Arc<MasterService>,
+        clock: Arc<ManualClock>,
+        tenant: &'static str,
+    }
+
+    /// One aged object `k` (lease expired) in tenant `tenant` ("" = single-tenant mode).
+    fn setup(tenant: &'static str) -> Setup {
+        let config = MasterConfig { enable_multi_tenants: !tenant.is_empty(), ..MasterConfig::default() };
+        let clock = ManualClock::new(Timestamp(1_000));
+        let svc = Arc::new(MasterService::new(config, clock.clone()).unwrap());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("s", 1 << 24)).unwrap();
+        if !tenant.is_empty() {
+            svc.upsert_tenant_quota(tenant, 1 << 22).unwrap();
+        }
+        put(&svc, tenant, "k", 100);
+        clock.advance(Duration::from_secs(1));
+        Setup { svc, clock, tenant }
+    }
+
+    fn put(svc: &MasterService, tenant: &str, key: &str, size: u64) {
+        let w = ClientId::random();
+        svc.upsert_start(w, tenant, key, size, &ReplicateConfig::default()).unwrap();
+        svc.upsert_end(w, tenant, key, None).unwrap();
+    }
+
+    /// Runs a round that would take everything, with `change` between its census and commit.
+    fn evict_with(s: &Setup, change: impl FnMut() + 'static) -> EvictionReport {
+        set_before_eviction_commit(change);
+        s.svc.evict(EvictionScope::All, EvictionTarget::Fraction { target: 1.0, lower: 1.0 })
+    }
+
+    fn skipped_only(r: EvictionReport) {
+        assert_eq!((r.candidates, r.objects, r.skipped), (1, 0, 1), "{r:?}");
+    }
+
+    #[test]
+    fn a_lease_taken_after_the_census_saves_the_object() {
+        let s = setup("");
+        let svc = s.svc.clone();
+        skipped_only(evict_with(&s, move || {
+            svc.get_replica_list("", "k").unwrap();
+        }));
+        assert!(s.svc.exist_key("", "k").unwrap());
+    }
+
+    #[test]
+    fn a_pin_set_after_the_census_saves_the_object() {
+        let s = setup("");
+        let svc = s.svc.clone();
+        skipped_only(evict_with(&s, move || {
+            let t = svc.tenant_for_tests(&TenantId::default_tenant());
+            t.objects().get("k").unwrap().lock().hard_pinned = true;
+        }));
+        assert!(s.svc.exist_key("", "k").unwrap());
+    }
+
+    #[test]
+    fn a_key_removed_and_recreated_after_the_census_keeps_the_new_object() {
+        let s = setup("");
+        let svc = s.svc.clone();
+        skipped_only(evict_with(&s, move || {
+            svc.remove("", "k", true).unwrap();
+            put(&svc, "", "k", 200);
+        }));
+        assert_eq!(s.svc.get_replica_list("", "k").unwrap().size, 200);
+    }
+
+    #[test]
+    fn an_object_written_again_after_the_census_is_not_taken_for_its_old_age() {
+        let s = setup("");
+        let (svc, clock) = (s.svc.clone(), s.clock.clone());
+        skipped_only(evict_with(&s, move || {
+            // Same size: written in place, same entry; its completion is the newest thing in the cache.
+            put(&svc, "", "k", 100);
+            clock.advance(Duration::from_millis(1));
+        }));
+        assert!(s.svc.exist_key("", "k").unwrap());
+    }
+
+    #[test]
+    fn a_tenant_deleted_after_the_census_is_not_evicted_from() {
+        let s = setup("t");
+        let svc = s.svc.clone();
+        let tenant = s.tenant;
+        skipped_only(evict_with(&s, move || {
+            svc.remove(tenant, "k", true).unwrap();
+            svc.delete_tenant_quota(tenant).unwrap();
+            svc.upsert_tenant_quota(tenant, 1 << 22).unwrap();
+            put(&svc, tenant, "k", 300);
+        }));
+        assert_eq!(s.svc.get_replica_list(tenant, "k").unwrap().size, 300, "the new tenant's object stays");
     }
 }

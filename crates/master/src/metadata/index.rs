@@ -259,6 +259,7 @@ mod tests {
             checksum: 0,
             lease: Timestamp(0),
             readers: 0,
+            version: 0,
             soft_pin: Timestamp(0),
             charged: 0,
             pending: None,

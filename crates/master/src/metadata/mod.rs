@@ -9,6 +9,9 @@ pub mod quota;
 pub mod tenant;
 
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
-pub use object::{Lifecycle, ObjectEntry, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest};
+pub use object::{
+    Lifecycle, ObjectEntry, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest,
+    object_locks_held,
+};
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};
 pub use tenant::{TenantLifecycle, TenantOp, TenantRegistry, TenantState};

@@ -106,8 +106,13 @@ pub struct ObjectState {
     pub lease: Timestamp,
     /// Readers holding the current lease that have not released it. The last release ends the lease at once;
     /// a reader that never releases (gone, or an existence check) holds it until its deadline. Meaningless
-    /// once the lease has expired (the next grant starts again from one).
-    pub readers: u32,
+    /// once the lease has expired (the next grant starts again from one). 16 bits keep the object small; at
+    /// the cap the count sticks, and the lease then runs to its deadline (never ends early).
+    pub readers: u16,
+    /// Bumped (wrapping) each time a write completes: eviction that selected an older version must not take
+    /// the newer one (a wrap needs 65 536 rewrites of one object within one round: a hot object evicted, no
+    /// more).
+    pub version: u16,
     /// Soft-pin deadline; `Timestamp(0)` = none.
     pub soft_pin: Timestamp,
     /// Quota bytes charged for completed memory replicas (settled charge).
@@ -145,7 +150,7 @@ impl ObjectState {
 
     /// One reader is done with its lease; the last one ends it at `now`.
     pub fn release_lease(&mut self, now: Timestamp) {
-        if !self.leased(now) || self.readers == 0 {
+        if !self.leased(now) || self.readers == 0 || self.readers == u16::MAX {
             return;
         }
         self.readers -= 1;
@@ -205,14 +210,87 @@ impl ObjectEntry {
     }
 
     /// Locks the object.
-    pub fn lock(&self) -> MutexGuard<'_, ObjectState> {
-        self.state.lock()
+    pub fn lock(&self) -> ObjectGuard<'_> {
+        let guard = self.state.lock();
+        #[cfg(debug_assertions)]
+        OBJECT_LOCKS_HELD.with(|n| n.set(n.get() + 1));
+        ObjectGuard { guard }
+    }
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    /// Object locks this thread holds (debug builds): lets the code that must never run under one check it.
+    static OBJECT_LOCKS_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// How many object locks the calling thread holds (always 0 in release builds, which do not count).
+pub fn object_locks_held() -> u32 {
+    #[cfg(debug_assertions)]
+    return OBJECT_LOCKS_HELD.with(std::cell::Cell::get);
+    #[cfg(not(debug_assertions))]
+    0
+}
+
+/// A held object lock. Counts itself in debug builds, so timer and retry indexes can assert they are never
+/// touched under an object lock (the RFC's rule).
+pub struct ObjectGuard<'a> {
+    guard: MutexGuard<'a, ObjectState>,
+}
+
+impl std::ops::Deref for ObjectGuard<'_> {
+    type Target = ObjectState;
+    fn deref(&self) -> &ObjectState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for ObjectGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ObjectState {
+        &mut self.guard
+    }
+}
+
+impl Drop for ObjectGuard<'_> {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        OBJECT_LOCKS_HELD.with(|n| n.set(n.get().saturating_sub(1)));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_whose_reader_count_saturated_runs_to_its_deadline() {
+        let mut st = ObjectState {
+            lifecycle: Lifecycle::Active,
+            hard_pinned: false,
+            data_type: ObjectDataType::Unknown,
+            has_checksum: false,
+            size: 1,
+            checksum: 0,
+            lease: Timestamp(0),
+            readers: 0,
+            version: 0,
+            soft_pin: Timestamp(0),
+            charged: 0,
+            pending: None,
+            replicas: SmallVec::new(),
+        };
+        let (now, deadline) = (Timestamp(10), Timestamp(100));
+        for _ in 0..70_000 {
+            st.grant_lease(now, deadline);
+        }
+        st.release_lease(now);
+        assert!(st.leased(now), "more readers than the count holds: none may end it early");
+        let mut one = st;
+        one.lease = Timestamp(0);
+        one.grant_lease(now, deadline);
+        one.release_lease(now);
+        assert!(!one.leased(now), "a lone reader's release ends it");
+    }
 
     #[test]
     fn layout_stays_compact() {

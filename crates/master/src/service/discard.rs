@@ -18,6 +18,11 @@ pub(super) struct DiscardQueue {
 impl DiscardQueue {
     /// Holds `buffers` until `release_at`.
     pub fn push(&self, release_at: Timestamp, buffers: Vec<AllocatedBuffer>) {
+        debug_assert_eq!(
+            crate::metadata::object_locks_held(),
+            0,
+            "the discard queue (a timer index) is never touched under an object lock"
+        );
         if buffers.is_empty() {
             return;
         }

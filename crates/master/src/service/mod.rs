@@ -229,6 +229,12 @@ impl MasterService {
         Ok(svc)
     }
 
+    /// A registered tenant's state (unit tests reach into metadata through this).
+    #[cfg(test)]
+    pub(crate) fn tenant_for_tests(&self, id: &TenantId) -> Arc<TenantState> {
+        self.tenants.get(id).unwrap_or_else(|| panic!("tenant {id} is not registered"))
+    }
+
     /// The config in force.
     pub fn config(&self) -> &MasterConfig {
         &self.config
@@ -362,12 +368,15 @@ impl MasterService {
                         continue;
                     }
                     n += 1;
-                    self.discard_pending(&t, &mut st);
+                    let discarded = self.take_pending(&t, &mut st);
                     if st.has_readable() {
+                        drop(st);
+                        self.discard(discarded);
                         continue;
                     }
                     let dead = t.retire(&mut st);
                     drop(st);
+                    self.discard(discarded);
                     t.detach(&e);
                     drop(dead);
                 }
@@ -513,31 +522,6 @@ impl Drop for BackgroundLoop {
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
-        }
-    }
-}
-
-/// Points where a unit test can run code in the middle of an operation, on the operation's own thread, to
-/// replay an interleaving deterministically.
-#[cfg(test)]
-pub(crate) mod test_hooks {
-    use std::cell::RefCell;
-
-    type Hook = Box<dyn FnMut()>;
-
-    thread_local! {
-        static AFTER_WRITE_TENANT: RefCell<Option<Hook>> = RefCell::new(None);
-    }
-
-    /// Runs `f` (once) right after a write on this thread has resolved its tenant.
-    pub fn set_after_write_tenant(f: impl FnMut() + 'static) {
-        AFTER_WRITE_TENANT.with(|h| *h.borrow_mut() = Some(Box::new(f)));
-    }
-
-    pub(crate) fn after_write_tenant() {
-        let hook = AFTER_WRITE_TENANT.with(|h| h.borrow_mut().take());
-        if let Some(mut f) = hook {
-            f();
         }
     }
 }

@@ -157,7 +157,7 @@ impl MasterService {
             checksum: st.has_checksum.then_some(st.checksum),
             replicas: st.replicas.iter().filter_map(Replica::descriptor).collect(),
             lease_remaining_ms: if leased { st.lease.0 - now.0 } else { 0 },
-            lease_readers: if leased { st.readers } else { 0 },
+            lease_readers: if leased { u32::from(st.readers) } else { 0 },
             soft_pin_remaining_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
             hard_pinned: st.hard_pinned,
             writing: st.pending.is_some(),

@@ -177,9 +177,9 @@ impl MasterService {
 #[cfg(test)]
 mod teardown_tests {
     #![allow(clippy::unwrap_used)]
-    use super::super::test_hooks;
     use crate::clock::{ManualClock, Timestamp};
     use crate::service::{MasterConfig, MasterService};
+    use crate::test_hooks;
     use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentKind};
     use std::sync::Arc;
 

@@ -35,6 +35,14 @@ struct WriteSpec<'a> {
     group: Option<&'a str>,
 }
 
+/// Buffers taken from an object under its lock, to be queued for release after the lock is dropped.
+#[derive(Default)]
+#[must_use = "queue it with MasterService::discard once the object lock is released"]
+pub(super) struct Discard {
+    release_at: Timestamp,
+    buffers: Vec<AllocatedBuffer>,
+}
+
 /// What resolving an existing object left to do.
 enum Next {
     /// The key is free: create a new object.
@@ -193,7 +201,7 @@ impl MasterService {
         let spec = self.validate_write(key, size, config)?;
         let tenant = self.write_tenant(tenant)?;
         #[cfg(test)]
-        super::test_hooks::after_write_tenant();
+        crate::test_hooks::after_write_tenant();
         for _ in 0..RACE_RETRIES {
             let next = match tenant.objects().get(key) {
                 None => Next::Create,
@@ -249,9 +257,10 @@ impl MasterService {
                 return Err(ErrorCode::ObjectAlreadyExists);
             }
             // A stale unfinished write (or an object with nothing left): preempt it and start afresh.
-            self.discard_pending(tenant, &mut st);
+            let discarded = self.take_pending(tenant, &mut st);
             let dead = tenant.retire(&mut st);
             drop(st);
+            self.discard(discarded);
             tenant.detach(&entry);
             drop((stale, dead));
             return Ok(Next::Create);
@@ -270,10 +279,11 @@ impl MasterService {
             drop(stale);
             return Err(e);
         }
-        self.discard_pending(tenant, &mut st);
+        let discarded = self.take_pending(tenant, &mut st);
         if !st.has_readable() {
             let dead = tenant.retire(&mut st);
             drop(st);
+            self.discard(discarded);
             tenant.detach(&entry);
             drop((stale, dead));
             return Ok(Next::Create);
@@ -283,6 +293,7 @@ impl MasterService {
         if st.size != spec.size || st.leased(now) {
             let hard_pinned = st.hard_pinned;
             drop(st);
+            self.discard(discarded);
             drop(stale);
             return Ok(Next::Replace { entry, hard_pinned });
         }
@@ -295,20 +306,27 @@ impl MasterService {
             Some(Box::new(PendingWrite { writer: client, started: now, soft_pin: spec.soft_pin, pending_charge }));
         let d = descriptors(&st.replicas);
         drop(st);
+        self.discard(discarded);
         drop(stale);
         Ok(Next::Done(d))
     }
 
-    /// Moves an unfinished write's `Processing` replicas to the discard queue (its writer may still be writing
-    /// into them) and refunds its pending charge.
-    pub(super) fn discard_pending(&self, tenant: &TenantState, st: &mut ObjectState) {
-        let Some(p) = st.pending.take() else { return };
+    /// Takes an unfinished write's `Processing` replicas out of the object (its writer may still be writing
+    /// into them) and refunds its pending charge, under the object's lock. The caller hands the result to
+    /// [`MasterService::discard`] after releasing that lock: no timer index is touched under an object lock.
+    pub(super) fn take_pending(&self, tenant: &TenantState, st: &mut ObjectState) -> Discard {
+        let Some(p) = st.pending.take() else { return Discard::default() };
         tenant.release_quota(p.pending_charge);
         let (processing, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
         st.replicas = keep;
         let release_at = p.started.saturating_add(Duration::from_millis(self.config.put_start_release_timeout_ms));
-        self.discards.push(release_at, processing.into_iter().map(|r| r.buffer).collect());
+        Discard { release_at, buffers: processing.into_iter().map(|r| r.buffer).collect() }
+    }
+
+    /// Queues buffers taken from an object until their release time (called with no object lock held).
+    pub(super) fn discard(&self, d: Discard) {
+        self.discards.push(d.release_at, d.buffers);
     }
 
     /// Charges a new write's quota, evicting the tenant's own objects up to twice when it is over quota.
@@ -519,6 +537,7 @@ impl MasterService {
             checksum: 0,
             lease: Timestamp(0),
             readers: 0,
+            version: 0,
             soft_pin: Timestamp(0),
             charged: 0,
             pending: Some(Box::new(PendingWrite {
@@ -683,6 +702,7 @@ impl MasterService {
             tenant.quota().force_charge(settled - held);
         }
         st.charged = settled;
+        st.version = st.version.wrapping_add(1);
         st.lease = st.lease.max(now);
         drop(st);
         drop(stale);
