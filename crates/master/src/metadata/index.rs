@@ -8,9 +8,10 @@
 //! Lock order: group members lock → route shard lock (publish/unlink) and group members lock → member object
 //! locks in canonical key order. A route shard lock is never held while taking a group or object lock.
 
+use super::lock_stats::{LockClass, acquire};
 use super::object::ObjectEntry;
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -68,7 +69,7 @@ impl GroupEntry {
 
     /// Locks the membership (before any member's object lock).
     pub fn lock(&self) -> MutexGuard<'_, GroupMembers> {
-        self.members.lock()
+        acquire(LockClass::Group, || self.members.try_lock(), || self.members.lock())
     }
 
     /// Records a membership change (call with the members lock held).
@@ -105,6 +106,18 @@ impl Default for ObjectIndex {
     }
 }
 
+type Routes = HashTable<Arc<ObjectEntry>>;
+
+/// A route shard's shared lock, counted when contended.
+fn read_routes(lock: &RwLock<Routes>) -> RwLockReadGuard<'_, Routes> {
+    acquire(LockClass::Route, || lock.try_read(), || lock.read())
+}
+
+/// A route shard's exclusive lock, counted when contended.
+fn write_routes(lock: &RwLock<Routes>) -> RwLockWriteGuard<'_, Routes> {
+    acquire(LockClass::Route, || lock.try_write(), || lock.write())
+}
+
 impl ObjectIndex {
     /// The shard of a route hash. Its bits must be ones the shard's table does not use: hashbrown places a
     /// key by the hash's low bits and tags it with the top 7, so a shard picked by the top bits would leave
@@ -117,13 +130,13 @@ impl ObjectIndex {
     /// The entry routed under `key` (any lifecycle; callers check it under the object lock).
     pub fn get(&self, key: &str) -> Option<Arc<ObjectEntry>> {
         let h = route_hash(key);
-        self.shard(h).read().find(h, |e| e.key() == key).cloned()
+        read_routes(self.shard(h)).find(h, |e| e.key() == key).cloned()
     }
 
     /// Publishes `entry` under its key unless a route exists; returns the existing entry then.
     pub fn insert_if_absent(&self, entry: Arc<ObjectEntry>) -> Result<(), Arc<ObjectEntry>> {
         let h = route_hash(entry.key());
-        let mut t = self.shard(h).write();
+        let mut t = write_routes(self.shard(h));
         if let Some(existing) = t.find(h, |e| e.key() == entry.key()) {
             return Err(existing.clone());
         }
@@ -135,7 +148,7 @@ impl ObjectIndex {
     /// Removes the route of `entry` only if it still names this very entry (matched unlink).
     pub fn unlink_if_match(&self, entry: &Arc<ObjectEntry>) -> bool {
         let h = route_hash(entry.key());
-        let mut t = self.shard(h).write();
+        let mut t = write_routes(self.shard(h));
         match t.find_entry(h, |e| Arc::ptr_eq(e, entry)) {
             Ok(occupied) => {
                 let (removed, absent) = occupied.remove();
@@ -169,10 +182,10 @@ impl ObjectIndex {
         let chunk = chunk.max(1);
         for shard in self.routes.iter() {
             let mut cursor = 0usize;
-            let mut buckets = shard.read().num_buckets();
+            let mut buckets = read_routes(shard).num_buckets();
             loop {
                 let batch: Vec<Arc<ObjectEntry>> = {
-                    let t = shard.read();
+                    let t = read_routes(shard);
                     if t.num_buckets() != buckets {
                         buckets = t.num_buckets();
                         cursor = 0;

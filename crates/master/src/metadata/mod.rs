@@ -4,11 +4,13 @@
 //! Unrelated objects never share a mutation lock. See `docs/architecture.md` for the lock order.
 
 pub mod index;
+mod lock_stats;
 pub mod object;
 pub mod quota;
 pub mod tenant;
 
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
+pub use lock_stats::{LockClass, lock_stats};
 pub use object::{
     Lifecycle, ObjectEntry, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest,
     object_locks_held,

@@ -5,6 +5,7 @@
 //! replica lives inline, deadlines are 8-byte millisecond stamps.
 
 use super::index::GroupEntry;
+use super::lock_stats::LockClass;
 use crate::clock::Timestamp;
 use crate::segment_pool::AllocatedBuffer;
 use compact_str::CompactString;
@@ -211,7 +212,7 @@ impl ObjectEntry {
 
     /// Locks the object.
     pub fn lock(&self) -> ObjectGuard<'_> {
-        let guard = self.state.lock();
+        let guard = super::lock_stats::acquire(LockClass::Object, || self.state.try_lock(), || self.state.lock());
         #[cfg(debug_assertions)]
         OBJECT_LOCKS_HELD.with(|n| n.set(n.get() + 1));
         ObjectGuard { guard }

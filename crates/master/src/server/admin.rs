@@ -1,6 +1,7 @@
 //! Admin HTTP (axum): `/metrics` (Prometheus text), `/health`, `/segments`, `/keys?tenant=&prefix=&limit=`.
 
 use super::rpc::RpcMetrics;
+use crate::metadata::{LockClass, lock_stats};
 use crate::service::MasterService;
 use axum::Router;
 use axum::extract::{Query, State};
@@ -165,6 +166,16 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     }
     r.register("segment_capacity_bytes", "Capacity per segment", cap);
     r.register("segment_used_bytes", "Used bytes per segment", used);
+    let contended = Family::<Labels, Counter>::default();
+    let waited = Family::<Labels, Counter>::default();
+    for class in LockClass::ALL {
+        let (n, ns) = lock_stats(class);
+        let l = vec![("lock".to_string(), class.name().to_string())];
+        contended.get_or_create(&l).inc_by(n);
+        waited.get_or_create(&l).inc_by(ns);
+    }
+    r.register("lock_contended", "Lock acquisitions that found the lock held, per lock class", contended);
+    r.register("lock_wait_nanoseconds", "Time contended acquisitions waited, per lock class", waited);
     let mut out = String::new();
     if encode(&mut out, &r).is_err() {
         out.clear();
@@ -263,6 +274,12 @@ mod tests {
         }
         for op in MasterOp::ALL {
             assert!(text.contains(&format!("op=\"{}\"", op.name())), "{} not exported", op.name());
+        }
+        for class in ["route", "object", "group"] {
+            for name in ["lock_contended_total", "lock_wait_nanoseconds_total"] {
+                let series = format!("crescent_master_{name}{{lock=\"{class}\"}} ");
+                assert!(text.lines().any(|l| l.starts_with(&series)), "missing {series:?} in\n{text}");
+            }
         }
     }
 }
