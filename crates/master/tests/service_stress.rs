@@ -5,13 +5,16 @@
 mod common;
 
 use common::*;
+use crescent_master::clock::Clock;
 use crescent_master::eviction::{EvictionScope, EvictionTarget};
 use crescent_master::service::MasterConfig;
-use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentKind};
+use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentKind, SoftPinAction};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 const TENANTS: [&str; 2] = ["a", "b"];
+/// A tenant deleted and re-created throughout the run.
+const CHURNED: &str = "c";
 
 #[test]
 fn concurrent_operations_keep_every_invariant() {
@@ -21,10 +24,11 @@ fn concurrent_operations_keep_every_invariant() {
     for name in ["stable0", "stable1"] {
         h.svc.mount_segment(stable, spec(name, 4 * MIB)).unwrap();
     }
-    for t in TENANTS {
+    for t in TENANTS.into_iter().chain([CHURNED]) {
         h.svc.upsert_tenant_quota(t, 1 << 40).unwrap();
     }
     let owned_ok = AtomicU64::new(0);
+    let (leased_reads, churn_deletes) = (AtomicU64::new(0), AtomicU64::new(0));
     // Fixed operation counts per thread (no time-based stopping): the threads overlap for the whole run.
     let iterations: u64 = 3000;
     let ops: u64 = 6000;
@@ -39,7 +43,19 @@ fn concurrent_operations_keep_every_invariant() {
                     let tenant = TENANTS[rng.usize(..2)];
                     let key = format!("s{}", rng.u32(..300));
                     let size = 1 + rng.u64(..64 * 1024);
-                    let cfg = ReplicateConfig::with_replicas(1 + rng.u32(..2));
+                    let mut cfg = ReplicateConfig::with_replicas(1 + rng.u32(..2));
+                    match rng.u8(..6) {
+                        // Keys s0..s9 and s10..s19 always belong to groups g2 and g0 (membership is immutable).
+                        _ if key.len() == 2 || key.starts_with("s1") && key.len() == 3 => {
+                            cfg.group_id = Some(format!("g{}", key.len() % 3));
+                        }
+                        0 => {
+                            cfg.soft_pin_action = SoftPinAction::Enable;
+                            cfg.soft_pin_ttl_ms = Some(1_500);
+                        }
+                        1 => cfg.with_hard_pin = true,
+                        _ => {}
+                    }
                     let started = if rng.bool() {
                         h.svc.put_start(client, tenant, &key, size, &cfg)
                     } else {
@@ -89,17 +105,73 @@ fn concurrent_operations_keep_every_invariant() {
                 }
             });
         }
-        // A node that keeps coming and going.
+        // A node that keeps coming and going: unmounted at once, gracefully, or remounted after the master
+        // forgot it.
         {
             let h = &h;
             s.spawn(move || {
                 let c = ClientId::random();
-                for _ in 0..ops / 10 {
+                for i in 0..ops / 10 {
                     let sp = spec("churn", 2 * MIB);
                     let id = sp.id;
-                    h.svc.mount_segment(c, sp).unwrap();
+                    h.svc.mount_segment(c, sp.clone()).unwrap();
                     std::thread::yield_now();
-                    h.svc.unmount_segment(id).unwrap();
+                    match i % 3 {
+                        0 => h.svc.unmount_segment(id).unwrap(),
+                        1 => {
+                            h.svc.graceful_unmount_segment(id, c, Duration::from_millis(300)).unwrap();
+                            std::thread::yield_now();
+                            // The clock thread may or may not have passed the grace: either way it goes.
+                            h.svc.step_graceful_unmounts();
+                            h.svc.unmount_segment(id).unwrap();
+                        }
+                        _ => {
+                            h.svc.remount_segments(c, &[sp]).unwrap();
+                            h.svc.unmount_segment(id).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+        // A tenant deleted and re-created while a writer uses it.
+        {
+            let (h, churn_deletes) = (&h, &churn_deletes);
+            s.spawn(move || {
+                let client = ClientId::random();
+                for i in 0..ops / 2 {
+                    let key = format!("c{}", i % 3);
+                    if h.svc.put_start(client, CHURNED, &key, 1024, &ReplicateConfig::default()).is_ok() {
+                        let _ = h.svc.put_end(client, CHURNED, &key, Some(1024));
+                        let _ = h.svc.remove(CHURNED, &key, true);
+                    }
+                    if i % 4 == 0 && h.svc.delete_tenant_quota(CHURNED).is_ok() {
+                        churn_deletes.fetch_add(1, Ordering::Relaxed);
+                        h.svc.upsert_tenant_quota(CHURNED, 1 << 40).unwrap();
+                    }
+                }
+            });
+        }
+        // A reader of keys nobody removes: what it holds a lease on is never evicted before the lease ends.
+        {
+            let (h, leased_reads) = (&h, &leased_reads);
+            s.spawn(move || {
+                let client = ClientId::random();
+                let ttl = Duration::from_millis(MasterConfig::default().lease_ttl_ms);
+                for i in 0..ops / 2 {
+                    let key = format!("l{}", i % 50);
+                    if h.svc.exist_key("b", &key) != Ok(true) {
+                        if h.svc.put_start(client, "b", &key, 2048, &ReplicateConfig::default()).is_ok() {
+                            let _ = h.svc.put_end(client, "b", &key, Some(2048));
+                        }
+                        continue;
+                    }
+                    let before = h.clock.now();
+                    if h.svc.get_replica_list("b", &key).is_ok() {
+                        leased_reads.fetch_add(1, Ordering::Relaxed);
+                        let gone = h.svc.exist_key("b", &key) == Ok(false);
+                        let lease_end = before.saturating_add(ttl);
+                        assert!(!gone || h.clock.now() >= lease_end, "{key} was evicted under its lease");
+                    }
                 }
             });
         }
@@ -133,6 +205,8 @@ fn concurrent_operations_keep_every_invariant() {
         }
     });
     assert!(owned_ok.load(Ordering::Relaxed) > 0);
+    assert!(leased_reads.load(Ordering::Relaxed) > 0, "the lease reader took part");
+    assert!(churn_deletes.load(Ordering::Relaxed) > 0, "the tenant was deleted and re-created mid-run");
     let m = h.svc.metrics();
     assert!(m.evicted_objects.load(Ordering::Relaxed) > 0, "eviction took part");
     assert!(m.put_end.requests.load(Ordering::Relaxed) > 1000, "writers took part");
@@ -144,6 +218,7 @@ fn concurrent_operations_keep_every_invariant() {
     let audit = h.svc.audit();
     assert_eq!(audit.duplicate_keys, 0);
     assert_eq!(audit.not_active, 0);
+    assert_eq!(audit.overlapping_replicas, 0, "no two replicas share bytes");
     assert!(audit.quota_mismatches.is_empty(), "{:?}", audit.quota_mismatches);
     let pool = h.svc.pool().usage(SegmentKind::Memory);
     assert_eq!(pool.used, audit.replica_bytes, "allocator used bytes = Σ live replica bytes");
@@ -160,7 +235,114 @@ fn concurrent_operations_keep_every_invariant() {
     let audit = h.svc.audit();
     assert_eq!((audit.objects, audit.replica_bytes), (0, 0));
     assert_eq!(h.svc.pool().usage(SegmentKind::Memory).used, 0);
-    for t in TENANTS {
+    for t in TENANTS.into_iter().chain([CHURNED]) {
         assert_eq!(h.svc.tenant_quota(t).unwrap().charged_bytes, 0);
     }
+}
+
+/// The RFC's "colliding objects progress" gate: many threads on the same few keys (write, upsert, read,
+/// remove) and every one of them keeps succeeding; nothing deadlocks (a watchdog bounds the run).
+#[test]
+fn threads_colliding_on_a_few_objects_all_make_progress() {
+    let h = Harness::new(MasterConfig::default(), 2, 16 * MIB);
+    const THREADS: u64 = 8;
+    let progress: Vec<AtomicU64> = (0..THREADS).map(|_| AtomicU64::new(0)).collect();
+    watchdog(Duration::from_secs(60), || {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (h, done) = (&h, &progress[t as usize]);
+                s.spawn(move || {
+                    let client = ClientId::random();
+                    let mut rng = fastrand::Rng::with_seed(100 + t);
+                    for _ in 0..1500 {
+                        let key = format!("hot{}", rng.u8(..3));
+                        let ok = match rng.u8(..4) {
+                            0 => h
+                                .svc
+                                .upsert_start(client, "", &key, 1 + rng.u64(..4096), &ReplicateConfig::default())
+                                .and_then(|_| h.svc.upsert_end(client, "", &key, None))
+                                .is_ok(),
+                            1 => h.svc.remove("", &key, true).is_ok(),
+                            _ => h.svc.get_replica_list("", &key).is_ok(),
+                        };
+                        if ok {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    for (t, p) in progress.iter().enumerate() {
+        assert!(p.load(Ordering::Relaxed) > 0, "thread {t} made no progress");
+    }
+    h.advance(Duration::from_secs(700));
+    h.svc.step_discards();
+    let audit = h.svc.audit();
+    assert_eq!((audit.duplicate_keys, audit.overlapping_replicas), (0, 0));
+    assert_eq!(h.svc.pool().usage(SegmentKind::Memory).used, audit.replica_bytes);
+}
+
+/// Every path that takes a group lock, on the same groups at once: writes joining a group, reads refreshing
+/// the members' leases (group, then each member), member removal (member, then group through matched unlink),
+/// eviction of whole groups (group, then members in key order), regex removal. A lock-order mistake deadlocks:
+/// the watchdog turns that into a failure.
+#[test]
+fn group_locks_taken_in_every_order_the_code_can_never_deadlock() {
+    let h = Harness::new(MasterConfig::default(), 2, 16 * MIB);
+    let joined = AtomicU64::new(0);
+    watchdog(Duration::from_secs(60), || {
+        std::thread::scope(|s| {
+            for t in 0..6u64 {
+                let (h, joined) = (&h, &joined);
+                s.spawn(move || {
+                    let client = ClientId::random();
+                    let mut rng = fastrand::Rng::with_seed(200 + t);
+                    for _ in 0..1500 {
+                        let g = rng.u8(..2);
+                        let key = format!("g{g}/m{}", rng.u8(..6));
+                        let cfg = ReplicateConfig { group_id: Some(format!("g{g}")), ..ReplicateConfig::default() };
+                        match (t + u64::from(rng.u8(..3))) % 5 {
+                            0 => {
+                                if h.svc.put_start(client, "", &key, 256, &cfg).is_ok()
+                                    && h.svc.put_end(client, "", &key, None).is_ok()
+                                {
+                                    joined.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            1 => drop(h.svc.get_replica_list("", &key)),
+                            2 => drop(h.svc.remove("", &key, rng.bool())),
+                            3 => {
+                                h.advance(Duration::from_millis(500));
+                                h.svc.evict(EvictionScope::All, EvictionTarget::Fraction { target: 0.5, lower: 0.5 });
+                            }
+                            _ => drop(h.svc.remove_by_regex("", &format!("^g{g}/m[0-2]$"), true)),
+                        }
+                    }
+                });
+            }
+        });
+    });
+    assert!(joined.load(Ordering::Relaxed) > 0, "members joined groups");
+    assert!(h.svc.metrics().evicted_objects.load(Ordering::Relaxed) > 0, "groups were evicted");
+    h.advance(Duration::from_secs(700));
+    h.svc.step_discards();
+    let audit = h.svc.audit();
+    assert_eq!((audit.duplicate_keys, audit.not_active, audit.overlapping_replicas), (0, 0, 0));
+    assert_eq!(h.svc.pool().usage(SegmentKind::Memory).used, audit.replica_bytes);
+}
+
+/// Runs `f`, failing the test if it has not returned within `limit` (a deadlock), instead of hanging.
+fn watchdog(limit: Duration, f: impl FnOnce() + Send) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        if rx.recv_timeout(limit).is_err() {
+            eprintln!("no progress for {limit:?}: deadlock");
+            std::process::abort();
+        }
+    });
 }

@@ -475,6 +475,9 @@ pub struct Audit {
     pub not_active: u64,
     /// Tenants whose account disagrees with Σ of their objects' charges: (tenant, account, objects).
     pub quota_mismatches: Vec<(String, u64, u64)>,
+    /// Pairs of replicas (of any objects) whose byte ranges overlap in one segment (must be 0: a reader's
+    /// bytes belong to the object it asked for).
+    pub overlapping_replicas: u64,
 }
 
 impl MasterService {
@@ -483,6 +486,7 @@ impl MasterService {
     /// moments (tests, admin diagnostics): concurrent operations make the sums approximate.
     pub fn audit(&self) -> Audit {
         let mut a = Audit::default();
+        let mut ranges: Vec<(crescent_proto::SegmentId, u64, u64)> = Vec::new();
         for t in self.tenants.all() {
             let mut keys = std::collections::HashSet::new();
             let mut charged = 0u64;
@@ -498,6 +502,11 @@ impl MasterService {
                     }
                     a.replica_bytes +=
                         st.replicas.iter().filter(|r| r.is_valid()).map(|r| r.buffer.size()).sum::<u64>();
+                    ranges.extend(
+                        st.replicas
+                            .iter()
+                            .filter_map(|r| Some((r.buffer.segment_id()?, r.buffer.offset(), r.buffer.size()))),
+                    );
                     charged += st.charged + st.pending.as_ref().map_or(0, |p| p.pending_charge);
                 }
             });
@@ -505,6 +514,9 @@ impl MasterService {
                 a.quota_mismatches.push((t.id().to_string(), t.quota().charged(), charged));
             }
         }
+        ranges.sort_unstable();
+        a.overlapping_replicas =
+            ranges.windows(2).filter(|w| w[0].0 == w[1].0 && w[0].1 + w[0].2 > w[1].1).count() as u64;
         a
     }
 }
