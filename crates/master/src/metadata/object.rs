@@ -20,9 +20,9 @@ pub type ObjectId = u64;
 /// Publication state. Lookups accept only `Active`; a handle retained past erase sees `Removing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifecycle {
-    /// Being built; not yet visible.
-    Creating,
-    /// Published and usable.
+    /// Published and usable. An object is routed only once fully built (there is no half-published state):
+    /// a write in progress is an `Active` object with a pending write, whose replicas are not yet readable.
+    /// Lookups accept only `Active`.
     Active,
     /// Being (or already) unlinked; every operation treats it as absent.
     Removing,
