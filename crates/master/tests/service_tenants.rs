@@ -277,3 +277,47 @@ fn writers_racing_a_delete_and_recreate_of_their_tenant_leak_nothing() {
     assert!(audit.quota_mismatches.is_empty(), "{audit:?}");
     assert_eq!(h.used(), audit.replica_bytes, "every allocated byte belongs to a reachable object: {audit:?}");
 }
+
+#[test]
+fn a_group_is_erased_whole_or_not_at_all() {
+    let h = Harness::default3();
+    let g = ReplicateConfig { group_id: Some("G".into()), ..ReplicateConfig::default() };
+    for k in ["a", "b", "c"] {
+        h.put_in("", k, 10 * KIB, &g).unwrap();
+    }
+    put(&h, "", "solo", 10 * KIB).unwrap();
+    assert_eq!(h.svc.group_members("", "G").unwrap(), ["a", "b", "c"]);
+    // A reader of one member leases the group: the erase refuses and removes nothing.
+    h.svc.get_replica_list("", "b").unwrap();
+    assert_eq!(h.svc.remove_group("", "G", false), Err(ErrorCode::ObjectHasLease));
+    assert_eq!(h.svc.group_members("", "G").unwrap().len(), 3);
+    assert_eq!(h.svc.remove_group("", "G", true), Ok(3));
+    for k in ["a", "b", "c"] {
+        assert_eq!(h.svc.get_replica_list("", k).unwrap_err(), ErrorCode::ObjectNotFound);
+    }
+    assert_eq!(h.svc.group_members("", "G"), Err(ErrorCode::ObjectNotFound), "the group left the catalog");
+    assert_eq!(h.svc.remove_group("", "G", true), Err(ErrorCode::ObjectNotFound));
+    assert!(h.svc.get_replica_list("", "solo").is_ok(), "others stay");
+    assert_eq!(h.used(), 10 * KIB, "the members' bytes came back");
+    // The name can be used again: a new group.
+    h.put_in("", "a", KIB, &g).unwrap();
+    assert_eq!(h.svc.group_members("", "G").unwrap(), ["a"]);
+    let audit = h.svc.audit();
+    assert_eq!((audit.objects, audit.not_active, audit.overlapping_replicas), (2, 0, 0));
+}
+
+#[test]
+fn leaving_a_large_group_does_not_disturb_the_rest() {
+    let h = Harness::default3();
+    let g = ReplicateConfig { group_id: Some("big".into()), ..ReplicateConfig::default() };
+    let keys: Vec<String> = (0..2000).map(|i| format!("m{i:04}")).collect();
+    for k in &keys {
+        h.put_in("", k, 64, &g).unwrap();
+    }
+    for k in keys.iter().step_by(2) {
+        h.svc.remove("", k, true).unwrap();
+    }
+    let left = h.svc.group_members("", "big").unwrap();
+    assert_eq!(left.len(), 1000);
+    assert!(left.iter().all(|k| k[1..].parse::<u32>().unwrap() % 2 == 1));
+}

@@ -9,7 +9,7 @@
 //! locks in canonical key order. A route shard lock is never held while taking a group or object lock.
 
 use super::lock_stats::{LockClass, acquire};
-use super::object::ObjectEntry;
+use super::object::{ObjectEntry, ObjectId};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
@@ -33,27 +33,57 @@ fn shard_index(hash: u64) -> usize {
     ((hash >> 32) as usize) & (SHARDS - 1)
 }
 
+/// A group's id: numeric, unique within its tenant's index for the index's lifetime (member objects and
+/// later work name a group by it; the name is stored once, in the group).
+pub type GroupId = u64;
+
 /// Membership of an explicit group, guarded by the group lock.
 #[derive(Debug, Default)]
 pub struct GroupMembers {
-    /// Set when the last member left; a removing group takes no new members.
+    /// Set when the last member left or the group is being erased; a removing group takes no new members.
     pub removing: bool,
-    /// Current members (weak: members own the group, not the reverse).
-    pub members: Vec<Weak<ObjectEntry>>,
+    /// Current members by object id (weak: members own the group, not the reverse); adding and removing one
+    /// member is O(1) whatever the group's size.
+    members: HashMap<ObjectId, Weak<ObjectEntry>>,
 }
 
 impl GroupMembers {
     /// Live members sorted by key: the canonical order for locking several members.
     pub fn live_sorted(&self) -> Vec<Arc<ObjectEntry>> {
-        let mut v: Vec<Arc<ObjectEntry>> = self.members.iter().filter_map(Weak::upgrade).collect();
+        let mut v: Vec<Arc<ObjectEntry>> = self.members.values().filter_map(Weak::upgrade).collect();
         v.sort_by(|a, b| a.key().cmp(b.key()));
         v
+    }
+
+    /// Adds a member.
+    pub fn add(&mut self, entry: &Arc<ObjectEntry>) {
+        self.members.insert(entry.id(), Arc::downgrade(entry));
+    }
+
+    /// Removes `entry` if it is the member under its id (matched: a re-created object with another id is not
+    /// touched). Returns whether it was.
+    pub fn remove(&mut self, entry: &Arc<ObjectEntry>) -> bool {
+        match self.members.get(&entry.id()) {
+            Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)) => self.members.remove(&entry.id()).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the group has no member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 }
 
 /// An explicit group: a named set of objects that share leases and are evicted together.
 #[derive(Debug)]
 pub struct GroupEntry {
+    id: GroupId,
     name: Arc<str>,
     members: Mutex<GroupMembers>,
     /// Membership changed since the last shared lease refresh. Set under the members lock; read without it so
@@ -62,6 +92,11 @@ pub struct GroupEntry {
 }
 
 impl GroupEntry {
+    /// The group's id.
+    pub fn id(&self) -> GroupId {
+        self.id
+    }
+
     /// The group's name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
@@ -88,11 +123,19 @@ impl GroupEntry {
     }
 }
 
+/// The explicit groups of one index, by name and by id.
+#[derive(Debug, Default)]
+struct GroupCatalog {
+    by_name: HashMap<Arc<str>, Arc<GroupEntry>>,
+    by_id: HashMap<GroupId, Arc<GroupEntry>>,
+    next_id: GroupId,
+}
+
 /// A tenant's route index and group catalog.
 #[derive(Debug)]
 pub struct ObjectIndex {
     routes: Box<[RwLock<HashTable<Arc<ObjectEntry>>>]>,
-    groups: Mutex<HashMap<Arc<str>, Arc<GroupEntry>>>,
+    groups: Mutex<GroupCatalog>,
     len: AtomicUsize,
 }
 
@@ -100,7 +143,7 @@ impl Default for ObjectIndex {
     fn default() -> Self {
         Self {
             routes: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
-            groups: Mutex::new(HashMap::new()),
+            groups: Mutex::new(GroupCatalog { next_id: 1, ..GroupCatalog::default() }),
             len: AtomicUsize::new(0),
         }
     }
@@ -208,36 +251,46 @@ impl ObjectIndex {
     /// The live group called `name`, creating it if needed (a removing group is replaced).
     pub fn group_or_create(&self, name: &str) -> Arc<GroupEntry> {
         let mut g = self.groups.lock();
-        if let Some(existing) = g.get(name) {
+        if let Some(existing) = g.by_name.get(name) {
             return existing.clone();
         }
         let name: Arc<str> = Arc::from(name);
+        let id = g.next_id;
+        g.next_id += 1;
         let entry = Arc::new(GroupEntry {
+            id,
             name: name.clone(),
             members: Mutex::new(GroupMembers::default()),
             dirty: AtomicBool::new(false),
         });
-        g.insert(name, entry.clone());
+        g.by_name.insert(name, entry.clone());
+        g.by_id.insert(id, entry.clone());
         entry
     }
 
     /// The live group called `name`.
     pub fn group(&self, name: &str) -> Option<Arc<GroupEntry>> {
-        self.groups.lock().get(name).cloned()
+        self.groups.lock().by_name.get(name).cloned()
+    }
+
+    /// The live group with this id.
+    pub fn group_by_id(&self, id: GroupId) -> Option<Arc<GroupEntry>> {
+        self.groups.lock().by_id.get(&id).cloned()
     }
 
     /// Forgets `group` if the catalog still names it (called with the group lock held, after its last member
-    /// left and it was marked removing).
+    /// left or the group was erased, and it was marked removing).
     pub fn remove_group_if_match(&self, group: &Arc<GroupEntry>) {
         let mut g = self.groups.lock();
-        if g.get(group.name()).is_some_and(|e| Arc::ptr_eq(e, group)) {
-            g.remove(group.name());
+        if g.by_id.get(&group.id()).is_some_and(|e| Arc::ptr_eq(e, group)) {
+            g.by_id.remove(&group.id());
+            g.by_name.remove(group.name());
         }
     }
 
     /// Number of live explicit groups.
     pub fn group_count(&self) -> usize {
-        self.groups.lock().len()
+        self.groups.lock().by_id.len()
     }
 }
 
@@ -247,6 +300,22 @@ mod tests {
     use crate::clock::Timestamp;
     use crate::metadata::{Lifecycle, ObjectState};
     use crescent_proto::ObjectDataType;
+
+    #[test]
+    fn groups_are_found_by_name_and_by_id_and_a_recreated_group_is_another() {
+        let idx = ObjectIndex::default();
+        let a = idx.group_or_create("a");
+        let b = idx.group_or_create("b");
+        assert_ne!(a.id(), b.id());
+        assert!(Arc::ptr_eq(&idx.group_or_create("a"), &a), "the same name is the same group");
+        assert!(Arc::ptr_eq(&idx.group_by_id(b.id()).unwrap(), &b));
+        a.lock().removing = true;
+        idx.remove_group_if_match(&a);
+        assert!(idx.group("a").is_none() && idx.group_by_id(a.id()).is_none());
+        let again = idx.group_or_create("a");
+        assert!(again.id() > b.id(), "ids are never reused");
+        assert_eq!(idx.group_count(), 2);
+    }
 
     #[test]
     fn keys_of_one_shard_still_spread_over_the_table_tags() {

@@ -203,13 +203,11 @@ impl TenantState {
         group: &Arc<super::index::GroupEntry>,
         members: &mut super::index::GroupMembers,
     ) {
-        let before = members.members.len();
-        members.members.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)) && w.strong_count() > 0);
-        if members.members.len() != before {
+        if members.remove(entry) {
             group.mark_dirty();
         }
         self.objects.unlink_if_match(entry);
-        if members.members.is_empty() && !members.removing {
+        if members.is_empty() && !members.removing {
             members.removing = true;
             self.objects.remove_group_if_match(group);
         }

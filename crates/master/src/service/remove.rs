@@ -59,6 +59,48 @@ impl MasterService {
         Ok(())
     }
 
+    /// RemoveGroup: erases an explicit group whole, as the RFC orders it: under the group lock, every member
+    /// (locked in key order) is checked — one that may not go (leased without `force`, being written, pinned
+    /// by a task) refuses the whole erase with its reason — then marked removing, the group marked removing,
+    /// every member's route matched-unlinked, and the group dropped from the catalog; buffers and quota are
+    /// released after the locks. Returns the number of members removed; `OBJECT_NOT_FOUND` for no such group.
+    pub fn remove_group(&self, tenant: &str, group: &str, force: bool) -> Result<u64, ErrorCode> {
+        let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let g = t.objects().group(group).ok_or(ErrorCode::ObjectNotFound)?;
+        let now = self.clock.now();
+        let mut members = g.lock();
+        if members.removing {
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        let live = members.live_sorted();
+        let mut freed = Vec::with_capacity(live.len());
+        {
+            let mut guards: Vec<_> = live.iter().map(|m| m.lock()).collect();
+            if let Some(e) = guards.iter().find_map(|st| removal_check(st, force, now).err()) {
+                return Err(e);
+            }
+            for st in guards.iter_mut() {
+                freed.push(t.retire(st));
+            }
+        }
+        members.removing = true;
+        for m in &live {
+            t.detach_locked(m, &g, &mut members);
+        }
+        t.objects().remove_group_if_match(&g);
+        drop(members);
+        drop(freed);
+        Ok(live.len() as u64)
+    }
+
+    /// The keys of an explicit group's members, sorted (`OBJECT_NOT_FOUND` for no such group).
+    pub fn group_members(&self, tenant: &str, group: &str) -> Result<Vec<String>, ErrorCode> {
+        let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let g = t.objects().group(group).ok_or(ErrorCode::ObjectNotFound)?;
+        let members = g.lock();
+        Ok(members.live_sorted().iter().map(|m| m.key().to_owned()).collect())
+    }
+
     fn tenants_for_bulk(&self, tenant: Option<&str>) -> Result<Vec<Arc<TenantState>>, ErrorCode> {
         match tenant {
             None => Ok(self.tenants.all()),

@@ -803,11 +803,11 @@ fn publish_member(
         let entry = Arc::new(ObjectEntry::new(id, key, Some(group.clone()), state));
         let result = tenant.objects().insert_if_absent(entry.clone());
         if result.is_ok() {
-            members.members.push(Arc::downgrade(&entry));
+            members.add(&entry);
             group.mark_dirty();
             return Ok(());
         }
-        if members.members.is_empty() {
+        if members.is_empty() {
             members.removing = true;
             tenant.objects().remove_group_if_match(&group);
         }
