@@ -123,3 +123,29 @@ fn graceful_unmount_runs_at_its_deadline() {
     assert_eq!(h.svc.step_graceful_unmounts(), 1);
     assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
 }
+
+/// The RFC's reactivate: a graceful unmount is rolled back when the owner mounts the same segment again
+/// before its deadline; the segment is allocatable again and keeps every replica.
+#[test]
+fn mounting_again_cancels_a_pending_graceful_unmount() {
+    let h = Harness::new(MasterConfig::default(), 0, 0);
+    let c = ClientId::random();
+    let s = spec("only", 16 * MIB);
+    h.svc.mount_segment(c, s.clone()).unwrap();
+    h.put("k", 4096);
+    h.svc.graceful_unmount_segment(s.id, c, Duration::from_secs(5)).unwrap();
+    assert_eq!(h.svc.segment_status(s.id).unwrap(), SegmentStatus::GracefullyUnmounting);
+    assert_eq!(
+        h.svc.put_start(h.writer, "", "new", 1, &ReplicateConfig::default()).unwrap_err(),
+        ErrorCode::NoAvailableHandle,
+        "a segment on its way out takes no writes"
+    );
+    h.svc.mount_segment(c, s.clone()).unwrap();
+    assert_eq!(h.svc.segment_status(s.id).unwrap(), SegmentStatus::Ok);
+    h.advance(Duration::from_secs(6));
+    assert_eq!(h.svc.step_graceful_unmounts(), 0, "the cancelled deadline does not fire");
+    assert!(h.get("k").is_ok(), "its objects stayed");
+    h.put("new", 1);
+    // Someone else's mount of it is still a conflict.
+    assert!(h.svc.mount_segment(ClientId::random(), s).is_err());
+}

@@ -104,6 +104,9 @@ pub enum MountOutcome {
     Mounted,
     /// The identical segment was already mounted; nothing changed.
     AlreadyMounted,
+    /// The segment was on its way out (a graceful unmount pending) and its owner mounted it again: the unmount
+    /// is cancelled and the segment is allocatable again, every replica on it kept.
+    Reactivated,
 }
 
 /// What a remount did.
@@ -277,6 +280,11 @@ impl SegmentPool {
         if let Some(existing) = st.catalog.get(&spec.id) {
             if *existing.spec != spec || existing.client != client {
                 return Err(PoolError::ConflictingMount(spec.id));
+            }
+            if existing.status == SegmentStatus::GracefullyUnmounting {
+                // The RFC's reactivate: the unmount is rolled back before anything was deactivated.
+                st.transition(&spec.id, SegmentStatus::Ok, None);
+                return Ok(MountOutcome::Reactivated);
             }
             if !existing.status.is_allocatable() {
                 return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
