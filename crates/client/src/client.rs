@@ -193,6 +193,19 @@ impl Value<'_> {
 }
 
 /// Replica location for the data plane: `(endpoint, segment, offset, length)`.
+/// Whether a failed transfer means its node could not be reached at all (refused, reset, closed, timed out):
+/// worth telling the master, which then stops placing there until the node pings.
+fn node_unreachable(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Transfer(
+            crescent_transfer::TransferError::Io(_)
+                | crescent_transfer::TransferError::Timeout
+                | crescent_transfer::TransferError::Closed
+        )
+    )
+}
+
 fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64)> {
     match &d.location {
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
@@ -334,12 +347,13 @@ impl Client {
         let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());
         let sent_crc = match written {
             Ok(crc) => crc,
-            Err(err) => {
+            Err((err, unreachable)) => {
                 let revoke =
                     MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
                 if let Err(e) = self.inner.master.call(&revoke).await {
                     tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
                 }
+                self.report_unreachable(unreachable).await;
                 return Err(err);
             }
         };
@@ -354,28 +368,55 @@ impl Client {
         Ok(PutOutcome::Stored { replicas: replicas.len() })
     }
 
-    /// Writes `value` to every replica concurrently; the first failure is returned. For a borrowed value, also
-    /// returns its crc32c as summed by the first replica's write while sending it.
+    /// Writes `value` to every replica concurrently; the first failure is returned, with the segments whose
+    /// nodes could not be reached. For a borrowed value, also returns its crc32c as summed by the first
+    /// replica's write while sending it.
     async fn write_replicas(
         &self,
         value: &Value<'_>,
         replicas: &[ReplicaDescriptor],
-    ) -> Result<Option<u32>, ClientError> {
+    ) -> Result<Option<u32>, (ClientError, Vec<crescent_proto::SegmentId>)> {
         let writes = replicas.iter().enumerate().map(|(i, d)| async move {
-            let (endpoint, segment, offset, _) = address(d).ok_or(ClientError::Code(ErrorCode::InvalidReplica))?;
+            let Some((endpoint, segment, offset, _)) = address(d) else {
+                return Err((ClientError::Code(ErrorCode::InvalidReplica), None));
+            };
             let t = &self.inner.transfer;
             match value {
                 Value::Owned(b) => t.write(endpoint, segment, offset, b.clone()).await.map(|()| None),
                 Value::Borrowed(s) if i == 0 => t.write_from_checksummed(endpoint, segment, offset, s).await.map(Some),
                 Value::Borrowed(s) => t.write_from(endpoint, segment, offset, s).await.map(|()| None),
             }
-            .map_err(ClientError::from)
+            .map_err(|e| (ClientError::from(e), Some(segment)))
         });
-        let mut crc = None;
+        let (mut crc, mut failed, mut unreachable) = (None, None, Vec::new());
         for written in join_all(writes).await {
-            crc = crc.or(written?);
+            match written {
+                Ok(c) => crc = crc.or(c),
+                Err((e, segment)) => {
+                    if let Some(seg) = segment.filter(|_| node_unreachable(&e)) {
+                        unreachable.push(seg);
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(crc)
+        match failed {
+            None => Ok(crc),
+            Some(e) => Err((e, unreachable)),
+        }
+    }
+
+    /// Tells the master which segments' nodes this client could not reach (best effort: a failure is logged).
+    async fn report_unreachable(&self, mut segments: Vec<crescent_proto::SegmentId>) {
+        if segments.is_empty() {
+            return;
+        }
+        segments.sort_unstable();
+        segments.dedup();
+        let req = MasterRequest::ReportUnreachable { client: self.inner.id, segments: Batch(segments) };
+        if let Err(e) = self.inner.master.call(&req).await {
+            tracing::warn!(error = %e, "could not report unreachable nodes to the master");
+        }
     }
 
     /// Stores many objects: one batched PutStart, parallel writes, one batched PutEnd. Results per key, in
@@ -422,7 +463,7 @@ impl Client {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
-        let written = self.write_batch_replicas(items, &starts).await;
+        let (written, unreachable) = self.write_batch_replicas(items, &starts).await;
         let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
         let mut to_end = Vec::new();
         let mut to_revoke = Vec::new();
@@ -448,6 +489,7 @@ impl Client {
                 tracing::warn!(error = %e, "batch revoke failed");
             }
         }
+        self.report_unreachable(unreachable).await;
         if !to_end.is_empty() {
             let ends = Batch(to_end.iter().map(|&i| (WireKey::from(items[i].0), Some(checksum(items[i].1)))).collect());
             let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
@@ -471,7 +513,7 @@ impl Client {
         &self,
         items: &[(&str, &[u8])],
         starts: &[Result<Vec<ReplicaDescriptor>, ErrorCode>],
-    ) -> Vec<Written> {
+    ) -> (Vec<Written>, Vec<crescent_proto::SegmentId>) {
         let mut written: Vec<Written> =
             starts.iter().map(|s| if s.is_ok() { Written::Done } else { Written::NotStarted }).collect();
         let mut by_peer: HashMap<&str, (Vec<usize>, Vec<BatchWrite<'_>>)> = HashMap::new();
@@ -489,14 +531,19 @@ impl Client {
         }
         let t = &self.inner.transfer;
         let per_peer = by_peer.iter().map(|(endpoint, (idx, writes))| async move {
-            idx.iter().copied().zip(t.write_batch(endpoint, writes).await).collect::<Vec<_>>()
+            idx.iter().copied().zip(writes).zip(t.write_batch(endpoint, writes).await).collect::<Vec<_>>()
         });
-        for (i, r) in join_all(per_peer).await.into_iter().flatten() {
+        let mut unreachable = Vec::new();
+        for ((i, w), r) in join_all(per_peer).await.into_iter().flatten() {
             if let (Err(e), Some(slot)) = (r, written.get_mut(i)) {
-                slot.fail(e.into());
+                let e = ClientError::from(e);
+                if node_unreachable(&e) {
+                    unreachable.push(w.segment);
+                }
+                slot.fail(e);
             }
         }
-        written
+        (written, unreachable)
     }
 
     /// The replica list of an object, and a read lease on it that the caller must release
@@ -559,16 +606,24 @@ impl Client {
         started: Instant,
     ) -> Result<Vec<u8>, ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
+        let mut unreachable = Vec::new();
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
             match self.inner.transfer.read_checksummed(endpoint, segment, offset, list.size).await {
                 Ok((bytes, crc)) => {
+                    self.report_unreachable(unreachable).await;
                     self.verify(key, list, started, u64::from(crc))?;
                     return Ok(Vec::from(bytes));
                 }
-                Err(e) => last = e.into(),
+                Err(e) => {
+                    last = e.into();
+                    if node_unreachable(&last) {
+                        unreachable.push(segment);
+                    }
+                }
             }
         }
+        self.report_unreachable(unreachable).await;
         Err(last)
     }
 
@@ -628,13 +683,23 @@ impl Client {
         started: Instant,
     ) -> Result<(), ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
+        let mut unreachable = Vec::new();
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
             match self.inner.transfer.read_into_checksummed(endpoint, segment, offset, buf).await {
-                Ok(crc) => return self.verify(key, list, started, u64::from(crc)),
-                Err(e) => last = e.into(),
+                Ok(crc) => {
+                    self.report_unreachable(unreachable).await;
+                    return self.verify(key, list, started, u64::from(crc));
+                }
+                Err(e) => {
+                    last = e.into();
+                    if node_unreachable(&last) {
+                        unreachable.push(segment);
+                    }
+                }
             }
         }
+        self.report_unreachable(unreachable).await;
         Err(last)
     }
 

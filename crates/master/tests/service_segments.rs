@@ -149,3 +149,35 @@ fn mounting_again_cancels_a_pending_graceful_unmount() {
     // Someone else's mount of it is still a conflict.
     assert!(h.svc.mount_segment(ClientId::random(), s).is_err());
 }
+
+/// A segment a client reports unreachable: no placements, its replicas not handed out (others are), its
+/// capacity out of the eviction trigger's denominator; its node's ping brings it back; its TTL unmounts it.
+#[test]
+fn a_suspect_segment_takes_no_writes_hands_out_no_replicas_and_comes_back_on_ping() {
+    let h = Harness::new(MasterConfig::default(), 2, 16 * MIB);
+    let ((c0, s0), (c1, s1)) = (h.segments[0], h.segments[1]);
+    let two = ReplicateConfig::with_replicas(2);
+    h.put_in("", "both", 4096, &two).unwrap();
+    assert_eq!(h.svc.report_unreachable(ClientId::random(), &[s1, SegmentId::random()]), 1);
+    assert_eq!(h.svc.segment_status(s1).unwrap(), SegmentStatus::Suspect);
+    let r = h.get("both").unwrap();
+    assert_eq!(r.replicas.len(), 1, "only the reachable replica is handed out");
+    for i in 0..10 {
+        let placed = h.put_in("", &format!("k{i}"), 4096, &two).unwrap();
+        assert_eq!(placed.len(), 1, "nothing is placed on the suspect segment");
+    }
+    assert_eq!(h.svc.pool().usage(crescent_proto::SegmentKind::Memory).capacity, 16 * MIB, "usable capacity only");
+    // The suspect segment's node pings: back in service.
+    h.svc.ping(c1);
+    assert_eq!(h.svc.segment_status(s1).unwrap(), SegmentStatus::Ok);
+    assert_eq!(h.get("both").unwrap().replicas.len(), 2);
+    // Suspect again, and its node stays silent past the client TTL: unmounted, objects on it dropped or
+    // left with their other replica.
+    h.svc.report_unreachable(ClientId::random(), &[s1]);
+    h.advance(Duration::from_secs(11));
+    h.svc.ping(c0);
+    h.svc.step_liveness();
+    assert!(h.svc.segment_status(s1).is_err(), "unmounted at the TTL");
+    assert_eq!(h.get("both").unwrap().replicas.len(), 1);
+    assert_eq!(h.svc.segment_status(s0).unwrap(), SegmentStatus::Ok);
+}

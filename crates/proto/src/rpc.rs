@@ -149,6 +149,9 @@ pub enum MasterRequest {
     RemoveByRegex { tenant: String, pattern: String, force: bool },
     /// List readable keys with a prefix.
     ListKeys { tenant: String, prefix: String, limit: u32 },
+    /// The caller could not reach these segments' nodes (connection refused, reset, timed out): the master
+    /// stops placing on them and handing out their replicas until their node pings again.
+    ReportUnreachable { client: ClientId, segments: Batch<SegmentId> },
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -213,6 +216,7 @@ master_ops! {
     RemoveAll => "remove_all",
     RemoveByRegex => "remove_by_regex",
     ListKeys => "list_keys",
+    ReportUnreachable => "report_unreachable",
 }
 
 impl MasterOp {

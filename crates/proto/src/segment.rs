@@ -51,6 +51,9 @@ pub enum SegmentStatus {
     GracefullyUnmounting = 4,
     /// Deactivated: unallocatable, every replica on it unreadable; waiting for erase.
     Unmounting = 5,
+    /// A client could not reach its node: no new allocations and its replicas are not handed to readers (they
+    /// use other replicas), metadata kept; back to `Ok` at the node's next ping, unmounted at its client TTL.
+    Suspect = 6,
 }
 
 impl SegmentStatus {
@@ -59,7 +62,7 @@ impl SegmentStatus {
         self == SegmentStatus::Ok
     }
 
-    /// Replicas on a segment are readable in every live status but `Unmounting`.
+    /// Replicas on a segment are readable in every live status but `Unmounting` and `Suspect`.
     pub fn is_readable(self) -> bool {
         matches!(
             self,
@@ -75,9 +78,9 @@ mod tests {
     #[test]
     fn allocatable_iff_ok_and_readable_unless_unmounting() {
         use SegmentStatus::*;
-        for s in [Undefined, Ok, Draining, Drained, GracefullyUnmounting, Unmounting] {
+        for s in [Undefined, Ok, Draining, Drained, GracefullyUnmounting, Unmounting, Suspect] {
             assert_eq!(s.is_allocatable(), s == Ok);
-            assert_eq!(s.is_readable(), !matches!(s, Undefined | Unmounting));
+            assert_eq!(s.is_readable(), !matches!(s, Undefined | Unmounting | Suspect));
         }
         assert_eq!(Unmounting as u8, 5);
     }

@@ -57,7 +57,7 @@ impl Replica {
 
     /// The replica's segment still exists (it may still be written or read).
     pub fn is_valid(&self) -> bool {
-        self.buffer.is_readable()
+        self.buffer.is_live()
     }
 
     /// The wire descriptor, `None` if the segment is gone.

@@ -286,6 +286,14 @@ impl SegmentPool {
                 st.transition(&spec.id, SegmentStatus::Ok, None);
                 return Ok(MountOutcome::Reactivated);
             }
+            if existing.status == SegmentStatus::Suspect {
+                // Its owner reached us: it is reachable again.
+                if let Some(res) = st.resource(&spec) {
+                    res.set_reachable(true);
+                }
+                st.transition(&spec.id, SegmentStatus::Ok, None);
+                return Ok(MountOutcome::Reactivated);
+            }
             if !existing.status.is_allocatable() {
                 return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
             }
@@ -417,6 +425,47 @@ impl SegmentPool {
         self.state.read().catalog.next_deadline()
     }
 
+    /// Marks an `Ok` segment SUSPECT (a client could not reach its node): it leaves placement and its replicas
+    /// are not handed to readers, nothing else changes. Returns whether it was `Ok` (other statuses are left
+    /// alone: a segment on its way out or already suspect).
+    pub fn suspect(&self, id: SegmentId) -> Result<bool, PoolError> {
+        let mut st = self.state.write();
+        let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
+        if r.status != SegmentStatus::Ok {
+            return Ok(false);
+        }
+        let spec = r.spec.clone();
+        if let Some(res) = st.resource(&spec) {
+            res.set_reachable(false);
+        }
+        st.transition(&id, SegmentStatus::Suspect, None);
+        Ok(true)
+    }
+
+    /// Returns every SUSPECT segment of `client` to `Ok` (its node just proved it is alive); how many. Costs a
+    /// shared-lock look when there are none.
+    pub fn clear_suspect(&self, client: ClientId) -> usize {
+        let suspects = |st: &PoolState| -> Vec<SegmentId> {
+            st.catalog
+                .ids_for_client(&client)
+                .into_iter()
+                .filter(|id| st.catalog.get(id).is_some_and(|r| r.status == SegmentStatus::Suspect))
+                .collect()
+        };
+        if suspects(&self.state.read()).is_empty() {
+            return 0;
+        }
+        let mut st = self.state.write();
+        let ids = suspects(&st);
+        for id in &ids {
+            if let Some(res) = st.catalog.get(id).map(|r| r.spec.clone()).and_then(|spec| st.resource(&spec).cloned()) {
+                res.set_reachable(true);
+            }
+            st.transition(id, SegmentStatus::Ok, None);
+        }
+        ids.len()
+    }
+
     /// Sets a drain-related status: `Ok`, `Draining` or `Drained`. Leaving `Ok` makes the segment unallocatable
     /// (still readable); returning to `Ok` makes it allocatable again.
     pub fn set_status(&self, id: SegmentId, status: SegmentStatus) -> Result<(), PoolError> {
@@ -425,7 +474,8 @@ impl SegmentPool {
         }
         let mut st = self.state.write();
         let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
-        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting) {
+        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting | SegmentStatus::Suspect)
+        {
             return Err(PoolError::UnavailableInStatus { id, status: r.status });
         }
         st.transition(&id, status, None);

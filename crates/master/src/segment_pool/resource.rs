@@ -60,6 +60,9 @@ pub struct RegionResource {
     capacity: u64,
     /// Published projection of the catalog status "not UNMOUNTING": cleared once, under the pool write lock.
     live: AtomicBool,
+    /// Published projection of "not SUSPECT": cleared when a client reports the node unreachable, set again
+    /// when the node pings (under the pool write lock). Readers are not handed replicas here meanwhile.
+    reachable: AtomicBool,
     target: AllocationTarget,
 }
 
@@ -83,7 +86,16 @@ impl RegionResource {
         capacity: u64,
         target: AllocationTarget,
     ) -> Self {
-        Self { segment_id, kind, name, endpoint, capacity, live: AtomicBool::new(true), target }
+        Self {
+            segment_id,
+            kind,
+            name,
+            endpoint,
+            capacity,
+            live: AtomicBool::new(true),
+            reachable: AtomicBool::new(true),
+            target,
+        }
     }
 
     /// The segment this resource backs.
@@ -113,6 +125,15 @@ impl RegionResource {
 
     pub(crate) fn deactivate(&self) {
         self.live.store(false, Ordering::Release);
+    }
+
+    /// Whether the region's node is believed reachable (not SUSPECT).
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_reachable(&self, reachable: bool) {
+        self.reachable.store(reachable, Ordering::Release);
     }
 
     /// Allocates `size` bytes. Only the placement executor calls this, with the pool's shared lock held.
@@ -242,8 +263,14 @@ impl AllocatedBuffer {
         self.region.upgrade()
     }
 
-    /// Whether the bytes are still reachable: the region exists and is not deactivated.
+    /// Whether the bytes may be handed to a reader: the region exists, is not deactivated, and its node is not
+    /// suspected unreachable.
     pub fn is_readable(&self) -> bool {
+        self.region.upgrade().is_some_and(|r| r.is_live() && r.is_reachable())
+    }
+
+    /// Whether the buffer's segment is still mounted (readable or not: a suspect segment's buffers are live).
+    pub fn is_live(&self) -> bool {
         self.region.upgrade().is_some_and(|r| r.is_live())
     }
 

@@ -50,6 +50,10 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             (ErrorCode::ObjectNotFound, _) => format!("{who} not found"),
             (ErrorCode::ObjectAlreadyExists, _) => format!("{who} already exists"),
             (ErrorCode::ReplicaIsNotReady, _) => format!("{who} is still being written"),
+            (ErrorCode::UnavailableInCurrentStatus, R::GetReplicaList { .. }) => format!(
+                "every replica of {who} is on a node that cannot be reached now (readable again when it answers, \
+                 gone if it does not within the client TTL)"
+            ),
             (ErrorCode::ObjectHasLease, _) => match svc.stat(tenant, key) {
                 Ok(s) if s.lease_remaining_ms > 0 => format!(
                     "{who} is leased by {} reader(s) for another {} ms; force removes it anyway",

@@ -156,6 +156,10 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
         R::RemoveAll { tenant, force } => Ok(A::RemovedAll(svc.remove_all_report(tenant.as_deref(), *force))),
         R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(tenant, pattern, *force).map(A::Count),
         R::ListKeys { tenant, prefix, limit } => svc.list_keys(tenant, prefix, *limit as usize).map(A::Keys),
+        R::ReportUnreachable { client, segments } => {
+            svc.report_unreachable(*client, &segments.0);
+            Ok(A::Done)
+        }
     }
 }
 

@@ -9,14 +9,21 @@ use std::sync::Arc;
 
 /// The outcome of looking an object up for reading.
 enum Lookup {
-    Found { descriptors: Vec<ReplicaDescriptor>, checksum: Option<u64>, size: u64 },
+    Found {
+        descriptors: Vec<ReplicaDescriptor>,
+        checksum: Option<u64>,
+        size: u64,
+    },
     NotReady,
+    /// Complete replicas exist, all on segments whose nodes cannot be reached now (suspect).
+    Unreachable,
     Missing,
 }
 
 impl MasterService {
     /// GetReplicaList: readable replicas + lease + checksum. `OBJECT_NOT_FOUND` if absent,
-    /// `REPLICA_IS_NOT_READY` while only unfinished replicas exist.
+    /// `REPLICA_IS_NOT_READY` while only unfinished replicas exist, `UNAVAILABLE_IN_CURRENT_STATUS` while every
+    /// replica is on a node that cannot be reached (suspect; readable again when it answers).
     pub fn get_replica_list(&self, tenant: &str, key: &str) -> Result<GetReplicaListResponse, ErrorCode> {
         let r = self.get_one(tenant, key);
         self.metrics.get_replica_list.record(&r);
@@ -59,6 +66,7 @@ impl MasterService {
                 size,
             }),
             Lookup::NotReady => Err(ErrorCode::ReplicaIsNotReady),
+            Lookup::Unreachable => Err(ErrorCode::UnavailableInCurrentStatus),
             Lookup::Missing => Err(ErrorCode::ObjectNotFound),
         }
     }
@@ -108,7 +116,14 @@ impl MasterService {
             }
             if !st.has_readable() {
                 let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
-                return if in_flight || st.pending.is_some() { Lookup::NotReady } else { Lookup::Missing };
+                let unreachable = st.replicas.iter().any(|r| r.status == ReplicaStatus::Complete && r.is_valid());
+                return if in_flight || st.pending.is_some() {
+                    Lookup::NotReady
+                } else if unreachable {
+                    Lookup::Unreachable
+                } else {
+                    Lookup::Missing
+                };
             }
             let descriptors: Vec<ReplicaDescriptor> = if want_descriptors {
                 st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect()

@@ -89,7 +89,25 @@ impl MasterService {
 
     /// Ping: refreshes the client's TTL and tells it whether to remount.
     pub fn ping(&self, client: ClientId) -> ClientStatus {
+        let back = self.pool.clear_suspect(client);
+        if back > 0 {
+            tracing::info!(%client, "node reachable again: {back} suspect segment(s) back in service");
+        }
         self.clients.touch(client, self.liveness_deadline())
+    }
+
+    /// A client could not reach the nodes of `segments` (connection refused, reset, timed out): they take no
+    /// new placements and their replicas are not handed to readers until the node's next ping (or its client
+    /// TTL unmounts them). Unknown ids are ignored. Returns how many segments became suspect.
+    pub fn report_unreachable(&self, reporter: ClientId, segments: &[SegmentId]) -> usize {
+        let mut n = 0;
+        for &id in segments {
+            if let Ok(true) = self.pool.suspect(id) {
+                tracing::warn!(segment = %id, %reporter, "segment suspect: a client could not reach its node");
+                n += 1;
+            }
+        }
+        n
     }
 
     /// ClusterInfo: the mode clients must respect and how much the memory segments hold.
