@@ -92,7 +92,14 @@ pub async fn tenant(cmd: TenantCommand, g: &Global) -> Result<(), Failure> {
         TenantCommand::Ls { json, .. } => {
             let tenants = c.list_tenants().await?;
             if json {
-                println!("{}", serde_json::json!({ "tenants": tenants }));
+                // Through a struct, so each tenant's fields keep their declared order.
+                #[derive(serde::Serialize)]
+                struct Listing<'a> {
+                    tenants: &'a [TenantInfo],
+                }
+                let out = serde_json::to_string(&Listing { tenants: &tenants })
+                    .map_err(|e| Failure(ErrorCode::InternalError, e.to_string()))?;
+                println!("{out}");
             } else if tenants.is_empty() {
                 eprintln!("no tenants (`crescent tenant set-quota TENANT SIZE` registers one)");
             } else {

@@ -275,9 +275,16 @@ fn unexpected(r: &MasterResponse) -> Response {
 
 async fn list_tenants(State(s): State<AdminState>) -> Result<Response, Response> {
     match run(&s.svc, MasterRequest::ListTenants).await? {
-        MasterResponse::Tenants(t) => Ok(Json(serde_json::json!({ "tenants": t })).into_response()),
+        // Through a struct, so each tenant's fields keep their declared order.
+        MasterResponse::Tenants(tenants) => Ok(Json(TenantListing { tenants }).into_response()),
         other => Err(unexpected(&other)),
     }
+}
+
+/// `GET /tenants`.
+#[derive(serde::Serialize)]
+struct TenantListing {
+    tenants: Vec<crescent_proto::TenantInfo>,
 }
 
 #[derive(Deserialize)]
