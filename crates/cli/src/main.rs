@@ -1,14 +1,16 @@
 //! `crescent`: run a master, a storage node or both (`up`), use the store (`put`, `get`, `rm`, `ls`, `stat`),
-//! measure it (`bench`), or replay a workload through the master core in-process (`demo`).
+//! administer it (`tenant`, `ssd`), measure it (`bench`), or replay a workload through the master core
+//! in-process (`demo`).
 //!
 //! Every flag can also be set in a TOML file (`--config FILE`); a flag given on the command line wins.
 //! `CRESCENT_MASTER` is the default master address. Servers print one JSON line with their endpoints on
 //! stdout once ready; logs go to stderr (info for servers, warn for client commands; `--log-level`,
 //! `RUST_LOG`, `--log-format json`).
 //!
-//! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `bench`, `demo`,
-//! `config` (the TOML file).
+//! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `admin` (`tenant`,
+//! `ssd`), `bench`, `demo`, `config` (the TOML file).
 
+mod admin;
 mod bench;
 mod config;
 mod demo;
@@ -138,6 +140,12 @@ enum Command {
         #[command(flatten)]
         to: ClientFlags,
     },
+    /// Administer a multi-tenant master's tenants: list them, set quotas, remove empty ones.
+    #[command(subcommand)]
+    Tenant(admin::TenantCommand),
+    /// Client-local SSD registrations.
+    #[command(subcommand)]
+    Ssd(admin::SsdCommand),
     /// Replay a KV-cache workload through the master core in-process.
     Demo(demo::DemoArgs),
     /// Print a shell completion script to stdout (e.g. `crescent completions bash > /etc/bash_completion.d/crescent`).
@@ -161,6 +169,8 @@ impl Command {
             | Command::Ls { to, .. }
             | Command::Stat { to, .. }
             | Command::Bench { to, .. } => client(to),
+            Command::Tenant(t) => (t.master(), None),
+            Command::Ssd(s) => (s.master(), None),
             Command::Up(_) | Command::Master(_) | Command::Demo(_) | Command::Completions { .. } => (None, None),
         }
     }
@@ -189,19 +199,7 @@ fn init_logs(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
 
 /// Parses `123`, `4KiB`, `16MiB`, `1GiB`, `2TiB` (also KB/MB/GB/TB, 1024-based, case-insensitive).
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("invalid size unit in {s:?}")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    crescent_proto::human::parse_bytes(s)
 }
 
 /// What a process runs, which decides its runtime's threads and whether it polls while idle.
@@ -319,6 +317,8 @@ fn main() -> ExitCode {
             Command::Ls { args, .. } => ops::exit(ops::ls(args, &global).await),
             Command::Stat { args, .. } => ops::exit(ops::stat(args, &global).await),
             Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
+            Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
+            Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
             Command::Demo(_) | Command::Completions { .. } => ExitCode::SUCCESS,
         }
     })

@@ -73,7 +73,7 @@ pub struct StatArgs {
 
 /// A command failure: the wire code and a message.
 #[derive(Debug)]
-pub struct Failure(ErrorCode, String);
+pub struct Failure(pub(crate) ErrorCode, pub(crate) String);
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Self {

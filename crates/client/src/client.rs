@@ -12,8 +12,8 @@ use crescent_net::poll::InFlight;
 use crescent_proto::batch;
 use crescent_proto::wire::{Batch, PeerRole, WireKey};
 use crescent_proto::{
-    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ObjectStat,
-    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig,
+    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, LocalSsdInfo, MasterRequest, MasterResponse, ObjectStat,
+    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, TenantInfo,
 };
 use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
@@ -863,5 +863,55 @@ impl Client {
     pub async fn list_keys(&self, prefix: &str, limit: u32) -> Result<Vec<String>, ClientError> {
         let req = MasterRequest::ListKeys { tenant: self.tenant(), prefix: prefix.to_owned(), limit };
         self.inner.master.call_expect(&req, |r| if let MasterResponse::Keys(k) = r { Some(k) } else { None }).await
+    }
+
+    /// Every tenant with a quota policy or objects, sorted by id (a multi-tenant master only:
+    /// `UNAVAILABLE_IN_CURRENT_MODE` otherwise).
+    pub async fn list_tenants(&self) -> Result<Vec<TenantInfo>, ClientError> {
+        let pick = |r| if let MasterResponse::Tenants(t) = r { Some(t) } else { None };
+        self.inner.master.call_expect(&MasterRequest::ListTenants, pick).await
+    }
+
+    /// Sets `tenant`'s requested quota to `bytes`, registering it (its writes are admitted from then on).
+    pub async fn set_tenant_quota(&self, tenant: &str, bytes: u64) -> Result<(), ClientError> {
+        let req = MasterRequest::SetTenantQuota { tenant: tenant.to_owned(), bytes };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Removes an empty tenant: `OBJECT_NOT_FOUND` if it has no policy, `TENANT_NOT_EMPTY` while it holds
+    /// objects.
+    pub async fn remove_tenant(&self, tenant: &str) -> Result<(), ClientError> {
+        let req = MasterRequest::RemoveTenant { tenant: tenant.to_owned() };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Registers this client's local SSD, offloading to it enabled or not.
+    pub async fn local_ssd_register(&self, enable_offloading: bool) -> Result<(), ClientError> {
+        let req = MasterRequest::RegisterLocalSsd { client: self.inner.id, enable_offloading };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Drops this client's local SSD registration (none: OK).
+    pub async fn local_ssd_unregister(&self) -> Result<(), ClientError> {
+        let req = MasterRequest::UnregisterLocalSsd { client: self.inner.id };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Reports the capacity of this client's registered local SSD, in bytes.
+    pub async fn local_ssd_report(&self, capacity: u64) -> Result<(), ClientError> {
+        let req = MasterRequest::ReportLocalSsd { client: self.inner.id, capacity };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// Enables or disables offloading to this client's registered local SSD.
+    pub async fn local_ssd_set_offloading(&self, enabled: bool) -> Result<(), ClientError> {
+        let req = MasterRequest::SetLocalSsdOffloading { client: self.inner.id, enabled };
+        self.inner.master.call(&req).await.map(|_| ())
+    }
+
+    /// One client's local SSD registration, or every one (`None`), sorted by client id.
+    pub async fn local_ssd_status(&self, client: Option<ClientId>) -> Result<Vec<LocalSsdInfo>, ClientError> {
+        let pick = |r| if let MasterResponse::LocalSsd(v) = r { Some(v) } else { None };
+        self.inner.master.call_expect(&MasterRequest::LocalSsdStatus { client }, pick).await
     }
 }

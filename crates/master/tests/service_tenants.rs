@@ -321,3 +321,49 @@ fn leaving_a_large_group_does_not_disturb_the_rest() {
     assert_eq!(left.len(), 1000);
     assert!(left.iter().all(|k| k[1..].parse::<u32>().unwrap() % 2 == 1));
 }
+
+// Administration: the listing operators and the CLI read.
+#[test]
+fn list_tenants_reports_quotas_charges_and_object_counts() {
+    let h = multi(2, 64 * MIB);
+    h.svc.upsert_tenant_quota("a", 10 * MIB).unwrap();
+    h.svc.upsert_tenant_quota("b", 20 * MIB).unwrap();
+    put(&h, "a", "k1", 4 * KIB).unwrap();
+    put(&h, "a", "k2", 4 * KIB).unwrap();
+    let list = h.svc.list_tenants().unwrap();
+    let names: Vec<&str> = list.iter().map(|t| t.tenant.as_str()).collect();
+    assert_eq!(names, ["a", "b"], "sorted by id");
+    let a = &list[0];
+    assert_eq!((a.requested_quota, a.objects, a.has_policy, a.admission_closed), (10 * MIB, 2, true, false));
+    assert!(a.charged >= 8 * KIB, "{a:?}");
+    assert!(a.effective_quota > 0 && !a.over_quota, "{a:?}");
+    assert_eq!((list[1].objects, list[1].charged), (0, 0));
+    // An orphan (its policy dropped by a reload) is still listed while it holds objects, closed to writes.
+    h.svc.apply_tenant_policies(&BTreeMap::from([("b".to_string(), 20 * MIB)])).unwrap();
+    let a = h.svc.list_tenants().unwrap().into_iter().find(|t| t.tenant == "a").unwrap();
+    assert_eq!((a.has_policy, a.admission_closed, a.requested_quota, a.objects), (false, true, 0, 2));
+    // Single-tenant mode has no tenants to list.
+    assert_eq!(Harness::default3().svc.list_tenants().unwrap_err(), ErrorCode::UnavailableInCurrentMode);
+}
+
+#[test]
+fn local_ssd_registrations_are_reachable_through_the_service() {
+    let h = multi(1, 64 * MIB);
+    let c = ClientId::random();
+    assert_eq!(h.svc.report_local_ssd(c, 100).unwrap_err(), ErrorCode::SegmentNotFound);
+    assert_eq!(h.svc.local_ssd_status(Some(c)).unwrap_err(), ErrorCode::SegmentNotFound);
+    let before = h.svc.active_clients();
+    h.svc.register_local_ssd(c, true).unwrap();
+    assert_eq!(h.svc.active_clients(), before + 1, "the client joins the liveness monitor");
+    assert_eq!(h.svc.register_local_ssd(c, false).unwrap_err(), ErrorCode::SegmentAlreadyExists);
+    h.svc.report_local_ssd(c, 1 << 30).unwrap();
+    assert_eq!(h.svc.report_local_ssd(c, u64::MAX).unwrap_err(), ErrorCode::InvalidParams);
+    h.svc.set_local_ssd_offloading(c, false).unwrap();
+    let s = h.svc.local_ssd_status(Some(c)).unwrap();
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].client, s[0].enable_offloading, s[0].total_capacity, s[0].used), (c, false, 1 << 30, 0));
+    assert_eq!(h.svc.local_ssd_status(None).unwrap(), s);
+    h.svc.unregister_local_ssd(c);
+    h.svc.unregister_local_ssd(c);
+    assert!(h.svc.local_ssd_status(None).unwrap().is_empty());
+}

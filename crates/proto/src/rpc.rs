@@ -86,6 +86,40 @@ pub struct ClusterInfo {
     pub largest_free: u64,
 }
 
+/// One tenant as an administrator sees it (`ListTenants`, multi-tenant mode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    /// The tenant id.
+    pub tenant: String,
+    /// The quota its policy asks for, in bytes (0: no policy).
+    pub requested_quota: u64,
+    /// The quota it gets once policies are scaled to the mounted capacity, in bytes.
+    pub effective_quota: u64,
+    /// Bytes charged to it (its objects' replicas and the writes in progress).
+    pub charged: u64,
+    /// Objects it holds.
+    pub objects: u64,
+    /// Writes are refused (no policy: an orphan, readable and removable only).
+    pub admission_closed: bool,
+    /// Charged beyond its effective quota (after capacity shrank or its quota was lowered).
+    pub over_quota: bool,
+    /// It has a quota policy (`SetTenantQuota`); without one it is listed only while it holds objects.
+    pub has_policy: bool,
+}
+
+/// One client's local SSD registration (`LocalSsdStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalSsdInfo {
+    /// The client that registered it.
+    pub client: ClientId,
+    /// Whether the master may offload objects to it.
+    pub enable_offloading: bool,
+    /// The capacity the client last reported, in bytes.
+    pub total_capacity: u64,
+    /// Bytes held by the local-disk replicas the master knows of.
+    pub used: u64,
+}
+
 /// A master request. Fields mean the same everywhere: `client` is the caller's id, `tenant` the raw tenant
 /// string (resolved by the master: `""` = default), `key` a user key, `force` bypasses read leases.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -152,6 +186,24 @@ pub enum MasterRequest {
     /// The caller could not reach these segments' nodes (connection refused, reset, timed out): the master
     /// stops placing on them and handing out their replicas until their node pings again.
     ReportUnreachable { client: ClientId, segments: Batch<SegmentId> },
+    /// Every tenant with a policy or objects ([`MasterResponse::Tenants`]); multi-tenant mode only. (Admin
+    /// requests from here on are appended: variants are numbered in order on the wire.)
+    ListTenants,
+    /// Sets a tenant's requested quota in bytes, registering the tenant (writes to it are admitted).
+    SetTenantQuota { tenant: String, bytes: u64 },
+    /// Removes an empty tenant's policy and registration: `OBJECT_NOT_FOUND` without a policy,
+    /// `TENANT_NOT_EMPTY` while it holds objects.
+    RemoveTenant { tenant: String },
+    /// Registers the caller's local SSD (`SEGMENT_ALREADY_EXISTS` if it has one).
+    RegisterLocalSsd { client: ClientId, enable_offloading: bool },
+    /// Drops a client's local SSD registration (none → OK).
+    UnregisterLocalSsd { client: ClientId },
+    /// Reports a registered local SSD's capacity in bytes (`SEGMENT_NOT_FOUND` without a registration).
+    ReportLocalSsd { client: ClientId, capacity: u64 },
+    /// Enables or disables offloading to a registered local SSD.
+    SetLocalSsdOffloading { client: ClientId, enabled: bool },
+    /// One client's local SSD registration, or every one (`None`) ([`MasterResponse::LocalSsd`]).
+    LocalSsdStatus { client: Option<ClientId> },
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -217,6 +269,14 @@ master_ops! {
     RemoveByRegex => "remove_by_regex",
     ListKeys => "list_keys",
     ReportUnreachable => "report_unreachable",
+    ListTenants => "list_tenants",
+    SetTenantQuota => "set_tenant_quota",
+    RemoveTenant => "remove_tenant",
+    RegisterLocalSsd => "register_local_ssd",
+    UnregisterLocalSsd => "unregister_local_ssd",
+    ReportLocalSsd => "report_local_ssd",
+    SetLocalSsdOffloading => "set_local_ssd_offloading",
+    LocalSsdStatus => "local_ssd_status",
 }
 
 impl MasterOp {
@@ -273,6 +333,10 @@ pub enum MasterResponse {
     BatchExists(Vec<Result<bool, ErrorCode>>),
     /// RemoveAll: removed and skipped objects (appended last: variants are numbered in order on the wire).
     RemovedAll(RemoveAllReport),
+    /// ListTenants, sorted by tenant id.
+    Tenants(Vec<TenantInfo>),
+    /// LocalSsdStatus, sorted by client id.
+    LocalSsd(Vec<LocalSsdInfo>),
 }
 
 /// The reply to one request.
@@ -302,6 +366,41 @@ mod tests {
         let reply: MasterReply =
             Err(ErrorFrame { code: ErrorCode::ObjectNotFound, message: "key \"x\" not found".into() });
         let f = Frame::encode(9, &reply, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
+    }
+
+    #[test]
+    fn admin_requests_are_appended_so_earlier_encodings_keep_their_numbers() {
+        // postcard numbers enum variants by position: the variant index is the first byte of the encoding.
+        let tag = |r: &MasterRequest| postcard::to_allocvec(r).unwrap()[0];
+        let list = MasterRequest::ListKeys { tenant: String::new(), prefix: String::new(), limit: 1 };
+        assert_eq!(tag(&list), 24, "ListKeys keeps its number");
+        let report = MasterRequest::ReportUnreachable { client: ClientId::random(), segments: Batch(vec![]) };
+        assert_eq!(tag(&report), 25);
+        assert_eq!(tag(&MasterRequest::ListTenants), 26);
+        assert_eq!(tag(&MasterRequest::LocalSsdStatus { client: None }), 33);
+        assert_eq!(MasterOp::ALL.len(), 34, "one operation per request");
+        let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
+        assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
+        let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {
+            tenant: "t".into(),
+            requested_quota: 10,
+            effective_quota: 8,
+            charged: 4,
+            objects: 1,
+            admission_closed: false,
+            over_quota: false,
+            has_policy: true,
+        }]));
+        let f = Frame::encode(2, &reply, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
+        let reply: MasterReply = Ok(MasterResponse::LocalSsd(vec![LocalSsdInfo {
+            client: ClientId::random(),
+            enable_offloading: true,
+            total_capacity: 1 << 30,
+            used: 5,
+        }]));
+        let f = Frame::encode(3, &reply, Bytes::new()).unwrap();
         assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
     }
 }

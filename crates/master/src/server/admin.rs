@@ -1,20 +1,27 @@
-//! Admin HTTP (axum): `/metrics` (Prometheus text), `/health`, `/segments`, `/keys?tenant=&prefix=&limit=`.
+//! Admin HTTP (axum): `/metrics` (Prometheus text), `/health`, `/segments`, `/keys?tenant=&prefix=&limit=`,
+//! tenant administration (`GET /tenants`, `PUT /tenants/{tenant}` with `?quota=10GiB` or a JSON body
+//! `{"quota_bytes": N}`, `DELETE /tenants/{tenant}`) and `GET /local-ssd`. The tenant and local SSD routes run
+//! the same requests as the RPCs (so they answer the same messages); a refusal is a JSON `{code, message}`
+//! under a status saying what kind it is (400 bad input, 404 no such tenant, 409 not empty or single-tenant).
 
 use super::rpc::RpcMetrics;
 use crate::metadata::{LockClass, lock_stats};
 use crate::service::MasterService;
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
-use crescent_proto::SegmentKind;
+use crescent_proto::wire::ErrorFrame;
+use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse, SegmentKind};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +39,9 @@ pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
         .route("/health", get(health))
         .route("/segments", get(segments))
         .route("/keys", get(keys))
+        .route("/tenants", get(list_tenants))
+        .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
+        .route("/local-ssd", get(local_ssd))
         .with_state(AdminState { svc, rpc })
 }
 
@@ -239,6 +249,119 @@ async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Respon
             Json(serde_json::json!({ "success": false, "error_code": code.as_i32(), "error": code.name() })),
         )
             .into_response(),
+    }
+}
+
+/// A refused admin request: `{code, message}` under the HTTP status of its kind.
+fn refused(e: ErrorFrame) -> Response {
+    let status = match e.code {
+        ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
+        ErrorCode::ObjectNotFound | ErrorCode::TenantNotRegistered | ErrorCode::SegmentNotFound => {
+            StatusCode::NOT_FOUND
+        }
+        ErrorCode::TenantNotEmpty | ErrorCode::UnavailableInCurrentMode => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, Json(serde_json::json!({ "code": e.code.name(), "message": e.message }))).into_response()
+}
+
+fn bad_request(message: String) -> Response {
+    refused(ErrorFrame { code: ErrorCode::InvalidParams, message })
+}
+
+/// Runs `req` as its RPC would run, off the async workers (a tenant removal may wait briefly for the writes
+/// it drains).
+async fn run(svc: &Arc<MasterService>, req: MasterRequest) -> Result<MasterResponse, Response> {
+    let svc = svc.clone();
+    let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
+        .await
+        .unwrap_or_else(|e| Err(ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() }));
+    reply.map_err(refused)
+}
+
+/// An answer of a kind the request never gets.
+fn unexpected(r: &MasterResponse) -> Response {
+    refused(ErrorFrame { code: ErrorCode::InternalError, message: format!("unexpected answer {r:?}") })
+}
+
+async fn list_tenants(State(s): State<AdminState>) -> Result<Response, Response> {
+    match run(&s.svc, MasterRequest::ListTenants).await? {
+        // Through a struct, so each tenant's fields keep their declared order.
+        MasterResponse::Tenants(tenants) => Ok(Json(TenantListing { tenants }).into_response()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `GET /tenants`.
+#[derive(serde::Serialize)]
+struct TenantListing {
+    tenants: Vec<crescent_proto::TenantInfo>,
+}
+
+#[derive(Deserialize)]
+struct QuotaBody {
+    quota_bytes: u64,
+}
+
+/// `PUT /tenants/{tenant}`: the quota from `?quota=SIZE` or a JSON body `{"quota_bytes": N}` (one of them);
+/// answers the tenant as `GET /tenants` lists it.
+async fn set_tenant_quota(
+    State(s): State<AdminState>,
+    Path(tenant): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Result<Response, Response> {
+    let body = body.trim_ascii();
+    let bytes = match (q.get("quota"), body.is_empty()) {
+        (Some(size), true) => crescent_proto::human::parse_bytes(size).map_err(bad_request)?,
+        (None, false) => {
+            serde_json::from_slice::<QuotaBody>(body)
+                .map_err(|e| bad_request(format!("the body must be {{\"quota_bytes\": N}}: {e}")))?
+                .quota_bytes
+        }
+        (Some(_), false) => return Err(bad_request("give the quota once: ?quota=SIZE or a JSON body".into())),
+        (None, true) => {
+            return Err(bad_request("no quota: give ?quota=SIZE (e.g. 10GiB) or a body {\"quota_bytes\": N}".into()));
+        }
+    };
+    run(&s.svc, MasterRequest::SetTenantQuota { tenant: tenant.clone(), bytes }).await?;
+    let id = crescent_proto::TenantId::new(&tenant).map_err(|e| bad_request(e.to_string()))?;
+    match run(&s.svc, MasterRequest::ListTenants).await? {
+        MasterResponse::Tenants(all) => match all.into_iter().find(|t| t.tenant == id.as_str()) {
+            Some(t) => Ok(Json(t).into_response()),
+            // Removed again in between.
+            None => Err(refused(ErrorFrame {
+                code: ErrorCode::ObjectNotFound,
+                message: format!("tenant {tenant:?} was removed meanwhile"),
+            })),
+        },
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `DELETE /tenants/{tenant}`: 204 once removed.
+async fn remove_tenant(State(s): State<AdminState>, Path(tenant): Path<String>) -> Result<Response, Response> {
+    run(&s.svc, MasterRequest::RemoveTenant { tenant }).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn local_ssd(State(s): State<AdminState>) -> Result<Response, Response> {
+    match run(&s.svc, MasterRequest::LocalSsdStatus { client: None }).await? {
+        MasterResponse::LocalSsd(all) => {
+            let list: Vec<serde_json::Value> = all
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "client": r.client.to_string(),
+                        "enable_offloading": r.enable_offloading,
+                        "total_capacity": r.total_capacity,
+                        "used": r.used,
+                    })
+                })
+                .collect();
+            Ok(Json(serde_json::json!({ "local_ssd": list })).into_response())
+        }
+        other => Err(unexpected(&other)),
     }
 }
 

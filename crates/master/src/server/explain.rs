@@ -5,7 +5,7 @@
 use crate::service::MasterService;
 use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::WireKey;
-use crescent_proto::{ErrorCode, MAX_KEY_LEN, MasterRequest, ObjectKey};
+use crescent_proto::{ClientId, ErrorCode, MAX_KEY_LEN, MasterRequest, ObjectKey, TenantId};
 
 /// The key a single-key request names, if it has one.
 fn key_of(req: &MasterRequest) -> Option<(&str, &WireKey)> {
@@ -87,6 +87,67 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
         (ErrorCode::TenantNotRegistered, R::ListKeys { tenant, .. } | R::RemoveByRegex { tenant, .. }) => {
             format!("tenant {tenant:?} is not registered")
         }
+        (_, R::ListTenants | R::SetTenantQuota { .. } | R::RemoveTenant { .. }) => explain_tenant_admin(svc, req, code),
+        (
+            _,
+            R::RegisterLocalSsd { client, .. }
+            | R::UnregisterLocalSsd { client }
+            | R::ReportLocalSsd { client, .. }
+            | R::SetLocalSsdOffloading { client, .. }
+            | R::LocalSsdStatus { client: Some(client) },
+        ) => explain_local_ssd(req, *client, code),
         _ => String::new(),
+    }
+}
+
+/// The messages of tenant administration: they name the tenant and, for a refused removal, what it holds.
+fn explain_tenant_admin(svc: &MasterService, req: &MasterRequest, code: ErrorCode) -> String {
+    use MasterRequest as R;
+    if code == ErrorCode::UnavailableInCurrentMode {
+        return "the master runs without multi-tenancy: tenants and quotas need a master started with --multi-tenant"
+            .into();
+    }
+    let raw = match req {
+        R::SetTenantQuota { tenant, .. } | R::RemoveTenant { tenant } => tenant.as_str(),
+        _ => return String::new(),
+    };
+    let tenant = match TenantId::new(raw) {
+        Ok(id) => id,
+        Err(e) => return e.to_string(),
+    };
+    let tenant = tenant.as_str();
+    match (code, req) {
+        (ErrorCode::InvalidParams, R::SetTenantQuota { bytes: 0, .. }) => {
+            format!("a quota of 0 bytes admits nothing: give tenant {tenant:?} at least 1 byte, or remove it")
+        }
+        (ErrorCode::InvalidParams, R::SetTenantQuota { bytes, .. }) => format!(
+            "a quota of {bytes} bytes for tenant {tenant:?} is over the limit of {} bytes",
+            crate::metadata::quota::MAX_QUOTA
+        ),
+        (ErrorCode::ObjectNotFound, R::RemoveTenant { .. }) => {
+            format!("tenant {tenant:?} has no quota policy: there is nothing to remove")
+        }
+        (ErrorCode::TenantNotEmpty, R::RemoveTenant { .. }) => match svc.tenant_quota(tenant) {
+            Some(s) if s.objects > 0 => format!(
+                "tenant {tenant:?} still holds {} object{} ({} charged); remove them first",
+                s.objects,
+                if s.objects == 1 { "" } else { "s" },
+                fmt_bytes(s.charged_bytes)
+            ),
+            _ => format!("tenant {tenant:?} has writes in progress; remove it once they have finished"),
+        },
+        _ => format!("tenant {tenant:?}"),
+    }
+}
+
+/// The messages of local SSD requests: they name the client.
+fn explain_local_ssd(req: &MasterRequest, client: ClientId, code: ErrorCode) -> String {
+    match (code, req) {
+        (ErrorCode::SegmentAlreadyExists, _) => format!("client {client} already registered a local SSD"),
+        (ErrorCode::SegmentNotFound, _) => format!("client {client} has no local SSD registration"),
+        (ErrorCode::InvalidParams, MasterRequest::ReportLocalSsd { capacity, .. }) => {
+            format!("a local SSD capacity of {capacity} bytes is over the limit of {} bytes", i64::MAX)
+        }
+        _ => format!("local SSD of client {client}"),
     }
 }

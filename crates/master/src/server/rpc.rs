@@ -160,6 +160,23 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
             svc.report_unreachable(*client, &segments.0);
             Ok(A::Done)
         }
+        // Admin requests. Any peer may send them: the hello's role is the peer's own claim, so refusing
+        // non-Admin roles would protect nothing; authentication comes with the security work.
+        R::ListTenants => svc.list_tenants().map(A::Tenants),
+        R::SetTenantQuota { tenant, bytes } => svc.upsert_tenant_quota(tenant, *bytes).map(|()| A::Done),
+        R::RemoveTenant { tenant } => svc.delete_tenant_quota(tenant).map(|()| A::Done),
+        R::RegisterLocalSsd { client, enable_offloading } => {
+            svc.register_local_ssd(*client, *enable_offloading).map(|()| A::Done)
+        }
+        R::UnregisterLocalSsd { client } => {
+            svc.unregister_local_ssd(*client);
+            Ok(A::Done)
+        }
+        R::ReportLocalSsd { client, capacity } => svc.report_local_ssd(*client, *capacity).map(|()| A::Done),
+        R::SetLocalSsdOffloading { client, enabled } => {
+            svc.set_local_ssd_offloading(*client, *enabled).map(|()| A::Done)
+        }
+        R::LocalSsdStatus { client } => svc.local_ssd_status(*client).map(A::LocalSsd),
     }
 }
 
@@ -186,7 +203,9 @@ fn may_block(svc: &MasterService, req: &MasterRequest) -> bool {
         MasterRequest::RemoveAll { .. }
         | MasterRequest::RemoveByRegex { .. }
         | MasterRequest::UnmountSegment { .. }
-        | MasterRequest::ListKeys { .. } => true,
+        | MasterRequest::ListKeys { .. }
+        // A tenant teardown may wait (briefly) for the writes it drains.
+        | MasterRequest::RemoveTenant { .. } => true,
         _ => false,
     }
 }

@@ -12,6 +12,7 @@ mod discard;
 mod read;
 mod remove;
 mod segments;
+mod ssd;
 mod tenants;
 mod write;
 

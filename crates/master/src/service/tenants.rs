@@ -2,7 +2,7 @@
 
 use super::MasterService;
 use crate::metadata::{QuotaAccount, TenantState};
-use crescent_proto::{ErrorCode, SegmentKind, TenantId};
+use crescent_proto::{ErrorCode, SegmentKind, TenantId, TenantInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -23,6 +23,24 @@ pub struct TenantQuotaSnapshot {
     pub over_quota: bool,
     /// Has a policy.
     pub has_explicit_policy: bool,
+    /// Objects the tenant holds.
+    #[serde(default)]
+    pub objects: u64,
+}
+
+impl From<TenantQuotaSnapshot> for TenantInfo {
+    fn from(s: TenantQuotaSnapshot) -> Self {
+        TenantInfo {
+            tenant: s.tenant_id,
+            requested_quota: s.requested_quota_bytes,
+            effective_quota: s.effective_quota_bytes,
+            charged: s.charged_bytes,
+            objects: s.objects,
+            admission_closed: s.admission_closed,
+            over_quota: s.over_quota,
+            has_policy: s.has_explicit_policy,
+        }
+    }
 }
 
 /// How long a tenant teardown waits for the operations already admitted (each holds the tenant for one
@@ -161,10 +179,18 @@ impl MasterService {
                     admission_closed: q.is_closed(),
                     over_quota: q.charged() > q.effective(),
                     has_explicit_policy: p.requested(t.id()).is_some(),
+                    objects: t.objects().len() as u64,
                 }
             })
             .collect();
         Some(out)
+    }
+
+    /// Every tenant with a policy or objects, as the wire reports it (`UNAVAILABLE_IN_CURRENT_MODE` in
+    /// single-tenant mode).
+    pub fn list_tenants(&self) -> Result<Vec<TenantInfo>, ErrorCode> {
+        let all = self.tenant_quotas().ok_or(ErrorCode::UnavailableInCurrentMode)?;
+        Ok(all.into_iter().map(TenantInfo::from).collect())
     }
 
     /// One tenant's quota snapshot.
