@@ -38,3 +38,20 @@ async fn writes_keep_succeeding_after_a_node_dies_and_surviving_replicas_stay_re
     let live_segment = cluster.nodes[0].segments()[0].id;
     assert_eq!(svc.segment_status(live_segment).unwrap(), SegmentStatus::Ok);
 }
+
+/// A node is ready before its segment is backed: prefaulting runs after the mount, and writes that land while
+/// it runs keep their bytes (`MADV_POPULATE_WRITE` never changes a written page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_during_the_background_prefault_keep_their_bytes() {
+    let mut cluster = LocalCluster::start(0, 0).await;
+    let mut config = cluster.node_config(512 << 20);
+    config.prefault = true;
+    cluster.nodes.push(StorageNode::start(config).await.unwrap());
+    let client = cluster.client();
+    for i in 0..300u64 {
+        client.put(&format!("p{i}"), &pattern(1 << 20, i)).await.unwrap();
+    }
+    for i in 0..300u64 {
+        assert_eq!(client.get(&format!("p{i}")).await.unwrap(), pattern(1 << 20, i), "p{i}");
+    }
+}
