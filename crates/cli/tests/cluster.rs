@@ -288,3 +288,26 @@ async fn bench_runs_every_phase_against_a_cluster_and_reports_each_key() {
     }
     let _ = std::fs::remove_file(&json);
 }
+
+/// Two nodes, one `kill -9`'d: writes keep succeeding at once (the first that cannot reach the dead node
+/// reports it and the master stops placing there), well before its client TTL, and the bench's key budget
+/// shrinks to the live node. (Before: nearly every write failed for the whole TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_keep_succeeding_right_after_a_node_is_killed() {
+    let mut c = cluster(&[], 2, "256MiB");
+    let addr = c.addr();
+    c.nodes[1].kill9();
+    let json = std::env::temp_dir().join(format!("crescent-dead-node-{}.jsonl", std::process::id()));
+    let out = Command::new(bin())
+        .args(["bench", "--master", &addr, "--phases", "write", "--value-size", "4MiB", "--batch", "8"])
+        .args(["--concurrency", "4", "--duration", "2", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let p: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let (keys, errors) = (p["keys"].as_u64().unwrap(), p["errors"].as_u64().unwrap());
+    assert!(keys >= 40, "the bench wrote: {p}");
+    assert!(errors * 10 <= keys, "at least 90 % of puts succeed right after the kill: {p}");
+}
