@@ -336,7 +336,7 @@ fn report(r: Result<()>) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{Role, log_filter, parse_size, threads};
+    use super::{Role, log_filter, threads};
 
     #[test]
     fn the_log_level_flag_wins_over_rust_log_which_wins_over_the_role_default() {
@@ -359,15 +359,5 @@ mod tests {
         assert_eq!(threads(Role::Node, Some(0), 16), 8, "0 means the default");
         assert_eq!(threads(Role::Client, Some(3), 16), 1, "[node] threads is the node's alone");
         assert_eq!(threads(Role::Master, None, 16), 0);
-    }
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("576KiB"), Ok(576 << 10));
-        assert_eq!(parse_size("4gib"), Ok(4 << 30));
-        assert_eq!(parse_size("10"), Ok(10));
-        assert!(parse_size("1XB").is_err());
-        assert!(parse_size("99999999999TiB").is_err());
-        assert!(parse_size("").is_err());
     }
 }

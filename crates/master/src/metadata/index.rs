@@ -297,9 +297,7 @@ impl ObjectIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Timestamp;
-    use crate::metadata::{Lifecycle, ObjectState};
-    use crescent_proto::ObjectDataType;
+    use crate::metadata::ObjectState;
 
     #[test]
     fn groups_are_found_by_name_and_by_id_and_a_recreated_group_is_another() {
@@ -332,21 +330,7 @@ mod tests {
     }
 
     fn entry(id: u64, key: &str) -> Arc<ObjectEntry> {
-        let st = ObjectState {
-            lifecycle: Lifecycle::Active,
-            hard_pinned: false,
-            data_type: ObjectDataType::Unknown,
-            has_checksum: false,
-            size: 1,
-            checksum: 0,
-            lease: Timestamp(0),
-            readers: 0,
-            version: 0,
-            soft_pin: Timestamp(0),
-            charged: 0,
-            pending: None,
-            replicas: Default::default(),
-        };
+        let st = ObjectState::new(1);
         Arc::new(ObjectEntry::new(id, key, None, st))
     }
 

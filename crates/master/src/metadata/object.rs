@@ -125,6 +125,26 @@ pub struct ObjectState {
 }
 
 impl ObjectState {
+    /// A published object of `size` bytes with no replica, lease, pin, charge or write yet: what a writer
+    /// fills in (`ObjectState { replicas, pending, ..ObjectState::new(size) }`).
+    pub fn new(size: u64) -> Self {
+        Self {
+            lifecycle: Lifecycle::Active,
+            hard_pinned: false,
+            data_type: ObjectDataType::Unknown,
+            has_checksum: false,
+            size,
+            checksum: 0,
+            lease: Timestamp(0),
+            readers: 0,
+            version: 0,
+            soft_pin: Timestamp(0),
+            charged: 0,
+            pending: None,
+            replicas: SmallVec::new(),
+        }
+    }
+
     /// Whether any replica is readable.
     pub fn has_readable(&self) -> bool {
         self.replicas.iter().any(Replica::is_readable)
@@ -265,21 +285,7 @@ mod tests {
 
     #[test]
     fn a_lease_whose_reader_count_saturated_runs_to_its_deadline() {
-        let mut st = ObjectState {
-            lifecycle: Lifecycle::Active,
-            hard_pinned: false,
-            data_type: ObjectDataType::Unknown,
-            has_checksum: false,
-            size: 1,
-            checksum: 0,
-            lease: Timestamp(0),
-            readers: 0,
-            version: 0,
-            soft_pin: Timestamp(0),
-            charged: 0,
-            pending: None,
-            replicas: SmallVec::new(),
-        };
+        let mut st = ObjectState::new(1);
         let (now, deadline) = (Timestamp(10), Timestamp(100));
         for _ in 0..70_000 {
             st.grant_lease(now, deadline);

@@ -529,17 +529,8 @@ impl MasterService {
             }
         };
         let state = ObjectState {
-            lifecycle: Lifecycle::Active,
             hard_pinned: spec.config.with_hard_pin,
             data_type: spec.config.data_type,
-            has_checksum: false,
-            size: spec.size,
-            checksum: 0,
-            lease: Timestamp(0),
-            readers: 0,
-            version: 0,
-            soft_pin: Timestamp(0),
-            charged: 0,
             pending: Some(Box::new(PendingWrite {
                 writer: client,
                 started: self.clock.now(),
@@ -547,6 +538,7 @@ impl MasterService {
                 pending_charge: charge,
             })),
             replicas: replicas.into_iter().collect(),
+            ..ObjectState::new(spec.size)
         };
         let descs = descriptors(&state.replicas);
         let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
