@@ -21,6 +21,9 @@ pub struct PutArgs {
     /// Keep the value an existing key holds (put-if-absent) instead of replacing it; says when it existed.
     #[arg(long)]
     if_absent: bool,
+    /// Make the object a member of this group (read, leased, evicted and removed together; fixed once set).
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
 }
 
 /// `get` flags.
@@ -36,12 +39,15 @@ pub struct GetArgs {
 /// `rm` flags.
 #[derive(clap::Args, Debug)]
 pub struct RmArgs {
-    /// The key (omit with `--all`).
-    #[arg(required_unless_present = "all")]
+    /// The key (omit with `--all` or `--group`).
+    #[arg(required_unless_present_any = ["all", "group"])]
     key: Option<String>,
     /// Remove every object of the tenant (leased ones only with `--force`).
-    #[arg(long, conflicts_with = "key")]
+    #[arg(long, conflicts_with_all = ["key", "group"])]
     all: bool,
+    /// Remove a whole group: every member, or none if one is leased (without `--force`) or being written.
+    #[arg(long, value_name = "GROUP", conflicts_with = "key")]
+    group: Option<String>,
     /// Remove even while a reader holds a lease.
     #[arg(long)]
     force: bool,
@@ -116,6 +122,7 @@ pub async fn put(a: PutArgs, g: &Global) -> Result<(), Failure> {
     if let Some(r) = a.replicas {
         cfg.replicate.replica_num = r;
     }
+    cfg.replicate.group_id = a.group.clone();
     let replicate = cfg.replicate.clone();
     let client = client(g).await?;
     let mode = if a.if_absent { PutMode::IfAbsent } else { PutMode::Upsert };
@@ -182,6 +189,11 @@ pub async fn get(a: GetArgs, g: &Global) -> Result<(), Failure> {
 /// how long and by how many readers.
 pub async fn rm(a: RmArgs, g: &Global) -> Result<(), Failure> {
     let client = client(g).await?;
+    if let Some(group) = &a.group {
+        let n = client.remove_group(group, a.force).await?;
+        println!("removed group {group:?}: {n} member{}", plural(n as usize));
+        return Ok(());
+    }
     let Some(key) = a.key else {
         println!("{}", removed_all(&client.remove_all_report(a.force).await?));
         return Ok(());

@@ -231,3 +231,19 @@ fn a_put_that_cannot_fit_says_why_and_evicts_nothing_and_one_that_fits_stays() {
     assert!(crescent(&cluster, &["put", "big", "-"], &fits).status.success());
     assert!(crescent(&cluster, &["get", "big"], b"").stdout == fits);
 }
+
+#[test]
+fn a_group_is_put_together_and_removed_whole() {
+    let cluster = up(&["--segment-size", "16MiB", "--prefault", "false"]);
+    for k in ["a", "b"] {
+        assert!(crescent(&cluster, &["put", "--group", "G", k, "-"], b"member").status.success());
+    }
+    assert!(crescent(&cluster, &["put", "c", "-"], b"solo").status.success());
+    let out = crescent(&cluster, &["rm", "--group", "G"], b"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "removed group \"G\": 2 members\n");
+    assert_eq!(text(&crescent(&cluster, &["get", "a"], b"").stderr), "OBJECT_NOT_FOUND: key \"a\" not found\n");
+    assert_eq!(crescent(&cluster, &["get", "c"], b"").stdout, b"solo");
+    let again = crescent(&cluster, &["rm", "--group", "G"], b"");
+    assert_eq!(text(&again.stderr), "OBJECT_NOT_FOUND: no group \"G\"\n");
+}

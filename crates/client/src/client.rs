@@ -824,6 +824,13 @@ impl Client {
         self.inner.master.call(&req).await.map(|_| ())
     }
 
+    /// Erases an explicit group whole: every member, or none if one may not go (leased without `force`, being
+    /// written); returns how many members were removed.
+    pub async fn remove_group(&self, group: &str, force: bool) -> Result<u64, ClientError> {
+        let req = MasterRequest::RemoveGroup { tenant: self.tenant(), group: group.to_owned(), force };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Count(n) = r { Some(n) } else { None }).await
+    }
+
     /// Removes many objects, per key in input order.
     pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<Result<(), ClientError>> {
         per_key(keys.iter().copied(), |k| k, |valid| async move { self.batch_remove_valid(&valid, force).await }).await

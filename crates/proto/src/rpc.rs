@@ -204,6 +204,8 @@ pub enum MasterRequest {
     SetLocalSsdOffloading { client: ClientId, enabled: bool },
     /// One client's local SSD registration, or every one (`None`) ([`MasterResponse::LocalSsd`]).
     LocalSsdStatus { client: Option<ClientId> },
+    /// Erases an explicit group whole (every member, or none if one may not go); answers `Count`.
+    RemoveGroup { tenant: String, group: String, force: bool },
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -277,6 +279,7 @@ master_ops! {
     ReportLocalSsd => "report_local_ssd",
     SetLocalSsdOffloading => "set_local_ssd_offloading",
     LocalSsdStatus => "local_ssd_status",
+    RemoveGroup => "remove_group",
 }
 
 impl MasterOp {
@@ -379,7 +382,7 @@ mod tests {
         assert_eq!(tag(&report), 25);
         assert_eq!(tag(&MasterRequest::ListTenants), 26);
         assert_eq!(tag(&MasterRequest::LocalSsdStatus { client: None }), 33);
-        assert_eq!(MasterOp::ALL.len(), 34, "one operation per request");
+        assert_eq!(MasterOp::ALL.len(), 35, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

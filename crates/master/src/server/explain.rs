@@ -84,6 +84,13 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             format!("segment {segment} is not mounted")
         }
         (ErrorCode::InvalidParams, R::RemoveByRegex { pattern, .. }) => format!("invalid pattern {pattern:?}"),
+        (ErrorCode::ObjectNotFound, R::RemoveGroup { group, .. }) => format!("no group {group:?}"),
+        (ErrorCode::ObjectHasLease, R::RemoveGroup { group, .. }) => {
+            format!("a member of group {group:?} is leased by a reader; force removes the group anyway")
+        }
+        (ErrorCode::ReplicaIsNotReady, R::RemoveGroup { group, .. }) => {
+            format!("a member of group {group:?} is still being written")
+        }
         (ErrorCode::TenantNotRegistered, R::ListKeys { tenant, .. } | R::RemoveByRegex { tenant, .. }) => {
             format!("tenant {tenant:?} is not registered")
         }

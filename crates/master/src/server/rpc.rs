@@ -177,6 +177,7 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
             svc.set_local_ssd_offloading(*client, *enabled).map(|()| A::Done)
         }
         R::LocalSsdStatus { client } => svc.local_ssd_status(*client).map(A::LocalSsd),
+        R::RemoveGroup { tenant, group, force } => svc.remove_group(tenant, group, *force).map(A::Count),
     }
 }
 
