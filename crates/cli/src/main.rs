@@ -7,16 +7,16 @@
 //! `RUST_LOG`, `--log-format json`).
 //!
 //! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `bench`, `demo`,
-//! `config` (the TOML file).
+//! and, from the library part, `config` (the TOML file).
 
 mod bench;
-mod config;
 mod demo;
 mod ops;
 mod serve;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
+use crescent_cli::{config, parse_size};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -186,24 +186,6 @@ fn init_logs(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
         LogFormat::Json => b.json().with_ansi(false).init(),
     }
 }
-
-/// Parses `123`, `4KiB`, `16MiB`, `1GiB`, `2TiB` (also KB/MB/GB/TB, 1024-based, case-insensitive).
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("invalid size unit in {s:?}")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
-}
-
 /// What a process runs, which decides its runtime's threads and whether it polls while idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
