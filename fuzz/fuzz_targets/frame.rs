@@ -50,8 +50,12 @@ fn seeds() -> Vec<Vec<u8>> {
         Frame::encode(1, &MasterRequest::Ping { client }, Bytes::new()).unwrap(),
         Frame::encode(2, &MasterRequest::ClusterInfo, Bytes::from_static(b"payload")).unwrap(),
         Frame::encode(0, &Hello::new(PeerRole::Client, Some(client)), Bytes::new()).unwrap(),
-        Frame::encode(0, &HelloReply::Ok(Hello::new(PeerRole::Node, None).negotiate(Limits::DATA).unwrap()), Bytes::new())
-            .unwrap(),
+        Frame::encode(
+            0,
+            &HelloReply::Ok(Hello::new(PeerRole::Node, None).negotiate(Limits::DATA).unwrap()),
+            Bytes::new(),
+        )
+        .unwrap(),
     ];
     let mut wire = BytesMut::new();
     let mut codec = FrameCodec::new(Limits::CONTROL);

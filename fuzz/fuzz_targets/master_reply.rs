@@ -48,8 +48,11 @@ fn seeds() -> Vec<Vec<u8>> {
         Ok(MasterResponse::RemovedAll(RemoveAllReport { removed: 3, ..Default::default() })),
         Err(ErrorFrame { code: ErrorCode::ObjectNotFound, message: "key \"x\" not found".into() }),
     ];
-    let mut out: Vec<Vec<u8>> =
-        replies.iter().enumerate().map(|(i, r)| Frame::encode(i as u64 + 1, r, Bytes::new()).unwrap().header.to_vec()).collect();
+    let mut out: Vec<Vec<u8>> = replies
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Frame::encode(i as u64 + 1, r, Bytes::new()).unwrap().header.to_vec())
+        .collect();
     let ack: HelloReply = Ok(Hello::new(PeerRole::Client, None).negotiate(Limits::CONTROL).unwrap());
     out.push(Frame::encode(0, &ack, Bytes::new()).unwrap().header.to_vec());
     let refused: HelloReply = Err(ErrorFrame::bare(ErrorCode::InvalidVersion));

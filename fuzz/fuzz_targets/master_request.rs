@@ -51,8 +51,11 @@ fn seeds() -> Vec<Vec<u8>> {
         MasterRequest::RemoveByRegex { tenant: "t".into(), pattern: "^a.*".into(), force: false },
         MasterRequest::ListKeys { tenant: "t".into(), prefix: "k".into(), limit: 10 },
     ];
-    let mut out: Vec<Vec<u8>> =
-        reqs.iter().enumerate().map(|(i, r)| Frame::encode(i as u64 + 1, r, Bytes::new()).unwrap().header.to_vec()).collect();
+    let mut out: Vec<Vec<u8>> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Frame::encode(i as u64 + 1, r, Bytes::new()).unwrap().header.to_vec())
+        .collect();
     out.push(Frame::encode(0, &Hello::new(PeerRole::Client, Some(client)), Bytes::new()).unwrap().header.to_vec());
     out.push(Frame::encode(0, &Hello::new(PeerRole::Node, None), Bytes::new()).unwrap().header.to_vec());
     out

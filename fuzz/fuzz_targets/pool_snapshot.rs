@@ -42,7 +42,11 @@ fn seeds() -> Vec<Vec<u8>> {
     // A memory pool with allocations and every restorable status.
     let p = SegmentPool::new(config(0)).unwrap();
     let c = ClientId::random();
-    let (a, b, g) = (spec("a", 32 * MIB, SegmentKind::Memory), spec("b", 8 * MIB, SegmentKind::Memory), spec("g", 4 * MIB, SegmentKind::Memory));
+    let (a, b, g) = (
+        spec("a", 32 * MIB, SegmentKind::Memory),
+        spec("b", 8 * MIB, SegmentKind::Memory),
+        spec("g", 4 * MIB, SegmentKind::Memory),
+    );
     for s in [&a, &b, &g] {
         p.mount(c, s.clone()).unwrap();
     }
@@ -69,7 +73,10 @@ fn seeds() -> Vec<Vec<u8>> {
     let handles: Vec<_> = [576 << 10, 2 * MIB, 1, 5000, 16 * MIB].iter().map(|s| alloc.allocate(*s).unwrap()).collect();
     alloc.free(&handles[1]).unwrap();
     out.push([&[4u8][..], &postcard::to_stdvec(&alloc.snapshot()).unwrap()].concat());
-    let full = AllocatorSnapshot { capacity: 10, allocations: vec![SnapshotAllocation { offset: 0, consumed: 10, requested: 3 }] };
+    let full = AllocatorSnapshot {
+        capacity: 10,
+        allocations: vec![SnapshotAllocation { offset: 0, consumed: 10, requested: 3 }],
+    };
     out.push([&[4u8][..], &postcard::to_stdvec(&full).unwrap()].concat());
     out
 }
