@@ -108,15 +108,20 @@ impl FileConfig {
     pub fn load(path: Option<&Path>) -> Result<Self> {
         let Some(path) = path else { return Ok(Self::default()) };
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parses and checks a config file's text: unknown keys and sizes that do not parse are refused.
+    pub fn parse(text: &str) -> Result<Self> {
+        let file: Self = toml::from_str(text)?;
         if let Some(key) = file.server.unknown.keys().next() {
-            anyhow::bail!("{}: unknown key `{key}` in [server]", path.display());
+            anyhow::bail!("unknown key `{key}` in [server]");
         }
         for (name, size) in
             [("stripe_size", &file.client.stripe_size), ("write_stripe_size", &file.client.write_stripe_size)]
         {
             if let Some(s) = size {
-                crate::parse_size(s).map_err(|e| anyhow::anyhow!("{}: [client] {name}: {e}", path.display()))?;
+                crate::parse_size(s).map_err(|e| anyhow::anyhow!("[client] {name}: {e}"))?;
             }
         }
         Ok(file)

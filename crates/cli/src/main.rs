@@ -8,17 +8,17 @@
 //! `RUST_LOG`, `--log-format json`).
 //!
 //! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `admin` (`tenant`,
-//! `ssd`), `bench`, `demo`, `config` (the TOML file).
+//! `ssd`), `bench`, `demo`, and, from the library part, `config` (the TOML file).
 
 mod admin;
 mod bench;
-mod config;
 mod demo;
 mod ops;
 mod serve;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
+use crescent_cli::{config, parse_size};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -196,12 +196,6 @@ fn init_logs(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
         LogFormat::Json => b.json().with_ansi(false).init(),
     }
 }
-
-/// Parses `123`, `4KiB`, `16MiB`, `1GiB`, `2TiB` (also KB/MB/GB/TB, 1024-based, case-insensitive).
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    crescent_proto::human::parse_bytes(s)
-}
-
 /// What a process runs, which decides its runtime's threads and whether it polls while idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
