@@ -12,28 +12,7 @@ fn seeds() -> Vec<Vec<u8>> {
     [
         "",
         "master = \"10.0.0.1:1\"\ntenant = \"t\"\n",
-        r#"
-master = "10.0.0.1:1"
-[server]
-listen = "127.0.0.1:0"
-advertise = "10.0.0.2"
-lease_ttl_ms = 5000
-enable_multi_tenants = true
-placement_policy = "local-first"
-poll_us = 0
-[node]
-segment_size = "64MiB"
-advertise = "node-1.example"
-segments = 2
-prefault = false
-poll_us = 20
-threads = 3
-[client]
-replicas = 2
-stripe_size = "1MiB"
-write_stripe_size = "8MiB"
-poll_us = 7
-"#,
+        crescent_cli::config::EXAMPLE,
         "[server]\nlistn = \"127.0.0.1:1\"\n",
         "[client]\nstripe_size = \"99999999999TiB\"\n",
     ]

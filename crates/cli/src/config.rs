@@ -6,6 +6,30 @@ use crescent_master::service::MasterConfig;
 use serde::Deserialize;
 use std::path::Path;
 
+/// A file that sets a key in every section (tests and the config fuzzer's seed corpus start from it).
+pub const EXAMPLE: &str = r#"
+master = "10.0.0.1:1"
+[server]
+listen = "127.0.0.1:0"
+advertise = "10.0.0.2"
+lease_ttl_ms = 5000
+enable_multi_tenants = true
+placement_policy = "local-first"
+poll_us = 0
+[node]
+segment_size = "64MiB"
+advertise = "node-1.example"
+segments = 2
+prefault = false
+poll_us = 20
+threads = 3
+[client]
+replicas = 2
+stripe_size = "1MiB"
+write_stripe_size = "8MiB"
+poll_us = 7
+"#;
+
 /// The default master address (and `crescent master`'s listen address).
 pub const DEFAULT_MASTER: &str = "127.0.0.1:50051";
 /// The master's admin HTTP port when its RPC port is fixed.
@@ -180,31 +204,7 @@ mod tests {
 
     #[test]
     fn file_sections_parse_and_unknown_keys_are_refused() {
-        let f: FileConfig = toml::from_str(
-            r#"
-            master = "10.0.0.1:1"
-            [server]
-            listen = "127.0.0.1:0"
-            advertise = "10.0.0.2"
-            lease_ttl_ms = 5000
-            enable_multi_tenants = true
-            placement_policy = "local-first"
-            poll_us = 0
-            [node]
-            segment_size = "64MiB"
-            advertise = "node-1.example"
-            segments = 2
-            prefault = false
-            poll_us = 20
-            threads = 3
-            [client]
-            replicas = 2
-            stripe_size = "1MiB"
-            write_stripe_size = "8MiB"
-            poll_us = 7
-            "#,
-        )
-        .unwrap();
+        let f: FileConfig = toml::from_str(super::EXAMPLE).unwrap();
         assert_eq!(f.server.master.lease_ttl_ms, 5000);
         assert!(f.server.unknown.is_empty(), "{:?}", f.server.unknown);
         assert_eq!(
