@@ -21,9 +21,13 @@ fn concurrent_operations_keep_every_invariant() {
     let config = MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() };
     let h = Harness::new(config, 0, 0);
     let stable = ClientId::random();
+    let mut stable_ids = vec![];
     for name in ["stable0", "stable1"] {
-        h.svc.mount_segment(stable, spec(name, 4 * MIB)).unwrap();
+        let sp = spec(name, 4 * MIB);
+        stable_ids.push(sp.id);
+        h.svc.mount_segment(stable, sp).unwrap();
     }
+    let stable_ids = &stable_ids;
     for t in TENANTS.into_iter().chain([CHURNED]) {
         h.svc.upsert_tenant_quota(t, 1 << 40).unwrap();
     }
@@ -166,11 +170,20 @@ fn concurrent_operations_keep_every_invariant() {
                         continue;
                     }
                     let before = h.clock.now();
-                    if h.svc.get_replica_list("b", &key).is_ok() {
+                    if let Ok(r) = h.svc.get_replica_list("b", &key) {
                         leased_reads.fetch_add(1, Ordering::Relaxed);
                         let gone = h.svc.exist_key("b", &key) == Ok(false);
                         let lease_end = before.saturating_add(ttl);
-                        assert!(!gone || h.clock.now() >= lease_end, "{key} was evicted under its lease");
+                        assert!(!r.replicas.is_empty(), "{key} was found with no readable replica");
+                        // A lease keeps an object from eviction and removal, not from its node leaving.
+                        let on_churned_node = r
+                            .replicas
+                            .iter()
+                            .any(|d| d.location.segment_id().is_some_and(|id| !stable_ids.contains(&id)));
+                        assert!(
+                            !gone || on_churned_node || h.clock.now() >= lease_end,
+                            "{key} was evicted under its lease"
+                        );
                     }
                 }
             });

@@ -114,7 +114,15 @@ impl MasterService {
             if st.lifecycle != Lifecycle::Active {
                 return Lookup::Missing;
             }
-            if !st.has_readable() {
+            // Segment liveness is not under this lock, so readability is decided on one look: the descriptors
+            // handed out (a second look could find the last readable segment gone and answer with no replicas).
+            let descriptors: Vec<ReplicaDescriptor> = if want_descriptors {
+                st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect()
+            } else {
+                Vec::new()
+            };
+            let readable = if want_descriptors { !descriptors.is_empty() } else { st.has_readable() };
+            if !readable {
                 let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
                 let unreachable = st.replicas.iter().any(|r| r.status == ReplicaStatus::Complete && r.is_valid());
                 return if in_flight || st.pending.is_some() {
@@ -125,11 +133,6 @@ impl MasterService {
                     Lookup::Missing
                 };
             }
-            let descriptors: Vec<ReplicaDescriptor> = if want_descriptors {
-                st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect()
-            } else {
-                Vec::new()
-            };
             let half = self.config.lease_ttl_ms / 2;
             let near_expiry = st.lease.0 <= now.0.saturating_add(half);
             st.grant_lease(now, deadline);
