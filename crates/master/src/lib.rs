@@ -25,5 +25,6 @@ pub mod segment_pool;
 pub mod server;
 pub mod service;
 pub mod sim;
+pub mod snapshot;
 #[cfg(test)]
 pub(crate) mod test_hooks;

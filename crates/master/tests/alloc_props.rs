@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crescent_master::alloc::{AllocError, Allocation, AllocatorSnapshot, OffsetAllocator};
+use crescent_master::alloc::{AllocError, Allocation, OffsetAllocator};
 use proptest::prelude::*;
 
 const KIB: u64 = 1024;
@@ -199,9 +199,7 @@ impl Harness {
             }
             Op::SnapshotRestore => {
                 let snap = self.alloc.snapshot();
-                let bytes = postcard::to_allocvec(&snap).unwrap();
-                let decoded: AllocatorSnapshot = postcard::from_bytes(&bytes).unwrap();
-                let (restored, handles) = OffsetAllocator::restore(&decoded).unwrap();
+                let (restored, handles) = OffsetAllocator::restore(&snap).unwrap();
                 assert_eq!(restored.snapshot(), snap);
                 assert_eq!(handles.len(), snap.allocations.len());
                 for (h, a) in handles.iter().zip(&snap.allocations) {

@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use crescent_master::clock::Timestamp;
 use crescent_master::placement::{PlacementRequest, Placer, ReplicaPlacement};
-use crescent_master::segment_pool::{AllocatedBuffer, MountOutcome, PoolConfig, PoolError, SegmentPool};
+use crescent_master::segment_pool::{
+    AllocatedBuffer, MountOutcome, PoolConfig, PoolError, RegionAllocState, SegmentPool, SegmentPoolSnapshotView,
+};
 use crescent_proto::{ClientId, ErrorCode, ReplicaLocation, SegmentId, SegmentKind, SegmentStatus};
 
 fn place(pool: &SegmentPool, size: u64, n: usize) -> Result<Vec<AllocatedBuffer>, ErrorCode> {
@@ -406,10 +408,10 @@ fn snapshot_restore_round_trips_catalog_allocators_and_rebinds_buffers() {
     p.graceful_unmount(g.id, c, Timestamp(777)).unwrap();
     let kept = place_on(&p, "a", 3 * MIB + 5).unwrap();
     let orphan = place_on(&p, "a", MIB).unwrap();
-    let bytes = p.snapshot();
+    let view = p.snapshot_view();
 
     let q = pool();
-    assert_eq!(q.restore(&bytes).unwrap(), 3);
+    assert_eq!(q.restore(view.clone()).unwrap(), 3);
     for s in [&a, &b, &g] {
         let (x, y) = (p.segment(s.id).unwrap(), q.segment(s.id).unwrap());
         assert_eq!(
@@ -429,34 +431,66 @@ fn snapshot_restore_round_trips_catalog_allocators_and_rebinds_buffers() {
     assert_eq!(q.segment(a.id).unwrap().usage.used, 0);
     drop(orphan);
     // Restore needs an empty pool.
-    assert_eq!(q.restore(&bytes).unwrap_err(), PoolError::NotEmpty);
+    assert_eq!(q.restore(view).unwrap_err(), PoolError::NotEmpty);
 }
 
 #[test]
-fn corrupt_snapshots_are_rejected_and_change_nothing() {
+fn inconsistent_snapshot_views_are_rejected_and_change_nothing() {
     let p = pool();
     let c = ClientId::random();
     for i in 0..3 {
         p.mount(c, spec(&format!("s{i}"), 16 * MIB)).unwrap();
     }
     let _held = place(&p, 4096, 3).unwrap();
-    let bytes = p.snapshot();
+    let view = p.snapshot_view();
     let q = pool();
-    let mut cases: Vec<Vec<u8>> = vec![Vec::new(), bytes[..5].to_vec(), bytes[..bytes.len() - 1].to_vec()];
-    for i in [0, 4, 7, 12, bytes.len() / 2, bytes.len() - 1] {
-        let mut x = bytes.clone();
-        x[i] ^= 0x5a;
-        cases.push(x);
-    }
+    let broken = |f: &dyn Fn(&mut SegmentPoolSnapshotView)| {
+        let mut v = view.clone();
+        f(&mut v);
+        v
+    };
+    let cases = [
+        broken(&|v| v.regions.push(v.regions[0].clone())),
+        broken(&|v| v.regions[1].status = SegmentStatus::Unmounting),
+        broken(&|v| v.regions[1].graceful_deadline = Some(Timestamp(5))),
+        broken(&|v| v.regions[2].spec.size = 0),
+        broken(&|v| v.regions[2].alloc = RegionAllocState::CxlBinding(vec![0])),
+        broken(&|v| {
+            let RegionAllocState::Own(a) = &mut v.regions[0].alloc else { unreachable!() };
+            a.allocations.push(a.allocations[0].clone());
+        }),
+        broken(&|v| {
+            let RegionAllocState::Own(a) = &mut v.regions[0].alloc else { unreachable!() };
+            a.capacity += 1;
+        }),
+    ];
     for case in cases {
-        let e = q.restore(&case).unwrap_err();
-        assert_eq!(e.code(), ErrorCode::DeserializeFail, "{e}");
+        let e = q.restore(case).unwrap_err();
+        assert!(matches!(e, PoolError::CorruptSnapshot(_) | PoolError::InvalidSpec(_)), "{e}");
         assert!(q.is_empty());
     }
-    // A snapshot from a CXL pool cannot be restored where CXL is off.
+    // A view of a CXL pool cannot be restored where CXL is off.
     let cxl = SegmentPool::new(PoolConfig { cxl_window: Some(MIB) }).unwrap();
-    assert_eq!(q.restore(&cxl.snapshot()).unwrap_err(), PoolError::CxlDisabled);
-    assert_eq!(q.restore(&bytes).unwrap(), 3);
+    assert_eq!(q.restore(cxl.snapshot_view()).unwrap_err(), PoolError::CxlDisabled);
+    assert_eq!(q.restore(view).unwrap(), 3);
+}
+
+#[test]
+fn a_suspect_segment_is_restored_suspect_and_its_owner_clears_it() {
+    let p = pool();
+    let ids = mount_n(&p, 2, 8 * MIB);
+    let (owner, id) = ids[0];
+    let held = place_on(&p, "seg0", MIB).unwrap();
+    assert!(p.suspect(id).unwrap());
+    let q = pool();
+    q.restore(p.snapshot_view()).unwrap();
+    assert_eq!(q.segment(id).unwrap().status, SegmentStatus::Suspect);
+    assert!(!q.is_allocatable(id));
+    let rebound = q.rebind_restored(id, held.offset(), MIB).unwrap();
+    assert!(!rebound.is_readable() && rebound.is_live(), "its replicas are kept but not handed to readers");
+    assert_eq!(q.clear_suspect(ids[1].0), 0, "another client's ping clears nothing");
+    assert_eq!(q.clear_suspect(owner), 1);
+    assert!(q.is_allocatable(id) && rebound.is_readable());
 }
 
 #[test]
@@ -470,7 +504,7 @@ fn cxl_snapshot_round_trips_bindings() {
     let a = Placer::new(Default::default());
     let b = ReplicaPlacement::new(&p, &a).allocate_from(SegmentKind::Cxl, "cxl", 5 * MIB).unwrap();
     let q = SegmentPool::new(cfg).unwrap();
-    q.restore(&p.snapshot()).unwrap();
+    q.restore(p.snapshot_view()).unwrap();
     assert_eq!(q.segment(s.id).unwrap().usage.used, 5 * MIB);
     let r = q.rebind_restored(s.id, b.offset(), 5 * MIB).unwrap();
     assert_eq!(q.finish_restore(), 0);

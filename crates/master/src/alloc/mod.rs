@@ -14,8 +14,6 @@
 //!
 //! The allocator is not internally synchronised; callers wrap it in a mutex.
 
-use serde::{Deserialize, Serialize};
-
 /// Mantissa bits of the small-float size encoding.
 const MANTISSA_BITS: u32 = 3;
 /// Sizes below this value have exact bins.
@@ -123,7 +121,7 @@ impl Allocation {
 }
 
 /// One live allocation in an [`AllocatorSnapshot`].
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotAllocation {
     /// Byte offset within the region.
     pub offset: u64,
@@ -133,8 +131,8 @@ pub struct SnapshotAllocation {
     pub requested: u64,
 }
 
-/// Serializable image of an allocator: its capacity and live allocations sorted by offset.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// Image of an allocator: its capacity and live allocations sorted by offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocatorSnapshot {
     /// Region capacity in bytes.
     pub capacity: u64,
@@ -1120,9 +1118,7 @@ mod tests {
         }
         let snap = a.snapshot();
         assert_eq!(snap.allocations.len(), live.len());
-        let bytes = postcard::to_allocvec(&snap).unwrap();
-        let decoded: AllocatorSnapshot = postcard::from_bytes(&bytes).unwrap();
-        let (mut b, handles) = OffsetAllocator::restore(&decoded).unwrap();
+        let (mut b, handles) = OffsetAllocator::restore(&snap).unwrap();
         check(&b);
         assert_eq!(b.snapshot(), snap);
         assert_eq!(b.used_bytes(), a.used_bytes());

@@ -6,7 +6,6 @@
 
 use crescent_proto::{ClientId, ErrorCode};
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// Why a local SSD operation failed.
@@ -35,14 +34,13 @@ impl LocalSsdError {
 }
 
 /// One client's registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LocalSsdRecord {
     /// Whether the master may queue offloads to this client.
     pub enable_offloading: bool,
     /// Capacity the client reported, in bytes.
     pub total_capacity: u64,
     /// Bytes held by LOCAL_DISK replicas the master knows of (runtime only; rebuilt from metadata on restore).
-    #[serde(skip)]
     pub used: u64,
 }
 

@@ -9,7 +9,6 @@ use super::resource::{AllocationTarget, RegionResource};
 use crate::alloc::{Allocation, AllocatorSnapshot, OffsetAllocator};
 use crescent_proto::{SegmentId, SegmentKind, SegmentSpec};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -20,8 +19,8 @@ pub struct PreparedRegion {
     pub(crate) adopted: HashMap<u64, Allocation>,
 }
 
-/// A region's allocator state as stored in a pool snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A region's allocator state, as a snapshot view carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegionAllocState {
     /// Memory/NoF: the region's own allocator.
     Own(AllocatorSnapshot),

@@ -18,12 +18,13 @@ mod catalog;
 mod driver;
 mod index;
 mod resource;
-mod snapshot;
+mod view;
 
 pub use catalog::SegmentCatalog;
 pub use driver::{CxlDriver, OwnAllocatorDriver, PreparedRegion, RegionAllocState, RegionDriver, RegionDriverRegistry};
 pub use index::PlacementIndex;
 pub use resource::{AllocatedBuffer, RegionResource, RegionUsage};
+pub use view::{RegionReadView, SegmentPoolSnapshotView};
 
 use crate::alloc::{AllocError, Allocation};
 use crate::clock::Timestamp;
@@ -216,6 +217,9 @@ impl PoolState {
         prepared: PreparedRegion,
     ) -> Result<(), PoolError> {
         self.drivers.driver_mut(spec.kind)?.commit(&prepared);
+        if status == SegmentStatus::Suspect {
+            prepared.resource.set_reachable(false);
+        }
         if status.is_allocatable() {
             self.placement.add(&prepared.resource, &spec.host_id);
         }

@@ -1,0 +1,139 @@
+//! The master snapshot codec: owners' read views in, the same views out; a damaged payload is a typed error
+//! and restores nothing; the encoding is pinned.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use crescent_master::clock::Timestamp;
+use crescent_master::local_ssd::{LocalSsdManager, LocalSsdRecord};
+use crescent_master::placement::{Placer, ReplicaPlacement};
+use crescent_master::segment_pool::{PoolConfig, SegmentPool};
+use crescent_master::snapshot::{self, HEADER_LEN, MasterSnapshotView, SnapshotError};
+use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+
+/// A pool with allocations and every restorable status, and LocalSSD registrations.
+fn populated() -> (SegmentPool, LocalSsdManager, Vec<crescent_master::segment_pool::AllocatedBuffer>) {
+    let p = pool();
+    let c = ClientId::random();
+    let names = ["a", "b", "g", "s"];
+    let specs: Vec<_> = names.iter().map(|n| spec(n, 16 * MIB)).collect();
+    for s in &specs {
+        p.mount(c, s.clone()).unwrap();
+    }
+    let placer = Placer::new(Default::default());
+    let held = [("a", 3 * MIB + 5), ("a", MIB), ("s", 4096)]
+        .iter()
+        .map(|(n, size)| ReplicaPlacement::new(&p, &placer).allocate_from(SegmentKind::Memory, n, *size).unwrap())
+        .collect();
+    p.set_status(specs[1].id, SegmentStatus::Draining).unwrap();
+    p.graceful_unmount(specs[2].id, c, Timestamp(777)).unwrap();
+    p.suspect(specs[3].id).unwrap();
+    let ssd = LocalSsdManager::new();
+    for (i, offload) in [true, false].into_iter().enumerate() {
+        let client = ClientId::random();
+        ssd.register(client, offload).unwrap();
+        ssd.report_capacity(client, (i as i64 + 1) << 30).unwrap();
+        ssd.adjust_used(client, 1000).unwrap();
+    }
+    (p, ssd, held)
+}
+
+#[test]
+fn views_round_trip_through_the_codec_into_the_owners_restores() {
+    let (p, ssd, held) = populated();
+    let view = MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot() };
+    let bytes = snapshot::encode(&view);
+    let decoded = snapshot::decode(&bytes).unwrap();
+    assert_eq!(decoded.pool, view.pool, "the pool's view comes back as it went in");
+    let expected: Vec<_> = view.local_ssd.iter().map(|(c, r)| (*c, LocalSsdRecord { used: 0, ..*r })).collect();
+    assert_eq!(decoded.local_ssd, expected, "registrations are kept; usage is runtime state");
+
+    let (q, ssd2) = (pool(), LocalSsdManager::new());
+    assert_eq!(q.restore(decoded.pool).unwrap(), 4);
+    ssd2.restore(decoded.local_ssd);
+    assert_eq!(ssd2.snapshot(), expected);
+    for info in p.segments() {
+        let r = q.segment(info.spec.id).unwrap();
+        assert_eq!(
+            (r.spec, r.client, r.status, r.graceful_deadline, r.usage),
+            (info.spec, info.client, info.status, info.graceful_deadline, info.usage)
+        );
+    }
+    // The restored pool's snapshot encodes to the same bytes.
+    let again = MasterSnapshotView { pool: q.snapshot_view(), local_ssd: ssd2.snapshot() };
+    let expected_bytes = snapshot::encode(&MasterSnapshotView { pool: view.pool, local_ssd: expected.clone() });
+    assert_eq!(snapshot::encode(&again), expected_bytes);
+    drop(held);
+}
+
+#[test]
+fn a_damaged_payload_is_a_typed_error_and_restores_nothing() {
+    let (p, ssd, _held) = populated();
+    let bytes = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot() });
+    assert_eq!(snapshot::decode(&[]).unwrap_err(), SnapshotError::BadHeader);
+    assert_eq!(snapshot::decode(&bytes[..HEADER_LEN - 1]).unwrap_err(), SnapshotError::BadHeader);
+    let mut v = bytes.clone();
+    v[4] = 9;
+    assert_eq!(snapshot::decode(&v).unwrap_err(), SnapshotError::UnsupportedVersion(9));
+    assert_eq!(snapshot::decode(&bytes[..bytes.len() - 1]).unwrap_err(), SnapshotError::Checksum);
+    for i in [0, 7, HEADER_LEN, bytes.len() / 2, bytes.len() - 1] {
+        let mut x = bytes.clone();
+        x[i] ^= 0x5a;
+        let e = snapshot::decode(&x).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeserializeFail, "{e}");
+    }
+    // A body that passes the checksum but does not decode, or names a LocalSSD client twice.
+    let reseal = |body: &[u8]| {
+        let mut out = bytes[..6].to_vec();
+        out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        out.extend_from_slice(body);
+        out
+    };
+    assert!(matches!(snapshot::decode(&reseal(&bytes[HEADER_LEN..bytes.len() - 3])), Err(SnapshotError::Corrupt(_))));
+    let c = ClientId::random();
+    let twice = MasterSnapshotView {
+        local_ssd: vec![(c, LocalSsdRecord::default()), (c, LocalSsdRecord::default())],
+        ..Default::default()
+    };
+    let e = snapshot::decode(&snapshot::encode(&twice)).unwrap_err();
+    assert!(matches!(&e, SnapshotError::Corrupt(m) if m.contains("twice")), "{e}");
+}
+
+#[test]
+fn the_encoding_is_pinned() {
+    // An empty snapshot: magic, version 1, crc32c of the body, body (no regions, no window, no LocalSSD).
+    let empty = snapshot::encode(&MasterSnapshotView::default());
+    assert_eq!(hex(&empty), "43534e5001007aa36460000000");
+    // One region with one allocation, a CXL-less pool, one LocalSSD client.
+    let p = SegmentPool::new(PoolConfig { cxl_window: None }).unwrap();
+    let client = ClientId::from_u64_pair(1, 2);
+    let spec = SegmentSpec {
+        id: SegmentId::from_u64_pair(3, 4),
+        name: "n".into(),
+        base: 0x1000,
+        size: 4096,
+        endpoint: "h:1".into(),
+        kind: SegmentKind::Memory,
+        host_id: "h".into(),
+    };
+    p.mount(client, spec).unwrap();
+    let placer = Placer::new(Default::default());
+    let _b = ReplicaPlacement::new(&p, &placer).allocate_from(SegmentKind::Memory, "n", 100).unwrap();
+    let view = MasterSnapshotView {
+        pool: p.snapshot_view(),
+        local_ssd: vec![(client, LocalSsdRecord { enable_offloading: true, total_capacity: 300, used: 7 })],
+    };
+    let bytes = snapshot::encode(&view);
+    assert_eq!(hex(&bytes), GOLDEN_ONE_REGION);
+    assert_eq!(snapshot::decode(&bytes).unwrap().pool, view.pool);
+}
+
+/// Magic, version, crc; then postcard: 1 region {spec: id (16-byte uuid), "n", base 0x1000, size 4096, "h:1",
+/// Memory, "h"; client; status Ok; no deadline; Own allocator {4096, [{0, consumed 104, requested 100}]}}, no
+/// CXL window, 1 LocalSSD client {offloading, 300 bytes} (its usage is not encoded).
+const GOLDEN_ONE_REGION: &str = "43534e500100ed82c27c011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac02";
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
