@@ -6,8 +6,10 @@ mod common;
 
 use common::*;
 use crescent_master::eviction::{EvictionScope, EvictionTarget};
+use crescent_master::metadata::Tier;
 use crescent_master::service::MasterConfig;
-use crescent_proto::{ErrorCode, ReplicateConfig, SoftPinAction};
+use crescent_proto::{ClientId, ErrorCode, ReplicaLocation, ReplicateConfig, SegmentKind, SoftPinAction};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const KIB: u64 = 1024;
@@ -318,4 +320,61 @@ fn room_is_made_where_it_evicts_nothing_newer_than_it_must() {
     h2.put("six", 6 * MIB);
     assert!(alive(&h2, &a).iter().all(|x| *x));
     assert_eq!(alive(&h2, &b), [true, true, false, false]);
+}
+
+/// A harness with one 64 MiB memory segment and one NoF segment of `nof` bytes.
+fn with_nof(config: MasterConfig, nof: u64) -> Harness {
+    let h = Harness::new(config, 1, 64 * MIB);
+    let mut s = spec("nof0", nof);
+    s.kind = SegmentKind::Nof;
+    h.svc.mount_segment(ClientId::random(), s).unwrap();
+    h
+}
+
+fn nof_replicas(h: &Harness, k: &str) -> usize {
+    let r = h.svc.stat("", k).unwrap();
+    r.replicas.iter().filter(|d| matches!(d.location, ReplicaLocation::Nof { .. })).count()
+}
+
+#[test]
+fn nof_segments_are_evicted_on_their_own_pressure_keeping_memory_replicas() {
+    let h = with_nof(MasterConfig::default(), MIB);
+    let both = ReplicateConfig { nof_replica_num: 1, ..ReplicateConfig::default() };
+    let nof_only = ReplicateConfig { replica_num: 0, nof_replica_num: 1, ..ReplicateConfig::default() };
+    let (dual, single) = (names("d", 480), names("n", 460));
+    put_aged(&h, &dual, &both);
+    put_aged(&h, &single, &nof_only);
+    let step = h.svc.step_eviction();
+    assert!(!step.ran, "memory is far below its watermark");
+    let m = h.svc.metrics();
+    let evicted = m.evicted_nof_objects.load(Ordering::Relaxed);
+    // 940 KiB of 1 MiB is above the 90 % watermark: the NoF round takes the oldest objects' NoF replicas.
+    assert!(evicted > 0, "the NoF tier was evicted");
+    assert_eq!(m.evicted_nof_bytes.load(Ordering::Relaxed), evicted * KIB);
+    let gone = evicted as usize;
+    for k in &dual[..gone] {
+        assert!(probe(&h, k), "{k} keeps its memory replica");
+        assert_eq!(nof_replicas(&h, k), 0, "{k} lost its NoF replica");
+    }
+    assert!(dual[gone..].iter().all(|k| nof_replicas(&h, k) == 1));
+    assert!(alive(&h, &single).iter().all(|x| *x), "newer NoF-only objects are kept");
+    // A NoF-only object whose replica is evicted is gone.
+    let r = h.svc.evict_in(Tier::Nof, EvictionScope::All, frac(1.0, 1.0));
+    assert_eq!(r.objects, (dual.len() - gone + single.len()) as u64);
+    assert!(alive(&h, &single).iter().all(|x| !x));
+    assert!(alive(&h, &dual).iter().all(|x| *x), "memory replicas are not the NoF tier's to take");
+}
+
+#[test]
+fn a_full_nof_segment_makes_room_for_a_new_nof_write() {
+    let config = MasterConfig { eviction_high_watermark: 1.0, ..MasterConfig::default() };
+    let h = with_nof(config, 64 * KIB);
+    let nof_only = ReplicateConfig { replica_num: 0, nof_replica_num: 1, ..ReplicateConfig::default() };
+    let keys = names("n", 64);
+    put_aged(&h, &keys, &nof_only);
+    let next = h.put_in("", "new", KIB, &nof_only);
+    assert!(next.is_ok(), "the oldest NoF object makes room: {next:?}");
+    let a = alive(&h, &keys);
+    assert!(!a[0] && a[1..].iter().all(|x| *x), "only the oldest was evicted: {a:?}");
+    assert_eq!(h.svc.metrics().evicted_nof_objects.load(Ordering::Relaxed), 1);
 }

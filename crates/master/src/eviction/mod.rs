@@ -3,20 +3,22 @@
 //!
 //! 1. **Census**: copy object handles in bounded chunks under shared route locks; read each object's summary
 //!    under its own lock, briefly (never two locks at once).
-//! 2. **Select** with no lock held: candidates are objects with evictable memory (complete, unpinned by
-//!    refcount, on a live segment), not hard-pinned, lease expired; oldest lease first; soft-pinned objects
-//!    only after all others, and only if allowed.
+//! 2. **Select** with no lock held: candidates are objects with evictable replicas in the round's tier
+//!    (complete, unpinned by refcount, on a live segment), not hard-pinned, lease expired; oldest lease first;
+//!    soft-pinned objects only after all others, and only if allowed.
 //! 3. **Commit** each candidate: singleton → its object lock; explicit group → the group lock, then every
 //!    member's lock in key order (the whole group is skipped if any member holds a lease). Everything is
 //!    revalidated under the locks. Emptied objects are retired and matched-unlinked; buffers and quota are
 //!    released after the locks are dropped.
 //!
-//! Counts are objects (the original's unit, for the watermark trigger) and bytes (the quota trigger's unit).
+//! A round works on one [`Tier`] (memory, or NoF): it takes only that tier's replicas, and an object is erased
+//! only when no valid replica is left in any tier. Counts are objects (the original's unit, for the watermark
+//! trigger) and bytes (the quota trigger's unit).
 //! An allocation failure asks [`make_room`] for room for one buffer on one segment, chosen so the
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
-use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState};
+use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
 use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
@@ -36,7 +38,7 @@ pub enum EvictionScope {
 pub enum EvictionTarget {
     /// Evict `ceil(base × target)` non-soft-pinned objects (oldest lease first); if that falls short of
     /// `ceil(base × lower)`, continue with soft-pinned ones (when allowed). `base` = objects with evictable
-    /// memory that are not hard-pinned.
+    /// replicas in the round's tier that are not hard-pinned.
     Fraction {
         /// Primary fraction.
         target: f64,
@@ -84,7 +86,7 @@ pub struct RoomReport {
 /// What a round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EvictionReport {
-    /// Objects with evictable memory that are not hard-pinned.
+    /// Objects with evictable replicas in the round's tier that are not hard-pinned.
     pub base: u64,
     /// Of those, with an expired lease.
     pub candidates: u64,
@@ -102,24 +104,24 @@ struct Candidate {
     /// The version the census saw: commit skips an object written again since.
     version: u16,
     lease: Timestamp,
-    /// Where its evictable memory buffers are, `(segment, offset)` (collected for [`make_room`] only).
+    /// Where its evictable buffers are, `(segment, offset)` (collected for [`make_room`] only).
     at: SmallVec<[(SegmentId, u64); 1]>,
 }
 
-/// Whether the object may lose its memory replicas now.
-fn eligible(st: &ObjectState, now: Timestamp, allow_soft: bool) -> bool {
+/// Whether the object may lose its replicas in `tier` now.
+fn eligible(st: &ObjectState, tier: Tier, now: Timestamp, allow_soft: bool) -> bool {
     st.lifecycle == Lifecycle::Active
         && !st.hard_pinned
         && !st.leased(now)
         && (allow_soft || !st.soft_pinned(now))
-        && st.evictable_memory_bytes() > 0
+        && st.evictable_bytes(tier) > 0
 }
 
-/// Takes the evictable memory replicas; retires the object if nothing valid remains. Returns the replicas
+/// Takes the evictable replicas in `tier`; retires the object if nothing valid remains. Returns the replicas
 /// taken (and the retired object's leftovers) and whether the object was retired.
-fn strip(tenant: &TenantState, st: &mut ObjectState) -> (SmallVec<[Replica; 1]>, bool) {
+fn strip(tenant: &TenantState, st: &mut ObjectState, tier: Tier) -> (SmallVec<[Replica; 1]>, bool) {
     let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
-        std::mem::take(&mut st.replicas).into_iter().partition(|r| r.memory && r.refcnt == 0 && r.is_readable());
+        std::mem::take(&mut st.replicas).into_iter().partition(|r| r.is_evictable(tier));
     st.replicas = keep;
     tenant.resettle(st);
     if st.replicas.iter().any(Replica::is_valid) {
@@ -130,21 +132,23 @@ fn strip(tenant: &TenantState, st: &mut ObjectState) -> (SmallVec<[Replica; 1]>,
     (all, true)
 }
 
-fn bytes_of(replicas: &[Replica]) -> u64 {
-    replicas.iter().filter(|r| r.memory).map(|r| r.buffer.size()).sum()
+/// Bytes freed in `tier` (a retired object's other leftovers are freed too, but count in their own tier).
+fn bytes_of(replicas: &[Replica], tier: Tier) -> u64 {
+    replicas.iter().filter(|r| r.tier == tier).map(|r| r.buffer.size()).sum()
 }
 
-/// Where the evictable memory buffers of `st` are.
-fn evictable_at(st: &ObjectState) -> SmallVec<[(SegmentId, u64); 1]> {
+/// Where the evictable buffers of `st` in `tier` are.
+fn evictable_at(st: &ObjectState, tier: Tier) -> SmallVec<[(SegmentId, u64); 1]> {
     st.replicas
         .iter()
-        .filter(|r| r.memory && r.refcnt == 0 && r.is_readable())
+        .filter(|r| r.is_evictable(tier))
         .filter_map(|r| Some((r.buffer.segment_id()?, r.buffer.offset())))
         .collect()
 }
 
 struct Committer<'a> {
     tenants: &'a [Arc<TenantState>],
+    tier: Tier,
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
     report: EvictionReport,
@@ -165,17 +169,17 @@ impl Committer<'_> {
         match c.entry.group() {
             None => {
                 let mut st = c.entry.lock();
-                if !eligible(&st, self.now, allow_soft) || st.version != c.version {
+                if !eligible(&st, self.tier, self.now, allow_soft) || st.version != c.version {
                     self.report.skipped += 1;
                     return 0;
                 }
-                let (freed, retired) = strip(tenant, &mut st);
+                let (freed, retired) = strip(tenant, &mut st, self.tier);
                 drop(st);
                 if retired {
                     tenant.detach(&c.entry);
                 }
                 self.report.objects += 1;
-                self.report.bytes += bytes_of(&freed);
+                self.report.bytes += bytes_of(&freed, self.tier);
                 drop(freed);
                 1
             }
@@ -203,10 +207,10 @@ impl Committer<'_> {
                 return 0;
             }
             for (m, st) in members.iter().zip(guards.iter_mut()) {
-                if !eligible(st, self.now, allow_soft) {
+                if !eligible(st, self.tier, self.now, allow_soft) {
                     continue;
                 }
-                let (f, r) = strip(tenant, st);
+                let (f, r) = strip(tenant, st, self.tier);
                 freed.push(f);
                 if r {
                     retired.push(m);
@@ -219,7 +223,7 @@ impl Committer<'_> {
         drop(members_guard);
         let n = freed.len() as u64;
         self.report.objects += n;
-        self.report.bytes += freed.iter().map(|f| bytes_of(f)).sum::<u64>();
+        self.report.bytes += freed.iter().map(|f| bytes_of(f, self.tier)).sum::<u64>();
         n
     }
 }
@@ -228,6 +232,7 @@ impl Committer<'_> {
 /// ones apart. `per_seg` also records where each candidate's evictable buffers are.
 fn census(
     tenants: &[Arc<TenantState>],
+    tier: Tier,
     now: Timestamp,
     census_chunk: usize,
     per_seg: bool,
@@ -240,10 +245,9 @@ fn census(
             for entry in chunk {
                 let (in_base, candidate, soft_pinned, lease, version, at) = {
                     let st = entry.lock();
-                    let in_base =
-                        st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_memory_bytes() > 0;
+                    let in_base = st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_bytes(tier) > 0;
                     let candidate = in_base && !st.leased(now);
-                    let at = if candidate && per_seg { evictable_at(&st) } else { SmallVec::new() };
+                    let at = if candidate && per_seg { evictable_at(&st, tier) } else { SmallVec::new() };
                     (in_base, candidate, st.soft_pinned(now), st.lease, st.version, at)
                 };
                 report.base += u64::from(in_base);
@@ -352,12 +356,13 @@ fn ranks_on(seg: &SegmentMap, mut mine: Vec<(u64, usize)>) -> Vec<Option<usize>>
 /// placed must not empty the cache on its way to failing.
 pub fn make_room(
     tenants: &[Arc<TenantState>],
+    tier: Tier,
     room: &RoomRequest,
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
 ) -> RoomReport {
-    let (report, normal, soft) = census(tenants, now, census_chunk, true);
+    let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
     // Rank = eviction order: oldest lease first, soft-pinned after all others.
     let ordered: Vec<(&Candidate, bool)> =
@@ -379,7 +384,7 @@ pub fn make_room(
     let Some((seg, window)) = choice else {
         return RoomReport { segment: None, report };
     };
-    let mut k = Committer { tenants, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, tier, now, groups_done: HashSet::new(), report };
     let mut done = vec![false; ordered.len()];
     for &r in &window.ranks {
         done[r] = true;
@@ -400,13 +405,14 @@ pub fn make_room(
 /// Runs one eviction round over `tenants`.
 pub fn run(
     tenants: &[Arc<TenantState>],
+    tier: Tier,
     target: EvictionTarget,
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
 ) -> EvictionReport {
-    let (report, normal, soft) = census(tenants, now, census_chunk, false);
-    let mut k = Committer { tenants, now, groups_done: HashSet::new(), report };
+    let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
+    let mut k = Committer { tenants, tier, now, groups_done: HashSet::new(), report };
     let mut evicted = 0u64;
     match target {
         EvictionTarget::Fraction { target, lower } => {

@@ -12,7 +12,7 @@ pub mod tenant;
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use lock_stats::{LockClass, lock_stats};
 pub use object::{
-    Lifecycle, ObjectEntry, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest,
+    Lifecycle, ObjectEntry, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest, Tier,
     object_locks_held,
 };
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};

@@ -28,6 +28,25 @@ pub enum Lifecycle {
     Removing,
 }
 
+/// The pool of space a replica uses; each tier is evicted on its own pressure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Host memory or CXL (charged to the tenant's quota).
+    Memory,
+    /// A NoF (NVMe-oF) segment.
+    Nof,
+}
+
+impl Tier {
+    /// The tier of a segment kind.
+    pub fn of(kind: SegmentKind) -> Self {
+        match kind {
+            SegmentKind::Memory | SegmentKind::Cxl => Tier::Memory,
+            SegmentKind::Nof => Tier::Nof,
+        }
+    }
+}
+
 /// One replica of an object.
 #[derive(Debug)]
 pub struct Replica {
@@ -39,15 +58,25 @@ pub struct Replica {
     pub status: ReplicaStatus,
     /// Master-side pins (copy/move/offload sources); a pinned replica is never evicted and blocks upsert.
     pub refcnt: u16,
-    /// Whether the replica lives in host memory or CXL (charged to the tenant's quota).
-    pub memory: bool,
+    /// The tier its segment belongs to.
+    pub tier: Tier,
 }
 
 impl Replica {
     /// A fresh replica in `Processing` state.
     pub fn processing(id: u64, buffer: AllocatedBuffer) -> Self {
-        let memory = buffer.region().is_some_and(|r| matches!(r.kind(), SegmentKind::Memory | SegmentKind::Cxl));
-        Self { id, buffer, status: ReplicaStatus::Processing, refcnt: 0, memory }
+        let tier = buffer.region().map_or(Tier::Memory, |r| Tier::of(r.kind()));
+        Self { id, buffer, status: ReplicaStatus::Processing, refcnt: 0, tier }
+    }
+
+    /// In host memory or CXL (charged to the tenant's quota).
+    pub fn is_memory(&self) -> bool {
+        self.tier == Tier::Memory
+    }
+
+    /// Eviction may take it: in `tier`, not pinned by refcount, readable.
+    pub fn is_evictable(&self, tier: Tier) -> bool {
+        self.tier == tier && self.refcnt == 0 && self.is_readable()
     }
 
     /// Complete and on a live segment.
@@ -182,14 +211,18 @@ impl ObjectState {
 
     /// Bytes that settle as this object's quota charge: size × completed, valid memory replicas.
     pub fn settled_charge(&self) -> u64 {
-        let n =
-            self.replicas.iter().filter(|r| r.memory && r.status == ReplicaStatus::Complete && r.is_valid()).count();
+        let n = self
+            .replicas
+            .iter()
+            .filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid())
+            .count();
         self.size.saturating_mul(n as u64)
     }
 
-    /// Whether eviction may take this object's memory replicas: complete, unpinned by refcount, readable.
-    pub fn evictable_memory_bytes(&self) -> u64 {
-        self.replicas.iter().filter(|r| r.memory && r.refcnt == 0 && r.is_readable()).map(|r| r.buffer.size()).sum()
+    /// Bytes eviction may take from this object in `tier`: complete replicas there, unpinned by refcount,
+    /// readable.
+    pub fn evictable_bytes(&self, tier: Tier) -> u64 {
+        self.replicas.iter().filter(|r| r.is_evictable(tier)).map(|r| r.buffer.size()).sum()
     }
 }
 

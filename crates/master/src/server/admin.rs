@@ -147,6 +147,13 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
     counter(&mut r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
     counter(&mut r, "evicted_bytes", "Replica bytes evicted", m.evicted_bytes.load(Ordering::Relaxed));
+    counter(
+        &mut r,
+        "evicted_nof_objects",
+        "Objects evicted from NoF segments",
+        m.evicted_nof_objects.load(Ordering::Relaxed),
+    );
+    counter(&mut r, "evicted_nof_bytes", "NoF replica bytes evicted", m.evicted_nof_bytes.load(Ordering::Relaxed));
     counter(&mut r, "eviction_runs", "Eviction rounds", m.eviction_runs.load(Ordering::Relaxed));
     counter(
         &mut r,

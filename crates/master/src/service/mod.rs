@@ -22,7 +22,7 @@ pub use tenants::TenantQuotaSnapshot;
 use crate::clock::{Clock, Timestamp};
 use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};
 use crate::local_ssd::LocalSsdManager;
-use crate::metadata::{QuotaAccount, QuotaPolicies, TenantOp, TenantRegistry, TenantState};
+use crate::metadata::{QuotaAccount, QuotaPolicies, TenantOp, TenantRegistry, TenantState, Tier};
 use crate::placement::{PlacementPolicy, Placer};
 use crate::segment_pool::{PoolConfig, SegmentPool};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
@@ -111,6 +111,10 @@ pub struct Metrics {
     pub evicted_objects: AtomicU64,
     /// Bytes of replicas evicted.
     pub evicted_bytes: AtomicU64,
+    /// Of the objects evicted, those whose NoF replicas were taken.
+    pub evicted_nof_objects: AtomicU64,
+    /// Of the bytes evicted, NoF replica bytes.
+    pub evicted_nof_bytes: AtomicU64,
     /// Clients expired by the liveness monitor.
     pub expired_clients: AtomicU64,
     /// Background loop iterations (liveness of the loop itself).
@@ -295,22 +299,36 @@ impl MasterService {
         self.next_replica_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// One eviction step: runs a round if memory use is above the high watermark. The background loop calls this every 10 ms; tests call it directly.
+    /// One eviction step: runs a round in each tier (memory, NoF) whose use is above the high watermark; returns
+    /// the memory tier's. The background loop calls this every 10 ms; tests call it directly.
     pub fn step_eviction(&self) -> EvictionStep {
-        let usage = self.pool.usage(SegmentKind::Memory);
-        self.seen_capacity.store(usage.capacity, Ordering::Relaxed);
-        let used = usage.used_ratio();
-        let hw = self.config.eviction_high_watermark;
         // A failed allocation freed its own room when it failed; only the watermark starts a round here.
         self.need_eviction.store(false, Ordering::Release);
-        self.above_watermark.store(used > hw, Ordering::Relaxed);
+        let memory = self.step_eviction_in(Tier::Memory);
+        self.above_watermark.store(memory.used_ratio > self.config.eviction_high_watermark, Ordering::Relaxed);
+        self.step_eviction_in(Tier::Nof);
+        memory
+    }
+
+    /// One tier's eviction step (the same watermark and ratio for every tier).
+    fn step_eviction_in(&self, tier: Tier) -> EvictionStep {
+        let kind = match tier {
+            Tier::Memory => SegmentKind::Memory,
+            Tier::Nof => SegmentKind::Nof,
+        };
+        let usage = self.pool.usage(kind);
+        if tier == Tier::Memory {
+            self.seen_capacity.store(usage.capacity, Ordering::Relaxed);
+        }
+        let used = usage.used_ratio();
+        let hw = self.config.eviction_high_watermark;
         if used <= hw {
             return EvictionStep { ran: false, used_ratio: used, report: EvictionReport::default() };
         }
         let ratio = self.config.eviction_ratio;
         let target = ratio.max(used - hw + ratio);
         let lower = (target * 0.5).max(used - hw);
-        let report = self.evict(EvictionScope::All, EvictionTarget::Fraction { target, lower });
+        let report = self.evict_in(tier, EvictionScope::All, EvictionTarget::Fraction { target, lower });
         EvictionStep { ran: true, used_ratio: used, report }
     }
 
@@ -320,28 +338,38 @@ impl MasterService {
         self.above_watermark.load(Ordering::Relaxed) || self.need_eviction.load(Ordering::Relaxed)
     }
 
-    /// Runs one eviction round over `scope`.
+    /// Runs one eviction round of memory replicas over `scope`.
     pub fn evict(&self, scope: EvictionScope, target: EvictionTarget) -> EvictionReport {
+        self.evict_in(Tier::Memory, scope, target)
+    }
+
+    /// Runs one eviction round of `tier`'s replicas over `scope`.
+    pub fn evict_in(&self, tier: Tier, scope: EvictionScope, target: EvictionTarget) -> EvictionReport {
         let tenants = match &scope {
             EvictionScope::All => self.tenants.all(),
             EvictionScope::Tenant(t) => self.tenants.get(t).into_iter().collect(),
         };
         let report = crate::eviction::run(
             &tenants,
+            tier,
             target,
             self.clock.now(),
             self.config.allow_evict_soft_pinned,
             self.config.census_chunk,
         );
-        self.record_eviction(&report);
+        self.record_eviction(tier, &report);
         report
     }
 
     /// Counts a round in the metrics; returns memory to the OS after a large one.
-    fn record_eviction(&self, report: &EvictionReport) {
+    fn record_eviction(&self, tier: Tier, report: &EvictionReport) {
         self.metrics.eviction_runs.fetch_add(1, Ordering::Relaxed);
         self.metrics.evicted_objects.fetch_add(report.objects, Ordering::Relaxed);
         self.metrics.evicted_bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        if tier == Tier::Nof {
+            self.metrics.evicted_nof_objects.fetch_add(report.objects, Ordering::Relaxed);
+            self.metrics.evicted_nof_bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        }
         if report.objects >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }

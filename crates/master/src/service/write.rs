@@ -5,7 +5,7 @@ use crate::clock::Timestamp;
 use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
     GroupEntry, Lifecycle, ObjectEntry, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest, TenantState,
-    route_hash,
+    Tier, route_hash,
 };
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
@@ -389,8 +389,16 @@ impl MasterService {
             req.replica_num = spec.config.nof_replica_num as usize;
             req.preferred = &spec.config.preferred_nof_segments;
             req.writer_host = None;
-            if let Ok(b) = placement.place(&req) {
-                buffers.extend(b);
+            if self.fits_under_watermark(SegmentKind::Nof, spec.size) {
+                match placement.place(&req) {
+                    Ok(b) => buffers.extend(b),
+                    // NoF space is evicted for a failed allocation the same way as memory.
+                    Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
+                        let _gate = self.eviction_gate.lock();
+                        buffers.extend(self.place_with_room(&placement, &req).unwrap_or_default());
+                    }
+                    Err(_) => {}
+                }
             }
         }
         if buffers.is_empty() {
@@ -462,14 +470,16 @@ impl MasterService {
                 return Some(b);
             }
             let room = self.room_for(req);
+            let tier = Tier::of(req.kind);
             let round = crate::eviction::make_room(
                 &self.tenants.all(),
+                tier,
                 &room,
                 self.clock.now(),
                 self.config.allow_evict_soft_pinned,
                 self.config.census_chunk,
             );
-            self.record_eviction(&round.report);
+            self.record_eviction(tier, &round.report);
             // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
             // loop runs beside this one) is still a hole: try the placement again.
             round.segment?;
