@@ -35,6 +35,13 @@ pub struct MasterArgs {
     /// Client liveness TTL in ms.
     #[arg(long, help = dflt("Client liveness TTL in ms", MasterConfig::default().client_ttl_ms))]
     client_ttl_ms: Option<u64>,
+    /// How long a silent node's objects are kept for it to come back, in ms.
+    #[arg(long, help = dflt(
+        "How long a silent node's objects are kept (not served) for it to come back, in ms; 0 drops them at the \
+         client TTL",
+        MasterConfig::default().disconnect_grace_ms
+    ))]
+    disconnect_grace_ms: Option<u64>,
     /// Evict above this used ratio.
     #[arg(long, help = dflt("Evict above this used ratio", MasterConfig::default().eviction_high_watermark))]
     eviction_high_watermark: Option<f64>,
@@ -120,6 +127,9 @@ fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
     }
     if let Some(v) = a.client_ttl_ms {
         c.client_ttl_ms = v;
+    }
+    if let Some(v) = a.disconnect_grace_ms {
+        c.disconnect_grace_ms = v;
     }
     if let Some(v) = a.eviction_high_watermark {
         c.eviction_high_watermark = v;

@@ -81,7 +81,8 @@ async fn batch_calls_answer_per_key_with_present_absent_and_invalid_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
-    let mut c = cluster(&["--client-ttl-ms", "2000"], 3, "64MiB");
+    // A dead node is disconnected at its TTL and its objects dropped at the end of the grace period.
+    let mut c = cluster(&["--client-ttl-ms", "2000", "--disconnect-grace-ms", "1000"], 3, "64MiB");
     let client = c.client();
     let victim = c.nodes[0].field("node");
     let mut single_on_victim = Vec::new();
@@ -103,7 +104,8 @@ async fn a_killed_node_loses_only_objects_without_a_surviving_replica() {
     for k in &doubles {
         assert_eq!(client.get(k).await.unwrap(), pattern(4096, k[4..].parse::<u64>().unwrap()), "{k}");
     }
-    // After the client TTL the master drops the dead node's segments: its single-replica objects are gone.
+    // After the client TTL and the grace the master drops the dead node's segments: its single-replica objects
+    // are gone.
     let gone = eventually(Duration::from_secs(30), || {
         let client = client.clone();
         let k = single_on_victim[0].clone();
@@ -309,5 +311,123 @@ async fn writes_keep_succeeding_right_after_a_node_is_killed() {
     let p: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
     let (keys, errors) = (p["keys"].as_u64().unwrap(), p["errors"].as_u64().unwrap());
     assert!(keys >= 40, "the bench wrote: {p}");
-    assert!(errors * 10 <= keys, "at least 90 % of puts succeed right after the kill: {p}");
+    // Only writes already under way when the first failure was reported can fail: at most two waves of
+    // 4 concurrent batches of 8 (how many succeed in 2 s depends on the machine's load, not on this).
+    assert!(errors <= 2 * 4 * 8, "only the first writes fail: {p}");
+}
+
+fn signal(p: &Proc, sig: &str) {
+    assert!(Command::new("kill").args([sig, &p.pid().to_string()]).status().unwrap().success());
+}
+
+/// Waits until a get of `key` fails with `code`.
+async fn until_get_fails(client: &Client, key: &str, code: ErrorCode) -> bool {
+    eventually(Duration::from_secs(30), || {
+        let (client, key) = (client.clone(), key.to_owned());
+        async move { matches!(client.get(&key).await, Err(e) if e.code() == code) }
+    })
+    .await
+}
+
+/// A client that gives up on a silent node after a second (a paused node accepts connections but never answers).
+fn impatient(c: &ProcCluster) -> Client {
+    let mut config = ClientConfig::new(c.addr());
+    config.transfer.io_timeout = Duration::from_secs(1);
+    config.transfer.connect_timeout = Duration::from_secs(1);
+    Client::new(config)
+}
+
+/// Puts 40 distinct 64 KiB values (one replica each) and returns them.
+async fn fill(client: &Client) -> Vec<(String, Vec<u8>)> {
+    let mut values = Vec::new();
+    for i in 0..40u64 {
+        let (k, v) = (format!("k{i}"), pattern(64 << 10, i));
+        client.put_from(&k, &v, &ReplicateConfig::default()).await.unwrap();
+        values.push((k, v));
+    }
+    values
+}
+
+/// A node paused past its client TTL (SIGSTOP: a long GC pause, a VM migration) keeps its data: while it is
+/// away its objects are refused (never served from a silent node, never dropped), and once it resumes every
+/// one is readable again, byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_keeps_every_object() {
+    let c = cluster(&["--client-ttl-ms", "2000"], 1, "64MiB");
+    let client = impatient(&c);
+    let values = fill(&client).await;
+    signal(&c.nodes[0], "-STOP");
+    assert!(
+        until_get_fails(&client, "k0", ErrorCode::UnavailableInCurrentStatus).await,
+        "the master disconnected the silent node"
+    );
+    signal(&c.nodes[0], "-CONT");
+    let back = eventually(Duration::from_secs(30), || {
+        let client = client.clone();
+        async move { client.get("k0").await.is_ok() }
+    })
+    .await;
+    assert!(back, "the node came back");
+    for (k, v) in &values {
+        assert_eq!(&client.get(k).await.unwrap(), v, "{k}");
+    }
+    client.put("after", b"x").await.unwrap();
+}
+
+/// A node killed and restarted (a new process: its memory is gone) on the same address: its old objects are
+/// dropped at once, never served stale, and the new instance takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_never_serves_its_old_objects() {
+    // A TTL far longer than the test: only the new instance's mount can drop the old one's objects.
+    let mut c = cluster(&["--client-ttl-ms", "600000"], 1, "64MiB");
+    let client = impatient(&c);
+    let values = fill(&client).await;
+    let listen = c.nodes[0].field("node");
+    c.nodes[0].kill9();
+    assert!(until_get_fails(&client, "k0", ErrorCode::UnavailableInCurrentStatus).await, "reported unreachable");
+    let _node = Proc::start(bin(), &["node", "--master", &c.addr(), "--listen", &listen, "--segment-size", "64MiB"]);
+    for (k, _) in &values {
+        assert!(until_get_fails(&client, k, ErrorCode::ObjectNotFound).await, "{k} was dropped");
+    }
+    client.put("k0", b"new").await.unwrap();
+    assert_eq!(client.get("k0").await.unwrap(), b"new");
+}
+
+/// A node paused past its TTL and the grace period: its objects are dropped; when it resumes it remounts its
+/// segment by itself (empty) and takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_after_the_grace_remounts_by_itself_empty() {
+    let c = cluster(&["--client-ttl-ms", "2000", "--disconnect-grace-ms", "500"], 1, "64MiB");
+    let client = impatient(&c);
+    fill(&client).await;
+    signal(&c.nodes[0], "-STOP");
+    assert!(until_get_fails(&client, "k0", ErrorCode::ObjectNotFound).await, "dropped after the grace");
+    signal(&c.nodes[0], "-CONT");
+    let writable = eventually(Duration::from_secs(30), || {
+        let client = client.clone();
+        async move { client.put("again", b"y").await.is_ok() }
+    })
+    .await;
+    assert!(writable, "the node remounted by itself");
+    assert_eq!(client.get("k1").await.unwrap_err().code(), ErrorCode::ObjectNotFound);
+}
+
+/// Only a segment's owner may unmount it: an `UnmountSegment` from any other client id is refused, and the
+/// node and its objects stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_unmount_a_nodes_segment() {
+    use crescent_client::master::MasterConnection;
+    use crescent_proto::wire::PeerRole;
+    use crescent_proto::{ClientId, MasterRequest};
+    let c = cluster(&[], 1, "64MiB");
+    let client = c.client();
+    client.put("k", b"v").await.unwrap();
+    let stat = client.stat("k").await.unwrap();
+    let segment = stat.replicas[0].location.segment_id().unwrap();
+    let stranger = ClientId::random();
+    let conn = MasterConnection::new(&c.addr(), stranger, PeerRole::Client, 1, Duration::from_secs(10));
+    let e = conn.call(&MasterRequest::UnmountSegment { client: stranger, segment }).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidParams, "{e}");
+    assert_eq!(client.get("k").await.unwrap(), b"v");
+    client.put("k2", b"w").await.unwrap();
 }

@@ -75,31 +75,159 @@ fn ping_asks_for_remount_until_the_client_remounts() {
     assert_eq!(h.svc.ping(d), ClientStatus::Ok);
 }
 
+/// Silent clients are expired at their TTL: their memory segments are disconnected (NoF segments are not tied
+/// to client liveness), their LocalSSD registration dropped, and their next ping asks for a remount. With no
+/// grace period the segments are unmounted at once.
 #[test]
-fn silent_clients_lose_their_memory_segments_and_must_remount() {
+fn silent_clients_are_expired_and_must_remount() {
+    for grace_ms in [0, 60_000] {
+        let config = MasterConfig { disconnect_grace_ms: grace_ms, ..MasterConfig::default() };
+        let h = Harness::new(config, 3, 64 * MIB);
+        let (c0, s0) = h.segments[0];
+        let (c1, _) = h.segments[1];
+        let mut nof = spec("nof", 16 * MIB);
+        nof.kind = crescent_proto::SegmentKind::Nof;
+        h.svc.mount_segment(c0, nof.clone()).unwrap();
+        let pinned = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+        h.put_in("", "on0", 10, &pinned).unwrap();
+        h.svc.local_ssd().register(c0, true).unwrap();
+        for _ in 0..9 {
+            h.advance(Duration::from_secs(1));
+            h.svc.ping(c1);
+            h.svc.ping(h.segments[2].0);
+            assert!(h.svc.step_liveness().is_empty());
+        }
+        h.advance(Duration::from_secs(1));
+        assert_eq!(h.svc.step_liveness(), vec![c0]);
+        assert_eq!(h.svc.segment_status(nof.id), Ok(SegmentStatus::Ok), "NoF is not tied to client TTL");
+        if grace_ms == 0 {
+            assert_eq!(h.svc.segment_status(s0).unwrap_err(), ErrorCode::SegmentNotFound);
+            assert_eq!(h.get("on0").unwrap_err(), ErrorCode::ObjectNotFound);
+        } else {
+            assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::Disconnected));
+            assert_eq!(h.get("on0").unwrap_err(), ErrorCode::UnavailableInCurrentStatus, "kept, not served");
+        }
+        assert!(!h.svc.local_ssd().is_registered(c0));
+        assert_eq!(h.svc.ping(c0), ClientStatus::NeedRemount);
+        assert_eq!(h.svc.metrics().expired_clients.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+}
+
+fn spec_of(h: &Harness, id: SegmentId) -> crescent_proto::SegmentSpec {
+    (*h.svc.pool().segment(id).unwrap().spec).clone()
+}
+
+/// Expires `client` (everyone else keeps pinging).
+fn expire(h: &Harness, client: ClientId) {
+    h.advance(Duration::from_secs(11));
+    for (c, _) in &h.segments {
+        if *c != client {
+            h.svc.ping(*c);
+        }
+    }
+    h.svc.ping(h.writer);
+    assert_eq!(h.svc.step_liveness(), vec![client]);
+}
+
+/// A node that pauses past its TTL loses nothing: its segment is disconnected — no placements, replicas not
+/// handed out (readers use the others), its space neither free (out of the usage the eviction trigger sees)
+/// nor evictable — and when the same instance remounts, every object on it is served again.
+#[test]
+fn a_paused_node_is_disconnected_and_comes_back_with_every_object() {
+    let h = Harness::new(MasterConfig::default(), 2, 16 * MIB);
+    let ((c0, s0), (_, s1)) = (h.segments[0], h.segments[1]);
+    let on0 = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let mut placed = Vec::new();
+    for k in &keys {
+        placed.push(h.put_in("", k, 4096, &on0).unwrap());
+    }
+    h.put_in("", "both", 4096, &ReplicateConfig::with_replicas(2)).unwrap();
+    let used_before = h.svc.pool().segment(s0).unwrap().usage;
+    expire(&h, c0);
+    assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::Disconnected));
+    for k in &keys {
+        assert_eq!(h.get(k).unwrap_err(), ErrorCode::UnavailableInCurrentStatus);
+    }
+    assert_eq!(h.get("both").unwrap().replicas.len(), 1, "the reader uses the other replica");
+    for i in 0..5 {
+        let r = h.put_in("", &format!("new{i}"), 4096, &ReplicateConfig::with_replicas(2)).unwrap();
+        assert!(r.iter().all(|d| d.location.segment_id() == Some(s1)), "nothing is placed on it");
+    }
+    assert_eq!(h.svc.pool().usage(crescent_proto::SegmentKind::Memory).capacity, 16 * MIB);
+    let r = h.svc.evict(
+        crescent_master::eviction::EvictionScope::All,
+        crescent_master::eviction::EvictionTarget::Fraction { target: 1.0, lower: 1.0 },
+    );
+    assert!(r.objects > 0);
+    assert_eq!(h.svc.pool().segment(s0).unwrap().usage, used_before, "nothing on it was evicted or freed");
+    // The same instance comes back: asked to remount, it remounts its segment, and everything is served.
+    assert_eq!(h.svc.ping(c0), ClientStatus::NeedRemount);
+    h.svc.remount_segments(c0, &[spec_of(&h, s0)]).unwrap();
+    assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::Ok));
+    for (k, before) in keys.iter().zip(&placed) {
+        let now: Vec<_> = h.get(k).unwrap().replicas.into_iter().map(|d| d.location).collect();
+        let then: Vec<_> = before.iter().map(|d| d.location.clone()).collect();
+        assert_eq!(now, then, "{k} is served from where it was");
+    }
+    h.advance(Duration::from_secs(600));
+    h.svc.step_graceful_unmounts();
+    assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::Ok), "the grace deadline was cancelled");
+}
+
+/// The grace period ends: the disconnected segment is unmounted and its objects dropped; the node, if it ever
+/// comes back, is asked to remount and mounts its segment again, empty.
+#[test]
+fn a_disconnected_segment_is_dropped_at_the_end_of_its_grace() {
+    let config = MasterConfig { disconnect_grace_ms: 30_000, ..MasterConfig::default() };
+    let h = Harness::new(config, 2, 16 * MIB);
+    let (c0, s0) = h.segments[0];
+    let on0 = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    h.put_in("", "k", 4096, &on0).unwrap();
+    expire(&h, c0);
+    h.advance(Duration::from_secs(29));
+    assert_eq!(h.svc.step_graceful_unmounts(), 0);
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.svc.step_graceful_unmounts(), 1);
+    assert_eq!(h.svc.segment_status(s0).unwrap_err(), ErrorCode::SegmentNotFound);
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.svc.ping(c0), ClientStatus::NeedRemount);
+    h.svc.remount_segments(c0, &[spec("seg0", 16 * MIB)]).unwrap();
+    assert_eq!(h.svc.ping(c0), ClientStatus::Ok);
+}
+
+/// A node that restarted (a new client id: a new process, its memory gone) at the same endpoint: the old
+/// instance's disconnected segment is dropped at once, so nothing stale is ever served from it.
+#[test]
+fn a_restarted_node_drops_its_old_instance_at_once() {
+    let h = Harness::new(MasterConfig::default(), 2, 16 * MIB);
+    let (c0, s0) = h.segments[0];
+    let on0 = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
+    h.put_in("", "k", 4096, &on0).unwrap();
+    expire(&h, c0);
+    let old = spec_of(&h, s0);
+    let mut fresh = spec(&old.name, old.size);
+    fresh.endpoint = old.endpoint.clone();
+    h.svc.mount_segment(ClientId::random(), fresh.clone()).unwrap();
+    assert_eq!(h.svc.segment_status(s0).unwrap_err(), ErrorCode::SegmentNotFound);
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.svc.segment_status(fresh.id), Ok(SegmentStatus::Ok));
+    // A live segment at another endpoint, or of the same client, is never taken for a replaced instance.
+    assert_eq!(h.svc.segment_status(h.segments[1].1), Ok(SegmentStatus::Ok));
+}
+
+/// Only a segment's owner may unmount it.
+#[test]
+fn only_the_owner_unmounts_a_segment() {
     let h = Harness::default3();
     let (c0, s0) = h.segments[0];
-    let (c1, _) = h.segments[1];
-    let mut nof = spec("nof", 16 * MIB);
-    nof.kind = crescent_proto::SegmentKind::Nof;
-    h.svc.mount_segment(c0, nof.clone()).unwrap();
-    let pinned = ReplicateConfig { preferred_segments: vec!["seg0".into()], ..ReplicateConfig::with_replicas(1) };
-    h.put_in("", "on0", 10, &pinned).unwrap();
-    h.svc.local_ssd().register(c0, true).unwrap();
-    for _ in 0..9 {
-        h.advance(Duration::from_secs(1));
-        h.svc.ping(c1);
-        h.svc.ping(h.segments[2].0);
-        assert!(h.svc.step_liveness().is_empty());
-    }
-    h.advance(Duration::from_secs(1));
-    assert_eq!(h.svc.step_liveness(), vec![c0]);
+    h.put("k", 10);
+    assert_eq!(h.svc.unmount_own_segment(ClientId::random(), s0).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.unmount_own_segment(h.segments[1].0, s0).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(h.svc.segment_status(s0), Ok(SegmentStatus::Ok));
+    assert!(h.svc.unmount_own_segment(ClientId::random(), SegmentId::random()).is_ok(), "unknown id: OK");
+    h.svc.unmount_own_segment(c0, s0).unwrap();
     assert_eq!(h.svc.segment_status(s0).unwrap_err(), ErrorCode::SegmentNotFound);
-    assert_eq!(h.svc.segment_status(nof.id), Ok(SegmentStatus::Ok), "NoF is not tied to client TTL");
-    assert_eq!(h.get("on0").unwrap_err(), ErrorCode::ObjectNotFound);
-    assert!(!h.svc.local_ssd().is_registered(c0));
-    assert_eq!(h.svc.ping(c0), ClientStatus::NeedRemount);
-    assert_eq!(h.svc.metrics().expired_clients.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
 // Graceful unmount through the master.
@@ -171,13 +299,17 @@ fn a_suspect_segment_takes_no_writes_hands_out_no_replicas_and_comes_back_on_pin
     h.svc.ping(c1);
     assert_eq!(h.svc.segment_status(s1).unwrap(), SegmentStatus::Ok);
     assert_eq!(h.get("both").unwrap().replicas.len(), 2);
-    // Suspect again, and its node stays silent past the client TTL: unmounted, objects on it dropped or
-    // left with their other replica.
+    // Suspect again, and its node stays silent past the client TTL: disconnected, then unmounted at the end
+    // of the grace, objects on it dropped or left with their other replica.
     h.svc.report_unreachable(ClientId::random(), &[s1]);
     h.advance(Duration::from_secs(11));
     h.svc.ping(c0);
     h.svc.step_liveness();
-    assert!(h.svc.segment_status(s1).is_err(), "unmounted at the TTL");
+    assert_eq!(h.svc.segment_status(s1), Ok(SegmentStatus::Disconnected));
+    h.advance(Duration::from_millis(MasterConfig::default().disconnect_grace_ms));
+    h.svc.ping(c0);
+    h.svc.step_graceful_unmounts();
+    assert!(h.svc.segment_status(s1).is_err(), "unmounted at the end of the grace");
     assert_eq!(h.get("both").unwrap().replicas.len(), 1);
     assert_eq!(h.svc.segment_status(s0).unwrap(), SegmentStatus::Ok);
 }

@@ -54,6 +54,11 @@ pub enum SegmentStatus {
     /// A client could not reach its node: no new allocations and its replicas are not handed to readers (they
     /// use other replicas), metadata kept; back to `Ok` at the node's next ping, unmounted at its client TTL.
     Suspect = 6,
+    /// Its owner missed its client TTL (paused, partitioned or dead): no new allocations, replicas not handed to
+    /// readers, its space neither free nor evictable, metadata kept until a grace deadline; back to `Ok` when the
+    /// same node instance (same client id, i.e. the same process and memory) remounts, unmounted at the deadline
+    /// or as soon as another instance mounts at its endpoint.
+    Disconnected = 7,
 }
 
 impl SegmentStatus {
@@ -62,7 +67,7 @@ impl SegmentStatus {
         self == SegmentStatus::Ok
     }
 
-    /// Replicas on a segment are readable in every live status but `Unmounting` and `Suspect`.
+    /// Replicas on a segment are readable in every live status but `Unmounting`, `Suspect` and `Disconnected`.
     pub fn is_readable(self) -> bool {
         matches!(
             self,
@@ -78,10 +83,10 @@ mod tests {
     #[test]
     fn allocatable_iff_ok_and_readable_unless_unmounting() {
         use SegmentStatus::*;
-        for s in [Undefined, Ok, Draining, Drained, GracefullyUnmounting, Unmounting, Suspect] {
+        for s in [Undefined, Ok, Draining, Drained, GracefullyUnmounting, Unmounting, Suspect, Disconnected] {
             assert_eq!(s.is_allocatable(), s == Ok);
-            assert_eq!(s.is_readable(), !matches!(s, Undefined | Unmounting | Suspect));
+            assert_eq!(s.is_readable(), !matches!(s, Undefined | Unmounting | Suspect | Disconnected));
         }
-        assert_eq!(Unmounting as u8, 5);
+        assert_eq!((Unmounting as u8, Suspect as u8, Disconnected as u8), (5, 6, 7));
     }
 }

@@ -11,6 +11,7 @@ pub(crate) struct MountedSegment {
     pub spec: Arc<SegmentSpec>,
     pub client: ClientId,
     pub status: SegmentStatus,
+    /// When it is unmounted: a graceful unmount's deadline, or a disconnection's grace deadline.
     pub graceful_deadline: Option<Timestamp>,
 }
 

@@ -217,7 +217,7 @@ impl PoolState {
         prepared: PreparedRegion,
     ) -> Result<(), PoolError> {
         self.drivers.driver_mut(spec.kind)?.commit(&prepared);
-        if status == SegmentStatus::Suspect {
+        if matches!(status, SegmentStatus::Suspect | SegmentStatus::Disconnected) {
             prepared.resource.set_reachable(false);
         }
         if status.is_allocatable() {
@@ -238,6 +238,24 @@ impl PoolState {
             usage: self.resource(&r.spec).map(|x| x.usage()).unwrap_or_default(),
             graceful_deadline: r.graceful_deadline,
         }
+    }
+
+    /// Its owner proved it is alive: a SUSPECT or DISCONNECTED segment goes back to `Ok` (reachable), and a
+    /// graceful unmount is rolled back (the RFC's reactivate). Returns whether anything changed.
+    fn reconnect(&mut self, id: &SegmentId) -> bool {
+        let Some(r) = self.catalog.get(id) else { return false };
+        match r.status {
+            SegmentStatus::Suspect | SegmentStatus::Disconnected => {
+                let spec = r.spec.clone();
+                if let Some(res) = self.resource(&spec) {
+                    res.set_reachable(true);
+                }
+            }
+            SegmentStatus::GracefullyUnmounting => {}
+            _ => return false,
+        }
+        self.transition(id, SegmentStatus::Ok, None);
+        true
     }
 
     /// Moves a segment to `status`, keeping the placement index equal to "status is OK".
@@ -285,21 +303,14 @@ impl SegmentPool {
             if *existing.spec != spec || existing.client != client {
                 return Err(PoolError::ConflictingMount(spec.id));
             }
-            if existing.status == SegmentStatus::GracefullyUnmounting {
-                // The RFC's reactivate: the unmount is rolled back before anything was deactivated.
-                st.transition(&spec.id, SegmentStatus::Ok, None);
+            let status = existing.status;
+            // The RFC's reactivate: a graceful unmount is rolled back before anything was deactivated; a suspect
+            // or disconnected segment's owner is back.
+            if st.reconnect(&spec.id) {
                 return Ok(MountOutcome::Reactivated);
             }
-            if existing.status == SegmentStatus::Suspect {
-                // Its owner reached us: it is reachable again.
-                if let Some(res) = st.resource(&spec) {
-                    res.set_reachable(true);
-                }
-                st.transition(&spec.id, SegmentStatus::Ok, None);
-                return Ok(MountOutcome::Reactivated);
-            }
-            if !existing.status.is_allocatable() {
-                return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
+            if !status.is_allocatable() {
+                return Err(PoolError::UnavailableInStatus { id: spec.id, status });
             }
             return Ok(MountOutcome::AlreadyMounted);
         }
@@ -316,6 +327,7 @@ impl SegmentPool {
         let mut st = self.state.write();
         let mut report = RemountReport::default();
         let mut fresh: Vec<&SegmentSpec> = Vec::new();
+        let mut reconnect: Vec<SegmentId> = Vec::new();
         let mut seen = HashSet::new();
         for spec in specs {
             if !seen.insert(spec.id) {
@@ -330,6 +342,10 @@ impl SegmentPool {
                         return Err(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
                     }
                     report.readopted.push(spec.id);
+                    // Re-adopted as they are, except what was cut off for the owner's liveness.
+                    if matches!(existing.status, SegmentStatus::Suspect | SegmentStatus::Disconnected) {
+                        reconnect.push(spec.id);
+                    }
                 }
                 None => fresh.push(spec),
             }
@@ -343,6 +359,9 @@ impl SegmentPool {
         for (spec, p) in fresh.into_iter().zip(prepared) {
             report.mounted.push(spec.id);
             st.commit_and_publish(client, spec.clone(), SegmentStatus::Ok, None, p)?;
+        }
+        for id in &reconnect {
+            st.reconnect(id);
         }
         Ok(report)
     }
@@ -419,7 +438,7 @@ impl SegmentPool {
         }
     }
 
-    /// Segments whose graceful deadline has passed, earliest deadline first.
+    /// Segments whose graceful or disconnection deadline has passed, earliest deadline first.
     pub fn due_graceful_unmounts(&self, now: Timestamp) -> Vec<SegmentId> {
         self.state.read().catalog.due_deadlines(now)
     }
@@ -444,6 +463,25 @@ impl SegmentPool {
         }
         st.transition(&id, SegmentStatus::Suspect, None);
         Ok(true)
+    }
+
+    /// Cuts a segment off after its owner missed its client TTL: DISCONNECTED until `deadline` (then
+    /// [`SegmentPool::due_graceful_unmounts`] lists it for unmount) unless the owner remounts first. A graceful
+    /// unmount keeps the earlier of its deadline and `deadline`. Returns whether it changed (unknown, unmounting
+    /// or already disconnected segments are left alone).
+    pub fn disconnect(&self, id: SegmentId, deadline: Timestamp) -> bool {
+        let mut st = self.state.write();
+        let Some(r) = st.catalog.get(&id) else { return false };
+        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::Disconnected) {
+            return false;
+        }
+        let deadline = r.graceful_deadline.map_or(deadline, |d| d.min(deadline));
+        let spec = r.spec.clone();
+        if let Some(res) = st.resource(&spec) {
+            res.set_reachable(false);
+        }
+        st.transition(&id, SegmentStatus::Disconnected, Some(deadline));
+        true
     }
 
     /// Returns every SUSPECT segment of `client` to `Ok` (its node just proved it is alive); how many. Costs a

@@ -89,9 +89,11 @@ impl SegmentPool {
             if !ids.insert(rec.spec.id) {
                 return Err(PoolError::CorruptSnapshot(format!("segment {} appears twice", rec.spec.id)));
             }
-            let deadline_ok = (rec.status == SegmentStatus::GracefullyUnmounting) == rec.graceful_deadline.is_some();
-            // SUSPECT is restorable as it is: its owner's next ping clears it, its TTL unmounts it.
-            let status_ok = rec.status.is_readable() || rec.status == SegmentStatus::Suspect;
+            // SUSPECT and DISCONNECTED are restorable as they are: their owner's return clears them.
+            let status_ok =
+                rec.status.is_readable() || matches!(rec.status, SegmentStatus::Suspect | SegmentStatus::Disconnected);
+            let has_deadline = matches!(rec.status, SegmentStatus::GracefullyUnmounting | SegmentStatus::Disconnected);
+            let deadline_ok = has_deadline == rec.graceful_deadline.is_some();
             if !status_ok || !deadline_ok {
                 return Err(PoolError::CorruptSnapshot(format!("segment {} has status {:?}", rec.spec.id, rec.status)));
             }

@@ -92,7 +92,7 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
         R::MountSegment { client, spec } => svc.mount_segment(*client, spec.clone()).map(|()| A::Done),
         R::RemountSegments { client, specs } => svc.remount_segments(*client, &specs.0).map(|()| A::Done),
-        R::UnmountSegment { segment, .. } => svc.unmount_segment(*segment).map(|()| A::Done),
+        R::UnmountSegment { client, segment } => svc.unmount_own_segment(*client, *segment).map(|()| A::Done),
         R::GracefulUnmount { client, segment, grace_ms } => {
             svc.graceful_unmount_segment(*segment, *client, Duration::from_millis(*grace_ms)).map(|()| A::Done)
         }

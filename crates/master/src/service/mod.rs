@@ -38,8 +38,11 @@ use std::time::Duration;
 pub struct MasterConfig {
     /// Read lease granted by Get/Exist (ms).
     pub lease_ttl_ms: u64,
-    /// A client silent this long loses its segments (ms).
+    /// A client silent this long is expired: its memory segments are disconnected (ms).
     pub client_ttl_ms: u64,
+    /// A disconnected segment's objects are kept this long for its node to come back (ms); 0 drops them at the
+    /// client TTL.
+    pub disconnect_grace_ms: u64,
     /// An unfinished write may be preempted by a new PutStart after this long (ms).
     pub put_start_discard_timeout_ms: u64,
     /// Buffers of a preempted write are freed this long after its start (ms): a zombie writer may still write.
@@ -69,6 +72,7 @@ impl Default for MasterConfig {
         Self {
             lease_ttl_ms: 10_000,
             client_ttl_ms: 10_000,
+            disconnect_grace_ms: 5 * 60 * 1000,
             put_start_discard_timeout_ms: 30_000,
             put_start_release_timeout_ms: 600_000,
             default_soft_pin_ttl_ms: 30 * 60 * 1000,

@@ -22,6 +22,7 @@ impl MasterService {
         let host = spec.host_id.clone();
         let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
         self.clients.touch(client, self.liveness_deadline());
+        self.drop_replaced_instances(client, std::slice::from_ref(&spec));
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
         if outcome == MountOutcome::Mounted {
@@ -37,6 +38,7 @@ impl MasterService {
     /// ReMountSegment: re-adopts (or mounts) all of a client's segments after `NEED_REMOUNT`; afterwards
     /// `Ping` answers `OK`. All or nothing.
     pub fn remount_segments(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<(), ErrorCode> {
+        self.drop_replaced_instances(client, specs);
         let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
         self.clients.mark_remounted(client, self.liveness_deadline());
         if let Some(host) = specs.iter().map(|s| s.host_id.as_str()).find(|h| !h.is_empty()) {
@@ -49,8 +51,48 @@ impl MasterService {
         Ok(())
     }
 
-    /// UnmountSegment: replicas on the segment become unreadable at once; objects left with no replica are
-    /// erased and their quota released. Unknown id → OK.
+    /// A node instance that mounts at an endpoint proves that the instance which served there before is gone
+    /// with its memory (a node's client id is its incarnation: random per process start). That instance's
+    /// segments still waiting to be reconnected (DISCONNECTED, SUSPECT) are unmounted at once, so their objects
+    /// are dropped rather than ever served stale.
+    fn drop_replaced_instances(&self, client: ClientId, specs: &[SegmentSpec]) {
+        let replaced: Vec<_> = self
+            .pool
+            .segments()
+            .into_iter()
+            .filter(|s| {
+                s.client != client
+                    && matches!(s.status, SegmentStatus::Disconnected | SegmentStatus::Suspect)
+                    && specs.iter().any(|n| n.endpoint == s.spec.endpoint && n.kind == s.spec.kind)
+            })
+            .collect();
+        for s in replaced {
+            tracing::warn!(
+                segment = %s.spec.id, old = %s.client, new = %client, endpoint = %s.spec.endpoint,
+                "a new node instance mounted where a disconnected one served: its objects are dropped"
+            );
+            if let Err(e) = self.unmount_segment(s.spec.id) {
+                tracing::warn!(segment = %s.spec.id, error = %e, "unmount of a replaced instance's segment failed");
+            }
+        }
+    }
+
+    /// UnmountSegment from a client: only the segment's owner may unmount it (`INVALID_PARAMS` otherwise).
+    /// Unknown id → OK.
+    pub fn unmount_own_segment(&self, client: ClientId, segment: SegmentId) -> Result<(), ErrorCode> {
+        match self.pool.segment(segment) {
+            None => Ok(()),
+            Some(s) if s.client != client => {
+                tracing::warn!(%segment, owner = %s.client, %client, "unmount refused: not the segment's owner");
+                Err(ErrorCode::InvalidParams)
+            }
+            Some(_) => self.unmount_segment(segment),
+        }
+    }
+
+    /// Unmounts a segment: replicas on it become unreadable at once; objects left with no replica are erased and
+    /// their quota released. Unknown id → OK. (The master's own decisions; clients go through
+    /// [`MasterService::unmount_own_segment`].)
     pub fn unmount_segment(&self, segment: SegmentId) -> Result<(), ErrorCode> {
         let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
         if done.is_some() {
@@ -139,16 +181,37 @@ impl MasterService {
         self.clients.len()
     }
 
-    /// Expires clients silent for `client_ttl`: their memory segments are unmounted (NoF segments are not
-    /// tied to client liveness) and their local SSD registration dropped. Returns the expired clients.
+    /// Expires clients silent for `client_ttl`: their memory segments are disconnected for the grace period
+    /// (unmounted at once with no grace; NoF segments are not tied to client liveness) and their local SSD
+    /// registration dropped. Returns the expired clients.
     pub fn step_liveness(&self) -> Vec<ClientId> {
-        let expired = self.clients.take_expired(self.clock.now());
+        let now = self.clock.now();
+        let expired = self.clients.take_expired(now);
+        let grace = Duration::from_millis(self.config.disconnect_grace_ms);
         for c in &expired {
-            tracing::warn!(client = %c, "client expired: silent for {} ms, its segments are unmounted", self.config.client_ttl_ms);
-            for id in self.pool.client_segments(*c) {
-                let memory = self.pool.segment(id).is_some_and(|s| s.spec.kind != SegmentKind::Nof);
-                if memory && let Err(e) = self.unmount_segment(id) {
-                    tracing::warn!(segment = %id, error = %e, "unmount of an expired client's segment failed");
+            let memory: Vec<_> = self
+                .pool
+                .client_segments(*c)
+                .into_iter()
+                .filter(|id| self.pool.segment(*id).is_some_and(|s| s.spec.kind != SegmentKind::Nof))
+                .collect();
+            if grace.is_zero() {
+                tracing::warn!(client = %c, "client expired: silent for {} ms, its segments are unmounted", self.config.client_ttl_ms);
+                for id in memory {
+                    if let Err(e) = self.unmount_segment(id) {
+                        tracing::warn!(segment = %id, error = %e, "unmount of an expired client's segment failed");
+                    }
+                }
+            } else {
+                tracing::warn!(
+                    client = %c,
+                    "client expired: silent for {} ms; its {} segment(s) are disconnected (objects kept, not served) \
+                     for {} s for it to come back",
+                    self.config.client_ttl_ms, memory.len(), grace.as_secs()
+                );
+                let deadline = now.saturating_add(grace);
+                for id in memory {
+                    self.pool.disconnect(id, deadline);
                 }
             }
             self.local_ssd.unregister(*c);
