@@ -51,8 +51,9 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             (ErrorCode::ObjectAlreadyExists, _) => format!("{who} already exists"),
             (ErrorCode::ReplicaIsNotReady, _) => format!("{who} is still being written"),
             (ErrorCode::UnavailableInCurrentStatus, R::GetReplicaList { .. }) => format!(
-                "every replica of {who} is on a node that cannot be reached now (readable again when it answers, \
-                 gone if it does not within the client TTL)"
+                "every replica of {who} is on a node that cannot be reached now (readable again when it comes \
+                 back; dropped if it has not within {} s of going silent, or restarted)",
+                svc.config().disconnect_grace_ms / 1000
             ),
             (ErrorCode::ObjectHasLease, _) => match svc.stat(tenant, key) {
                 Ok(s) if s.lease_remaining_ms > 0 => format!(
