@@ -137,3 +137,18 @@ const GOLDEN_ONE_REGION: &str = "43534e500100ed82c27c011000000000000000030000000
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+#[test]
+fn nof_regions_are_left_out() {
+    let p = pool();
+    let c = ClientId::random();
+    let mut nof = spec("nof", 16 * MIB);
+    nof.kind = SegmentKind::Nof;
+    let memory = spec("m", 16 * MIB);
+    p.mount(c, nof).unwrap();
+    p.mount(c, memory.clone()).unwrap();
+    let view = snapshot::decode(&snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: vec![] }))
+        .unwrap();
+    let ids: Vec<_> = view.pool.regions.iter().map(|r| r.spec.id).collect();
+    assert_eq!(ids, vec![memory.id]);
+}

@@ -4,7 +4,7 @@
 //! registrations from [`crate::local_ssd::LocalSsdManager::snapshot`]; the object directory joins with the HA
 //! snapshots) and decodes them back for the owners' restore transactions. No owner knows this encoding, and the
 //! wire records below are the codec's own, so an owner's types can change without changing the format silently.
-//! NoF regions are not included: they re-register on their heartbeat.
+//! NoF regions are left out: they re-register on their heartbeat.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
 //! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients); the pool's restore
@@ -14,7 +14,7 @@ use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
-use crescent_proto::{ClientId, ErrorCode, SegmentSpec, SegmentStatus};
+use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -127,6 +127,8 @@ pub fn encode(view: &MasterSnapshotView) -> Vec<u8> {
         .pool
         .regions
         .iter()
+        // NoF targets re-register on their heartbeat; their allocations are not the master's to persist.
+        .filter(|r| r.spec.kind != SegmentKind::Nof)
         .map(|r| WireRegion {
             spec: r.spec.clone(),
             client: r.client,
