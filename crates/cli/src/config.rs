@@ -13,6 +13,9 @@ master = "10.0.0.1:1"
 listen = "127.0.0.1:0"
 advertise = "10.0.0.2"
 lease_ttl_ms = 5000
+nof_heartbeat_interval_ms = 2000
+nof_probe_timeout_ms = 300
+nof_heartbeat_failures = 5
 enable_multi_tenants = true
 placement_policy = "local-first"
 poll_us = 0
@@ -213,6 +216,8 @@ mod tests {
         );
         assert!(f.server.master.enable_multi_tenants);
         assert_eq!(f.server.master.client_ttl_ms, MasterConfig::default().client_ttl_ms);
+        let m = &f.server.master;
+        assert_eq!((m.nof_heartbeat_interval_ms, m.nof_probe_timeout_ms, m.nof_heartbeat_failures), (2000, 300, 5));
         assert_eq!((f.node.segments, f.node.threads, f.node.prefault), (Some(2), Some(3), Some(false)));
         let g = Global::resolve(&None, &None, &f);
         assert_eq!(g.master, "10.0.0.1:1");

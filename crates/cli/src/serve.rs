@@ -42,6 +42,15 @@ pub struct MasterArgs {
         MasterConfig::default().disconnect_grace_ms
     ))]
     disconnect_grace_ms: Option<u64>,
+    /// How often each NoF target is probed, in ms.
+    #[arg(long, help = dflt("How often each NoF target is probed, in ms", MasterConfig::default().nof_heartbeat_interval_ms))]
+    nof_heartbeat_interval_ms: Option<u64>,
+    /// A NoF probe unanswered this long fails, in ms.
+    #[arg(long, help = dflt("A NoF probe unanswered this long fails, in ms", MasterConfig::default().nof_probe_timeout_ms))]
+    nof_probe_timeout_ms: Option<u64>,
+    /// Consecutive failed probes that unmount a NoF segment.
+    #[arg(long, help = dflt("Consecutive failed probes that unmount a NoF segment", MasterConfig::default().nof_heartbeat_failures))]
+    nof_heartbeat_failures: Option<u32>,
     /// Evict above this used ratio.
     #[arg(long, help = dflt("Evict above this used ratio", MasterConfig::default().eviction_high_watermark))]
     eviction_high_watermark: Option<f64>,
@@ -130,6 +139,15 @@ fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
     }
     if let Some(v) = a.disconnect_grace_ms {
         c.disconnect_grace_ms = v;
+    }
+    if let Some(v) = a.nof_heartbeat_interval_ms {
+        c.nof_heartbeat_interval_ms = v;
+    }
+    if let Some(v) = a.nof_probe_timeout_ms {
+        c.nof_probe_timeout_ms = v;
+    }
+    if let Some(v) = a.nof_heartbeat_failures {
+        c.nof_heartbeat_failures = v;
     }
     if let Some(v) = a.eviction_high_watermark {
         c.eviction_high_watermark = v;
@@ -305,4 +323,24 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
     m.server.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nof_heartbeat_settings_come_from_the_flag_then_the_file_then_the_default() {
+        let file = FileConfig::parse("[server]\nnof_heartbeat_interval_ms = 2000\nnof_heartbeat_failures = 4\n")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let flags = MasterArgs { nof_heartbeat_failures: Some(7), ..MasterArgs::default() };
+        let c = master_config(&flags, &file).unwrap_or_else(|e| panic!("{e:#}"));
+        let default = MasterConfig::default();
+        assert_eq!(
+            (c.nof_heartbeat_interval_ms, c.nof_probe_timeout_ms, c.nof_heartbeat_failures),
+            (2000, default.nof_probe_timeout_ms, 7)
+        );
+        let flags = MasterArgs { nof_probe_timeout_ms: Some(250), ..MasterArgs::default() };
+        assert_eq!(master_config(&flags, &FileConfig::default()).map(|c| c.nof_probe_timeout_ms).ok(), Some(250));
+    }
 }

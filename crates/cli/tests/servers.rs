@@ -262,6 +262,9 @@ fn help_shows_defaults_and_only_the_flags_a_command_uses() {
     {
         assert!(master.contains(default), "no {default} in {master}");
     }
+    for flag in ["--nof-heartbeat-interval-ms", "--nof-probe-timeout-ms", "--nof-heartbeat-failures"] {
+        assert!(master.contains(flag), "no {flag} in {master}");
+    }
     assert!(!master.contains("--master") && !master.contains("--tenant"), "{master}");
     let node = help(&["node", "--help"]);
     for shown in ["--master", "[default: 1GiB]", "[default: 127.0.0.1:0]", "--advertise", "[default: true]"] {

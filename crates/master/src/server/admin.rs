@@ -169,6 +169,12 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
         m.expired_clients.load(Ordering::Relaxed),
     );
     counter(&mut r, "background_ticks", "Background loop iterations", m.background_ticks.load(Ordering::Relaxed));
+    counter(
+        &mut r,
+        "nof_unmounted_segments",
+        "NoF segments unmounted after their target failed its heartbeat probes",
+        m.nof_unmounted_segments.load(Ordering::Relaxed),
+    );
     gauge(&mut r, "keys", "Objects stored", svc.key_count(None) as u64);
     gauge(&mut r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
     let usage = svc.pool().usage(SegmentKind::Memory);
@@ -399,6 +405,7 @@ mod tests {
             r#"crescent_master_key_operations_total{op="put_end"} 1"#,
             r#"crescent_master_key_failures_total{op="get_replica_list"} 1"#,
             "crescent_master_keys 1",
+            "crescent_master_nof_unmounted_segments_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -411,5 +418,28 @@ mod tests {
                 assert!(text.lines().any(|l| l.starts_with(&series)), "missing {series:?} in\n{text}");
             }
         }
+    }
+
+    #[test]
+    fn nof_segments_the_heartbeat_unmounts_are_counted() {
+        let config = MasterConfig { nof_heartbeat_failures: 1, ..MasterConfig::default() };
+        let clock = ManualClock::new(Timestamp(1_000));
+        let svc = MasterService::new(config, clock.clone()).unwrap();
+        let mut nof = crescent_testkit::segment("nof", 1 << 20);
+        nof.kind = SegmentKind::Nof;
+        svc.mount_segment(ClientId::random(), nof.clone()).unwrap();
+        let mut due = svc.due_nof_probes();
+        for _ in 0..100 {
+            if !due.is_empty() {
+                break;
+            }
+            clock.advance(std::time::Duration::from_millis(100));
+            due = svc.due_nof_probes();
+        }
+        assert_eq!(due.len(), 1, "probed within an interval");
+        assert!(svc.record_nof_probe(nof.id, false));
+        let text = render_metrics(&svc, &RpcMetrics::default());
+        let line = "crescent_master_nof_unmounted_segments_total 1";
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
 }

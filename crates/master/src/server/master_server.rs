@@ -1,7 +1,8 @@
-//! [`MasterServer`]: the one way to run a master — its service, background loop, RPC server and admin HTTP —
-//! used alike by `crescent master`, `crescent up`, tests and benchmarks.
+//! [`MasterServer`]: the one way to run a master — its service, background loop, NoF heartbeat, RPC server and
+//! admin HTTP — used alike by `crescent master`, `crescent up`, tests and benchmarks.
 
 use super::admin::AdminServer;
+use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcMetrics, RpcServer, RpcServerHandle};
 use crate::clock::{Clock, SystemClock};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
@@ -40,6 +41,7 @@ pub struct MasterServerBuilder {
     admin: Option<SocketAddr>,
     poll_window: Duration,
     background: bool,
+    nof_prober: Option<Arc<dyn NofProber>>,
 }
 
 impl MasterServerBuilder {
@@ -69,9 +71,16 @@ impl MasterServerBuilder {
     }
 
     /// Whether the background loop (eviction, liveness, graceful unmounts, delayed releases) runs on its own
-    /// thread (default true; a test on a manual clock steps the service itself).
+    /// thread, and the NoF heartbeat task on the runtime (default true; a test on a manual clock steps the
+    /// service itself).
     pub fn background(mut self, run: bool) -> Self {
         self.background = run;
+        self
+    }
+
+    /// How the NoF heartbeat probes a target (default [`TransferProber`]: a 1-byte data-plane read).
+    pub fn nof_prober(mut self, prober: Arc<dyn NofProber>) -> Self {
+        self.nof_prober = Some(prober);
         self
     }
 
@@ -89,7 +98,12 @@ impl MasterServerBuilder {
         let background =
             if self.background { Some(svc.spawn_background().map_err(StartError::Background)?) } else { None };
         let rpc = rpc.with_poll_window(self.poll_window).spawn().map_err(bind("rpc", self.rpc))?;
-        Ok(MasterServer { svc, rpc, admin, _background: background })
+        let nof_heartbeat = self.background.then(|| {
+            let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
+            let prober = self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
+            NofHeartbeat::spawn(svc.clone(), prober)
+        });
+        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background })
     }
 }
 
@@ -97,6 +111,8 @@ impl MasterServerBuilder {
 /// finish the request in hand first.
 pub struct MasterServer {
     svc: Arc<MasterService>,
+    /// Aborted when dropped, first: no segment is unmounted for a failed probe while the master stops.
+    nof_heartbeat: Option<NofHeartbeat>,
     rpc: RpcServerHandle,
     admin: Option<AdminServer>,
     /// Stops (and joins) the background thread when dropped, after the servers.
@@ -119,6 +135,7 @@ impl MasterServer {
             admin: None,
             poll_window: crescent_net::poll::DEFAULT_POLL_WINDOW,
             background: true,
+            nof_prober: None,
         }
     }
 
@@ -137,10 +154,11 @@ impl MasterServer {
         &self.svc
     }
 
-    /// Stops accepting, lets every connection finish the request in hand, stops the admin HTTP and the
-    /// background loop.
+    /// Stops the NoF heartbeat, stops accepting, lets every connection finish the request in hand, stops the
+    /// admin HTTP and the background loop.
     pub async fn shutdown(self) {
-        let MasterServer { rpc, admin, _background, .. } = self;
+        let MasterServer { nof_heartbeat, rpc, admin, _background, .. } = self;
+        drop(nof_heartbeat);
         rpc.shutdown().await;
         if let Some(admin) = admin {
             admin.shutdown().await;

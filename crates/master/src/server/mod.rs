@@ -1,12 +1,15 @@
 //! The master's network edge: the framed RPC server (every `MasterService` operation), the admin HTTP
-//! endpoint, and [`MasterServer`], which runs both with the service and its background loop. Handlers
-//! translate wire messages 1:1 into service calls; no business logic lives here.
+//! endpoint, the NoF heartbeat (probes of NoF targets), and [`MasterServer`], which runs them with the service
+//! and its background loop. Handlers translate wire messages 1:1 into service calls; no business logic lives
+//! here.
 
 mod admin;
 mod explain;
 mod master_server;
+mod nof_heartbeat;
 mod rpc;
 
 pub use admin::{AdminServer, admin_router};
 pub use master_server::{MasterServer, MasterServerBuilder, StartError};
+pub use nof_heartbeat::{NOF_HEARTBEAT_TICK, NofProber, TransferProber};
 pub use rpc::{RpcMetrics, RpcServer, RpcServerHandle, dispatch};

@@ -9,6 +9,7 @@
 
 mod clients;
 mod discard;
+mod nof_health;
 mod read;
 mod remove;
 mod segments;
@@ -17,6 +18,7 @@ mod tenants;
 mod write;
 
 pub use crescent_proto::{ClientStatus, GetReplicaListResponse};
+pub use nof_health::NofProbe;
 pub use tenants::TenantQuotaSnapshot;
 
 use crate::clock::{Clock, Timestamp};
@@ -65,6 +67,12 @@ pub struct MasterConfig {
     pub cxl_window: Option<u64>,
     /// Handles copied per route-lock hold during a census.
     pub census_chunk: usize,
+    /// Each OK NoF segment's target is probed this often (ms; first probes staggered over it).
+    pub nof_heartbeat_interval_ms: u64,
+    /// A NoF probe not answered within this counts as failed (ms).
+    pub nof_probe_timeout_ms: u64,
+    /// A NoF segment is unmounted after this many consecutive failed probes.
+    pub nof_heartbeat_failures: u32,
 }
 
 impl Default for MasterConfig {
@@ -84,6 +92,9 @@ impl Default for MasterConfig {
             placement_policy: PlacementPolicy::Random,
             cxl_window: None,
             census_chunk: 1024,
+            nof_heartbeat_interval_ms: 10_000,
+            nof_probe_timeout_ms: 1_000,
+            nof_heartbeat_failures: 3,
         }
     }
 }
@@ -123,6 +134,8 @@ pub struct Metrics {
     pub expired_clients: AtomicU64,
     /// Background loop iterations (liveness of the loop itself).
     pub background_ticks: AtomicU64,
+    /// NoF segments unmounted because their target failed its heartbeat probes.
+    pub nof_unmounted_segments: AtomicU64,
 }
 
 impl Metrics {
@@ -177,6 +190,7 @@ pub struct MasterService {
     policies: Mutex<QuotaPolicies>,
     clients: clients::ClientTable,
     discards: discard::DiscardQueue,
+    nof_health: nof_health::NofHealth,
     /// Set by a failed allocation (which evicts for itself); a hint that writes may evict until the next step.
     need_eviction: AtomicBool,
     /// Memory use was above the high watermark at the last eviction step: writes may evict inline until the
@@ -212,6 +226,7 @@ impl MasterService {
     /// A master with the given config and clock.
     pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
         let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window }).map_err(|e| e.code())?;
+        let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
             placement: Placer::new(config.placement_policy),
             config,
@@ -222,6 +237,7 @@ impl MasterService {
             policies: Mutex::new(QuotaPolicies::default()),
             clients: clients::ClientTable::default(),
             discards: discard::DiscardQueue::default(),
+            nof_health,
             need_eviction: AtomicBool::new(false),
             above_watermark: AtomicBool::new(false),
             seen_capacity: AtomicU64::new(0),

@@ -25,6 +25,10 @@ impl MasterService {
         self.drop_replaced_instances(client, std::slice::from_ref(&spec));
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
+        if outcome != MountOutcome::AlreadyMounted {
+            // Mounted anew or back to OK: its NoF heartbeat (if any) starts fresh.
+            self.nof_health.forget(id);
+        }
         if outcome == MountOutcome::Mounted {
             tracing::info!(
                 segment = %id, %name, %client,
@@ -40,6 +44,9 @@ impl MasterService {
     pub fn remount_segments(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<(), ErrorCode> {
         self.drop_replaced_instances(client, specs);
         let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
+        for id in &report.mounted {
+            self.nof_health.forget(*id);
+        }
         self.clients.mark_remounted(client, self.liveness_deadline());
         if let Some(host) = specs.iter().map(|s| s.host_id.as_str()).find(|h| !h.is_empty()) {
             self.clients.set_host(client, host);
@@ -94,12 +101,19 @@ impl MasterService {
     /// their quota released. Unknown id → OK. (The master's own decisions; clients go through
     /// [`MasterService::unmount_own_segment`].)
     pub fn unmount_segment(&self, segment: SegmentId) -> Result<(), ErrorCode> {
+        self.unmount(segment).map(|_| ())
+    }
+
+    /// [`MasterService::unmount_segment`], saying whether this call unmounted it (false: unknown id).
+    pub(super) fn unmount(&self, segment: SegmentId) -> Result<bool, ErrorCode> {
         let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
-        if done.is_some() {
-            tracing::info!(%segment, "segment unmounted");
-            self.recompute_quotas();
+        if done.is_none() {
+            return Ok(false);
         }
-        Ok(())
+        self.nof_health.forget(segment);
+        tracing::info!(%segment, "segment unmounted");
+        self.recompute_quotas();
+        Ok(true)
     }
 
     /// GracefulUnmountSegment: readable but unallocatable for `grace`, then unmounted. Owner only.
@@ -182,8 +196,8 @@ impl MasterService {
     }
 
     /// Expires clients silent for `client_ttl`: their memory segments are disconnected for the grace period
-    /// (unmounted at once with no grace; NoF segments are not tied to client liveness) and their local SSD
-    /// registration dropped. Returns the expired clients.
+    /// (unmounted at once with no grace; NoF segments are not tied to client liveness: the NoF heartbeat
+    /// watches their targets) and their local SSD registration dropped. Returns the expired clients.
     pub fn step_liveness(&self) -> Vec<ClientId> {
         let now = self.clock.now();
         let expired = self.clients.take_expired(now);

@@ -1,0 +1,114 @@
+//! The NoF heartbeat task: every [`NOF_HEARTBEAT_TICK`] it asks the service which NoF targets are due for a
+//! probe ([`MasterService::due_nof_probes`]), runs those probes concurrently, each bounded by
+//! `nof_probe_timeout_ms`, and reports each outcome ([`MasterService::record_nof_probe`], which unmounts a
+//! segment whose target keeps failing). The schedule and the counting live in the service; only the I/O is here.
+
+use crate::service::{MasterService, NofProbe};
+use crescent_proto::SegmentId;
+use crescent_transfer::{SegmentRegistry, TransferClient, TransferConfig};
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::MissedTickBehavior;
+
+/// How often the heartbeat task looks for due probes (the probes themselves are `nof_heartbeat_interval_ms`
+/// apart per segment).
+pub const NOF_HEARTBEAT_TICK: Duration = Duration::from_millis(100);
+
+/// Checks whether a NoF target serves a segment; the seam between the heartbeat task and the network.
+pub trait NofProber: Send + Sync + 'static {
+    /// Resolves to whether the target at `endpoint` answered a read of `segment`. The caller bounds it with
+    /// the probe timeout (a probe still pending then counts as failed).
+    fn probe(&self, endpoint: &str, segment: SegmentId) -> BoxFuture<'static, bool>;
+}
+
+/// The real probe: a data-plane read of 1 byte at offset 0 of the segment; data back means alive, any error
+/// (refused, reset, timed out, `SEGMENT_NOT_FOUND`, ...) means not.
+#[derive(Debug, Clone)]
+pub struct TransferProber {
+    client: TransferClient,
+}
+
+impl TransferProber {
+    /// A prober whose connects and exchanges give up after `timeout`, one connection per target.
+    pub fn new(timeout: Duration) -> Self {
+        let config = TransferConfig {
+            lanes_per_peer: 1,
+            connect_timeout: timeout,
+            io_timeout: timeout,
+            // A probe is rare and tiny: it must not hold a worker busy-polling for its reply.
+            poll_window: Duration::ZERO,
+            ..TransferConfig::default()
+        };
+        Self { client: TransferClient::new(config, SegmentRegistry::default()) }
+    }
+}
+
+impl NofProber for TransferProber {
+    fn probe(&self, endpoint: &str, segment: SegmentId) -> BoxFuture<'static, bool> {
+        let (client, endpoint) = (self.client.clone(), endpoint.to_owned());
+        Box::pin(async move {
+            match client.read(&endpoint, segment, 0, 1).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::debug!(%segment, %endpoint, error = %e, "NoF probe failed");
+                    false
+                }
+            }
+        })
+    }
+}
+
+/// The running heartbeat task; dropping it aborts the task and the probes in flight.
+#[derive(Debug)]
+pub(super) struct NofHeartbeat {
+    task: JoinHandle<()>,
+}
+
+impl NofHeartbeat {
+    /// Starts the task on the current tokio runtime.
+    pub(super) fn spawn(svc: Arc<MasterService>, prober: Arc<dyn NofProber>) -> Self {
+        let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(NOF_HEARTBEAT_TICK);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            // Probes run as tasks of their own so a slow target never delays the next tick's probes; the set
+            // aborts them when this task ends.
+            let mut probes: JoinSet<(SegmentId, bool)> = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        for NofProbe { segment, endpoint } in svc.due_nof_probes() {
+                            let probe = prober.probe(&endpoint, segment);
+                            probes.spawn(async move {
+                                (segment, tokio::time::timeout(timeout, probe).await.unwrap_or(false))
+                            });
+                        }
+                    }
+                    Some(done) = probes.join_next(), if !probes.is_empty() => match done {
+                        Ok((segment, true)) => {
+                            svc.record_nof_probe(segment, true);
+                        }
+                        Ok((segment, false)) => {
+                            // A failure may unmount the segment (a sweep over every object): off the async workers.
+                            let svc = svc.clone();
+                            if let Err(e) = tokio::task::spawn_blocking(move || svc.record_nof_probe(segment, false)).await {
+                                tracing::warn!(%segment, error = %e, "recording a failed NoF probe failed");
+                            }
+                        }
+                        // The probe's task panicked: its segment's report is lost, and the service re-probes it later.
+                        Err(e) => tracing::warn!(error = %e, "a NoF probe task failed"),
+                    },
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for NofHeartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
