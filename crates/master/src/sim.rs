@@ -2,14 +2,14 @@
 //! (batch-exist a request's prefix blocks, reuse the leading hits, write the rest), on simulated storage hosts.
 //! `crescent demo` runs it; it needs no network and no storage node.
 
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::placement::PlacementPolicy;
 use crate::service::{MasterConfig, MasterService};
 use crescent_proto::{ClientId, ErrorCode, ReplicateConfig, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The simulated cluster and workload.
 #[derive(Debug, Clone)]
@@ -140,12 +140,22 @@ fn master_err(op: &'static str) -> impl Fn(ErrorCode) -> SimError {
 /// Replays `requests` (each a list of prefix block ids) against a fresh master with `config`'s hosts, then
 /// takes the first host away and counts what survived.
 pub fn replay(config: &SimConfig, requests: &[Vec<u64>]) -> Result<SimReport, SimError> {
+    replay_on(config, requests, Arc::new(SystemClock::new()), |_, _| {})
+}
+
+/// [`replay`] on `clock`, calling `tick(i, master)` before request `i` (a test advances a manual clock and runs
+/// the master's liveness step there).
+fn replay_on(
+    config: &SimConfig,
+    requests: &[Vec<u64>],
+    clock: Arc<dyn Clock>,
+    mut tick: impl FnMut(usize, &MasterService),
+) -> Result<SimReport, SimError> {
     if config.hosts == 0 || config.segments_per_host == 0 || config.replicas == 0 || config.block_size == 0 {
         return Err(SimError::Empty);
     }
     let master_config = MasterConfig { placement_policy: config.policy, ..MasterConfig::default() };
-    let master =
-        Arc::new(MasterService::new(master_config, Arc::new(SystemClock::new())).map_err(master_err("start"))?);
+    let master = Arc::new(MasterService::new(master_config, clock.clone()).map_err(master_err("start"))?);
     let background = master.spawn_background().map_err(SimError::Background)?;
     let mut hosts = Vec::new();
     for h in 0..config.hosts {
@@ -171,7 +181,17 @@ pub fn replay(config: &SimConfig, requests: &[Vec<u64>]) -> Result<SimReport, Si
     let cfg = ReplicateConfig::with_replicas(config.replicas);
     let (mut blocks, mut hits, mut written, mut failed) = (0u64, 0u64, 0u64, 0u64);
     let started = Instant::now();
-    for ids in requests {
+    let mut pinged = clock.now();
+    for (i, ids) in requests.iter().enumerate() {
+        tick(i, &master);
+        // The simulated nodes are alive: they ping every second as real nodes do (a slow replay must not
+        // expire them).
+        if clock.now() >= pinged.saturating_add(Duration::from_secs(1)) {
+            for h in &hosts {
+                master.ping(*h);
+            }
+            pinged = clock.now();
+        }
         let keys: Vec<String> = ids.iter().map(|id| format!("block-{id:016x}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let exists = master.batch_exist_key("", &refs);
@@ -235,6 +255,29 @@ mod tests {
         assert_eq!(parse_trace(text, 2).unwrap(), vec![vec![1, 2, 3], vec![1, 2, 4]]);
         assert!(matches!(parse_trace("{\"x\":1}", 5), Err(SimError::Trace { line: 1, .. })));
         assert!(matches!(parse_trace("{\"hash_ids\":[1]}\nnot json", 5), Err(SimError::Trace { line: 2, .. })));
+    }
+
+    /// A replay slower than the client TTL (a loaded machine) keeps its nodes alive: no write fails for want of
+    /// a segment.
+    #[test]
+    fn a_slow_replay_keeps_its_nodes_alive() {
+        let config = SimConfig {
+            hosts: 3,
+            segments_per_host: 2,
+            segment_size: 64 << 20,
+            block_size: 576 << 10,
+            replicas: 2,
+            policy: PlacementPolicy::Random,
+        };
+        let clock = crate::clock::ManualClock::new(crate::clock::Timestamp(1));
+        let c = clock.clone();
+        // 200 ms of master time per request, 40 s in all: four client TTLs.
+        let report = replay_on(&config, &synthetic_workload(200), clock, move |_, master| {
+            c.advance(Duration::from_millis(200));
+            master.step_liveness();
+        })
+        .unwrap();
+        assert_eq!(report.write_failures, 0, "{report:?}");
     }
 
     #[test]
