@@ -6,6 +6,14 @@
 //! (GetReplicaList of the keys `master-put` made, or of 10 000 keys per worker it makes first) measure the
 //! master alone, as the original's `master_bench` does; they use keys of their own, so `read` never meets
 //! their unwritten values. Values carry a per-key pattern so `--verify` checks every byte read.
+//!
+//! Latency percentiles count every request, failed and timed-out ones included, and are corrected for
+//! coordinated omission: a worker waits for its request before sending the next, so a request that stalls for
+//! 30 s would otherwise count once, however many requests a client would have sent meanwhile. While a request
+//! takes longer than twice the phase's median, the requests its worker would have sent in that time (one per
+//! median) count as well, each waiting from when it would have been sent (`Latencies`). `max` is the longest
+//! single request. Phases that move no bytes (`metadata`, `master-put`, `master-get`) allocate no value
+//! buffers, and a `--batch` over the protocol's per-request limit is refused before anything is sent.
 
 use crate::config::{FileConfig, Global};
 use anyhow::{Result, anyhow, bail};
@@ -13,7 +21,7 @@ use bytes::BytesMut;
 use crescent_client::{Client, ClientError};
 use crescent_proto::ClusterInfo;
 use crescent_proto::rpc::{MasterRequest, MasterResponse};
-use crescent_proto::wire::{Batch, WireKey};
+use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -80,6 +88,8 @@ pub struct PhaseResult {
     p50_us: u64,
     p95_us: u64,
     p99_us: u64,
+    /// The longest single request.
+    max_us: u64,
     errors: u64,
     /// Failed keys by error code (`VERIFY_MISMATCH`: read, but not the bytes written).
     errors_by_code: BTreeMap<&'static str, u64>,
@@ -108,6 +118,16 @@ impl Phase {
             "master-get" => Phase::MasterGet,
             other => bail!("unknown phase {other:?}"),
         })
+    }
+
+    /// Whether the phase writes values (and so needs buffers to send from).
+    fn writes(self) -> bool {
+        matches!(self, Phase::Write | Phase::Mixed | Phase::Dedup)
+    }
+
+    /// Whether the phase reads values (and so needs buffers to receive into).
+    fn reads(self) -> bool {
+        matches!(self, Phase::Read | Phase::Mixed)
     }
 
     fn name(self) -> &'static str {
@@ -147,15 +167,17 @@ struct Worker {
 }
 
 impl Worker {
-    /// A worker whose buffers are allocated and touched now, before the phase's clock starts (first-touch
-    /// page faults of a batch of large values would otherwise dominate a short phase).
-    fn prepared(seed: u64, s: &Shared) -> Self {
+    /// A worker whose buffers for `phase` are allocated and touched now, before the phase's clock starts
+    /// (first-touch page faults of a batch of large values would otherwise dominate a short phase). A phase
+    /// that moves no bytes gets none: batch × value size of them is gigabytes at large batches.
+    fn prepared(seed: u64, s: &Shared, phase: Phase) -> Self {
         let copies = |n: usize| (0..n).map(|_| s.base.clone()).collect::<Vec<_>>();
+        let writes = phase.writes();
         Worker {
             rng: fastrand::Rng::with_seed(seed),
-            owned: (s.batch == 1).then(|| BytesMut::from(&s.base[..])),
-            batch: if s.batch > 1 { copies(s.batch) } else { Vec::new() },
-            read: copies(s.batch),
+            owned: (writes && s.batch == 1).then(|| BytesMut::from(&s.base[..])),
+            batch: if writes && s.batch > 1 { copies(s.batch) } else { Vec::new() },
+            read: if phase.reads() { copies(s.batch) } else { Vec::new() },
         }
     }
 }
@@ -164,6 +186,9 @@ struct Shared {
     client: Client,
     /// The tenant master-only requests name (the client's own).
     tenant: String,
+    /// Bytes per value.
+    size: u64,
+    /// The value pattern (empty when no phase moves bytes).
     base: Vec<u8>,
     run: String,
     batch: usize,
@@ -264,7 +289,7 @@ impl Shared {
     /// share of a put; returns (keys ok, errors).
     async fn master_put(&self, n: usize) -> (u64, u64) {
         let start = self.meta_next.fetch_add(n as u64, Ordering::Relaxed);
-        let size = self.base.len() as u64;
+        let size = self.size;
         let id = self.client.id();
         let master = self.client.master();
         let ok = if n == 1 {
@@ -357,7 +382,7 @@ impl Shared {
 
 /// Runs one request of `phase`; returns (keys done, bytes moved, errors).
 async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
-    let size = s.base.len() as u64;
+    let size = s.size;
     match phase {
         Phase::Write => {
             let (ok, err) = s.write(w, &s.fresh_keys()).await;
@@ -437,6 +462,66 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// A phase's request latencies (µs), corrected for coordinated omission as HdrHistogram's
+/// `recordValueWithExpectedInterval` does, with the phase's median as the interval `m`: a request of `v ≥ 2m`
+/// also stands for the requests its worker would have sent while it waited, `v − m, v − 2m, …` down to `m`.
+/// Those are counted, not stored (a 30 s stall at a 100 µs median is 300 000 of them).
+struct Latencies {
+    /// Every request's latency, sorted.
+    sorted: Vec<u64>,
+    /// The expected interval between a worker's requests: the median, at least 1 µs.
+    interval: u64,
+    /// The requests of at least two intervals, sorted (each stands for `v / m - 1` more).
+    stalls: Vec<u64>,
+    /// Requests and the ones stalls stand for.
+    total: u64,
+}
+
+impl Latencies {
+    fn new(mut raw: Vec<u64>) -> Self {
+        raw.sort_unstable();
+        let interval = percentile(&raw, 0.5).max(1);
+        let stalls: Vec<u64> = raw.iter().copied().filter(|&v| v >= 2 * interval).collect();
+        let total = raw.len() as u64 + stalls.iter().map(|&v| v / interval - 1).sum::<u64>();
+        Latencies { sorted: raw, interval, stalls, total }
+    }
+
+    /// Samples at most `x`, the ones stalls stand for included.
+    fn count_le(&self, x: u64) -> u64 {
+        let m = self.interval;
+        let real = self.sorted.partition_point(|&v| v <= x) as u64;
+        let missed: u64 = self
+            .stalls
+            .iter()
+            .map(|&v| {
+                // Stands for v − k·m, k = 1..=K with K = v/m − 1; those ≤ x have k ≥ ⌈(v − x)/m⌉.
+                let k_max = v / m - 1;
+                let k_min = if v <= x { 1 } else { (v - x).div_ceil(m).max(1) };
+                (k_max + 1).saturating_sub(k_min)
+            })
+            .sum();
+        real + missed
+    }
+
+    /// The `p` quantile (nearest rank), 0 without samples.
+    fn percentile(&self, p: f64) -> u64 {
+        let Some(&max) = self.sorted.last() else { return 0 };
+        let rank = ((self.total - 1) as f64 * p).round() as u64 + 1;
+        // The smallest latency with `rank` samples at or below it.
+        let (mut lo, mut hi) = (0, max);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.count_le(mid) >= rank { hi = mid } else { lo = mid + 1 }
+        }
+        lo
+    }
+
+    /// The longest single request.
+    fn max(&self) -> u64 {
+        self.sorted.last().copied().unwrap_or(0)
+    }
+}
+
 /// Keys `master-get` makes per concurrent worker when no `master-put` ran before it (the original's
 /// `master_bench` prefills 10 000 keys per thread).
 const MASTER_GET_KEYS_PER_WORKER: u64 = 10_000;
@@ -462,7 +547,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     s.requests.store(0, Ordering::Relaxed);
     s.errors.store(0, Ordering::Relaxed);
     s.errors_by_code.lock().clear();
-    let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s)).collect();
+    let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s, phase)).collect();
     let started = Instant::now();
     let (keys, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
@@ -480,6 +565,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
                 }
                 let t = Instant::now();
                 let (k, b, e) = request(&s, phase, &mut worker).await;
+                // Every request counts, whatever its outcome: a failure after a 30 s stall is a 30 s request.
                 lat.push(t.elapsed().as_micros() as u64);
                 keys.fetch_add(k, Ordering::Relaxed);
                 bytes.fetch_add(b, Ordering::Relaxed);
@@ -504,12 +590,12 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     }
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
-    lat.sort_unstable();
     let requests = lat.len() as u64;
+    let lat = Latencies::new(lat);
     let (keys, bytes) = (keys.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
     PhaseResult {
         phase: phase.name().to_owned(),
-        value_size: s.base.len() as u64,
+        value_size: s.size,
         batch: a.batch,
         concurrency: a.concurrency,
         requests,
@@ -519,9 +605,10 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         req_per_s: requests as f64 / seconds,
         keys_per_s: keys as f64 / seconds,
         mib_per_s: bytes as f64 / seconds / (1 << 20) as f64,
-        p50_us: percentile(&lat, 0.50),
-        p95_us: percentile(&lat, 0.95),
-        p99_us: percentile(&lat, 0.99),
+        p50_us: lat.percentile(0.50),
+        p95_us: lat.percentile(0.95),
+        p99_us: lat.percentile(0.99),
+        max_us: lat.max(),
         errors: s.errors.load(Ordering::Relaxed),
         errors_by_code: std::mem::take(&mut *s.errors_by_code.lock()),
     }
@@ -534,10 +621,19 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
     if size == 0 || a.batch == 0 {
         bail!("--value-size and --batch must be positive");
     }
+    if a.batch > MAX_BATCH {
+        bail!(
+            "{}: --batch {} exceeds the protocol's limit of {MAX_BATCH} keys per request",
+            crescent_proto::ErrorCode::InvalidParams,
+            a.batch
+        );
+    }
     let mut cfg = g.client_config();
     cfg.master_connections = a.concurrency.clamp(1, 8);
     cfg.replicate.replica_num = a.replicas;
-    let mut base = vec![0u8; usize::try_from(size)?];
+    // Phases that move no bytes need only the size: no value is allocated for them.
+    let mut base =
+        if phases.iter().any(|p| p.writes() || p.reads()) { vec![0u8; usize::try_from(size)?] } else { Vec::new() };
     fastrand::Rng::with_seed(7).fill(&mut base);
     let client = Client::new(cfg.clone());
     let info = client.cluster_info().await.map_err(|e| anyhow!("{}: asking the master its capacity: {e}", e.code()))?;
@@ -561,6 +657,7 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         tenant: cfg.tenant.clone(),
         replicate: cfg.replicate.clone(),
         client,
+        size,
         base,
         run: format!("{:08x}", fastrand::u32(..)),
         batch: a.batch,
@@ -580,13 +677,24 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         None => None,
     };
     println!(
-        "{:<9} {:>10} {:>6} {:>5} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>7}",
-        "phase", "value", "batch", "conc", "req/s", "keys/s", "MiB/s", "p50(us)", "p95(us)", "p99(us)", "errors"
+        "{:<9} {:>10} {:>6} {:>5} {:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>10} {:>7}",
+        "phase",
+        "value",
+        "batch",
+        "conc",
+        "req/s",
+        "keys/s",
+        "MiB/s",
+        "p50(us)",
+        "p95(us)",
+        "p99(us)",
+        "max(us)",
+        "errors"
     );
     for phase in phases {
         let r = run_phase(&shared, phase, &a).await;
         println!(
-            "{:<9} {:>10} {:>6} {:>5} {:>10.0} {:>11.0} {:>10.1} {:>9} {:>9} {:>9} {:>7}",
+            "{:<9} {:>10} {:>6} {:>5} {:>10.0} {:>11.0} {:>10.1} {:>9} {:>9} {:>9} {:>10} {:>7}",
             r.phase,
             r.value_size,
             r.batch,
@@ -597,6 +705,7 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
             r.p50_us,
             r.p95_us,
             r.p99_us,
+            r.max_us,
             r.errors
         );
         if !r.errors_by_code.is_empty() {
@@ -657,5 +766,52 @@ mod tests {
         assert!(Phase::parse("nope").is_err());
         assert_eq!(percentile(&[1, 2, 3, 4], 0.5), 3);
         assert_eq!(percentile(&[], 0.99), 0);
+    }
+
+    /// The samples `Latencies` counts, written out (what HdrHistogram's expected-interval recording stores).
+    fn expanded(raw: &[u64]) -> Vec<u64> {
+        let mut sorted = raw.to_vec();
+        sorted.sort_unstable();
+        let m = percentile(&sorted, 0.5).max(1);
+        let mut all = sorted.clone();
+        for &v in &sorted {
+            let mut missing = v.saturating_sub(m);
+            while v >= 2 * m && missing >= m {
+                all.push(missing);
+                missing -= m;
+            }
+        }
+        all.sort_unstable();
+        all
+    }
+
+    #[test]
+    fn a_stalled_request_counts_as_the_requests_it_held_up() {
+        // 1000 requests of 100 µs and one of 1 s: uncorrected, p99 would be 100 µs.
+        let mut raw = vec![100u64; 1000];
+        raw.push(1_000_000);
+        let l = Latencies::new(raw.clone());
+        assert_eq!(l.total, 1001 + 9999, "the stall stands for the 9 999 requests it held up");
+        assert_eq!(l.max(), 1_000_000);
+        // The median request is one the stall held up: 10 999 samples, the 5 501st smallest waited 450.1 ms.
+        assert_eq!(l.percentile(0.5), 450_100, "half the phase's requests waited on the stall");
+        assert!(l.percentile(0.99) > 900_000, "{}", l.percentile(0.99));
+        // Counting matches writing the samples out, at every quantile, for assorted shapes.
+        let shapes: Vec<Vec<u64>> = vec![
+            raw,
+            vec![5, 7, 9, 11, 40, 41, 100, 3, 3, 3],
+            (1..500u64).map(|i| (i * 37) % 101 + u64::from(i % 50 == 0) * 5000).collect(),
+            vec![0, 0, 0, 10],
+            vec![42],
+        ];
+        for raw in shapes {
+            let l = Latencies::new(raw.clone());
+            let all = expanded(&raw);
+            assert_eq!(l.total, all.len() as u64, "{raw:?}");
+            for p in [0.0, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
+                assert_eq!(l.percentile(p), percentile(&all, p), "p{p} of {raw:?}");
+            }
+        }
+        assert_eq!(Latencies::new(Vec::new()).percentile(0.99), 0);
     }
 }

@@ -31,6 +31,7 @@ replicas = 2
 stripe_size = "1MiB"
 write_stripe_size = "8MiB"
 poll_us = 7
+request_timeout = "750ms"
 "#;
 
 /// The default master address (and `crescent master`'s listen address).
@@ -112,6 +113,9 @@ pub struct ClientSection {
     pub write_stripe_size: Option<String>,
     /// Microseconds a request polls for its reply before parking (0 = never).
     pub poll_us: Option<u64>,
+    /// How long a master request (per master address) or a storage-node exchange may take (e.g. "500ms",
+    /// "5s"; default 5s).
+    pub request_timeout: Option<String>,
 }
 
 /// The whole file.
@@ -151,6 +155,9 @@ impl FileConfig {
                 crate::parse_size(s).map_err(|e| anyhow::anyhow!("[client] {name}: {e}"))?;
             }
         }
+        if let Some(t) = &file.client.request_timeout {
+            crate::parse_duration(t).map_err(|e| anyhow::anyhow!("[client] request_timeout: {e}"))?;
+        }
         Ok(file)
     }
 }
@@ -164,6 +171,8 @@ pub struct Global {
     pub tenant: String,
     /// `[client]` section.
     pub client: ClientSection,
+    /// `--request-timeout`, else `[client] request_timeout`, else the client's default.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl Global {
@@ -173,6 +182,7 @@ impl Global {
             master: master.clone().or_else(|| file.master.clone()).unwrap_or_else(|| DEFAULT_MASTER.to_owned()),
             tenant: tenant.clone().or_else(|| file.tenant.clone()).unwrap_or_default(),
             client: file.client.clone(),
+            request_timeout: file.client.request_timeout.as_deref().and_then(|t| crate::parse_duration(t).ok()),
         }
     }
 
@@ -195,6 +205,9 @@ impl Global {
         if let Some(us) = self.client.poll_us {
             c.poll_window = std::time::Duration::from_micros(us);
             c.transfer.poll_window = c.poll_window;
+        }
+        if let Some(t) = self.request_timeout {
+            c = c.with_request_timeout(t);
         }
         c
     }
@@ -226,6 +239,10 @@ mod tests {
         let c = g.client_config();
         assert_eq!((c.transfer.stripe_size, c.transfer.write_stripe_size), (1 << 20, 8 << 20));
         assert_eq!((c.poll_window, c.transfer.poll_window), (Duration::from_micros(7), Duration::from_micros(7)));
+        let t = Duration::from_millis(750);
+        assert_eq!((c.request_timeout, c.transfer.io_timeout, c.transfer.connect_timeout), (t, t, t));
+        let default = Global::resolve(&None, &None, &FileConfig::default()).client_config();
+        assert_eq!(default.request_timeout, crescent_client::client::DEFAULT_REQUEST_TIMEOUT);
         let g = Global::resolve(&Some("x:1".into()), &None, &f);
         assert_eq!(g.master, "x:1", "the flag wins");
         assert!(toml::from_str::<FileConfig>("nonsense = 1").is_err());
@@ -239,6 +256,7 @@ mod tests {
             ("[node]\nsegment_sise = \"1GiB\"\n", "segment_sise"),
             ("[client]\nlanse = 2\n", "lanse"),
             ("[server]\nlistn = \"127.0.0.1:1\"\n", "listn"),
+            ("[client]\nrequest_timeout = \"5\"\n", "request_timeout"),
         ] {
             let path = dir.join("c.toml");
             std::fs::write(&path, text).unwrap();

@@ -67,9 +67,10 @@ enum LogFormat {
 /// `--master`, for the commands that talk to a master.
 #[derive(clap::Args, Debug)]
 struct MasterFlag {
-    /// Master address (`host:port`).
+    /// Master address (`host:port`, or several separated by commas).
     #[arg(long, help = format!(
-        "Master address (host:port; also the CRESCENT_MASTER environment variable) [default: {}]",
+        "Master address (host:port, or several separated by commas, tried in turn; also the CRESCENT_MASTER \
+         environment variable) [default: {}]",
         config::DEFAULT_MASTER
     ))]
     master: Option<String>,
@@ -83,6 +84,11 @@ struct ClientFlags {
     /// Tenant (the master must run with --multi-tenant for any but `default`).
     #[arg(long, help = "Tenant (any but `default` needs a master started with --multi-tenant) [default: default]")]
     tenant: Option<String>,
+    /// How long a master request (at each master address) or a storage-node exchange may take.
+    #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, help = "How long a master \
+        request (at each address of --master) or an exchange with a storage node may take before it fails or moves \
+        on to the next master or replica (e.g. 500ms, 5s) [default: 5s]")]
+    request_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -172,6 +178,19 @@ impl Command {
             Command::Tenant(t) => (t.master(), None),
             Command::Ssd(s) => (s.master(), None),
             Command::Up(_) | Command::Master(_) | Command::Demo(_) | Command::Completions { .. } => (None, None),
+        }
+    }
+
+    /// The `--request-timeout` given to this subcommand, if it takes one.
+    fn request_timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            Command::Put { to, .. }
+            | Command::Get { to, .. }
+            | Command::Rm { to, .. }
+            | Command::Ls { to, .. }
+            | Command::Stat { to, .. }
+            | Command::Bench { to, .. } => to.request_timeout,
+            _ => None,
         }
     }
 }
@@ -284,7 +303,10 @@ fn main() -> ExitCode {
     let (master, tenant) = cli.command.target();
     let master = master.or(cli.master.as_deref()).map(str::to_owned).or_else(|| std::env::var("CRESCENT_MASTER").ok());
     let tenant = tenant.or(cli.tenant.as_deref()).map(str::to_owned);
-    let global = config::Global::resolve(&master, &tenant, &file);
+    let mut global = config::Global::resolve(&master, &tenant, &file);
+    if let Some(t) = cli.command.request_timeout() {
+        global.request_timeout = Some(t);
+    }
     match cli.command {
         Command::Demo(a) => return report(demo::run(a)),
         Command::Completions { shell } => {

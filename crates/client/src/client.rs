@@ -3,17 +3,23 @@
 //! put  = PutStart (the master places replicas) → write every replica (in parallel) → PutEnd with the crc32c
 //!        of the object; any failed replica write → PutRevoke and an error (never a partially visible object).
 //! get  = GetReplicaList (grants a lease) → best replica (this process > same host > remote) → read →
-//!        verify the crc32c → fail with `LEASE_EXPIRED` if the read outlived the lease.
+//!        verify the crc32c and the lease. A replica whose node fails or does not answer within the request
+//!        timeout gives way to the next (that node is not tried again by the same read, and is reported to the
+//!        master); a read that outlived its lease fetches the replica list once more and reads again, and only
+//!        then fails with `LEASE_EXPIRED`.
+//!
+//! Every master request is bounded by the request timeout per master address (see [`crate::master`]); a batch
+//! over the protocol's `MAX_BATCH` items is refused before anything is sent.
 
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
 use crescent_net::poll::InFlight;
 use crescent_proto::batch;
-use crescent_proto::wire::{Batch, PeerRole, WireKey};
+use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, LocalSsdInfo, MasterRequest, MasterResponse, ObjectStat,
-    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, TenantInfo,
+    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
 };
 use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
@@ -32,9 +38,12 @@ pub struct ClientConfig {
     pub replicate: ReplicateConfig,
     /// Sockets to the master.
     pub master_connections: usize,
-    /// Master request timeout.
-    pub rpc_timeout: Duration,
-    /// Data-plane settings.
+    /// How long one master request may take at one master address, dialling included; a request that
+    /// times out tries the next address of `master`. [`ClientConfig::with_request_timeout`] also bounds the
+    /// data plane's exchanges by it.
+    pub request_timeout: Duration,
+    /// Data-plane settings (`io_timeout`: one exchange with a storage node, after which a read moves to the
+    /// next replica).
     pub transfer: TransferConfig,
     /// This client's host (for replica choice and local-first placement).
     pub host_id: Option<String>,
@@ -51,13 +60,30 @@ impl ClientConfig {
             tenant: String::new(),
             replicate: ReplicateConfig::default(),
             master_connections: 2,
-            rpc_timeout: Duration::from_secs(30),
-            transfer: TransferConfig::default(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            transfer: TransferConfig {
+                io_timeout: DEFAULT_REQUEST_TIMEOUT,
+                connect_timeout: DEFAULT_REQUEST_TIMEOUT,
+                ..TransferConfig::default()
+            },
             host_id: None,
             poll_window: Duration::from_micros(50),
         }
     }
+
+    /// Bounds every master request (per master address tried) and every data-plane exchange (connecting to
+    /// a storage node, and one request/reply with it) by `timeout`.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self.transfer.io_timeout = timeout;
+        self.transfer.connect_timeout = timeout;
+        self
+    }
 }
+
+/// The default [`ClientConfig::request_timeout`]: a stopped master or a stalled storage node costs a request
+/// this long, not the 30 s an unbounded TCP exchange might.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Inner {
     /// Reads refused because the bytes did not match the stored checksum.
@@ -98,6 +124,13 @@ where
     F: FnOnce(Vec<I>) -> Fut,
     Fut: std::future::Future<Output = Vec<Result<T, ClientError>>>,
 {
+    let items: Vec<I> = items.into_iter().collect();
+    if let Err(e) = crate::master::check_batch(items.len()) {
+        // The whole request would be refused: every item says why, and nothing is sent.
+        let n = items.len();
+        tracing::debug!(error = %e, "batch refused");
+        return (0..n).map(|_| Err(ClientError::BatchTooLarge { items: n, limit: MAX_BATCH })).collect();
+    }
     let (slots, valid) = batch::split(items.into_iter().map(|item| check_key(key(&item)).map(|()| item)));
     let answers = if valid.is_empty() { Vec::new() } else { call(valid).await };
     slots.fill(answers, || ClientError::Code(ErrorCode::InternalError))
@@ -192,7 +225,6 @@ impl Value<'_> {
     }
 }
 
-/// Replica location for the data plane: `(endpoint, segment, offset, length)`.
 /// Whether a failed transfer means its node could not be reached at all (refused, reset, closed, timed out):
 /// worth telling the master, which then stops placing there until the node pings.
 fn node_unreachable(e: &ClientError) -> bool {
@@ -206,6 +238,66 @@ fn node_unreachable(e: &ClientError) -> bool {
     )
 }
 
+/// A storage node a read could not reach, and how it failed.
+struct NodeFailure {
+    endpoint: String,
+    segment: SegmentId,
+    code: ErrorCode,
+    message: String,
+}
+
+/// What one read learned about storage nodes it could not reach: such a node is not tried again by the same
+/// read (a stalled node costs the read one timeout, not one per key or per retry), and its segments are
+/// reported to the master once.
+#[derive(Default)]
+struct Unreached {
+    /// Every failure, and how many of them were reported already.
+    seen: parking_lot::Mutex<(Vec<NodeFailure>, usize)>,
+}
+
+impl Unreached {
+    /// Records that `endpoint` (hosting `segment`) failed with `e`, if `e` means it cannot be reached.
+    fn note(&self, endpoint: &str, segment: SegmentId, e: &ClientError) {
+        if node_unreachable(e) {
+            let failure =
+                NodeFailure { endpoint: endpoint.to_owned(), segment, code: e.code(), message: e.to_string() };
+            self.seen.lock().0.push(failure);
+        }
+    }
+
+    /// Why `endpoint` is skipped, if it failed earlier in this read.
+    fn skip(&self, endpoint: &str) -> Option<ClientError> {
+        let seen = self.seen.lock();
+        let f = seen.0.iter().find(|f| f.endpoint == endpoint)?;
+        let message = format!("storage node {endpoint}: {}", f.message);
+        Some(ClientError::Refused(ErrorFrame { code: f.code, message }))
+    }
+
+    /// The segments noted since the last call.
+    fn unreported(&self) -> Vec<SegmentId> {
+        let mut seen = self.seen.lock();
+        let (all, reported) = &mut *seen;
+        let fresh = all[*reported..].iter().map(|f| f.segment).collect();
+        *reported = all.len();
+        fresh
+    }
+}
+
+/// The error of a read that outlived the lease `list` granted.
+fn lease_expired(key: &str, list: &GetReplicaListResponse) -> ClientError {
+    ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms }
+}
+
+/// The first `list.size` bytes of `buf`, or why the object does not fit.
+fn fit<'b>(list: &GetReplicaListResponse, buf: &'b mut [u8]) -> Result<&'b mut [u8], ClientError> {
+    match usize::try_from(list.size) {
+        Err(_) => Err(ClientError::Code(ErrorCode::BufferOverflow)),
+        Ok(n) if n > buf.len() => Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() }),
+        Ok(n) => Ok(&mut buf[..n]),
+    }
+}
+
+/// Replica location for the data plane: `(endpoint, segment, offset, length)`.
 fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64)> {
     match &d.location {
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
@@ -228,10 +320,15 @@ impl Client {
         let id = ClientId::random();
         // One count of exchanges in flight over both planes: a wait polls only while it is the client's only one.
         let inflight = Arc::new(InFlight::default());
-        let master =
-            MasterConnection::new(&config.master, id, PeerRole::Client, config.master_connections, config.rpc_timeout)
-                .with_poll_window(config.poll_window)
-                .with_in_flight(inflight.clone());
+        let master = MasterConnection::new(
+            &config.master,
+            id,
+            PeerRole::Client,
+            config.master_connections,
+            config.request_timeout,
+        )
+        .with_poll_window(config.poll_window)
+        .with_in_flight(inflight.clone());
         let transfer = TransferClient::with_in_flight(config.transfer.clone(), local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }
@@ -590,12 +687,27 @@ impl Client {
     }
 
     /// Reads an object into a new buffer (striped over the node's lanes, checksummed as stripes land).
+    ///
+    /// A replica whose node fails or does not answer within the request timeout gives way to the next one; a
+    /// read that outlives its lease (it waited on a stalled node, say) fetches the replica list once more and
+    /// reads again rather than failing with `LEASE_EXPIRED`.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
-        let started = Instant::now();
-        let list = self.replica_list(key).await?;
-        let read = self.read_owned(key, &list, started).await;
-        self.release_leases(&[key]).await;
-        read
+        let unreached = Unreached::default();
+        let mut refetched = false;
+        loop {
+            let started = Instant::now();
+            let list = self.replica_list(key).await?;
+            let read = self.read_owned(key, &list, started, &unreached).await;
+            self.release_leases(&[key]).await;
+            self.report_unreachable(unreached.unreported()).await;
+            match read {
+                Err(ClientError::LeaseExpired { .. }) if !refetched => {
+                    tracing::debug!(key, "read outlived its lease; fetching the replica list again");
+                    refetched = true;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Reads the best readable replica into a new buffer (falling back to the next on a transfer error).
@@ -604,33 +716,36 @@ impl Client {
         key: &str,
         list: &GetReplicaListResponse,
         started: Instant,
+        unreached: &Unreached,
     ) -> Result<Vec<u8>, ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
-        let mut unreachable = Vec::new();
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            if let Some(e) = unreached.skip(endpoint) {
+                last = e;
+                continue;
+            }
+            if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
+                return Err(lease_expired(key, list));
+            }
             match self.inner.transfer.read_checksummed(endpoint, segment, offset, list.size).await {
                 Ok((bytes, crc)) => {
-                    self.report_unreachable(unreachable).await;
                     self.verify(key, list, started, u64::from(crc))?;
                     return Ok(Vec::from(bytes));
                 }
                 Err(e) => {
                     last = e.into();
-                    if node_unreachable(&last) {
-                        unreachable.push(segment);
-                    }
+                    unreached.note(endpoint, segment, &last);
                 }
             }
         }
-        self.report_unreachable(unreachable).await;
         Err(last)
     }
 
     /// A finished read is good only within its lease and with the stored checksum.
     fn verify(&self, key: &str, list: &GetReplicaListResponse, started: Instant, crc: u64) -> Result<(), ClientError> {
         if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
-            return Err(ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms });
+            return Err(lease_expired(key, list));
         }
         if list.checksum.is_some_and(|c| c != crc) {
             self.inner.checksum_mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -639,17 +754,30 @@ impl Client {
         Ok(())
     }
 
-    /// Reads an object into the caller's buffer; returns its size.
+    /// Reads an object into the caller's buffer; returns its size. Replicas and leases as [`Client::get`].
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize, ClientError> {
-        let started = Instant::now();
-        let list = self.replica_list(key).await?;
-        let read = match usize::try_from(list.size) {
-            Err(_) => Err(ClientError::Code(ErrorCode::BufferOverflow)),
-            Ok(n) if n > buf.len() => Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() }),
-            Ok(n) => self.read_replica(key, &list, &mut buf[..n], started).await.map(|()| n),
-        };
-        self.release_leases(&[key]).await;
-        read
+        let unreached = Unreached::default();
+        let mut refetched = false;
+        loop {
+            let started = Instant::now();
+            let list = self.replica_list(key).await?;
+            let read = match fit(&list, buf) {
+                Ok(buf) => {
+                    let n = buf.len();
+                    self.read_replica(key, &list, buf, started, &unreached).await.map(|()| n)
+                }
+                Err(e) => Err(e),
+            };
+            self.release_leases(&[key]).await;
+            self.report_unreachable(unreached.unreported()).await;
+            match read {
+                Err(ClientError::LeaseExpired { .. }) if !refetched => {
+                    tracing::debug!(key, "read outlived its lease; fetching the replica list again");
+                    refetched = true;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Orders replicas: this process's segments, then the same host, then remote.
@@ -674,42 +802,75 @@ impl Client {
         v.into_iter().map(|(_, d)| d).collect()
     }
 
-    /// Reads the best readable replica (falling back to the next on a transfer error) and verifies it.
+    /// Reads the best readable replica (falling back to the next on a transfer error, skipping nodes this
+    /// read could not reach before) and verifies it.
     async fn read_replica(
         &self,
         key: &str,
         list: &GetReplicaListResponse,
         buf: &mut [u8],
         started: Instant,
+        unreached: &Unreached,
     ) -> Result<(), ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
-        let mut unreachable = Vec::new();
         for d in self.ranked(list) {
             let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            if let Some(e) = unreached.skip(endpoint) {
+                last = e;
+                continue;
+            }
+            // A lease already over: reading would only be refused at the end.
+            if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
+                return Err(lease_expired(key, list));
+            }
             match self.inner.transfer.read_into_checksummed(endpoint, segment, offset, buf).await {
-                Ok(crc) => {
-                    self.report_unreachable(unreachable).await;
-                    return self.verify(key, list, started, u64::from(crc));
-                }
+                Ok(crc) => return self.verify(key, list, started, u64::from(crc)),
                 Err(e) => {
                     last = e.into();
-                    if node_unreachable(&last) {
-                        unreachable.push(segment);
-                    }
+                    unreached.note(endpoint, segment, &last);
                 }
             }
         }
-        self.report_unreachable(unreachable).await;
         Err(last)
     }
 
-    /// Reads many objects into the caller's buffers; results per key (object size), in input order.
+    /// Reads many objects into the caller's buffers; results per key (object size), in input order. Replicas
+    /// and leases as [`Client::get`]: the keys whose reads outlived their leases are looked up again in one
+    /// batch and read once more.
     pub async fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
         let items = items.iter_mut().map(|(k, buf)| (*k, &mut **buf));
         per_key(items, |(k, _)| k, |mut valid| async move { self.batch_get_valid(&mut valid).await }).await
     }
 
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
+        let unreached = Unreached::default();
+        let mut out = self.batch_read_once(items, &unreached).await;
+        let expired: Vec<usize> =
+            (0..out.len()).filter(|&i| matches!(out[i], Err(ClientError::LeaseExpired { .. }))).collect();
+        if !expired.is_empty() {
+            tracing::debug!(keys = expired.len(), "reads outlived their leases; fetching their replica lists again");
+            let mut chosen: Vec<(&str, &mut [u8])> = Vec::with_capacity(expired.len());
+            let mut want = expired.iter().copied().peekable();
+            for (i, (key, buf)) in items.iter_mut().enumerate() {
+                if want.next_if_eq(&i).is_some() {
+                    chosen.push((*key, &mut **buf));
+                }
+            }
+            let again = self.batch_read_once(&mut chosen, &unreached).await;
+            for (i, r) in expired.into_iter().zip(again) {
+                out[i] = r;
+            }
+        }
+        self.report_unreachable(unreached.unreported()).await;
+        out
+    }
+
+    /// One pass of a batch read: one batched replica-list request, the reads, one batched lease release.
+    async fn batch_read_once(
+        &self,
+        items: &mut [(&str, &mut [u8])],
+        unreached: &Unreached,
+    ) -> Vec<Result<usize, ClientError>> {
         let started = Instant::now();
         let items_keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let items_keys = &items_keys;
@@ -735,16 +896,15 @@ impl Client {
                     continue;
                 }
             };
-            let Ok(n) = usize::try_from(list.size) else {
-                out[i] = Some(Err(ClientError::Code(ErrorCode::BufferOverflow)));
-                continue;
+            let buf = match fit(list, buf) {
+                Ok(buf) => buf,
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    continue;
+                }
             };
-            if n > buf.len() {
-                out[i] = Some(Err(ClientError::BufferTooSmall { need: list.size, have: buf.len() }));
-                continue;
-            }
-            let buf = &mut buf[..n];
-            match self.ranked(list).first().and_then(|d| address(d)) {
+            let first = self.ranked(list).into_iter().filter_map(address).find(|a| unreached.skip(a.0).is_none());
+            match first {
                 Some((endpoint, segment, offset, _)) if self.inner.local.get(&segment).is_none() => {
                     by_peer.entry(endpoint).or_default().push((i, BatchRead { segment, offset, buf }));
                 }
@@ -763,7 +923,10 @@ impl Client {
                     Ok(crc) => self.verify(key, list, started, u64::from(crc)),
                     Err(e) => {
                         tracing::debug!(key, error = %e, "batched read failed; retrying the object alone");
-                        self.read_replica(key, list, read.buf, started).await
+                        // An unreachable node is noted first, so this object's retry (and every other
+                        // object's of this run) skips it rather than waiting on it again.
+                        unreached.note(endpoint, read.segment, &ClientError::from(e));
+                        self.read_replica(key, list, read.buf, started, unreached).await
                     }
                 };
                 done.push((i, r.map(|()| n)));
@@ -772,13 +935,13 @@ impl Client {
         });
         let singles = single.into_iter().map(|(i, key, list, buf)| async move {
             let n = buf.len();
-            vec![(i, self.read_replica(key, list, buf, started).await.map(|()| n))]
+            vec![(i, self.read_replica(key, list, buf, started, unreached).await.map(|()| n))]
         });
         let (pipelined, singles) = tokio::join!(join_all(pipelined), join_all(singles));
         for (i, r) in pipelined.into_iter().chain(singles).flatten() {
             out[i] = Some(r);
         }
-        // Every lease this batch was granted ends with one release.
+        // Every lease this pass was granted ends with one release.
         let leased: Vec<&str> = lists.iter().zip(items_keys).filter(|(l, _)| l.is_ok()).map(|(_, k)| *k).collect();
         self.release_leases(&leased).await;
         out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Code(ErrorCode::InternalError)))).collect()

@@ -12,13 +12,15 @@ pub enum ClientError {
     /// The request was refused, with the reason in words (from the master, or the client's own checks).
     #[error("{}", if .0.message.is_empty() { .0.code.name() } else { .0.message.as_str() })]
     Refused(ErrorFrame),
-    /// No connection to the master could be made.
+    /// No master answered: every configured address was tried, each within the request timeout.
     #[error("cannot reach the master at {addr}: {reason}")]
     Unreachable {
-        /// The address tried.
+        /// The addresses tried, in the order tried (`a, b`).
         addr: String,
-        /// Why (connection refused, no answer, ...).
+        /// Why (connection refused, no answer within the timeout, ...); per address when several were tried.
         reason: String,
+        /// An address was tried that did not answer in time (`RPC_TIMEOUT`; otherwise `RPC_FAIL`).
+        timed_out: bool,
     },
     /// The connection to the master failed.
     #[error("master connection: {0}")]
@@ -26,7 +28,8 @@ pub enum ClientError {
     /// Moving bytes to or from a storage node failed.
     #[error("transfer: {0}")]
     Transfer(#[from] crescent_transfer::TransferError),
-    /// The master did not answer in time.
+    /// The master did not answer in time. (The master connection itself reports a timeout as `Unreachable`,
+    /// which names the addresses tried; this remains for callers that match on it.)
     #[error("master request timed out")]
     Timeout,
     /// The bytes read do not match the checksum stored at PutEnd (nothing is returned).
@@ -42,6 +45,14 @@ pub enum ClientError {
         key: String,
         /// The lease granted.
         lease_ms: u64,
+    },
+    /// A batch larger than the protocol allows, refused before anything was sent.
+    #[error("a batch of {items} items exceeds the protocol's limit of {limit} per request")]
+    BatchTooLarge {
+        /// Items in the batch.
+        items: usize,
+        /// The limit (`crescent_proto::wire::MAX_BATCH`).
+        limit: usize,
     },
     /// The caller's buffer is smaller than the object.
     #[error("buffer of {have} bytes cannot hold {need} bytes")]
@@ -59,6 +70,7 @@ impl ClientError {
         match self {
             ClientError::Code(c) => *c,
             ClientError::Refused(f) => f.code,
+            ClientError::Unreachable { timed_out: true, .. } => ErrorCode::RpcTimeout,
             ClientError::Unreachable { .. } => ErrorCode::RpcFail,
             ClientError::Wire(e) => e.code(),
             ClientError::Transfer(e) => e.code(),
@@ -66,6 +78,7 @@ impl ClientError {
             ClientError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
             ClientError::LeaseExpired { .. } => ErrorCode::LeaseExpired,
             ClientError::BufferTooSmall { .. } => ErrorCode::BufferOverflow,
+            ClientError::BatchTooLarge { .. } => ErrorCode::InvalidParams,
         }
     }
 }

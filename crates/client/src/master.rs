@@ -1,5 +1,6 @@
 //! The connection to the master: a few persistent multiplexed connections, request ids, timeouts, and
-//! reconnection (a restarted master is simply dialled again).
+//! reconnection (a restarted master is simply dialled again). Every request is bounded: one request timeout
+//! per configured master address (dialling included), the next address tried when one does not answer.
 //!
 //! Each connection has a writer (the caller sends its frame under a short mutex) and a reader task that
 //! routes replies to waiting callers by request id, so many requests are in flight on one socket.
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
-use crescent_proto::wire::{Frame, FrameCodec, Limits, PeerRole, WireError};
+use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits, MAX_BATCH, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
 use futures_util::SinkExt;
 use parking_lot::Mutex;
@@ -42,6 +43,8 @@ struct Conn {
     alive: AtomicBool,
     /// A deferred request sits in `sink`'s buffer and a task will flush it unless a request does first.
     flush_scheduled: AtomicBool,
+    /// Which of the configured addresses this connection is to.
+    addr: usize,
 }
 
 /// How long a deferred request may wait for a request to ride with before it is sent on its own.
@@ -54,12 +57,12 @@ impl Conn {
         self.sink.lock().await.flush().await
     }
 
-    /// Marks the connection dead and fails every waiter.
-    fn fail_all(&self, why: &'static str) {
+    /// Marks the connection dead and fails every waiter with `err()`.
+    fn fail_all(&self, err: impl Fn() -> WireError) {
         self.alive.store(false, Ordering::Release);
         let waiters: Vec<_> = self.pending.lock().drain().collect();
         for (_, tx) in waiters {
-            let _ = tx.send(Err(WireError::Malformed(why)));
+            let _ = tx.send(Err(err()));
         }
     }
 
@@ -110,7 +113,7 @@ impl Conn {
                             }
                             if rid == 0 {
                                 // A connection-level error frame: the master closes this connection.
-                                self.fail_all("master reported a protocol error");
+                                self.fail_all(|| WireError::Malformed("master reported a protocol error"));
                                 return Err(WireError::Malformed("master reported a protocol error"));
                             }
                             if let Some(tx) = self.pending.lock().remove(&rid) {
@@ -118,11 +121,12 @@ impl Conn {
                             }
                         }
                         Some(Err(e)) => {
-                            self.fail_all("master connection error");
+                            // The others' requests are lost with the connection (worth another master).
+                            self.fail_all(|| WireError::Closed);
                             return Err(e);
                         }
                         None => {
-                            self.fail_all("master connection closed");
+                            self.fail_all(|| WireError::Closed);
                             return Err(WireError::Closed);
                         }
                     }
@@ -141,6 +145,7 @@ pub struct MasterConnection {
     preferred: AtomicUsize,
     client: ClientId,
     role: PeerRole,
+    /// How long one attempt at one address may take, dialling included.
     timeout: Duration,
     poll_window: Duration,
     /// Exchanges in flight (this connection set's requests, and the transfers of a client sharing it):
@@ -157,29 +162,49 @@ impl std::fmt::Debug for MasterConnection {
     }
 }
 
+/// Why one attempt at one master address failed.
+enum Failed {
+    /// The master did not answer within the attempt's deadline (dialling, sending or waiting).
+    TimedOut,
+    /// The connection could not be made or broke: worth trying the next address.
+    Lost(ClientError),
+    /// An answer of sorts (a refused handshake, a request that cannot be encoded): another address would
+    /// say the same, so the call fails with it.
+    Final(ClientError),
+}
+
+impl Failed {
+    /// A socket error or a closed connection is worth another master; a protocol error (a frame too large to
+    /// send, an error frame from the master) is an answer.
+    fn of(e: WireError) -> Failed {
+        match e {
+            WireError::Io(_) | WireError::Closed => Failed::Lost(e.into()),
+            e => Failed::Final(e.into()),
+        }
+    }
+}
+
+/// A connection to `addr` (configured address number `index`).
 async fn dial(
     addr: &str,
+    index: usize,
     role: PeerRole,
     client: ClientId,
-    timeout: Duration,
     poll_window: Duration,
 ) -> Result<Arc<Conn>, ClientError> {
-    let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason };
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| unreachable(format!("no answer within {} ms", timeout.as_millis())))?
-        .map_err(|e| unreachable(crate::error::io_reason(&e)))?;
-    let mut stream = stream;
+    // The caller bounds the whole dial (connect and hello) by its attempt's deadline.
+    let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason, timed_out: false };
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
     stream.set_nodelay(true).map_err(WireError::Io)?;
-    match tokio::time::timeout(timeout, hello::open(&mut stream, role, Some(client))).await {
-        Err(_) | Ok(Err(HandshakeError::Timeout)) => return Err(ClientError::Timeout),
-        Ok(Ok(_)) => {}
-        Ok(Err(HandshakeError::Refused(refusal))) => {
+    match hello::open(&mut stream, role, Some(client)).await {
+        Err(HandshakeError::Timeout) => return Err(ClientError::Timeout),
+        Ok(_) => {}
+        Err(HandshakeError::Refused(refusal)) => {
             tracing::warn!(%addr, message = %refusal.message, "master refused the connection");
             return Err(ClientError::Refused(refusal));
         }
-        Ok(Err(HandshakeError::Protocol(e))) => return Err(e.into()),
-        Ok(Err(HandshakeError::Io(e))) => return Err(WireError::Io(e).into()),
+        Err(HandshakeError::Protocol(e)) => return Err(e.into()),
+        Err(HandshakeError::Io(e)) => return Err(WireError::Io(e).into()),
     }
     let (rd, wr) = stream.into_split();
     let sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
@@ -191,12 +216,41 @@ async fn dial(
         pending: Mutex::new(HashMap::new()),
         alive: AtomicBool::new(true),
         flush_scheduled: AtomicBool::new(false),
+        addr: index,
     }))
 }
 
+/// The items of a batch request (`None` for a request that carries no batch).
+fn batch_items(req: &MasterRequest) -> Option<usize> {
+    Some(match req {
+        MasterRequest::RemountSegments { specs, .. } => specs.0.len(),
+        MasterRequest::BatchPutStart { items, group_ids, .. } => {
+            items.0.len().max(group_ids.as_ref().map_or(0, |g| g.0.len()))
+        }
+        MasterRequest::BatchPutEnd { items, .. } => items.0.len(),
+        MasterRequest::BatchPutRevoke { keys, .. }
+        | MasterRequest::ReleaseLeases { keys, .. }
+        | MasterRequest::BatchGetReplicaList { keys, .. }
+        | MasterRequest::BatchExistKey { keys, .. }
+        | MasterRequest::BatchRemove { keys, .. } => keys.0.len(),
+        MasterRequest::ReportUnreachable { segments, .. } => segments.0.len(),
+        _ => return None,
+    })
+}
+
+/// Refuses a batch the master would refuse as a protocol error (after reading all of it), saying why.
+pub(crate) fn check_batch(items: usize) -> Result<(), ClientError> {
+    if items > MAX_BATCH {
+        return Err(ClientError::BatchTooLarge { items, limit: MAX_BATCH });
+    }
+    Ok(())
+}
+
 impl MasterConnection {
-    /// A connection to `addr` (one address, or several separated by commas: they are tried in turn) for
-    /// `client` with `connections` sockets (dialled lazily).
+    /// A connection to `addr` (one address, or several separated by commas: each request tries them in turn,
+    /// the one that answered last first) for `client` with `connections` sockets (dialled lazily). `timeout`
+    /// bounds each attempt at one address, dialling included: a request fails after at most one `timeout`
+    /// per address.
     pub fn new(addr: &str, client: ClientId, role: PeerRole, connections: usize, timeout: Duration) -> Self {
         let addrs: Vec<String> = addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect();
         Self {
@@ -232,66 +286,120 @@ impl MasterConnection {
         &self.addr
     }
 
-    /// The connection for `req`. Single-key requests share the first connection: concurrent ones pipeline,
-    /// so one write carries several requests and one read several replies (4 concurrent lookups on a 2-vCPU
-    /// host: 122k/s on one connection, 62k/s on four). Batches, each a longer job for the master, are spread
-    /// over all connections so the master's workers serve them in parallel (batch-128 lookups: 961k keys/s
-    /// on four connections, 789k on one).
-    async fn conn(&self, req: &MasterRequest) -> Result<Arc<Conn>, ClientError> {
-        let i = if req.op().is_batch() { self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len() } else { 0 };
-        let mut slot = self.slots[i].lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| c.alive.load(Ordering::Acquire)) {
+    /// The connection slot for `req`. Single-key requests share the first connection: concurrent ones
+    /// pipeline, so one write carries several requests and one read several replies (4 concurrent lookups on
+    /// a 2-vCPU host: 122k/s on one connection, 62k/s on four). Batches, each a longer job for the master, are
+    /// spread over all connections so the master's workers serve them in parallel (batch-128 lookups: 961k
+    /// keys/s on four connections, 789k on one).
+    fn slot(&self, req: &MasterRequest) -> usize {
+        if req.op().is_batch() { self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len() } else { 0 }
+    }
+
+    /// Slot `slot`'s connection to address `i`, dialled if it has none (or one to another address, or a dead one).
+    async fn conn_to(&self, slot: usize, i: usize) -> Result<Arc<Conn>, ClientError> {
+        let mut slot = self.slots[slot].lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| c.addr == i && c.alive.load(Ordering::Acquire)) {
             return Ok(c.clone());
+        }
+        let conn = dial(&self.addrs[i], i, self.role, self.client, self.poll_window).await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// One attempt at address `i`, within one request timeout: dial if needed, send, wait for the reply.
+    async fn attempt(&self, req: &MasterRequest, slot: usize, i: usize) -> Result<Frame, Failed> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let conn = match tokio::time::timeout_at(deadline, self.conn_to(slot, i)).await {
+            Err(_) | Ok(Err(ClientError::Timeout)) => return Err(Failed::TimedOut),
+            Ok(Err(e @ ClientError::Refused(_))) => return Err(Failed::Final(e)),
+            Ok(Err(e)) => return Err(Failed::Lost(e)),
+            Ok(Ok(c)) => c,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = Frame::encode(id, req, Bytes::new()).map_err(|e| Failed::Final(e.into()))?;
+        let (tx, rx) = oneshot::channel();
+        conn.pending.lock().insert(id, tx);
+        // The write also carries any deferred requests queued before this one. A write cut short by the
+        // deadline may leave part of a frame behind: the connection is not used again.
+        let sent = tokio::time::timeout_at(deadline, async { conn.sink.lock().await.send(frame).await }).await;
+        let sent = match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Failed::of(e)),
+            Err(_) => Err(Failed::TimedOut),
+        };
+        if let Err(f) = sent {
+            conn.pending.lock().remove(&id);
+            conn.alive.store(false, Ordering::Release);
+            return Err(f);
+        }
+        let counted = self.inflight.enter();
+        let waited = tokio::time::timeout_at(deadline, conn.wait(id, rx, &self.inflight)).await;
+        drop(counted);
+        match waited {
+            Ok(Ok(frame)) => Ok(frame),
+            Ok(Err(e)) => Err(Failed::of(e)),
+            Err(_) => {
+                conn.pending.lock().remove(&id);
+                // A master that let a request time out is suspect: the next request dials afresh (this
+                // connection's other waiters keep waiting for their own replies).
+                conn.alive.store(false, Ordering::Release);
+                Err(Failed::TimedOut)
+            }
+        }
+    }
+
+    /// Sends one request and waits for its reply. Each configured address is tried at most once, starting
+    /// with the one that answered last, each within the request timeout; a timeout or a broken connection
+    /// moves on to the next. When none answers, the error names every address tried and why.
+    pub async fn call(&self, req: &MasterRequest) -> Result<MasterResponse, ClientError> {
+        if let Some(n) = batch_items(req) {
+            check_batch(n)?;
         }
         let n = self.addrs.len();
         if n == 0 {
-            return Err(ClientError::Code(ErrorCode::InvalidParams));
+            return Err(ClientError::Refused(ErrorFrame {
+                code: ErrorCode::InvalidParams,
+                message: "no master address given".to_owned(),
+            }));
         }
+        let slot = self.slot(req);
         let first = self.preferred.load(Ordering::Relaxed) % n;
-        let mut last = ClientError::Code(ErrorCode::RpcFail);
+        let mut failures = Vec::new();
         for k in 0..n {
             let i = (first + k) % n;
-            match dial(&self.addrs[i], self.role, self.client, self.timeout, self.poll_window).await {
-                Ok(c) => {
+            match self.attempt(req, slot, i).await {
+                Ok(frame) => {
                     self.preferred.store(i, Ordering::Relaxed);
-                    *slot = Some(c.clone());
-                    return Ok(c);
+                    let reply: MasterReply = frame.decode::<MasterReply>()?.body;
+                    return reply.map_err(ClientError::Refused);
                 }
-                Err(e) => {
+                Err(Failed::Final(e)) => return Err(e),
+                Err(Failed::TimedOut) => {
+                    tracing::debug!(addr = %self.addrs[i], timeout = ?self.timeout, "master did not answer in time");
+                    failures.push((i, format!("no answer within {}", fmt_duration(self.timeout)), true));
+                }
+                Err(Failed::Lost(e)) => {
                     tracing::debug!(addr = %self.addrs[i], error = %e, "master unreachable");
-                    last = e;
+                    let reason = match e {
+                        ClientError::Unreachable { reason, .. } => reason,
+                        e => e.to_string(),
+                    };
+                    failures.push((i, reason, false));
                 }
             }
         }
-        Err(last)
+        Err(self.unreachable(failures))
     }
 
-    /// Sends one request and waits for its reply.
-    pub async fn call(&self, req: &MasterRequest) -> Result<MasterResponse, ClientError> {
-        let conn = self.conn(req).await?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = Frame::encode(id, req, Bytes::new())?;
-        let (tx, rx) = oneshot::channel();
-        conn.pending.lock().insert(id, tx);
-        // The write also carries any deferred requests queued before this one.
-        let sent = conn.sink.lock().await.send(frame).await;
-        if let Err(e) = sent {
-            conn.pending.lock().remove(&id);
-            conn.alive.store(false, Ordering::Release);
-            return Err(e.into());
-        }
-        let counted = self.inflight.enter();
-        let waited = tokio::time::timeout(self.timeout, conn.wait(id, rx, &self.inflight)).await;
-        drop(counted);
-        let frame = match waited {
-            Ok(r) => r?,
-            Err(_) => {
-                conn.pending.lock().remove(&id);
-                return Err(ClientError::Timeout);
-            }
+    /// The error of a call no master answered: every address tried, and why.
+    fn unreachable(&self, failures: Vec<(usize, String, bool)>) -> ClientError {
+        let timed_out = failures.iter().any(|(_, _, t)| *t);
+        let addr = failures.iter().map(|(i, _, _)| self.addrs[*i].as_str()).collect::<Vec<_>>().join(", ");
+        let reason = match failures.as_slice() {
+            [(_, reason, _)] => reason.clone(),
+            all => all.iter().map(|(i, r, _)| format!("{}: {r}", self.addrs[*i])).collect::<Vec<_>>().join("; "),
         };
-        let reply: MasterReply = frame.decode::<MasterReply>()?.body;
-        reply.map_err(ClientError::Refused)
+        ClientError::Unreachable { addr, reason, timed_out }
     }
 
     /// Queues one request whose reply nobody waits for (whoever reads the connection next discards it): it
@@ -299,7 +407,16 @@ impl MasterConnection {
     /// milliseconds if none comes. For notifications such as lease releases, which then cost neither a round
     /// trip nor a syscall of their own.
     pub async fn send_deferred(&self, req: &MasterRequest) -> Result<(), ClientError> {
-        let conn = self.conn(req).await?;
+        if let Some(n) = batch_items(req) {
+            check_batch(n)?;
+        }
+        if self.addrs.is_empty() {
+            return Err(ClientError::Code(ErrorCode::InvalidParams));
+        }
+        let i = self.preferred.load(Ordering::Relaxed) % self.addrs.len();
+        let conn = tokio::time::timeout(self.timeout, self.conn_to(self.slot(req), i))
+            .await
+            .map_err(|_| ClientError::Code(ErrorCode::RpcTimeout))??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = Frame::encode(id, req, Bytes::new())?;
         if let Err(e) = conn.sink.lock().await.feed(frame).await {
@@ -338,5 +455,35 @@ impl MasterConnection {
     ) -> Result<T, ClientError> {
         let r = self.call(req).await?;
         pick(r).ok_or(ClientError::Code(ErrorCode::InternalError))
+    }
+}
+
+/// A duration as a person reads it: `500 ms`, `5 s`, `1.5 s`.
+fn fmt_duration(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms % 1000 == 0 && ms > 0 => format!("{} s", ms / 1000),
+        ms if ms % 100 == 0 && ms > 1000 => format!("{:.1} s", d.as_secs_f64()),
+        ms => format!("{ms} ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(fmt_duration(Duration::from_millis(500)), "500 ms");
+        assert_eq!(fmt_duration(Duration::from_secs(5)), "5 s");
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1.5 s");
+        assert_eq!(fmt_duration(Duration::from_millis(1234)), "1234 ms");
+    }
+
+    #[test]
+    fn a_batch_over_the_protocol_limit_is_refused_naming_it() {
+        assert!(check_batch(MAX_BATCH).is_ok());
+        let e = check_batch(MAX_BATCH + 1).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidParams);
+        assert_eq!(e.to_string(), "a batch of 65537 items exceeds the protocol's limit of 65536 per request");
     }
 }
