@@ -283,6 +283,23 @@ impl Unreached {
     }
 }
 
+/// A single read's outcome, or `None` for one more try: a read that outlived its lease (it waited on a stalled
+/// node, say) fetches the replica list again, once.
+fn once_more_on_lease_expiry<T>(
+    key: &str,
+    read: Result<T, ClientError>,
+    refetched: &mut bool,
+) -> Option<Result<T, ClientError>> {
+    match read {
+        Err(ClientError::LeaseExpired { .. }) if !*refetched => {
+            tracing::debug!(key, "read outlived its lease; fetching the replica list again");
+            *refetched = true;
+            None
+        }
+        r => Some(r),
+    }
+}
+
 /// The error of a read that outlived the lease `list` granted.
 fn lease_expired(key: &str, list: &GetReplicaListResponse) -> ClientError {
     ClientError::LeaseExpired { key: key.to_owned(), lease_ms: list.lease_ttl_ms }
@@ -700,12 +717,8 @@ impl Client {
             let read = self.read_owned(key, &list, started, &unreached).await;
             self.release_leases(&[key]).await;
             self.report_unreachable(unreached.unreported()).await;
-            match read {
-                Err(ClientError::LeaseExpired { .. }) if !refetched => {
-                    tracing::debug!(key, "read outlived its lease; fetching the replica list again");
-                    refetched = true;
-                }
-                r => return r,
+            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+                return r;
             }
         }
     }
@@ -770,12 +783,8 @@ impl Client {
             };
             self.release_leases(&[key]).await;
             self.report_unreachable(unreached.unreported()).await;
-            match read {
-                Err(ClientError::LeaseExpired { .. }) if !refetched => {
-                    tracing::debug!(key, "read outlived its lease; fetching the replica list again");
-                    refetched = true;
-                }
-                r => return r,
+            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+                return r;
             }
         }
     }
