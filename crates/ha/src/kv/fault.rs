@@ -207,3 +207,53 @@ impl<T: HaKvBackend + ?Sized> HaKvBackend for Arc<T> {
         (**self).limits()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::kv::{KvCompare, KvPair, MemoryKv};
+    use std::time::Instant;
+
+    fn put_txn(k: &[u8]) -> KvTxn {
+        KvTxn {
+            compares: vec![KvCompare::KeyAbsent(k.to_vec())],
+            puts: vec![KvPair { key: k.to_vec(), value: b"v".to_vec() }],
+        }
+    }
+
+    #[tokio::test]
+    async fn nth_call_and_every_call_triggers() {
+        let kv = FaultyKv::new(MemoryKv::new());
+        kv.inject_nth_call(3, Fault::Fail(KvError::Unavailable("third".into())));
+        assert!(kv.get(b"a").await.is_ok());
+        assert!(kv.put(b"a", b"1").await.is_ok());
+        assert_eq!(kv.get(b"a").await, Err(KvError::Unavailable("third".into())));
+        assert!(kv.get(b"a").await.is_ok(), "an N-th-call fault fires once");
+        kv.inject_every(KvOp::Range, Fault::Fail(KvError::Unavailable("always".into())));
+        for _ in 0..3 {
+            assert!(kv.range(b"", b"", 0).await.is_err());
+        }
+        assert!(kv.get(b"a").await.is_ok(), "other kinds are unaffected");
+        kv.clear();
+        assert!(kv.range(b"", b"", 0).await.is_ok());
+        assert_eq!((kv.calls(KvOp::Get), kv.calls(KvOp::Range), kv.total_calls()), (4, 4, 9));
+    }
+
+    #[tokio::test]
+    async fn delay_then_call_and_racing_put() {
+        let kv = FaultyKv::new(MemoryKv::new());
+        kv.inject_next(KvOp::Txn, Fault::Delay(Duration::from_millis(30)));
+        let start = Instant::now();
+        assert_eq!(kv.txn(&put_txn(b"a")).await.unwrap(), TxnOutcome::Succeeded);
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        // A racing writer creates the key just before our create-if-absent.
+        kv.inject_next(KvOp::Txn, Fault::PutFirst(b"b".to_vec(), b"other".to_vec()));
+        assert_eq!(kv.txn(&put_txn(b"b")).await.unwrap(), TxnOutcome::CompareFailed);
+        assert_eq!(kv.get(b"b").await.unwrap(), Some(b"other".to_vec()));
+        // Applied, then reported ambiguous.
+        kv.inject_next(KvOp::Txn, Fault::ApplyThenAmbiguous);
+        assert!(kv.txn(&put_txn(b"c")).await.unwrap_err().is_ambiguous());
+        assert_eq!(kv.get(b"c").await.unwrap(), Some(b"v".to_vec()));
+    }
+}
