@@ -1,0 +1,183 @@
+//! The etcd backend (`etcd-client`, etcd 3.4's v3 API): value compares, `create_revision == 0` for key-absent.
+
+use super::{HaKvBackend, KvCompare, KvError, KvFuture, KvLimits, KvPair, KvTxn, RangePage, TxnOutcome};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp};
+use std::time::Duration;
+
+/// Largest response accepted from etcd (a range page of batch records).
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// How to reach etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdKvConfig {
+    /// Client endpoints, e.g. `http://127.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// Deadline of one request; past it a write's outcome is ambiguous.
+    pub request_timeout: Duration,
+    /// Deadline for establishing a connection.
+    pub connect_timeout: Duration,
+    /// Limits the server enforces (checked here first so an oversized request fails before it is sent).
+    pub limits: KvLimits,
+}
+
+impl EtcdKvConfig {
+    /// Defaults for `endpoints`: 5 s request and connect timeouts (as the original), etcd's default limits.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            limits: KvLimits::ETCD_DEFAULT,
+        }
+    }
+}
+
+/// A [`HaKvBackend`] on etcd. Cheap to clone (the client is shared).
+#[derive(Clone)]
+pub struct EtcdKv {
+    client: KvClient,
+    limits: KvLimits,
+}
+
+impl std::fmt::Debug for EtcdKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdKv").field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+/// Whether a failed call may have had an effect (writes) or certainly had none (reads).
+#[derive(Clone, Copy)]
+enum Call {
+    Read,
+    Write,
+}
+
+fn map_err(e: etcd_client::Error, call: Call) -> KvError {
+    use etcd_client::Error as E;
+    let msg = e.to_string();
+    let refused = match &e {
+        E::GRpcStatus(status) => server_refused(i32::from(status.code())),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) | E::InvalidMetadataValue(_) => true,
+        _ => false,
+    };
+    if refused {
+        return KvError::Rejected(msg);
+    }
+    match call {
+        // A read that failed changed nothing: retrying is safe.
+        Call::Read => KvError::Unavailable(msg),
+        // A write that failed after it may have left this process could have been applied.
+        Call::Write => KvError::Ambiguous(msg),
+    }
+}
+
+/// True for gRPC status codes (numbered as in the gRPC spec, so no direct tonic dependency is needed) that mean
+/// the server refused the request itself; every other code (unavailable, deadline, cancelled, unknown, ...) is
+/// transient.
+fn server_refused(code: i32) -> bool {
+    const NOT_FOUND: i32 = 5;
+    const ALREADY_EXISTS: i32 = 6;
+    const PERMISSION_DENIED: i32 = 7;
+    const RESOURCE_EXHAUSTED: i32 = 8;
+    const FAILED_PRECONDITION: i32 = 9;
+    const OUT_OF_RANGE: i32 = 11;
+    const UNIMPLEMENTED: i32 = 12;
+    const UNAUTHENTICATED: i32 = 16;
+    const INVALID_ARGUMENT: i32 = 3;
+    matches!(
+        code,
+        INVALID_ARGUMENT
+            | NOT_FOUND
+            | ALREADY_EXISTS
+            | PERMISSION_DENIED
+            | RESOURCE_EXHAUSTED
+            | FAILED_PRECONDITION
+            | OUT_OF_RANGE
+            | UNIMPLEMENTED
+            | UNAUTHENTICATED
+    )
+}
+
+impl EtcdKv {
+    /// Connects to etcd.
+    pub async fn connect(config: EtcdKvConfig) -> Result<Self, KvError> {
+        let opts =
+            ConnectOptions::new().with_timeout(config.request_timeout).with_connect_timeout(config.connect_timeout);
+        let client = Client::connect(&config.endpoints, Some(opts))
+            .await
+            .map_err(|e| KvError::Unavailable(format!("connect {:?}: {e}", config.endpoints)))?;
+        // Range pages of full batches run to several MiB; tonic's default 4 MiB receive limit would refuse them.
+        let client = client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+        Ok(Self { client, limits: config.limits })
+    }
+}
+
+impl HaKvBackend for EtcdKv {
+    fn get<'a>(&'a self, key: &'a [u8]) -> KvFuture<'a, Option<Vec<u8>>> {
+        // The client's methods take `&mut self`; clones share one channel.
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            let mut resp = c.get(key, None).await.map_err(|e| map_err(e, Call::Read))?;
+            Ok(resp.take_kvs().into_iter().next().map(|kv| kv.into_key_value().1))
+        })
+    }
+
+    fn put<'a>(&'a self, key: &'a [u8], value: &'a [u8]) -> KvFuture<'a, ()> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            self.limits.check_put(key, value)?;
+            c.put(key, value, None).await.map_err(|e| map_err(e, Call::Write))?;
+            Ok(())
+        })
+    }
+
+    fn range<'a>(&'a self, begin: &'a [u8], end: &'a [u8], limit: usize) -> KvFuture<'a, RangePage> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            if !end.is_empty() && begin >= end {
+                return Ok(RangePage::default());
+            }
+            let opts =
+                if end.is_empty() { GetOptions::new().with_from_key() } else { GetOptions::new().with_range(end) };
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut resp = c.get(begin, Some(opts.with_limit(limit))).await.map_err(|e| map_err(e, Call::Read))?;
+            let more = resp.more();
+            let kvs = resp
+                .take_kvs()
+                .into_iter()
+                .map(|kv| {
+                    let (key, value) = kv.into_key_value();
+                    KvPair { key, value }
+                })
+                .collect();
+            Ok(RangePage { kvs, more })
+        })
+    }
+
+    fn txn<'a>(&'a self, txn: &'a KvTxn) -> KvFuture<'a, TxnOutcome> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            self.limits.check_txn(txn)?;
+            let compares: Vec<Compare> = txn
+                .compares
+                .iter()
+                .map(|cmp| match cmp {
+                    KvCompare::ValueEquals(k, v) => Compare::value(k.clone(), CompareOp::Equal, v.clone()),
+                    // A key that does not exist has create_revision 0.
+                    KvCompare::KeyAbsent(k) => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                })
+                .collect();
+            let puts: Vec<TxnOp> = txn.puts.iter().map(|p| TxnOp::put(p.key.clone(), p.value.clone(), None)).collect();
+            let resp = c.txn(Txn::new().when(compares).and_then(puts)).await.map_err(|e| map_err(e, Call::Write))?;
+            Ok(if resp.succeeded() { TxnOutcome::Succeeded } else { TxnOutcome::CompareFailed })
+        })
+    }
+
+    fn supports_txn(&self) -> bool {
+        true
+    }
+
+    fn limits(&self) -> KvLimits {
+        self.limits
+    }
+}

@@ -1,0 +1,449 @@
+//! `OrderedOpLogWriter`: the primary's only oplog admission point (RFC §7–§12). `reserve` before a mutation (a
+//! bounded slot, no sequence), `commit` inside the mutation's lock (assigns the next sequence, queues the entry,
+//! no I/O), `abort` otherwise (no gap). One writer task seals whatever is committed whenever no batch is in
+//! flight (work-conserving, no timer), keeps exactly one batch in flight, retries it forever on backend failure
+//! with admission closed (fail closed; later batches never pass it), and hands durable callbacks, in sequence
+//! order, to a separate callback task only after the durable prefix has advanced past them.
+
+use super::codec::{DurablePrefix, OpLogBatchRecord, OpLogEntry, RECORD_OVERHEAD_BOUND};
+use super::storage::{BatchLimits, OpLogBatchStorage, StorageError};
+use crate::kv::KvError;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+/// Runs once its entry is durable, with the entry's sequence number, on the writer's callback task. Keep it
+/// short and non-panicking: callbacks run one after another in sequence order.
+pub type DurableCallback = Box<dyn FnOnce(u64) + Send + 'static>;
+
+/// Why the writer refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriterError {
+    /// Admission is closed: the backend is failing (the writer is retrying), or the writer is stopping.
+    #[error("the oplog writer is not accepting (backend failing or stopped)")]
+    Unavailable,
+    /// As many entries as allowed are already reserved or waiting to be sealed.
+    #[error("oplog admission is full ({0} entries reserved or waiting)")]
+    QueueFull(usize),
+    /// The entry breaks a limit (it could never be written).
+    #[error("invalid oplog entry: {0}")]
+    InvalidEntry(String),
+    /// The reservation was taken from another writer.
+    #[error("the reservation belongs to another writer")]
+    ForeignReservation,
+    /// The writer stopped for good (fenced by a newer producer, or a non-retryable backend error).
+    #[error("the oplog writer stopped for good: {0}")]
+    Terminal(StorageError),
+}
+
+/// Writer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterConfig {
+    /// Most entries reserved or committed-but-unsealed at once (the RFC's `oplog_batch_max_entries`): an
+    /// admission limit, not a flush threshold.
+    pub max_waiting_entries: usize,
+    /// First retry delay after a backend failure.
+    pub retry_initial: Duration,
+    /// Retry delays double up to this.
+    pub retry_max: Duration,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        Self {
+            max_waiting_entries: super::storage::DEFAULT_MAX_BATCH_ENTRIES,
+            retry_initial: Duration::from_millis(1),
+            retry_max: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A point-in-time view of the writer, for health and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterStatus {
+    /// New reservations are admitted.
+    pub accepting: bool,
+    /// The durable prefix as this writer last advanced it.
+    pub durable: DurablePrefix,
+    /// The next sequence number `commit` will assign.
+    pub next_seq: u64,
+    /// Reserved plus committed-but-unsealed entries.
+    pub waiting: usize,
+    /// A batch is in flight.
+    pub in_flight: bool,
+    /// Failed write attempts so far.
+    pub failed_attempts: u64,
+    /// The last backend error (cleared on success).
+    pub last_error: Option<StorageError>,
+    /// Set once the writer stopped for good.
+    pub terminal: Option<StorageError>,
+}
+
+struct Pending {
+    entry: OpLogEntry,
+    callback: Option<DurableCallback>,
+}
+
+struct State {
+    accepting: bool,
+    stopping: bool,
+    terminal: Option<StorageError>,
+    last_error: Option<StorageError>,
+    failed_attempts: u64,
+    /// Reservations plus committed entries not sealed yet.
+    waiting: usize,
+    next_seq: u64,
+    committed: VecDeque<Pending>,
+    in_flight: bool,
+    durable: DurablePrefix,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer task: a commit or stop happened.
+    wake: Notify,
+    /// Interrupts a retry back-off on stop.
+    stop: Notify,
+    storage: OpLogBatchStorage,
+    limits: BatchLimits,
+    view: u64,
+    config: WriterConfig,
+}
+
+/// An admission slot from [`OrderedOpLogWriter::reserve`]; dropping it unused is an abort.
+pub struct Reservation {
+    owner: Option<Arc<Shared>>,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation").field("live", &self.owner.is_some()).finish()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(shared) = self.owner.take() {
+            let mut s = shared.state.lock();
+            s.waiting = s.waiting.saturating_sub(1);
+        }
+    }
+}
+
+/// The ordered batch writer of one producer view.
+pub struct OrderedOpLogWriter {
+    shared: Arc<Shared>,
+    tasks: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
+}
+
+impl std::fmt::Debug for OrderedOpLogWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrderedOpLogWriter").field("status", &self.status()).finish()
+    }
+}
+
+fn retryable(e: &StorageError) -> bool {
+    // Backend trouble may pass (etcd back, disk freed); fencing, conflicts and bad data never do.
+    matches!(e, StorageError::Kv(k) if !matches!(k, KvError::Rejected(_) | KvError::Unsupported))
+}
+
+impl OrderedOpLogWriter {
+    /// A writer that continues `initial` (the prefix `init_durable_prefix` returned) under producer `view`
+    /// (already claimed). Admission is open at once; nothing is written before [`Self::start`].
+    pub fn new(storage: OpLogBatchStorage, view: u64, initial: DurablePrefix, config: WriterConfig) -> Self {
+        let config = WriterConfig { max_waiting_entries: config.max_waiting_entries.max(1), ..config };
+        let next_seq = initial.last_seq.checked_add(1);
+        let state = State {
+            // A prefix at the end of the sequence space can never be continued.
+            accepting: next_seq.is_some() && initial.batch_id < u64::MAX,
+            stopping: false,
+            terminal: None,
+            last_error: None,
+            failed_attempts: 0,
+            waiting: 0,
+            next_seq: next_seq.unwrap_or(u64::MAX),
+            committed: VecDeque::new(),
+            in_flight: false,
+            durable: initial,
+        };
+        let limits = storage.batch_limits();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake: Notify::new(),
+            stop: Notify::new(),
+            storage,
+            limits,
+            view,
+            config,
+        });
+        Self { shared, tasks: Mutex::new(None) }
+    }
+
+    /// Starts the writer and callback tasks on the current tokio runtime (a second call does nothing).
+    pub fn start(&self) {
+        let mut tasks = self.tasks.lock();
+        if tasks.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_loop(Arc::clone(&self.shared), tx));
+        let callbacks = tokio::spawn(callback_loop(rx));
+        *tasks = Some((writer, callbacks));
+    }
+
+    /// Takes an admission slot before a mutation. Fails fast: closed admission, a full queue, or a terminal writer.
+    pub fn reserve(&self) -> Result<Reservation, WriterError> {
+        let mut s = self.shared.state.lock();
+        if let Some(t) = &s.terminal {
+            return Err(WriterError::Terminal(t.clone()));
+        }
+        if !s.accepting || s.stopping {
+            return Err(WriterError::Unavailable);
+        }
+        if s.waiting >= self.shared.config.max_waiting_entries {
+            return Err(WriterError::QueueFull(s.waiting));
+        }
+        s.waiting += 1;
+        Ok(Reservation { owner: Some(Arc::clone(&self.shared)) })
+    }
+
+    /// Consumes a reservation: assigns the next sequence number to `entry`, queues it with `callback`, and wakes
+    /// the writer. No I/O, no waiting. Works while admission is closed for retries (the slot was taken before).
+    pub fn commit(
+        &self,
+        mut reservation: Reservation,
+        entry: OpLogEntry,
+        callback: Option<DurableCallback>,
+    ) -> Result<u64, WriterError> {
+        match &reservation.owner {
+            Some(owner) if Arc::ptr_eq(owner, &self.shared) => {}
+            // Dropping it releases the slot on its own writer.
+            _ => return Err(WriterError::ForeignReservation),
+        }
+        entry.validate().map_err(|e| WriterError::InvalidEntry(e.to_string()))?;
+        if !self.shared.limits.fits(1, entry.encoded_len_bound()) {
+            return Err(WriterError::InvalidEntry(format!(
+                "entry of up to {} bytes cannot fit a batch of {} bytes",
+                entry.encoded_len_bound() + RECORD_OVERHEAD_BOUND,
+                self.shared.limits.max_bytes
+            )));
+        }
+        // From here the slot is this function's: it either becomes a committed entry or is released below.
+        reservation.owner = None;
+        let seq = {
+            let mut s = self.shared.state.lock();
+            let refused = match &s.terminal {
+                Some(t) => Some(WriterError::Terminal(t.clone())),
+                None if s.stopping => Some(WriterError::Unavailable),
+                None if s.next_seq == u64::MAX => Some(WriterError::Unavailable),
+                None => None,
+            };
+            if let Some(e) = refused {
+                s.waiting = s.waiting.saturating_sub(1);
+                return Err(e);
+            }
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.committed.push_back(Pending { entry, callback });
+            seq
+        };
+        self.shared.wake.notify_one();
+        Ok(seq)
+    }
+
+    /// Releases a reservation without a sequence number (same as dropping it).
+    pub fn abort(&self, reservation: Reservation) {
+        drop(reservation);
+    }
+
+    /// True while new reservations are admitted.
+    pub fn is_accepting(&self) -> bool {
+        let s = self.shared.state.lock();
+        s.accepting && !s.stopping && s.terminal.is_none()
+    }
+
+    /// The writer's state now.
+    pub fn status(&self) -> WriterStatus {
+        let s = self.shared.state.lock();
+        WriterStatus {
+            accepting: s.accepting && !s.stopping && s.terminal.is_none(),
+            durable: s.durable,
+            next_seq: s.next_seq,
+            waiting: s.waiting,
+            in_flight: s.in_flight,
+            failed_attempts: s.failed_attempts,
+            last_error: s.last_error.clone(),
+            terminal: s.terminal.clone(),
+        }
+    }
+
+    /// Closes admission, writes what was committed (unless the backend keeps failing: a retry back-off is cut
+    /// short and the writer exits), runs the callbacks of everything that became durable, and returns.
+    pub async fn stop(&self) {
+        {
+            let mut s = self.shared.state.lock();
+            s.stopping = true;
+        }
+        self.shared.wake.notify_one();
+        self.shared.stop.notify_waiters();
+        let tasks = self.tasks.lock().take();
+        if let Some((writer, callbacks)) = tasks {
+            if let Err(e) = writer.await {
+                tracing::error!(error = %e, "oplog writer task failed");
+            }
+            if let Err(e) = callbacks.await {
+                tracing::error!(error = %e, "oplog callback task failed");
+            }
+        }
+    }
+}
+
+impl Drop for OrderedOpLogWriter {
+    fn drop(&mut self) {
+        // Without `stop`, the tasks would keep the shared state alive; end them.
+        if let Some((writer, callbacks)) = self.tasks.lock().take() {
+            writer.abort();
+            callbacks.abort();
+        }
+    }
+}
+
+type Dispatch = Vec<(u64, DurableCallback)>;
+
+/// Seals the committed entries that fit one batch; `None` when nothing to seal or a batch is in flight.
+fn seal(shared: &Shared, s: &mut State) -> Option<Result<(OpLogBatchRecord, DurablePrefix, Dispatch), StorageError>> {
+    if s.in_flight || s.committed.is_empty() {
+        return None;
+    }
+    let mut n = 0;
+    let mut bytes = 0usize;
+    for p in &s.committed {
+        let b = bytes.saturating_add(p.entry.encoded_len_bound());
+        if n > 0 && !shared.limits.fits(n + 1, b) {
+            break;
+        }
+        n += 1;
+        bytes = b;
+    }
+    let expected = s.durable;
+    let (batch_id, first_seq) = match (expected.batch_id.checked_add(1), expected.last_seq.checked_add(1)) {
+        (Some(b), Some(f)) => (b, f),
+        _ => return Some(Err(StorageError::InvalidBatch("the sequence space is exhausted".into()))),
+    };
+    let mut entries = Vec::with_capacity(n);
+    let mut dispatch = Vec::new();
+    for (seq, p) in (first_seq..).zip(s.committed.drain(..n)) {
+        entries.push(p.entry);
+        if let Some(cb) = p.callback {
+            dispatch.push((seq, cb));
+        }
+    }
+    s.waiting = s.waiting.saturating_sub(n);
+    s.in_flight = true;
+    Some(
+        OpLogBatchRecord::new(batch_id, first_seq, entries)
+            .map(|b| (b, expected, dispatch))
+            .map_err(|e| StorageError::InvalidBatch(e.to_string())),
+    )
+}
+
+fn enter_terminal(shared: &Shared, e: StorageError) {
+    tracing::error!(error = %e, "oplog writer stopped for good");
+    let mut s = shared.state.lock();
+    s.accepting = false;
+    s.terminal = Some(e);
+}
+
+async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Dispatch>) {
+    loop {
+        let woken = shared.wake.notified();
+        tokio::pin!(woken);
+        // Register before looking at the state so a commit in between is not missed.
+        woken.as_mut().enable();
+        let sealed = {
+            let mut s = shared.state.lock();
+            if s.terminal.is_some() {
+                return;
+            }
+            match seal(&shared, &mut s) {
+                None if s.stopping => return,
+                other => other,
+            }
+        };
+        match sealed {
+            None => woken.await,
+            Some(Err(e)) => return enter_terminal(&shared, e),
+            Some(Ok((batch, expected, dispatch))) => {
+                if !write_one(&shared, &batch, expected).await {
+                    return;
+                }
+                // Ordered: batches are written one at a time and their callbacks queued in that order.
+                if !dispatch.is_empty() && callbacks.send(dispatch).is_err() {
+                    tracing::warn!("oplog callback task is gone; durable callbacks dropped");
+                }
+            }
+        }
+    }
+}
+
+/// Writes one sealed batch until it is durable (true) or the writer must stop (false: terminal or stopping).
+async fn write_one(shared: &Shared, batch: &OpLogBatchRecord, expected: DurablePrefix) -> bool {
+    let mut delay = shared.config.retry_initial;
+    loop {
+        match shared.storage.write_batch(batch, expected, shared.view).await {
+            Ok(prefix) => {
+                let mut s = shared.state.lock();
+                if s.failed_attempts > 0 && s.last_error.is_some() {
+                    tracing::info!(batch = batch.batch_id, "oplog backend recovered; admission reopened");
+                }
+                s.durable = prefix;
+                s.in_flight = false;
+                s.last_error = None;
+                s.accepting = true;
+                return true;
+            }
+            Err(e) if retryable(&e) => {
+                let stopping = {
+                    let mut s = shared.state.lock();
+                    if s.last_error.is_none() {
+                        tracing::warn!(error = %e, batch = batch.batch_id, "oplog write failed; admission closed, retrying");
+                    }
+                    s.accepting = false;
+                    s.failed_attempts += 1;
+                    s.last_error = Some(e);
+                    s.stopping
+                };
+                if stopping {
+                    return false;
+                }
+                let stop = shared.stop.notified();
+                tokio::pin!(stop);
+                stop.as_mut().enable();
+                // Re-check after registering: a stop between the two would otherwise be missed.
+                if shared.state.lock().stopping {
+                    return false;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop => return false,
+                }
+                delay = (delay * 2).min(shared.config.retry_max);
+            }
+            Err(e) => {
+                enter_terminal(shared, e);
+                return false;
+            }
+        }
+    }
+}
+
+async fn callback_loop(mut rx: mpsc::UnboundedReceiver<Dispatch>) {
+    while let Some(batch) = rx.recv().await {
+        for (seq, cb) in batch {
+            cb(seq);
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Test support (feature `testing`): a real single-member etcd server per test, on free loopback ports with a fresh
+//! data directory, stopped and removed on drop. A missing `etcd` binary is an error, never a skip.
+
+use crate::kv::{EtcdKv, EtcdKvConfig, KvError};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the etcd binary is looked for when `CRESCENT_ETCD_BIN` is unset (Debian's `etcd-server`).
+pub const DEFAULT_ETCD_BIN: &str = "/usr/bin/etcd";
+/// How long a started server gets to report healthy.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Start attempts (a free port can be taken by someone else between probing and etcd binding it).
+const START_ATTEMPTS: usize = 3;
+
+/// Why an etcd server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdStartError {
+    /// No etcd binary where expected.
+    #[error("etcd binary {0} not found: install Debian's etcd-server or set CRESCENT_ETCD_BIN")]
+    MissingBinary(PathBuf),
+    /// Spawning or probing failed.
+    #[error("etcd: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server exited or never became healthy.
+    #[error("etcd did not become healthy: {0}")]
+    NotReady(String),
+}
+
+/// A running etcd server, killed and its data directory deleted on drop.
+#[derive(Debug)]
+pub struct EtcdServer {
+    child: Child,
+    client: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+fn etcd_bin() -> PathBuf {
+    std::env::var_os("CRESCENT_ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_ETCD_BIN))
+}
+
+/// True when `GET /health` on `addr` answers `{"health":"true"}`.
+fn healthy(addr: SocketAddr) -> bool {
+    let probe = || -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    probe().map(|b| b.contains("\"health\":\"true\"")).unwrap_or(false)
+}
+
+impl EtcdServer {
+    /// Starts a server and waits until it reports healthy.
+    pub fn start() -> Result<Self, EtcdStartError> {
+        let bin = etcd_bin();
+        if !bin.is_file() {
+            return Err(EtcdStartError::MissingBinary(bin));
+        }
+        let mut last = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match Self::start_once(&bin)? {
+                Ok(server) => return Ok(server),
+                Err(why) => last = why,
+            }
+        }
+        Err(EtcdStartError::NotReady(last))
+    }
+
+    /// One attempt: `Ok(Err(why))` when this attempt's server died or stalled (retry with new ports).
+    fn start_once(bin: &PathBuf) -> Result<Result<Self, String>, EtcdStartError> {
+        let dir = tempfile::Builder::new().prefix("crescent-etcd-").tempdir()?;
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
+        let child = Command::new(bin)
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=test={peer_url}"))
+            .arg("--initial-cluster-state=new")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let mut server = Self { child, client: SocketAddr::from((Ipv4Addr::LOCALHOST, client_port)), _dir: dir };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if healthy(server.client) {
+                return Ok(Ok(server));
+            }
+            if let Some(status) = server.child.try_wait()? {
+                return Ok(Err(format!("exited with {status}: {}", server.log_tail())));
+            }
+            if Instant::now() > deadline {
+                return Ok(Err(format!("not healthy after {READY_TIMEOUT:?}: {}", server.log_tail())));
+            }
+            // Polling a readiness probe, not synchronising on time: the loop ends on health or exit.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self._dir.path().join("etcd.log")).unwrap_or_default();
+        let start = text.len().saturating_sub(2000);
+        text.get(start..).unwrap_or_default().to_owned()
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// A backend connected to this server with default settings.
+    pub async fn connect(&self) -> Result<EtcdKv, KvError> {
+        EtcdKv::connect(EtcdKvConfig::new(vec![self.endpoint()])).await
+    }
+
+    /// Stops the server at once (SIGKILL), as a crash would; the data directory stays until drop.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
