@@ -2,7 +2,7 @@
 //! used alike by `crescent master`, `crescent up`, tests and benchmarks.
 
 use super::admin::AdminServer;
-use super::rpc::{RpcMetrics, RpcServer, RpcServerHandle};
+use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use crate::clock::{Clock, SystemClock};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_proto::ErrorCode;
@@ -39,6 +39,7 @@ pub struct MasterServerBuilder {
     rpc: SocketAddr,
     admin: Option<SocketAddr>,
     poll_window: Duration,
+    limits: RpcLimits,
     background: bool,
 }
 
@@ -68,6 +69,13 @@ impl MasterServerBuilder {
         self
     }
 
+    /// What the RPC server allows its connections: how many at once, how long a started frame may take, how
+    /// many bytes of large frames all may hold (default [`RpcLimits::default`]).
+    pub fn limits(mut self, limits: RpcLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Whether the background loop (eviction, liveness, graceful unmounts, delayed releases) runs on its own
     /// thread (default true; a test on a manual clock steps the service itself).
     pub fn background(mut self, run: bool) -> Self {
@@ -88,7 +96,8 @@ impl MasterServerBuilder {
         // Started once every listener is bound, so a failed start has no thread to join.
         let background =
             if self.background { Some(svc.spawn_background().map_err(StartError::Background)?) } else { None };
-        let rpc = rpc.with_poll_window(self.poll_window).spawn().map_err(bind("rpc", self.rpc))?;
+        let rpc =
+            rpc.with_poll_window(self.poll_window).with_limits(self.limits).spawn().map_err(bind("rpc", self.rpc))?;
         Ok(MasterServer { svc, rpc, admin, _background: background })
     }
 }
@@ -118,6 +127,7 @@ impl MasterServer {
             rpc: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin: None,
             poll_window: crescent_net::poll::DEFAULT_POLL_WINDOW,
+            limits: RpcLimits::default(),
             background: true,
         }
     }
@@ -125,6 +135,11 @@ impl MasterServer {
     /// Where the RPC server listens.
     pub fn rpc_addr(&self) -> SocketAddr {
         self.rpc.local_addr()
+    }
+
+    /// The RPC accept loop's counts (the connection cap in force, connections closed to make room, refused).
+    pub fn rpc_stats(&self) -> crescent_net::AcceptStats {
+        self.rpc.stats()
     }
 
     /// Where the admin HTTP listens, if it runs.

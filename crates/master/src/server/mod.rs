@@ -9,4 +9,4 @@ mod rpc;
 
 pub use admin::{AdminServer, admin_router};
 pub use master_server::{MasterServer, MasterServerBuilder, StartError};
-pub use rpc::{RpcMetrics, RpcServer, RpcServerHandle, dispatch};
+pub use rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle, dispatch};
