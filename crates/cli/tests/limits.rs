@@ -144,19 +144,22 @@ fn frame_bytes<T: serde::Serialize>(id: u64, body: &T, payload: &[u8]) -> Vec<u8
     out
 }
 
-/// Reads one frame's header as `T` (bounded in time).
-async fn read_frame<T: serde::de::DeserializeOwned>(s: &mut TcpStream) -> Envelope<T> {
-    tokio::time::timeout(Duration::from_secs(10), async {
+/// Reads one frame's header as `T` (bounded in time); `what` names the server in a failure.
+async fn read_frame<T: serde::de::DeserializeOwned>(s: &mut TcpStream, what: &str) -> Envelope<T> {
+    let frame = tokio::time::timeout(Duration::from_secs(10), async {
         let mut prefix = [0u8; 8];
         s.read_exact(&mut prefix).await.unwrap();
         let len = u32::from_be_bytes(prefix[..4].try_into().unwrap()) as usize;
         let mut rest = vec![0u8; len - 4];
         s.read_exact(&mut rest).await.unwrap();
         let header_len = u32::from_be_bytes(prefix[4..].try_into().unwrap()) as usize;
-        Frame { header: rest[..header_len].to_vec().into(), payload: Default::default() }.decode().unwrap()
+        Frame { header: rest[..header_len].to_vec().into(), payload: Default::default() }
     })
     .await
-    .expect("no frame within 10 s")
+    .unwrap_or_else(|_| panic!("{what}: no frame within 10 s"));
+    frame.decode().unwrap_or_else(|e| {
+        panic!("{what} answered with another message than expected ({e}), under id {:?}", frame.request_id())
+    })
 }
 
 /// Whether the peer closed `s` (end of stream or reset) within `within`.
@@ -267,11 +270,18 @@ async fn a_connection_flood_under_a_low_fd_limit_neither_spins_nor_shuts_out_req
     for f in flood {
         flood_streams.push(f.await.unwrap());
     }
-    // A put while the flood holds its connections.
-    let t = Instant::now();
+    // Puts while the flood holds its connections: from a client already connected, and from a fresh one
+    // (new connections, like a `crescent put` process).
     let during = tokio::time::timeout(Duration::from_secs(10), client.put("during", b"v")).await;
+    assert!(matches!(during, Ok(Ok(()))), "put from a connected client during the flood: {during:?}");
+    let t = Instant::now();
+    let fresh = Client::new(ClientConfig::new(addr.clone()));
+    let during = tokio::time::timeout(Duration::from_secs(10), fresh.put("during-fresh", b"v")).await;
     let during_latency = t.elapsed();
-    assert!(matches!(during, Ok(Ok(()))), "put during the flood: {during:?} after {during_latency:?}");
+    assert!(
+        matches!(during, Ok(Ok(()))),
+        "put from a new client during the flood: {during:?} after {during_latency:?}"
+    );
     // Hold the flood a while longer, then measure.
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
     let (cpu, held) = (m.cpu() - cpu0, t0.elapsed());
@@ -362,7 +372,7 @@ async fn the_master_refuses_a_hello_with_a_payload_and_requests_under_id_0_like_
         // A hello with a payload.
         let mut s = connect(&addr).await;
         s.write_all(&frame_bytes(0, &Hello::new(PeerRole::Client, None), b"extra")).await.unwrap();
-        let reply = read_frame::<HelloReply>(&mut s).await;
+        let reply = read_frame::<HelloReply>(&mut s, server).await;
         let refusal = reply.body.unwrap_err();
         assert_eq!((reply.id, refusal.code), (0, ErrorCode::InvalidParams), "{server}");
         assert!(refusal.message.contains("hello carries a payload"), "{server}: {}", refusal.message);
@@ -382,7 +392,7 @@ async fn the_master_refuses_a_hello_with_a_payload_and_requests_under_id_0_like_
             frame_bytes(0, &read, &[])
         };
         s.write_all(&request).await.unwrap();
-        let reply = read_frame::<ErrorFrame>(&mut s).await;
+        let reply = read_frame::<ErrorFrame>(&mut s, server).await;
         assert_eq!((reply.id, reply.body.code), (0, ErrorCode::InvalidParams), "{server}: {:?}", reply.body);
         assert!(reply.body.message.contains("request id 0 is reserved"), "{server}: {}", reply.body.message);
         assert!(closed_within(&mut s, Duration::from_secs(5)).await, "{server} kept the connection");
