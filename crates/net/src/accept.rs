@@ -109,8 +109,8 @@ impl Shutdown {
         self.flag.load(Ordering::Acquire)
     }
 
-    /// Completes once the server is stopping, or closes this connection to make room (for `select!` beside
-    /// an idle wait). Make it once per connection and poll the same one at every wait: it registers with the
+    /// Completes once the server is stopping, or once it closes this connection to make room (for `select!`
+    /// beside an idle wait). Make it once per connection and poll the same one at every wait: it registers with the
     /// server once, where a fresh wait would register (and unregister) at every request.
     pub fn stopping(self) -> Stopping {
         Stopping(Box::pin(self.token.cancelled_owned()))
@@ -255,7 +255,7 @@ struct Slot {
     activity: Arc<Activity>,
     /// The connection's own signal, cancelled to close it.
     token: CancellationToken,
-    /// Told to close to make room, not yet ended.
+    /// Told to close to make room (it ends at its next wait).
     shed: bool,
 }
 
@@ -294,8 +294,6 @@ async fn accept_loop<F, Fut>(
     tracing::info!(server = name, ?addr, max_connections = max, "listening");
     let mut conns = JoinSet::new();
     let mut slots: HashMap<tokio::task::Id, Slot> = HashMap::new();
-    // Connections told to close to make room that have not ended yet: they no longer count against the cap.
-    let mut shedding = 0usize;
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let (mut accept_warning, mut shed_warning, mut refusal_warning) =
         (Throttle::default(), Throttle::default(), Throttle::default());
@@ -305,7 +303,7 @@ async fn accept_loop<F, Fut>(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     backoff = ACCEPT_BACKOFF_MIN;
-                    if slots.len() - shedding >= max {
+                    if slots.len() >= max && live(&slots) >= max {
                         let Some(slot) = longest_idle(&mut slots) else {
                             refuse_busy(stream, max);
                             counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -316,7 +314,6 @@ async fn accept_loop<F, Fut>(
                         };
                         slot.shed = true;
                         slot.token.cancel();
-                        shedding += 1;
                         counters.shed.fetch_add(1, Ordering::Relaxed);
                         if let Some(unsaid) = shed_warning.admit() {
                             tracing::warn!(server = name, unsaid, "at the cap of {max} connections: closing the longest-idle one to make room");
@@ -345,9 +342,7 @@ async fn accept_loop<F, Fut>(
                     Ok((id, ())) => *id,
                     Err(e) => e.id(),
                 };
-                if slots.remove(&id).is_some_and(|slot| slot.shed) {
-                    shedding -= 1;
-                }
+                slots.remove(&id);
                 log_failure(name, done.map(|_| ()));
             }
         }
@@ -364,6 +359,13 @@ async fn accept_loop<F, Fut>(
         conns.shutdown().await;
     }
     tracing::info!(server = name, ?addr, "stopped");
+}
+
+/// Connections that count against the cap: all but those told to close that are on their way out (still
+/// idle). One told to close just as its next request arrives may serve that request first (its wait prefers
+/// input to the signal), and counts until it is done.
+fn live(slots: &HashMap<tokio::task::Id, Slot>) -> usize {
+    slots.values().filter(|slot| !slot.shed || slot.activity.mark.load(Ordering::Relaxed) == BUSY).count()
 }
 
 /// The idle connection to close first (see [`Activity`]), among those not already told to close.
