@@ -19,6 +19,9 @@ nof_heartbeat_failures = 5
 enable_multi_tenants = true
 placement_policy = "local-first"
 poll_us = 0
+max_connections = 2000
+frame_timeout_ms = 5000
+frame_budget = "64MiB"
 [node]
 segment_size = "64MiB"
 advertise = "node-1.example"
@@ -26,6 +29,8 @@ segments = 2
 prefault = false
 poll_us = 20
 threads = 3
+max_connections = 1000
+frame_timeout_ms = 20000
 [client]
 replicas = 2
 stripe_size = "1MiB"
@@ -63,6 +68,14 @@ pub struct ServerSection {
     pub advertise: Option<String>,
     /// Microseconds an idle RPC connection polls for its next request before parking (0 = never).
     pub poll_us: Option<u64>,
+    /// Most RPC connections served at once (default 4096, lowered to fit the open-file limit).
+    pub max_connections: Option<usize>,
+    /// Milliseconds a peer may take over its hello, the rest of a frame it started, or taking a reply
+    /// (default 10000).
+    pub frame_timeout_ms: Option<u64>,
+    /// Bytes of large frames (over 16 KiB) all RPC connections may hold at once, e.g. "32MiB" (the default; at
+    /// least one 16 MiB frame).
+    pub frame_budget: Option<String>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,
@@ -97,6 +110,11 @@ pub struct NodeSection {
     pub poll_us: Option<u64>,
     /// Runtime threads of `crescent node` and `up` (default: half the CPUs, at least one; 1 = single-threaded).
     pub threads: Option<usize>,
+    /// Most data-plane connections served at once (default 4096, lowered to fit the open-file limit).
+    pub max_connections: Option<usize>,
+    /// Milliseconds a peer may take over its hello, the rest of a frame it started, or taking a reply
+    /// (default 30000).
+    pub frame_timeout_ms: Option<u64>,
 }
 
 /// Settings of client commands.
@@ -148,11 +166,13 @@ impl FileConfig {
         if let Some(key) = file.server.unknown.keys().next() {
             anyhow::bail!("unknown key `{key}` in [server]");
         }
-        for (name, size) in
-            [("stripe_size", &file.client.stripe_size), ("write_stripe_size", &file.client.write_stripe_size)]
-        {
+        for (name, size) in [
+            ("[client] stripe_size", &file.client.stripe_size),
+            ("[client] write_stripe_size", &file.client.write_stripe_size),
+            ("[server] frame_budget", &file.server.frame_budget),
+        ] {
             if let Some(s) = size {
-                crate::parse_size(s).map_err(|e| anyhow::anyhow!("[client] {name}: {e}"))?;
+                crate::parse_size(s).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             }
         }
         if let Some(t) = &file.client.request_timeout {
@@ -236,6 +256,10 @@ mod tests {
         assert_eq!(g.master, "10.0.0.1:1");
         assert_eq!(g.client_config().replicate.replica_num, 2);
         assert_eq!((f.server.poll_us, f.node.poll_us), (Some(0), Some(20)));
+        assert_eq!((f.server.max_connections, f.server.frame_timeout_ms), (Some(2000), Some(5000)));
+        assert_eq!((f.node.max_connections, f.node.frame_timeout_ms), (Some(1000), Some(20000)));
+        assert_eq!(f.server.frame_budget.as_deref(), Some("64MiB"));
+        assert!(FileConfig::parse("[server]\nframe_budget = \"lots\"\n").is_err());
         let c = g.client_config();
         assert_eq!((c.transfer.stripe_size, c.transfer.write_stripe_size), (1 << 20, 8 << 20));
         assert_eq!((c.poll_window, c.transfer.poll_window), (Duration::from_micros(7), Duration::from_micros(7)));

@@ -7,7 +7,7 @@ use crate::config::{
 };
 use anyhow::{Context, Result, anyhow};
 use crescent_master::placement::PlacementPolicy;
-use crescent_master::server::MasterServer;
+use crescent_master::server::{MasterServer, RpcLimits};
 use crescent_master::service::MasterConfig;
 use crescent_node::{Backoff, NodeConfig, StorageNode};
 use std::net::SocketAddr;
@@ -67,6 +67,27 @@ pub struct MasterArgs {
         MasterConfig::default().placement_policy,
     ))]
     placement: Option<PlacementPolicy>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// Connection limits of a server (`master`, `node`; also `max_connections` and `frame_timeout_ms` under
+/// `[server]` and `[node]`).
+#[derive(clap::Args, Debug, Default)]
+pub struct LimitArgs {
+    /// Most connections served at once.
+    #[arg(long, help = dflt(
+        "Most connections served at once (lowered to fit `ulimit -n`); at the cap the longest-idle one is closed \
+         to make room, or a newcomer refused when all are busy",
+        crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
+    ))]
+    max_connections: Option<usize>,
+    /// Milliseconds a peer may take over its hello, the rest of a frame it started, or taking a reply.
+    #[arg(long, help = dflt(
+        "Milliseconds a peer may take over its hello, the rest of a frame it started, or taking a reply",
+        "10000 for the master, 30000 for a node",
+    ))]
+    frame_timeout_ms: Option<u64>,
 }
 
 /// A node's segments (`node`, and the node inside `up`; each also settable under `[node]`).
@@ -106,6 +127,8 @@ pub struct NodeArgs {
     /// Keep serving reads this long after SIGTERM before unmounting (ms).
     #[arg(long, help = dflt("Keep serving reads this long after SIGTERM before unmounting (ms)", DEFAULT_SHUTDOWN_GRACE_MS))]
     shutdown_grace_ms: Option<u64>,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 /// `up` flags: the master's, plus the embedded node's segments.
@@ -127,6 +150,23 @@ fn dflt(help: &str, default: impl std::fmt::Display) -> String {
 
 fn addr(s: &str) -> Result<SocketAddr> {
     s.parse().with_context(|| format!("invalid address {s:?}"))
+}
+
+/// The master RPC server's connection limits: flags over `[server]` over defaults.
+fn rpc_limits(a: &LimitArgs, file: &FileConfig) -> Result<RpcLimits> {
+    let f = &file.server;
+    let mut limits = RpcLimits::default();
+    if let Some(n) = a.max_connections.or(f.max_connections) {
+        limits.max_connections = n;
+    }
+    if let Some(ms) = a.frame_timeout_ms.or(f.frame_timeout_ms) {
+        limits.frame_timeout = Duration::from_millis(ms);
+    }
+    if let Some(size) = f.frame_budget.as_deref() {
+        limits.frame_budget =
+            usize::try_from(crate::parse_size(size).map_err(|e| anyhow!("[server] frame_budget: {e}"))?)?;
+    }
+    Ok(limits)
 }
 
 fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
@@ -188,10 +228,12 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
     };
     let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
+    let limits = rpc_limits(&a.limits, file)?;
     let server = MasterServer::builder(config.clone())
         .rpc_addr(listen)
         .admin_addr(Some(admin))
         .poll_window(poll)
+        .limits(limits)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
@@ -201,9 +243,13 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         None => None,
     };
     tracing::info!(
-        "master listening on {} (advertised as {advertised}), admin {}, poll {poll:?}; {config:?}",
+        "master listening on {} (advertised as {advertised}), admin {}, poll {poll:?}, at most {} connections, \
+         frame timeout {:?}, large-frame budget {}; {config:?}",
         server.rpc_addr(),
         admin.map_or("off".to_owned(), |a| a.to_string()),
+        server.rpc_stats().max_connections,
+        limits.frame_timeout,
+        crate::ops::fmt_bytes(limits.frame_budget as u64),
     );
     Ok(Started { server, advertised, admin })
 }
@@ -226,13 +272,20 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     c.poll_window = Duration::ZERO;
     // A master that is not up yet (started after the node, or restarting) is waited for.
     c.master_retry = Some(Backoff::default());
+    if let Some(max) = a.limits.max_connections.or(n.max_connections) {
+        c.max_connections = max;
+    }
+    if let Some(ms) = a.limits.frame_timeout_ms.or(n.frame_timeout_ms) {
+        c.frame_timeout = Duration::from_millis(ms);
+    }
     Ok(c)
 }
 
 /// One start-up line with a node's effective settings.
 fn log_node_config(c: &NodeConfig) {
     tracing::info!(
-        "node starting: master {}, listen {}, advertise {}, {} × {} segment{}, memfd {}, prefault {}, host {}",
+        "node starting: master {}, listen {}, advertise {}, {} × {} segment{}, memfd {}, prefault {}, host {}, \
+         at most {} connections, frame timeout {:?}",
         c.master,
         c.listen,
         c.advertise.as_deref().unwrap_or("(auto)"),
@@ -242,6 +295,8 @@ fn log_node_config(c: &NodeConfig) {
         c.memfd,
         c.prefault,
         c.host_id.as_deref().unwrap_or("(advertised IP)"),
+        crescent_net::accept::fitting_cap(c.max_connections),
+        c.frame_timeout,
     );
 }
 
@@ -307,6 +362,7 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
         advertise: a.master.advertise.clone(),
         segments: a.segments,
         shutdown_grace_ms: None,
+        limits: LimitArgs::default(),
     };
     let listen = SocketAddr::new(m.server.rpc_addr().ip(), 0);
     let config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;

@@ -1,11 +1,15 @@
 //! Connection plumbing shared by every Crescent server and client: what happens on a socket before and around
 //! the requests, so the master's RPC server, the storage nodes' transfer server and both clients do it one way.
 //!
-//! * [`accept`]: the accept loop (a task per connection kept in a `JoinSet`, back-off on accept errors,
-//!   connections told to stop and drained on shutdown) and the [`ServerHandle`] that stops it.
+//! * [`accept`]: the accept loop (a task per connection kept in a `JoinSet`, a connection cap that closes the
+//!   longest-idle connection to make room or refuses a newcomer, exponential back-off on accept errors with
+//!   rate-limited warnings, connections told to stop and drained on shutdown) and the [`ServerHandle`] that
+//!   stops it.
 //! * [`hello`]: the hello handshake, client side ([`hello::open`]) and server side ([`hello::answer`]).
 //! * [`frame`]: reading frames in steps (prefix checked against the limit first, header, payload wherever it
 //!   belongs), vectored writes, and [`frame::refuse`], the last frame of a connection that broke the protocol.
+//! * [`inbound`]: whole frames a server reads without letting a peer pin its memory (a small allowance per
+//!   connection, larger frames within a budget shared by all, buffers released after a large frame).
 //! * [`poll`]: bounded busy-polling before a waiting end parks, the per-process poll gate, and the idle set a
 //!   runtime polls before it sleeps.
 //! * [`advertise`]: the address a server advertises when it listens on an unspecified one.
@@ -17,7 +21,8 @@ pub mod accept;
 pub mod advertise;
 pub mod frame;
 pub mod hello;
+pub mod inbound;
 pub mod poll;
 pub mod reader;
 
-pub use accept::{ServerHandle, Shutdown, Stopping};
+pub use accept::{AcceptStats, ServerHandle, Shutdown, Stopping};

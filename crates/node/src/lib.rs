@@ -45,6 +45,11 @@ pub struct NodeConfig {
     /// Retry the first mount while the master cannot be reached (it may start after the node, as under
     /// systemd or Kubernetes); `None` fails at once.
     pub master_retry: Option<Backoff>,
+    /// Most data-plane connections served at once (lowered to fit the open-file limit); at the cap the
+    /// longest-idle connection is closed to make room (see `TransferServer::with_max_connections`).
+    pub max_connections: usize,
+    /// How long a peer may take over its hello, over the rest of a frame it started, and to take a reply.
+    pub frame_timeout: Duration,
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -79,6 +84,8 @@ impl NodeConfig {
             prefault: true,
             poll_window: Duration::ZERO,
             master_retry: None,
+            max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
+            frame_timeout: crescent_transfer::DEFAULT_SERVER_IO_TIMEOUT,
         }
     }
 }
@@ -189,7 +196,9 @@ impl StorageNode {
     pub async fn start_with(config: NodeConfig, registry: SegmentRegistry) -> Result<StorageNode, ClientError> {
         let server = TransferServer::bind(config.listen, registry.clone())
             .map_err(crescent_proto::wire::WireError::Io)?
-            .with_poll_window(config.poll_window);
+            .with_poll_window(config.poll_window)
+            .with_max_connections(config.max_connections)
+            .with_io_timeout(config.frame_timeout);
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
             .map_err(crescent_proto::wire::WireError::Io)?;
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());

@@ -16,7 +16,9 @@
 //! closed: it is bounded by the frame limit, and skipping keeps a pooled connection alive for the next request.
 //! A frame that breaks the protocol (oversized length, header longer than the frame, undecodable header,
 //! request id 0) gets an `ErrorFrame` under request id 0 and closes that connection only; a frame stalled
-//! half-way for longer than the I/O timeout closes it too.
+//! half-way for longer than the I/O timeout closes it too. The connections are capped
+//! ([`TransferServer::with_max_connections`]): idle ones (pooled lanes, peers that never said hello) cannot
+//! keep a newcomer out, the longest-idle is closed to make room.
 
 use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
@@ -68,6 +70,12 @@ pub struct ServerStats {
     pub open: usize,
     /// Connections closed for breaking the protocol.
     pub malformed: u64,
+    /// The connection cap in force (the configured one, lowered to fit the open-file limit).
+    pub max_connections: usize,
+    /// Idle connections closed to make room for a newcomer at the cap.
+    pub shed: u64,
+    /// Newcomers refused at the cap because every connection was busy.
+    pub refused: u64,
 }
 
 /// A bound, not yet running, transfer server.
@@ -79,6 +87,8 @@ pub struct TransferServer {
     io_timeout: Duration,
     /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
+    /// Most connections served at once (see `crescent_net::accept`).
+    max_connections: usize,
 }
 
 impl TransferServer {
@@ -101,12 +111,22 @@ impl TransferServer {
             segments,
             io_timeout: DEFAULT_SERVER_IO_TIMEOUT,
             poll_window: Duration::ZERO,
+            max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
         })
     }
 
     /// Sets the deadline for finishing a frame once started (and for the hello); idle connections never time out.
     pub fn with_io_timeout(mut self, io_timeout: Duration) -> Self {
         self.io_timeout = io_timeout;
+        self
+    }
+
+    /// Sets the most connections served at once (lowered to fit the open-file limit). At the cap, the
+    /// connection that has waited longest for its next request (or its hello) is closed to make room for a
+    /// newcomer (a client's idle pooled lane notices and dials again); when all are busy, the newcomer is
+    /// refused with `UNAVAILABLE_IN_CURRENT_STATUS`.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
         self
     }
 
@@ -126,14 +146,15 @@ impl TransferServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
-        let TransferServer { listener, segments, io_timeout, poll_window, .. } = self;
+        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, .. } = self;
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
-        let inner = crescent_net::accept::spawn("transfer", listener, move |stream, peer, shutdown| {
-            c.accepted.fetch_add(1, Ordering::Relaxed);
-            let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-            serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone())
-        })?;
+        let inner =
+            crescent_net::accept::spawn("transfer", listener, max_connections, move |stream, peer, shutdown| {
+                c.accepted.fetch_add(1, Ordering::Relaxed);
+                let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
+                serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone())
+            })?;
         Ok(TransferServerHandle { inner, counters })
     }
 }
@@ -154,10 +175,14 @@ impl TransferServerHandle {
 
     /// The server's counters.
     pub fn stats(&self) -> ServerStats {
+        let accept = self.inner.stats();
         ServerStats {
             accepted: self.counters.accepted.load(Ordering::Relaxed),
             open: self.counters.open.load(Ordering::Relaxed),
             malformed: self.counters.malformed.load(Ordering::Relaxed),
+            max_connections: accept.max_connections,
+            shed: accept.shed,
+            refused: accept.refused,
         }
     }
 
@@ -271,7 +296,14 @@ impl Connection {
     }
 
     async fn run(&mut self) -> Result<(), Close> {
-        match hello::answer(&mut self.io, Limits::DATA, self.io_timeout).await {
+        // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
+        let hello = tokio::select! {
+            biased;
+            hello = hello::answer(&mut self.io, Limits::DATA, self.io_timeout) => hello,
+            () = &mut self.stopping => return Ok(()),
+        };
+        self.shutdown.busy();
+        match hello {
             Ok(Some(_)) => {}
             Ok(None) => return Ok(()),
             Err(HandshakeError::Protocol(e)) => {
@@ -296,14 +328,21 @@ impl Connection {
             }
             // Idle connections (pooled lanes) wait here without a deadline; once a frame starts, all of it
             // (and its reply) must happen within the I/O timeout.
-            if self.io.buffer().is_empty() {
+            // A connection that waits says so: at the connection cap the longest-waiting one is closed to
+            // make room.
+            let waits = self.io.buffer().is_empty();
+            if waits {
                 self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.poll_window);
+                self.shutdown.idle();
             }
             let started = tokio::select! {
                 biased;
                 started = frames::frame_starts(&mut self.io) => started?,
                 () = &mut self.stopping => false,
             };
+            if waits {
+                self.shutdown.busy();
+            }
             if !started {
                 return Ok(());
             }

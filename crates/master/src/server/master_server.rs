@@ -3,7 +3,7 @@
 
 use super::admin::AdminServer;
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
-use super::rpc::{RpcMetrics, RpcServer, RpcServerHandle};
+use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use crate::clock::{Clock, SystemClock};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_proto::ErrorCode;
@@ -40,6 +40,7 @@ pub struct MasterServerBuilder {
     rpc: SocketAddr,
     admin: Option<SocketAddr>,
     poll_window: Duration,
+    limits: RpcLimits,
     background: bool,
     nof_prober: Option<Arc<dyn NofProber>>,
 }
@@ -70,6 +71,13 @@ impl MasterServerBuilder {
         self
     }
 
+    /// What the RPC server allows its connections: how many at once, how long a started frame may take, how
+    /// many bytes of large frames all may hold (default [`RpcLimits::default`]).
+    pub fn limits(mut self, limits: RpcLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Whether the background loop (eviction, liveness, graceful unmounts, delayed releases) runs on its own
     /// thread, and the NoF heartbeat task on the runtime (default true; a test on a manual clock steps the
     /// service itself).
@@ -97,7 +105,8 @@ impl MasterServerBuilder {
         // Started once every listener is bound, so a failed start has no thread to join.
         let background =
             if self.background { Some(svc.spawn_background().map_err(StartError::Background)?) } else { None };
-        let rpc = rpc.with_poll_window(self.poll_window).spawn().map_err(bind("rpc", self.rpc))?;
+        let rpc =
+            rpc.with_poll_window(self.poll_window).with_limits(self.limits).spawn().map_err(bind("rpc", self.rpc))?;
         let nof_heartbeat = self.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
             let prober = self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
@@ -134,6 +143,7 @@ impl MasterServer {
             rpc: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin: None,
             poll_window: crescent_net::poll::DEFAULT_POLL_WINDOW,
+            limits: RpcLimits::default(),
             background: true,
             nof_prober: None,
         }
@@ -142,6 +152,11 @@ impl MasterServer {
     /// Where the RPC server listens.
     pub fn rpc_addr(&self) -> SocketAddr {
         self.rpc.local_addr()
+    }
+
+    /// The RPC accept loop's counts (the connection cap in force, connections closed to make room, refused).
+    pub fn rpc_stats(&self) -> crescent_net::AcceptStats {
+        self.rpc.stats()
     }
 
     /// Where the admin HTTP listens, if it runs.

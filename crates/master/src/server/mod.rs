@@ -12,4 +12,4 @@ mod rpc;
 pub use admin::{AdminServer, admin_router};
 pub use master_server::{MasterServer, MasterServerBuilder, StartError};
 pub use nof_heartbeat::{NOF_HEARTBEAT_TICK, NofProber, TransferProber};
-pub use rpc::{RpcMetrics, RpcServer, RpcServerHandle, dispatch};
+pub use rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle, dispatch};

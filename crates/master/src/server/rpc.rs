@@ -1,21 +1,28 @@
 //! The RPC server: one task per connection; hello, then requests answered in order under their request ids
-//! (clients pipeline; a client wanting parallelism opens several connections). A malformed frame gets an
-//! error frame and closes that connection only.
+//! (clients pipeline; a client wanting parallelism opens several connections). A malformed frame (or a
+//! request under the hello's id 0) gets an error frame and closes that connection only.
+//!
+//! No peer can pin the master's memory or tasks ([`RpcLimits`]): the hello is read under the 64 KiB hello
+//! limit within the frame deadline; after it, a connection buffers a small allowance of its own and a larger
+//! frame only within a budget all connections share (`crescent_net::inbound`), released with the frame; a
+//! frame once started, and the replies owed, must be done within the deadline or the connection is closed;
+//! the connections are capped (`crescent_net::accept`).
 
 use crate::service::MasterService;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use crescent_net::hello::{self, HandshakeError};
+use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
 use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, batch};
-use futures_util::{FutureExt, SinkExt, StreamExt};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::codec::Framed;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio_util::codec::Encoder;
 
 /// Per-operation request and failure counters, plus protocol errors.
 #[derive(Debug)]
@@ -211,6 +218,37 @@ fn may_block(svc: &MasterService, req: &MasterRequest) -> bool {
     }
 }
 
+/// What the RPC server allows its connections, and all of them together (see `docs/protocol.md`, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcLimits {
+    /// Most connections served at once (lowered to fit the open-file limit); at the cap the longest-idle
+    /// connection is closed to make room, or, when all are busy, the newcomer is refused.
+    pub max_connections: usize,
+    /// How long a peer may take over its hello, over the rest of a frame it started, and to take a reply;
+    /// past it the connection is closed.
+    pub frame_timeout: Duration,
+    /// Bytes of frames larger than the per-connection allowance (`crescent_net::inbound::ALLOWANCE`) that all
+    /// connections may hold at once; a larger frame waits for its share.
+    pub frame_budget: usize,
+}
+
+impl RpcLimits {
+    /// The default [`RpcLimits::frame_timeout`].
+    pub const DEFAULT_FRAME_TIMEOUT: Duration = hello::HELLO_TIMEOUT;
+    /// The default [`RpcLimits::frame_budget`]: two frames of the largest size.
+    pub const DEFAULT_FRAME_BUDGET: usize = 2 * Limits::CONTROL.max_frame as usize;
+}
+
+impl Default for RpcLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
+            frame_timeout: Self::DEFAULT_FRAME_TIMEOUT,
+            frame_budget: Self::DEFAULT_FRAME_BUDGET,
+        }
+    }
+}
+
 /// A bound, not yet running, RPC server.
 pub struct RpcServer {
     listener: TcpListener,
@@ -218,6 +256,7 @@ pub struct RpcServer {
     metrics: Arc<RpcMetrics>,
     /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
+    limits: RpcLimits,
 }
 
 /// A running RPC server; dropping it stops accepting and closes every connection.
@@ -230,6 +269,11 @@ impl RpcServerHandle {
         self.0.local_addr()
     }
 
+    /// The accept loop's counts (the connection cap in force, connections closed to make room, refused).
+    pub fn stats(&self) -> crescent_net::AcceptStats {
+        self.0.stats()
+    }
+
     /// Stops accepting, lets every connection finish the request in hand, and waits until all are gone.
     pub async fn shutdown(self) {
         self.0.shutdown().await;
@@ -239,12 +283,30 @@ impl RpcServerHandle {
 impl RpcServer {
     /// Binds `addr` (port 0 picks a free port).
     pub async fn bind(addr: SocketAddr, svc: Arc<MasterService>, metrics: Arc<RpcMetrics>) -> std::io::Result<Self> {
-        Ok(Self { listener: TcpListener::bind(addr).await?, svc, metrics, poll_window: poll::DEFAULT_POLL_WINDOW })
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        Ok(Self {
+            // A backlog as deep as the data plane's (mio's default is 128): a burst of connections waits there
+            // while the accept loop makes room for them, rather than having its SYNs dropped and retried a
+            // second later.
+            listener: socket.listen(1024)?,
+            svc,
+            metrics,
+            poll_window: poll::DEFAULT_POLL_WINDOW,
+            limits: RpcLimits::default(),
+        })
     }
 
     /// Sets how long an idle connection polls for its next request before parking; zero never polls.
     pub fn with_poll_window(mut self, window: Duration) -> Self {
         self.poll_window = window;
+        self
+    }
+
+    /// Sets what the server allows its connections.
+    pub fn with_limits(mut self, limits: RpcLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -255,38 +317,120 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let RpcServer { listener, svc, metrics, poll_window } = self;
-        let handle = crescent_net::accept::spawn("master rpc", listener, move |stream, peer, shutdown| {
-            metrics.connections.fetch_add(1, Ordering::Relaxed);
-            let (svc, metrics) = (svc.clone(), metrics.clone());
-            async move {
-                if let Err(e) = serve(stream, svc, metrics, shutdown, (&poll::PROCESS_GATE, poll_window)).await {
-                    tracing::debug!(%peer, error = %e, "connection closed");
+        let RpcServer { listener, svc, metrics, poll_window, limits } = self;
+        let shared = Arc::new(Shared {
+            svc,
+            metrics,
+            gate: &poll::PROCESS_GATE,
+            poll_window,
+            frame_timeout: limits.frame_timeout,
+            budget: FrameBudget::new(limits.frame_budget.max(Limits::CONTROL.max_frame as usize)),
+            trim: Arc::default(),
+        });
+        let handle = crescent_net::accept::spawn(
+            "master rpc",
+            listener,
+            limits.max_connections,
+            move |stream, peer, shutdown| {
+                shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
+                let shared = shared.clone();
+                async move {
+                    if let Err(e) = serve(stream, &shared, shutdown).await {
+                        tracing::debug!(%peer, error = %e, "connection closed");
+                    }
                 }
-            }
-        })?;
+            },
+        )?;
         Ok(RpcServerHandle(handle))
     }
 }
 
-/// Ends a connection that broke the protocol: counts it, then replies already queued, an error frame under
-/// request id 0, and a graceful close.
-async fn refuse(framed: &mut Framed<TcpStream, FrameCodec>, metrics: &RpcMetrics, e: WireError) -> WireError {
+/// What every connection of a server shares.
+struct Shared {
+    svc: Arc<MasterService>,
+    metrics: Arc<RpcMetrics>,
+    gate: &'static PollGate,
+    poll_window: Duration,
+    frame_timeout: Duration,
+    budget: FrameBudget,
+    trim: Arc<Trim>,
+}
+
+/// Replies queued while pipelined requests are buffered are written once they reach this many bytes.
+const MAX_PENDING_REPLIES: usize = 64 << 10;
+
+/// A reply buffer that grew past this for a large reply is released after it is written, with a [`Trim`].
+const RELEASE_ABOVE: usize = 1 << 20;
+
+/// Gives the memory of released reply buffers back to the OS within a quarter second. glibc keeps a freed
+/// buffer of a few MiB in its arenas (after the first one, which it maps and unmaps, it raises its mapping
+/// threshold), so a master that once wrote many large replies at once would stay at that peak; trimming after
+/// every large reply would cost a trim per reply under a stream of them. (Large request frames need none:
+/// they are read into memory mapped for them alone.)
+#[derive(Debug, Default)]
+struct Trim {
+    scheduled: AtomicBool,
+}
+
+impl Trim {
+    /// How long after the first large buffer freed the trim runs (later ones freed meanwhile join it).
+    const DELAY: Duration = Duration::from_millis(250);
+
+    fn schedule(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Self::DELAY).await;
+            this.scheduled.store(false, Ordering::Release);
+            // malloc_trim walks the whole heap: off the async workers.
+            let _ = tokio::task::spawn_blocking(crate::memory::release_free_memory).await;
+        });
+    }
+}
+
+/// Ends a connection that broke the protocol: counts it, then the replies already queued, an error frame
+/// under request id 0, and a graceful close.
+async fn refuse(stream: &mut TcpStream, pending: &[u8], metrics: &RpcMetrics, e: WireError) -> WireError {
     metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
-    let _ = framed.flush().await;
-    crescent_net::frame::refuse(framed.get_mut(), &[], &ErrorFrame { code: e.code(), message: e.to_string() }).await;
+    crescent_net::frame::refuse(stream, pending, &ErrorFrame { code: e.code(), message: e.to_string() }).await;
     e
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    svc: Arc<MasterService>,
-    metrics: Arc<RpcMetrics>,
-    shutdown: Shutdown,
-    (gate, poll_window): (&'static PollGate, Duration),
-) -> Result<(), WireError> {
+/// A peer that did not finish in time.
+fn timed_out(what: &str, limit: Duration) -> WireError {
+    WireError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} not done within {limit:?}")))
+}
+
+/// Writes the queued replies (within the deadline: a peer that does not take its replies is closed), and
+/// releases a buffer that grew for a large reply.
+async fn flush(stream: &mut TcpStream, out: &mut BytesMut, shared: &Shared) -> Result<(), WireError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    tokio::time::timeout(shared.frame_timeout, stream.write_all(out))
+        .await
+        .map_err(|_| timed_out("replies taken", shared.frame_timeout))??;
+    out.clear();
+    if out.capacity() > RELEASE_ABOVE {
+        *out = BytesMut::new();
+        shared.trim.schedule();
+    }
+    Ok(())
+}
+
+async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Result<(), WireError> {
+    let Shared { svc, metrics, gate, poll_window, frame_timeout, budget, .. } = shared;
     stream.set_nodelay(true)?;
-    match hello::answer(&mut stream, Limits::CONTROL, hello::HELLO_TIMEOUT).await {
+    let mut stopping = shutdown.clone().stopping();
+    // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
+    let hello = tokio::select! {
+        biased;
+        hello = hello::answer(&mut stream, Limits::CONTROL, *frame_timeout) => hello,
+        () = &mut stopping => return Ok(()),
+    };
+    match hello {
         Ok(Some(_)) => {}
         Ok(None) => return Ok(()),
         Err(HandshakeError::Protocol(e)) => {
@@ -295,51 +439,78 @@ async fn serve(
             return Err(e);
         }
         Err(HandshakeError::Io(e)) => return Err(WireError::Io(e)),
+        Err(HandshakeError::Timeout) => return Err(timed_out("hello", *frame_timeout)),
         Err(e) => return Err(WireError::Io(std::io::Error::other(e))),
     }
-    let mut framed = Framed::new(stream, FrameCodec::new(Limits::CONTROL));
+    shutdown.busy();
+    let mut inbound = Inbound::new(Limits::CONTROL);
+    let mut out = BytesMut::new();
+    let mut codec = FrameCodec::new(Limits::CONTROL);
     let mut adaptive = Adaptive::default();
-    let mut stopping = shutdown.clone().stopping();
     loop {
         if shutdown.is_stopping() {
-            let _ = framed.flush().await;
-            return Ok(());
+            return flush(&mut stream, &mut out, shared).await;
         }
         // A buffered request is served at once, its reply queued behind the previous ones: a client that
         // pipelines gets a burst of replies in one write. Otherwise flush, then poll briefly (the client's
         // next request usually follows within a round trip) before parking this task. (Reading what the poll
         // saw straight from the socket, as the client does, measured slower here: 49k vs 59k lookups/s.)
-        let frame = match framed.next().now_or_never() {
-            Some(f) => f,
-            None => {
-                framed.flush().await?;
-                adaptive.poll(gate, framed.get_ref(), poll_window);
-                tokio::select! {
+        let request = match inbound.ready(&stream) {
+            Ok(Ready::Frame(request)) => request,
+            Ok(Ready::Empty) => {
+                flush(&mut stream, &mut out, shared).await?;
+                adaptive.poll(gate, &stream, *poll_window);
+                shutdown.idle();
+                let woke = tokio::select! {
                     biased;
-                    f = framed.next() => f,
+                    woke = stream.readable() => woke,
                     () = &mut stopping => return Ok(()),
+                };
+                shutdown.busy();
+                woke?;
+                continue;
+            }
+            Ok(Ready::Closed) => return flush(&mut stream, &mut out, shared).await,
+            // A frame has started: all of it must come within the deadline (the replies owed go out first,
+            // the peer may wait for them before sending the rest).
+            Ok(Ready::Partial) => {
+                flush(&mut stream, &mut out, shared).await?;
+                match tokio::time::timeout(*frame_timeout, inbound.rest(&stream, budget)).await {
+                    Ok(Ok(request)) => request,
+                    Ok(Err(WireError::Io(e))) => return Err(WireError::Io(e)),
+                    Ok(Err(e)) => return Err(refuse(&mut stream, &out, metrics, e).await),
+                    Err(_) => return Err(timed_out("frame", *frame_timeout)),
                 }
             }
+            Err(WireError::Io(e)) => return Err(WireError::Io(e)),
+            Err(e) => return Err(refuse(&mut stream, &out, metrics, e).await),
         };
-        let frame = match frame {
-            None => return Ok(()),
-            Some(Ok(f)) => f,
-            Some(Err(e)) => return Err(refuse(&mut framed, &metrics, e).await),
-        };
-        let Envelope { id, body } = match frame.decode::<MasterRequest>() {
+        let Envelope { id, body } = match request.frame.decode::<MasterRequest>() {
             Ok(env) => env,
-            Err(e) => return Err(refuse(&mut framed, &metrics, e).await),
+            Err(e) => return Err(refuse(&mut stream, &out, metrics, e).await),
         };
+        if id == 0 {
+            let e = WireError::Malformed("request id 0 is reserved for the hello");
+            return Err(refuse(&mut stream, &out, metrics, e).await);
+        }
+        // A connection that has sent requests is among the last closed to make room at the cap (even when its
+        // first came pipelined behind its hello, without a wait).
+        shutdown.busy();
+        // The frame (its memory and share of the budget) goes once decoded: the request owns its data.
+        drop(request);
         let op = body.op();
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let reply = if multi_thread && may_block(&svc, &body) {
-            tokio::task::block_in_place(|| dispatch(&svc, &body))
+        let reply = if multi_thread && may_block(svc, &body) {
+            tokio::task::block_in_place(|| dispatch(svc, &body))
         } else {
-            dispatch(&svc, &body)
+            dispatch(svc, &body)
         };
         metrics.record(op, failed(&reply));
-        framed.feed(Frame::encode(id, &reply, Bytes::new())?).await?;
+        codec.encode(Frame::encode(id, &reply, Bytes::new())?, &mut out)?;
+        if out.len() >= MAX_PENDING_REPLIES {
+            flush(&mut stream, &mut out, shared).await?;
+        }
     }
 }
