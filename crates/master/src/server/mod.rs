@@ -4,6 +4,7 @@
 
 mod admin;
 mod explain;
+mod lister;
 mod master_server;
 mod rpc;
 

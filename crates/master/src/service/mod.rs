@@ -9,6 +9,7 @@
 
 mod clients;
 mod discard;
+pub mod listing;
 mod read;
 mod remove;
 mod segments;
