@@ -104,4 +104,14 @@ impl BlockingClient {
     pub fn list_keys(&self, prefix: &str, limit: u32) -> Result<Vec<String>, ClientError> {
         self.rt.block_on(self.client.list_keys(prefix, limit))
     }
+
+    /// See [`Client::list_keys_page`].
+    pub fn list_keys_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<crescent_proto::KeyPage, ClientError> {
+        self.rt.block_on(self.client.list_keys_page(prefix, after, limit))
+    }
 }

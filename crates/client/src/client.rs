@@ -18,14 +18,17 @@ use crescent_net::poll::InFlight;
 use crescent_proto::batch;
 use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
 use crescent_proto::{
-    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, LocalSsdInfo, MasterRequest, MasterResponse, ObjectStat,
-    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
+    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest, MasterResponse,
+    ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
 };
 use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Keys a listing asks for per page (the master also bounds a page by its bytes).
+const LIST_PAGE_KEYS: u32 = 16_384;
 
 /// Client settings.
 #[derive(Debug, Clone)]
@@ -1038,10 +1041,35 @@ impl Client {
         self.inner.master.call_expect(&req, pick).await
     }
 
-    /// Readable keys starting with `prefix` (sorted, at most `limit`).
+    /// Readable keys starting with `prefix` (sorted, at most `limit`), page by page ([`Client::list_keys_page`]),
+    /// so a listing of any size never needs a reply larger than a frame.
     pub async fn list_keys(&self, prefix: &str, limit: u32) -> Result<Vec<String>, ClientError> {
-        let req = MasterRequest::ListKeys { tenant: self.tenant(), prefix: prefix.to_owned(), limit };
-        self.inner.master.call_expect(&req, |r| if let MasterResponse::Keys(k) = r { Some(k) } else { None }).await
+        let mut keys = Vec::new();
+        let mut after: Option<String> = None;
+        while keys.len() < limit as usize {
+            let want = (limit - keys.len() as u32).min(LIST_PAGE_KEYS);
+            let page = self.list_keys_page(prefix, after.as_deref(), want).await?;
+            keys.extend(page.keys);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        keys.truncate(limit as usize);
+        Ok(keys)
+    }
+
+    /// One page of readable keys starting with `prefix`, sorted, strictly after `after` (`None`: from the
+    /// first), at most `limit` and at most what one reply carries; its `next` is the `after` of the following
+    /// page (`None`: no more). A key present for the whole listing is on exactly one page.
+    pub async fn list_keys_page(&self, prefix: &str, after: Option<&str>, limit: u32) -> Result<KeyPage, ClientError> {
+        let req = MasterRequest::ListKeysPage {
+            tenant: self.tenant(),
+            prefix: prefix.to_owned(),
+            after: after.map(str::to_owned),
+            limit,
+        };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::KeyPage(p) = r { Some(p) } else { None }).await
     }
 
     /// Every tenant with a quota policy or objects, sorted by id (a multi-tenant master only:

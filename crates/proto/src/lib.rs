@@ -29,7 +29,7 @@ pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 pub use rpc::{
-    ClientStatus, ClusterInfo, GetReplicaListResponse, LocalSsdInfo, MasterOp, MasterReply, MasterRequest,
+    ClientStatus, ClusterInfo, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterOp, MasterReply, MasterRequest,
     MasterResponse, ObjectStat, RemoveAllReport, TenantInfo,
 };
 pub use segment::{SegmentKind, SegmentSpec, SegmentStatus};

@@ -120,6 +120,15 @@ pub struct LocalSsdInfo {
     pub used: u64,
 }
 
+/// One page of a key listing (`ListKeysPage`): keys in byte order, and where the next page starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPage {
+    /// Readable keys after the request's `after`, in byte order.
+    pub keys: Vec<String>,
+    /// The cursor of the next page (the last key here): pass it as `after`. `None`: the listing is complete.
+    pub next: Option<String>,
+}
+
 /// A master request. Fields mean the same everywhere: `client` is the caller's id, `tenant` the raw tenant
 /// string (resolved by the master: `""` = default), `key` a user key, `force` bypasses read leases.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,6 +215,9 @@ pub enum MasterRequest {
     LocalSsdStatus { client: Option<ClientId> },
     /// Erases an explicit group whole (every member, or none if one may not go); answers `Count`.
     RemoveGroup { tenant: String, group: String, force: bool },
+    /// One page of the readable keys with a prefix, in byte order, strictly after `after` (`None`: from the
+    /// start), at most `limit` and at most what one reply frame carries ([`MasterResponse::KeyPage`]).
+    ListKeysPage { tenant: String, prefix: String, after: Option<String>, limit: u32 },
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -280,6 +292,7 @@ master_ops! {
     SetLocalSsdOffloading => "set_local_ssd_offloading",
     LocalSsdStatus => "local_ssd_status",
     RemoveGroup => "remove_group",
+    ListKeysPage => "list_keys_page",
 }
 
 impl MasterOp {
@@ -340,6 +353,8 @@ pub enum MasterResponse {
     Tenants(Vec<TenantInfo>),
     /// LocalSsdStatus, sorted by client id.
     LocalSsd(Vec<LocalSsdInfo>),
+    /// ListKeysPage.
+    KeyPage(KeyPage),
 }
 
 /// The reply to one request.
@@ -382,7 +397,9 @@ mod tests {
         assert_eq!(tag(&report), 25);
         assert_eq!(tag(&MasterRequest::ListTenants), 26);
         assert_eq!(tag(&MasterRequest::LocalSsdStatus { client: None }), 33);
-        assert_eq!(MasterOp::ALL.len(), 35, "one operation per request");
+        let page = MasterRequest::ListKeysPage { tenant: String::new(), prefix: String::new(), after: None, limit: 1 };
+        assert_eq!(tag(&page), 35);
+        assert_eq!(MasterOp::ALL.len(), 36, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {
@@ -404,6 +421,11 @@ mod tests {
             used: 5,
         }]));
         let f = Frame::encode(3, &reply, Bytes::new()).unwrap();
+        assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
+        let reply: MasterReply =
+            Ok(MasterResponse::KeyPage(KeyPage { keys: vec!["a".into()], next: Some("a".into()) }));
+        assert_eq!(postcard::to_allocvec(&reply).unwrap()[..2], [0, 17], "KeyPage is appended after LocalSsd");
+        let f = Frame::encode(4, &reply, Bytes::new()).unwrap();
         assert_eq!(f.decode::<MasterReply>().unwrap().body, reply);
     }
 }

@@ -221,7 +221,14 @@ impl ObjectIndex {
     /// Census: copies handles in chunks of at most `chunk` bucket slots under one shard's shared lock, calling
     /// `f` on each chunk with no lock held. Resumes by bucket index (removals do not move buckets); if a shard
     /// grew meanwhile its scan restarts, so every object routed for the whole census is visited at least once.
-    pub fn visit_chunks(&self, chunk: usize, mut f: impl FnMut(Vec<Arc<ObjectEntry>>)) {
+    pub fn visit_chunks(&self, chunk: usize, f: impl FnMut(Vec<Arc<ObjectEntry>>)) {
+        self.visit_matching(chunk, |_| true, f);
+    }
+
+    /// A census of the entries whose key `keep` admits: like [`ObjectIndex::visit_chunks`], but only admitted
+    /// handles are copied out of a shard (a listing with a prefix clones only the keys that have it). `keep`
+    /// runs under the shard's shared lock: it must be cheap and take no lock.
+    pub fn visit_matching(&self, chunk: usize, keep: impl Fn(&str) -> bool, mut f: impl FnMut(Vec<Arc<ObjectEntry>>)) {
         let chunk = chunk.max(1);
         for shard in self.routes.iter() {
             let mut cursor = 0usize;
@@ -234,7 +241,8 @@ impl ObjectIndex {
                         cursor = 0;
                     }
                     let end = (cursor + chunk).min(buckets);
-                    let batch = (cursor..end).filter_map(|i| t.get_bucket(i).cloned()).collect();
+                    let batch =
+                        (cursor..end).filter_map(|i| t.get_bucket(i).filter(|e| keep(e.key())).cloned()).collect();
                     cursor = end;
                     batch
                 };

@@ -1,4 +1,5 @@
-//! Admin HTTP (axum): `/metrics` (Prometheus text), `/health`, `/segments`, `/keys?tenant=&prefix=&limit=`,
+//! Admin HTTP (axum): `/metrics` (Prometheus text), `/health`, `/segments`,
+//! `/keys?tenant=&prefix=&limit=&cursor=` (one page of keys, streamed; on the listing thread, one at a time),
 //! tenant administration (`GET /tenants`, `PUT /tenants/{tenant}` with `?quota=10GiB` or a JSON body
 //! `{"quota_bytes": N}`, `DELETE /tenants/{tenant}`) and `GET /local-ssd`. The tenant and local SSD routes run
 //! the same requests as the RPCs (so they answer the same messages); a refusal is a JSON `{code, message}`
@@ -8,7 +9,7 @@ use super::rpc::RpcMetrics;
 use crate::metadata::{LockClass, lock_stats};
 use crate::service::MasterService;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -177,6 +178,9 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     );
     gauge(&mut r, "keys", "Objects stored", svc.key_count(None) as u64);
     gauge(&mut r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
+    let (listing, waiting) = super::lister::load();
+    gauge(&mut r, "key_listings_running", "Key listings scanning the index now (they take turns)", listing as u64);
+    gauge(&mut r, "key_listings_waiting", "Key listings waiting their turn", waiting as u64);
     let usage = svc.pool().usage(SegmentKind::Memory);
     gauge(&mut r, "memory_capacity_bytes", "Mounted memory capacity", usage.capacity);
     gauge(&mut r, "memory_used_bytes", "Memory used by replicas", usage.used);
@@ -251,17 +255,86 @@ struct KeysQuery {
     #[serde(default)]
     prefix: String,
     limit: Option<usize>,
+    /// Keys strictly after this one: the `next_cursor` of the previous page.
+    cursor: Option<String>,
 }
 
-async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Response {
-    let limit = q.limit.unwrap_or(10_000).min(1_000_000);
-    match s.svc.list_keys(&q.tenant, &q.prefix, limit) {
-        Ok(keys) => Json(serde_json::json!({ "keys": keys })).into_response(),
-        Err(code) => (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "success": false, "error_code": code.as_i32(), "error": code.name() })),
+/// `GET /keys`: `{"keys": [...], "next_cursor": KEY | null}`, one page (`limit`, default 10 000, at most
+/// 1 000 000, and at most what an RPC reply carries); `next_cursor` passed as `cursor` gives the next page.
+/// The listing runs on the listing thread, one at a time (a request that waited its turn 10 s, or finds 64
+/// waiting, is answered 503); the body is serialised a chunk at a time as it is sent.
+async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Result<Response, Response> {
+    let limit = q.limit.unwrap_or(10_000).min(1_000_000) as u32;
+    let req = MasterRequest::ListKeysPage { tenant: q.tenant, prefix: q.prefix, after: q.cursor, limit };
+    let svc = s.svc.clone();
+    let reply = match super::lister::run(move || super::rpc::dispatch(&svc, &req)).await {
+        Ok(reply) => reply,
+        Err(ErrorCode::UnavailableInCurrentStatus) => return Err(busy()),
+        Err(code) => Err(ErrorFrame { code, message: "the key listing failed".into() }),
+    };
+    match reply.map_err(refused)? {
+        MasterResponse::KeyPage(page) => Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from_stream(futures_util::stream::iter(KeysJson::new(page))),
         )
-            .into_response(),
+            .into_response()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// 503: other listings kept the master busy.
+fn busy() -> Response {
+    let mut r =
+        refused(ErrorFrame { code: ErrorCode::UnavailableInCurrentStatus, message: super::lister::busy_message() });
+    r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
+}
+
+/// A `/keys` page as JSON, serialised about [`KeysJson::CHUNK`] bytes at a time as the body is sent.
+struct KeysJson {
+    keys: std::vec::IntoIter<String>,
+    /// The cursor of the next page, until the closing part of the body is written.
+    next: Option<Option<String>>,
+    opened: bool,
+    first: bool,
+}
+
+impl KeysJson {
+    const CHUNK: usize = 64 << 10;
+
+    fn new(page: crescent_proto::KeyPage) -> Self {
+        Self { keys: page.keys.into_iter(), next: Some(page.next), opened: false, first: true }
+    }
+}
+
+impl Iterator for KeysJson {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.next.as_ref()?;
+        let mut buf = Vec::with_capacity(Self::CHUNK + (8 << 10));
+        if !std::mem::replace(&mut self.opened, true) {
+            buf.extend_from_slice(b"{\"keys\":[");
+        }
+        // Serialising a string into a Vec cannot fail.
+        while buf.len() < Self::CHUNK {
+            match self.keys.next() {
+                Some(k) => {
+                    if !std::mem::replace(&mut self.first, false) {
+                        buf.push(b',');
+                    }
+                    let _ = serde_json::to_writer(&mut buf, &k);
+                }
+                None => {
+                    buf.extend_from_slice(b"],\"next_cursor\":");
+                    let _ = serde_json::to_writer(&mut buf, next);
+                    buf.push(b'}');
+                    self.next = None;
+                    break;
+                }
+            }
+        }
+        Some(Ok(Bytes::from(buf)))
     }
 }
 
@@ -273,6 +346,7 @@ fn refused(e: ErrorFrame) -> Response {
             StatusCode::NOT_FOUND
         }
         ErrorCode::TenantNotEmpty | ErrorCode::UnavailableInCurrentMode => StatusCode::CONFLICT,
+        ErrorCode::UnavailableInCurrentStatus => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     (status, Json(serde_json::json!({ "code": e.code.name(), "message": e.message }))).into_response()
@@ -384,6 +458,7 @@ mod tests {
     use crate::clock::{ManualClock, Timestamp};
     use crate::service::MasterConfig;
     use crescent_proto::{ClientId, MasterOp, ReplicateConfig};
+    use std::time::Duration;
 
     #[test]
     fn metrics_export_every_operation_and_the_per_key_counters() {
@@ -406,6 +481,8 @@ mod tests {
             r#"crescent_master_key_failures_total{op="get_replica_list"} 1"#,
             "crescent_master_keys 1",
             "crescent_master_nof_unmounted_segments_total 0",
+            "crescent_master_key_listings_running 0",
+            "crescent_master_key_listings_waiting 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -441,5 +518,59 @@ mod tests {
         let text = render_metrics(&svc, &RpcMetrics::default());
         let line = "crescent_master_nof_unmounted_segments_total 1";
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+
+    /// One HTTP/1.1 GET on a fresh connection: the status and the body (as sent: possibly chunked).
+    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        (head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_owned())
+    }
+
+    /// The admin server and this test share one thread (a current-thread runtime): if a listing, or its wait
+    /// for its turn, ran on a request worker, nothing else could be answered until it ended. Waiting listings
+    /// take no thread at all: they wait for the listing thread asleep, in order.
+    #[tokio::test]
+    async fn a_listing_waiting_its_turn_holds_no_request_worker() {
+        let svc = Arc::new(MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
+        let w = ClientId::random();
+        for k in ["a", "b", "b&c=d é", "c"] {
+            svc.put_start(w, "", k, 1, &ReplicateConfig::default()).unwrap();
+            svc.put_end(w, "", k, None).unwrap();
+        }
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let admin = AdminServer::start(any, svc.clone(), Arc::new(RpcMetrics::default())).await.unwrap();
+        let addr = admin.local_addr();
+        let _turn = super::super::lister::TEST_TURNS.lock().await;
+        // Another listing holds the listing thread.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::spawn(super::super::lister::run(move || held.recv().is_ok()));
+        let load = super::super::lister::load;
+        assert!(crescent_testkit::eventually(Duration::from_secs(10), || async { load() == (1, 0) }).await);
+        let waiting: Vec<_> = (0..4).map(|_| tokio::spawn(get(addr, "/keys?limit=2"))).collect();
+        assert!(crescent_testkit::eventually(Duration::from_secs(10), || async { load() == (1, 4) }).await);
+        let health = tokio::time::timeout(Duration::from_secs(5), get(addr, "/health")).await;
+        assert_eq!(health.map(|(status, _)| status).ok(), Some(200), "answered while the listings wait");
+        release.send(()).unwrap();
+        assert_eq!(blocker.await.unwrap(), Ok(true));
+        for w in waiting {
+            let (status, body) = w.await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains(r#"{"keys":["a","b"],"next_cursor":"b"}"#), "{body}");
+        }
+        // The cursor is the last key, URL-encoded.
+        let (status, body) = get(addr, "/keys?cursor=b&limit=1").await;
+        assert!(status == 200 && body.contains(r#"{"keys":["b&c=d é"],"next_cursor":"b&c=d é"}"#), "{body}");
+        let (status, body) = get(addr, "/keys?cursor=b%26c%3Dd%20%C3%A9").await;
+        assert!(status == 200 && body.contains(r#"{"keys":["c"],"next_cursor":null}"#), "{body}");
+        let (status, body) = get(addr, "/keys?limit=0").await;
+        assert!(status == 400 && body.contains("INVALID_PARAMS"), "{body}");
+        assert_eq!(load(), (0, 0));
     }
 }

@@ -92,8 +92,17 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
         (ErrorCode::ReplicaIsNotReady, R::RemoveGroup { group, .. }) => {
             format!("a member of group {group:?} is still being written")
         }
-        (ErrorCode::TenantNotRegistered, R::ListKeys { tenant, .. } | R::RemoveByRegex { tenant, .. }) => {
+        (
+            ErrorCode::TenantNotRegistered,
+            R::ListKeys { tenant, .. } | R::ListKeysPage { tenant, .. } | R::RemoveByRegex { tenant, .. },
+        ) => {
             format!("tenant {tenant:?} is not registered")
+        }
+        (ErrorCode::InvalidParams, R::ListKeysPage { limit: 0, .. }) => "a page holds at least one key: give a \
+            limit of 1 or more"
+            .into(),
+        (ErrorCode::InvalidParams, R::ListKeys { tenant, .. } | R::ListKeysPage { tenant, .. }) => {
+            TenantId::new(tenant).err().map_or_else(|| format!("tenant {tenant:?}"), |e| e.to_string())
         }
         (_, R::ListTenants | R::SetTenantQuota { .. } | R::RemoveTenant { .. }) => explain_tenant_admin(svc, req, code),
         (

@@ -5,6 +5,7 @@
 
 mod admin;
 mod explain;
+mod lister;
 mod master_server;
 mod nof_heartbeat;
 mod rpc;

@@ -9,6 +9,7 @@
 //! the connections are capped (`crescent_net::accept`).
 
 use crate::service::MasterService;
+use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
@@ -185,6 +186,9 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
         }
         R::LocalSsdStatus { client } => svc.local_ssd_status(*client).map(A::LocalSsd),
         R::RemoveGroup { tenant, group, force } => svc.remove_group(tenant, group, *force).map(A::Count),
+        R::ListKeysPage { tenant, prefix, after, limit } => {
+            svc.list_keys_page(tenant, prefix, after.as_deref(), *limit as usize, LIST_REPLY_BYTES).map(A::KeyPage)
+        }
     }
 }
 
@@ -211,7 +215,6 @@ fn may_block(svc: &MasterService, req: &MasterRequest) -> bool {
         MasterRequest::RemoveAll { .. }
         | MasterRequest::RemoveByRegex { .. }
         | MasterRequest::UnmountSegment { .. }
-        | MasterRequest::ListKeys { .. }
         // A tenant teardown may wait (briefly) for the writes it drains.
         | MasterRequest::RemoveTenant { .. } => true,
         _ => false,
@@ -502,15 +505,74 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let reply = if multi_thread && may_block(svc, &body) {
+        let reply = if is_listing(&body) {
+            // A listing visits the whole index and may wait its turn: on the listing thread, so it holds no
+            // worker on any runtime (inside `crescent up` the master's only thread is the node's too).
+            let svc = svc.clone();
+            super::lister::run(move || dispatch(&svc, &body)).await.unwrap_or_else(|code| {
+                let message = if code == ErrorCode::UnavailableInCurrentStatus {
+                    super::lister::busy_message()
+                } else {
+                    "the key listing failed".into()
+                };
+                Err(ErrorFrame { code, message })
+            })
+        } else if multi_thread && may_block(svc, &body) {
             tokio::task::block_in_place(|| dispatch(svc, &body))
         } else {
             dispatch(svc, &body)
         };
-        metrics.record(op, failed(&reply));
-        codec.encode(Frame::encode(id, &reply, Bytes::new())?, &mut out)?;
+        let (frame, failed) = reply_frame(id, op, &reply)?;
+        metrics.record(op, failed);
+        codec.encode(frame, &mut out)?;
         if out.len() >= MAX_PENDING_REPLIES {
             flush(&mut stream, &mut out, shared).await?;
         }
+    }
+}
+
+/// Requests that list keys (run on the listing thread, see `serve`).
+fn is_listing(req: &MasterRequest) -> bool {
+    matches!(req, MasterRequest::ListKeys { .. } | MasterRequest::ListKeysPage { .. })
+}
+
+/// The frame of a reply and whether it counts as a failure. A reply too large for a control frame could
+/// never be sent (the connection would close with it): it is answered `BUFFER_OVERFLOW` instead, counted a
+/// failure, and the connection lives on.
+fn reply_frame(id: u64, op: MasterOp, reply: &MasterReply) -> Result<(Frame, bool), WireError> {
+    let max = Limits::CONTROL.max_frame as usize;
+    let header = postcard::to_stdvec(&Envelope { id, body: reply }).map_err(|e| WireError::Decode(e.to_string()))?;
+    // The frame's length field counts the header's length field and the header (no payload).
+    let len = 4 + header.len();
+    if len <= max {
+        return Ok((Frame { header: Bytes::from(header), payload: Bytes::new() }, failed(reply)));
+    }
+    tracing::warn!(op = op.name(), bytes = len, "a reply larger than a frame was answered BUFFER_OVERFLOW");
+    let refusal: MasterReply = Err(ErrorFrame {
+        code: ErrorCode::BufferOverflow,
+        message: format!("the {} reply is {len} bytes, more than the {max} a frame may carry", op.name()),
+    });
+    Ok((Frame::encode(id, &refusal, Bytes::new())?, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_larger_than_a_frame_is_refused_and_counted_a_failure() {
+        let big: MasterReply = Ok(MasterResponse::Keys(vec!["k".repeat(4096); 4500]));
+        let (frame, failed) = reply_frame(7, MasterOp::ListKeys, &big).unwrap();
+        assert!(failed, "an unsendable reply is no success");
+        let back = frame.decode::<MasterReply>().unwrap();
+        assert_eq!(back.id, 7);
+        let refusal = back.body.unwrap_err();
+        assert_eq!(refusal.code, ErrorCode::BufferOverflow);
+        assert!(refusal.message.starts_with("the list_keys reply is 18"), "{}", refusal.message);
+        assert!(frame.wire_len() < 1024);
+        let small: MasterReply = Ok(MasterResponse::Keys(vec!["k".into()]));
+        let (frame, failed) = reply_frame(8, MasterOp::ListKeys, &small).unwrap();
+        assert!(!failed);
+        assert_eq!(frame.decode::<MasterReply>().unwrap().body, small);
     }
 }

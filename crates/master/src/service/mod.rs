@@ -9,6 +9,7 @@
 
 mod clients;
 mod discard;
+pub mod listing;
 mod nof_health;
 mod read;
 mod remove;

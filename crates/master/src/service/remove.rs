@@ -1,4 +1,4 @@
-//! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex; key listing.
+//! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex; key counts.
 
 use super::MasterService;
 use crate::metadata::{Lifecycle, ObjectEntry, TenantState};
@@ -152,24 +152,6 @@ impl MasterService {
             });
         }
         Ok(n)
-    }
-
-    /// Keys of a tenant's objects that have a readable replica and start with `prefix`, sorted, at most `limit`.
-    pub fn list_keys(&self, tenant: &str, prefix: &str, limit: usize) -> Result<Vec<String>, ErrorCode> {
-        let Some(t) = self.read_tenant(tenant)? else { return Ok(Vec::new()) };
-        let mut keys = Vec::new();
-        t.objects().visit_chunks(self.config.census_chunk, |chunk| {
-            for e in chunk.iter().filter(|e| e.key().starts_with(prefix)) {
-                let st = e.lock();
-                if st.lifecycle == Lifecycle::Active && st.has_readable() {
-                    keys.push(e.key().to_owned());
-                }
-            }
-        });
-        keys.sort_unstable();
-        keys.dedup();
-        keys.truncate(limit);
-        Ok(keys)
     }
 
     /// Number of objects routed in a tenant (`None`: all tenants), any state.
