@@ -116,17 +116,15 @@ fn node(addr: &str, extra: &[&str], nofile: Option<u64>) -> Server {
     Server::start(&args, nofile)
 }
 
-/// Raises this test process's own open-file limit to its hard limit; false when that cannot hold `need`.
-fn fds_for(need: u64) -> bool {
+/// Raises this test process's own open-file limit to its hard limit; fails the test loudly when that cannot
+/// hold `need` (a test that cannot run its scenario must not pass silently).
+fn fds_for(need: u64) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     let hard = limit.maximum.unwrap_or(u64::MAX);
     let _ = setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(hard.min(1 << 20)), ..limit });
     let ok = getrlimit(Resource::Nofile).current.is_none_or(|n| n >= need);
-    if !ok {
-        eprintln!("skipped: this test needs {need} open files and the hard limit is {hard}");
-    }
-    ok
+    assert!(ok, "this test needs {need} open files and the hard limit is {hard}: raise it (ulimit -Hn)");
 }
 
 /// A connection to `addr` with a small send buffer (so a stalled peer's bytes queue in the server's socket,
@@ -244,9 +242,7 @@ async fn stalled_large_frames_cannot_pin_the_masters_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_flood_under_a_low_fd_limit_neither_spins_nor_shuts_out_requests() {
     const FLOOD: usize = 2000;
-    if !fds_for(FLOOD as u64 + 200) {
-        return;
-    }
+    fds_for(FLOOD as u64 + 200);
     let m = master(&[], Some(1024));
     let addr = m.field("master");
     let _node = node(&addr, &[], None);
@@ -319,9 +315,7 @@ async fn a_connection_flood_under_a_low_fd_limit_neither_spins_nor_shuts_out_req
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_serves_transfers_while_idle_connections_hold_its_descriptors() {
     const IDLE: usize = 1100;
-    if !fds_for(IDLE as u64 + 200) {
-        return;
-    }
+    fds_for(IDLE as u64 + 200);
     let m = master(&[], None);
     let addr = m.field("master");
     let n = node(&addr, &[], Some(1024));
@@ -434,8 +428,18 @@ async fn at_the_cap_idle_connections_make_room_and_busy_ones_get_a_clear_refusal
     // Two busy connections: each has started a frame and stalls.
     let mut busy = Vec::new();
     for _ in 0..2 {
-        let mut s = connect(&addr).await;
-        crescent_net::hello::open(&mut s, PeerRole::Client, None).await.unwrap();
+        // The server may still be closing the idle connections above, and refuse a hello meanwhile.
+        let started = Instant::now();
+        let mut s = loop {
+            let mut s = connect(&addr).await;
+            match crescent_net::hello::open(&mut s, PeerRole::Client, None).await {
+                Ok(_) => break s,
+                Err(crescent_net::hello::HandshakeError::Refused(_)) if started.elapsed() < Duration::from_secs(5) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("busy connection's hello: {e:?}"),
+            }
+        };
         s.write_all(&[0, 0, 1, 0, 0]).await.unwrap();
         busy.push(s);
     }
