@@ -9,7 +9,7 @@ use crescent_proto::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
 use crescent_testkit::{Proc, ProcCluster, pattern};
 use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,15 +77,7 @@ struct Finished {
 impl Running {
     /// Starts `crescent args…` against the master at `master`, with `stdin` as its input.
     fn start(master: &str, args: &[&str], stdin: &[u8]) -> Running {
-        let mut child = Command::new(bin())
-            .args(args)
-            .env("CRESCENT_MASTER", master)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = crescent_testkit::process::spawn(bin(), master, args);
         let started = Instant::now();
         {
             use std::io::Write;

@@ -168,9 +168,7 @@ fn client_expiry_leaves_nof_segments_to_the_heartbeat() {
 fn a_segment_back_to_ok_starts_fresh_and_is_not_probed_meanwhile() {
     let h = Harness::new(config(), 0, 0);
     let c = ClientId::random();
-    let mut s = spec("nof0", 16 * MIB);
-    s.kind = SegmentKind::Nof;
-    s.endpoint = "nof-target:4420".into();
+    let s = nof_spec();
     let nof = s.id;
     h.svc.mount_segment(c, s.clone()).unwrap();
     assert!(!probe(&h, nof, false));
@@ -194,9 +192,7 @@ fn a_segment_back_to_ok_starts_fresh_and_is_not_probed_meanwhile() {
 fn a_report_for_a_segment_mounted_again_since_its_probe_is_ignored() {
     let h = Harness::new(MasterConfig { nof_heartbeat_failures: 1, ..config() }, 0, 0);
     let c = ClientId::random();
-    let mut s = spec("nof0", 16 * MIB);
-    s.kind = SegmentKind::Nof;
-    s.endpoint = "nof-target:4420".into();
+    let s = nof_spec();
     let nof = s.id;
     h.svc.mount_segment(c, s.clone()).unwrap();
     next_probe_of(&h, nof);
@@ -206,4 +202,12 @@ fn a_report_for_a_segment_mounted_again_since_its_probe_is_ignored() {
     assert!(!h.svc.record_nof_probe(nof, false));
     assert_eq!(h.svc.segment_status(nof), Ok(SegmentStatus::Ok));
     assert!(probe(&h, nof, false), "a probe of the new mount counts");
+}
+
+/// A 16 MiB NoF segment at a target nothing serves (the tests drive the probe outcomes).
+fn nof_spec() -> crescent_proto::SegmentSpec {
+    let mut s = spec("nof0", 16 * MIB);
+    s.kind = SegmentKind::Nof;
+    s.endpoint = "nof-target:4420".into();
+    s
 }

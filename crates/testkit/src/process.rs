@@ -124,7 +124,18 @@ impl ProcCluster {
 /// input and `RUST_LOG` unset (so its stderr holds only what it says to a user); returns its output.
 pub fn run(bin: &Path, master: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use std::io::Write;
-    let mut child = Command::new(bin)
+    let mut child = spawn(bin, master, args);
+    if let Some(mut input) = child.stdin.take() {
+        // A command that exits before reading its input closes the pipe: that is its answer, not an error.
+        let _ = input.write_all(stdin);
+    }
+    child.wait_with_output().unwrap_or_else(|e| panic!("wait {}: {e}", bin.display()))
+}
+
+/// Starts `bin args…` against the master at `master` (`CRESCENT_MASTER`), `RUST_LOG` unset, with stdin, stdout
+/// and stderr piped; the caller feeds, waits and reads.
+pub fn spawn(bin: &Path, master: &str, args: &[&str]) -> std::process::Child {
+    Command::new(bin)
         .args(args)
         .env("CRESCENT_MASTER", master)
         .env_remove("RUST_LOG")
@@ -132,10 +143,5 @@ pub fn run(bin: &Path, master: &str, args: &[&str], stdin: &[u8]) -> std::proces
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-    if let Some(mut input) = child.stdin.take() {
-        // A command that exits before reading its input closes the pipe: that is its answer, not an error.
-        let _ = input.write_all(stdin);
-    }
-    child.wait_with_output().unwrap_or_else(|e| panic!("wait {}: {e}", bin.display()))
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
