@@ -228,7 +228,10 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
     };
     let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
-    let limits = rpc_limits(&a.limits, file)?;
+    let mut limits = rpc_limits(&a.limits, file)?;
+    if combined {
+        limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
+    }
     let server = MasterServer::builder(config.clone())
         .rpc_addr(listen)
         .admin_addr(Some(admin))
@@ -353,6 +356,13 @@ pub async fn node(a: NodeArgs, master: &str, file: &FileConfig) -> Result<()> {
     Ok(())
 }
 
+/// The connections each of `crescent up`'s two servers (master RPC, storage node) may take when `fits` fit
+/// under the process's open-file limit: half of what the admin port's cap leaves. Sized apart, each server
+/// would fit its cap to the whole limit, and together they could take the descriptors the other needs.
+fn up_share(fits: usize) -> usize {
+    (fits.saturating_sub(crescent_master::server::ADMIN_MAX_CONNECTIONS) / 2).max(1)
+}
+
 /// `crescent up`: a master and one storage node in this process.
 pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
@@ -365,7 +375,8 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
         limits: LimitArgs::default(),
     };
     let listen = SocketAddr::new(m.server.rpc_addr().ip(), 0);
-    let config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;
+    let mut config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;
+    config.max_connections = config.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     log_node_config(&config);
     let node = StorageNode::start(config).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;
     print_ready(serde_json::json!({
@@ -384,6 +395,15 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn up_splits_the_descriptors_between_its_servers() {
+        // Under `ulimit -n 1024` (896 connections fit beside the headroom): 416 each, plus 64 for the admin port.
+        assert_eq!(up_share(896), 416);
+        assert_eq!(2 * up_share(896) + crescent_master::server::ADMIN_MAX_CONNECTIONS, 896);
+        assert_eq!(up_share(10), 1, "each server takes at least one connection");
+        assert_eq!(up_share(usize::MAX), (usize::MAX - 64) / 2);
+    }
 
     #[test]
     fn nof_heartbeat_settings_come_from_the_flag_then_the_file_then_the_default() {

@@ -464,3 +464,61 @@ async fn at_the_cap_idle_connections_make_room_and_busy_ones_get_a_clear_refusal
     let client = Client::new(ClientConfig::new(addr.clone()));
     assert!(!client.is_exist("k").await.unwrap());
 }
+
+/// `GET path` on its own connection (`Connection: close`): the status and the body, within 10 s.
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("GET {path}: no answer within 10 s"))
+}
+
+/// The value of the metric line starting with `series` (name and labels) in a Prometheus text page.
+fn metric(page: &str, series: &str) -> u64 {
+    let line = page.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in:\n{page}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// The admin HTTP port takes at most 64 connections: a flood of 300 idle connections and a client sending a
+/// request's head a byte at a time (slowloris) neither take the master's descriptors nor lock operators out.
+/// At the cap a newcomer closes the oldest connection; a head that has not arrived within 10 s is cut. Both
+/// accept loops (`rpc`, `admin`) show on `/metrics`. Before: the admin port served every connection for as
+/// long as the peer liked, with no cap and no deadline (`axum::serve`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_caps_its_connections_and_cuts_stalled_heads() {
+    const FLOOD: usize = 300;
+    fds_for(FLOOD as u64 + 256);
+    let m = master(&[], None);
+    let admin = m.field("admin");
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        flood.push(TcpStream::connect(&admin).await.unwrap());
+    }
+    let mut slow = TcpStream::connect(&admin).await.unwrap();
+    let slow_since = Instant::now();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHo").await.unwrap();
+    let started = Instant::now();
+    let (status, page) = http_get(&admin, "/metrics").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(started.elapsed() < Duration::from_secs(1), "/metrics took {:?} behind the flood", started.elapsed());
+    assert_eq!(metric(&page, r#"crescent_master_connection_cap{server="admin"}"#), 64);
+    assert!(metric(&page, r#"crescent_master_connections_open{server="admin"}"#) <= 64);
+    let shed = metric(&page, r#"crescent_master_connections_shed_total{server="admin"}"#);
+    assert!(shed >= (FLOOD + 2 - 64) as u64, "{shed} connections closed to make room");
+    assert!(metric(&page, r#"crescent_master_connection_cap{server="rpc"}"#) > 0);
+    // The oldest connections were closed to make room; the newest idle ones are still open.
+    assert!(closed_within(&mut flood[0], Duration::from_secs(5)).await, "the oldest connection is still open");
+    // The stalled head is cut at its deadline (10 s), well before the test's patience.
+    assert!(closed_within(&mut slow, Duration::from_secs(20)).await, "a stalled request head held its connection");
+    assert!(slow_since.elapsed() >= Duration::from_secs(9), "cut before its deadline: {:?}", slow_since.elapsed());
+    let (status, body) = http_get(&admin, "/health").await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -45,12 +45,46 @@ struct Conn {
     flush_scheduled: AtomicBool,
     /// Which of the configured addresses this connection is to.
     addr: usize,
+    /// When a request last used it (ms since the process's first connection), for [`Conn::reusable`].
+    used: AtomicU64,
+}
+
+/// How long a connection may sit unused before its next request first checks that the master has not closed
+/// it meanwhile (one `poll(2)`): a master sheds idle connections at its cap and loses them all on a restart,
+/// and a request written to such a socket would be lost with it. Busier connections skip the check.
+const REUSE_CHECK_AFTER: Duration = Duration::from_millis(20);
+
+/// Milliseconds since the process's first call, for [`Conn::used`].
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// How long a deferred request may wait for a request to ride with before it is sent on its own.
 const DEFER_FLUSH: Duration = Duration::from_millis(2);
 
 impl Conn {
+    /// Whether the connection can carry the next request: alive, and, after a quiet spell with nothing in
+    /// flight, not closed by the master meanwhile. Marks it dead when it is not.
+    fn reusable(&self) -> bool {
+        if !self.alive.load(Ordering::Acquire) {
+            return false;
+        }
+        let now = now_ms();
+        let quiet = now.saturating_sub(self.used.swap(now, Ordering::Relaxed)) >= REUSE_CHECK_AFTER.as_millis() as u64;
+        // A sender holding the write half, or a waiter, means the connection is in use: not quiet.
+        if quiet
+            && self.pending.lock().is_empty()
+            && let Ok(sink) = self.sink.try_lock()
+            && crescent_net::poll::peer_closed(sink.get_ref().as_ref())
+        {
+            tracing::debug!("the master closed an idle connection: dialling afresh");
+            self.alive.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
     /// Writes out whatever deferred requests `sink` holds.
     async fn flush(&self) -> Result<(), WireError> {
         self.flush_scheduled.store(false, Ordering::Release);
@@ -217,6 +251,7 @@ async fn dial(
         alive: AtomicBool::new(true),
         flush_scheduled: AtomicBool::new(false),
         addr: index,
+        used: AtomicU64::new(now_ms()),
     }))
 }
 
@@ -298,7 +333,7 @@ impl MasterConnection {
     /// Slot `slot`'s connection to address `i`, dialled if it has none (or one to another address, or a dead one).
     async fn conn_to(&self, slot: usize, i: usize) -> Result<Arc<Conn>, ClientError> {
         let mut slot = self.slots[slot].lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| c.addr == i && c.alive.load(Ordering::Acquire)) {
+        if let Some(c) = slot.as_ref().filter(|c| c.addr == i && c.reusable()) {
             return Ok(c.clone());
         }
         let conn = dial(&self.addrs[i], i, self.role, self.client, self.poll_window).await?;

@@ -43,3 +43,32 @@ async fn a_silent_master_costs_one_request_timeout_and_the_next_address_answers(
     assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
     cluster.shutdown().await;
 }
+
+/// A connection the master closed while it sat idle (shed at the master's connection cap here; a restarted
+/// master does the same to all of them) is not reused: the next request dials afresh and is answered. Before,
+/// the request was written to the dead socket and failed with "connection closed" though the master was up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_master_closed_while_idle_is_dialled_afresh() {
+    use crescent_master::server::{MasterServer, RpcLimits};
+    let limits = RpcLimits { max_connections: 1, ..RpcLimits::default() };
+    let master =
+        MasterServer::builder(crescent_master::service::MasterConfig::default()).limits(limits).start().await.unwrap();
+    let addr = master.rpc_addr().to_string();
+    let first = Client::new(ClientConfig::new(addr.clone()));
+    assert!(!first.is_exist("k").await.unwrap());
+    // A second client takes the only connection: the master closes the first client's idle one for it.
+    let second = Client::new(ClientConfig::new(addr.clone()));
+    assert!(!second.is_exist("k").await.unwrap());
+    assert!(
+        crescent_testkit::eventually(Duration::from_secs(5), || async { master.rpc_stats().shed == 1 }).await,
+        "the master did not close the idle connection"
+    );
+    // The second client leaves; the master then serves no connection at all.
+    drop(second);
+    assert!(crescent_testkit::eventually(Duration::from_secs(5), || async { master.rpc_stats().open == 0 }).await);
+    // Past the quiet spell after which a reused connection is checked first.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let again = first.is_exist("k").await;
+    assert!(matches!(again, Ok(false)), "the first client's next request: {again:?}");
+    assert_eq!(master.rpc_stats().accepted, 3, "the first client dialled afresh");
+}

@@ -162,6 +162,9 @@ impl Future for Stopping {
 /// What an accept loop has counted.
 #[derive(Debug, Default)]
 struct Counters {
+    /// Connections served now.
+    open: AtomicU64,
+    accepted: AtomicU64,
     shed: AtomicU64,
     refused: AtomicU64,
     accept_errors: AtomicU64,
@@ -172,6 +175,10 @@ struct Counters {
 pub struct AcceptStats {
     /// The cap in force: the configured one, lowered to fit the open-file limit ([`fitting_cap`]).
     pub max_connections: usize,
+    /// Connections served now.
+    pub open: u64,
+    /// Connections accepted and served, ever (refused ones not included).
+    pub accepted: u64,
     /// Idle connections closed to make room for a newcomer at the cap.
     pub shed: u64,
     /// Newcomers refused at the cap because every connection was busy.
@@ -180,13 +187,35 @@ pub struct AcceptStats {
     pub accept_errors: u64,
 }
 
+/// Reads an accept loop's counts; cheap to clone, and valid after the server stopped (for a metrics page that
+/// outlives no server but is built before them).
+#[derive(Debug, Clone)]
+pub struct AcceptCounters {
+    max_connections: usize,
+    counters: Arc<Counters>,
+}
+
+impl AcceptCounters {
+    /// The counts now.
+    pub fn stats(&self) -> AcceptStats {
+        let c = &self.counters;
+        AcceptStats {
+            max_connections: self.max_connections,
+            open: c.open.load(Ordering::Relaxed),
+            accepted: c.accepted.load(Ordering::Relaxed),
+            shed: c.shed.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            accept_errors: c.accept_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A running server: its address, and the way to stop it. Dropping it stops the server too (without waiting).
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
     stop: Shutdown,
-    max_connections: usize,
-    counters: Arc<Counters>,
+    counters: AcceptCounters,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -198,12 +227,12 @@ impl ServerHandle {
 
     /// The accept loop's counts.
     pub fn stats(&self) -> AcceptStats {
-        AcceptStats {
-            max_connections: self.max_connections,
-            shed: self.counters.shed.load(Ordering::Relaxed),
-            refused: self.counters.refused.load(Ordering::Relaxed),
-            accept_errors: self.counters.accept_errors.load(Ordering::Relaxed),
-        }
+        self.counters.stats()
+    }
+
+    /// A reader of the accept loop's counts to keep elsewhere (a metrics page).
+    pub fn counters(&self) -> AcceptCounters {
+        self.counters.clone()
     }
 
     /// Stops accepting, ends every connection (see the module doc) and waits until all are gone.
@@ -247,7 +276,7 @@ where
     }
     let counters = Arc::new(Counters::default());
     let task = tokio::spawn(accept_loop(name, listener, max, stop.clone(), counters.clone(), serve));
-    Ok(ServerHandle { addr, stop, max_connections: max, counters, task: Some(task) })
+    Ok(ServerHandle { addr, stop, counters: AcceptCounters { max_connections: max, counters }, task: Some(task) })
 }
 
 /// The accept loop's view of one connection.
@@ -324,6 +353,8 @@ async fn accept_loop<F, Fut>(
                     let slot = Slot { activity: shutdown.activity.clone(), token: shutdown.token.clone(), shed: false };
                     let id = conns.spawn(serve(stream, peer, shutdown)).id();
                     slots.insert(id, slot);
+                    counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    counters.open.store(slots.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
                     counters.accept_errors.fetch_add(1, Ordering::Relaxed);
@@ -343,6 +374,7 @@ async fn accept_loop<F, Fut>(
                     Err(e) => e.id(),
                 };
                 slots.remove(&id);
+                counters.open.store(slots.len() as u64, Ordering::Relaxed);
                 log_failure(name, done.map(|_| ()));
             }
         }
@@ -358,6 +390,7 @@ async fn accept_loop<F, Fut>(
         tracing::debug!(server = name, left = conns.len(), "aborting connections that did not finish");
         conns.shutdown().await;
     }
+    counters.open.store(0, Ordering::Relaxed);
     tracing::info!(server = name, ?addr, "stopped");
 }
 

@@ -25,4 +25,4 @@ pub mod inbound;
 pub mod poll;
 pub mod reader;
 
-pub use accept::{AcceptStats, ServerHandle, Shutdown, Stopping};
+pub use accept::{AcceptCounters, AcceptStats, ServerHandle, Shutdown, Stopping};

@@ -41,6 +41,18 @@ pub fn until_readable<S: AsFd>(sock: &S, window: Duration) -> bool {
     }
 }
 
+/// Whether the peer of `sock` has closed it (end of stream, reset or error pending), checked without waiting or
+/// reading: for a pooled connection about to be reused after a quiet spell, which a server may have closed
+/// meanwhile (shed at its connection cap, restarted). Input waiting to be read is not a close.
+pub fn peer_closed<S: AsFd>(sock: &S) -> bool {
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut fds = [PollFd::new(sock, PollFlags::RDHUP)];
+    match rustix::event::poll(&mut fds, Some(&now)) {
+        Ok(0) | Err(_) => false,
+        Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
+    }
+}
+
 /// Admits one poller at a time. A poll holds its thread, so only one connection polls at once and the other
 /// workers stay free for the rest.
 #[derive(Debug, Default)]

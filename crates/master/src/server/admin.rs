@@ -46,51 +46,74 @@ pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
         .with_state(AdminState { svc, rpc })
 }
 
-/// How long a stopping admin server lets requests in progress finish.
+/// The admin port's connection cap: scrapers and operators, a few at a time. At the cap a newcomer closes the
+/// oldest connection (the shared accept loop's rule), so a flood of idle or stalled connections can neither
+/// take the process's descriptors nor lock the operators out.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// How long a request's head may take to arrive. Past it the connection is closed: a client sending a byte
+/// now and then (slowloris) cannot hold a connection, and an idle keep-alive connection lasts this long.
+pub const ADMIN_HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a connection closed to make room may take to finish the response in hand.
 const ADMIN_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A running admin server; dropping it stops it at once, [`AdminServer::shutdown`] lets requests finish.
 #[derive(Debug)]
-pub struct AdminServer {
-    addr: SocketAddr,
-    stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct AdminServer(crescent_net::ServerHandle);
 
 impl AdminServer {
-    /// Binds and serves the admin routes on the current runtime.
+    /// Binds and serves the admin routes on the current runtime, on the accept loop every server runs (see
+    /// `crescent_net::accept`), at most [`ADMIN_MAX_CONNECTIONS`] connections at once.
     pub async fn start(addr: SocketAddr, svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let app = admin_router(svc, rpc);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let stopped = stop.clone().cancelled_owned();
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-                tracing::error!(error = %e, "admin server stopped");
-            }
-        });
-        Ok(Self { addr, stop, task })
+        let app = admin_router(svc, rpc.clone());
+        let handle =
+            crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, _, stop| {
+                serve_http(stream, app.clone(), stop)
+            })?;
+        rpc.attach_server("admin", handle.counters());
+        Ok(Self(handle))
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
+    }
+
+    /// The accept loop's counts.
+    pub fn stats(&self) -> crescent_net::AcceptStats {
+        self.0.stats()
     }
 
     /// Stops accepting and lets requests in progress finish for up to a second (a scraper that stalls
     /// mid-request, or reads a large answer slowly, cannot hold the process up), then ends the rest.
-    pub async fn shutdown(mut self) {
-        self.stop.cancel();
-        if tokio::time::timeout(ADMIN_DRAIN, &mut self.task).await.is_err() {
-            tracing::debug!("admin requests still in progress at shutdown were cut off");
-        }
+    pub async fn shutdown(self) {
+        self.0.shutdown().await;
     }
 }
 
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.task.abort();
+/// Serves one HTTP/1 connection until the peer closes it, its next request's head is late
+/// ([`ADMIN_HEADER_DEADLINE`]), or the accept loop tells it to stop (then the response in hand may finish
+/// within [`ADMIN_DRAIN`]).
+async fn serve_http(stream: tokio::net::TcpStream, app: Router, stop: crescent_net::Shutdown) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(ADMIN_HEADER_DEADLINE);
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                tracing::debug!(error = %e, "admin connection closed");
+            }
+            return;
+        }
+        () = stop.stopping() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    if tokio::time::timeout(ADMIN_DRAIN, conn).await.is_err() {
+        tracing::debug!("an admin response still in progress was cut off");
     }
 }
 
@@ -106,6 +129,27 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
     let g: Gauge<u64, AtomicU64> = Gauge::default();
     g.set(v);
     registry.register(name, help, g);
+}
+
+/// The accept loops' figures, labelled by server (`rpc`, `admin`): the connection cap in force, connections
+/// open, closed to make room, refused, and failed accepts.
+fn accept_loops(registry: &mut Registry, servers: &[(&'static str, crescent_net::AcceptStats)]) {
+    let cap = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+    let open = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+    let [shed, refused, errors] = [(); 3].map(|()| Family::<Labels, Counter>::default());
+    for (name, s) in servers {
+        let l = vec![("server".to_string(), name.to_string())];
+        cap.get_or_create(&l).set(s.max_connections as u64);
+        open.get_or_create(&l).set(s.open);
+        shed.get_or_create(&l).inc_by(s.shed);
+        refused.get_or_create(&l).inc_by(s.refused);
+        errors.get_or_create(&l).inc_by(s.accept_errors);
+    }
+    registry.register("connection_cap", "Connections a server takes at once (lowered to fit the open-file limit)", cap);
+    registry.register("connections_open", "Connections a server serves now", open);
+    registry.register("connections_shed", "Idle connections closed to make room for a newcomer at the cap", shed);
+    registry.register("connections_refused", "Newcomers refused at the cap: every connection was busy", refused);
+    registry.register("accept_errors", "Failed accepts (e.g. out of file descriptors)", errors);
 }
 
 /// Registers two counter families labelled by operation: calls (`names[0]`) and failures (`names[1]`).
@@ -146,6 +190,7 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     );
     counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
     counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
+    accept_loops(&mut r, &rpc.servers());
     counter(&mut r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
     counter(&mut r, "evicted_bytes", "Replica bytes evicted", m.evicted_bytes.load(Ordering::Relaxed));
     counter(

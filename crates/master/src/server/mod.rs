@@ -10,7 +10,7 @@ mod master_server;
 mod nof_heartbeat;
 mod rpc;
 
-pub use admin::{AdminServer, admin_router};
+pub use admin::{ADMIN_HEADER_DEADLINE, ADMIN_MAX_CONNECTIONS, AdminServer, admin_router};
 pub use master_server::{MasterServer, MasterServerBuilder, StartError};
 pub use nof_heartbeat::{NOF_HEARTBEAT_TICK, NofProber, TransferProber};
 pub use rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle, dispatch};

@@ -34,6 +34,8 @@ pub struct RpcMetrics {
     pub malformed_frames: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// The accept loops of the process's servers (`rpc`, `admin`), by name, for `/metrics`. A leaf lock.
+    servers: parking_lot::Mutex<Vec<(&'static str, crescent_net::AcceptCounters)>>,
 }
 
 impl Default for RpcMetrics {
@@ -43,11 +45,25 @@ impl Default for RpcMetrics {
             failures: MasterOp::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             malformed_frames: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            servers: parking_lot::Mutex::default(),
         }
     }
 }
 
 impl RpcMetrics {
+    /// Lists a server's accept loop on `/metrics` under `name` (a server restarted under the same name replaces
+    /// its entry).
+    pub fn attach_server(&self, name: &'static str, counters: crescent_net::AcceptCounters) {
+        let mut servers = self.servers.lock();
+        servers.retain(|(n, _)| *n != name);
+        servers.push((name, counters));
+    }
+
+    /// Each attached server's accept-loop counts, by name.
+    pub fn servers(&self) -> Vec<(&'static str, crescent_net::AcceptStats)> {
+        self.servers.lock().iter().map(|(name, c)| (*name, c.stats())).collect()
+    }
+
     /// `(operation, requests, failures)` for every operation.
     pub fn snapshot(&self) -> Vec<(&'static str, u64, u64)> {
         MasterOp::ALL
@@ -323,7 +339,7 @@ impl RpcServer {
         let RpcServer { listener, svc, metrics, poll_window, limits } = self;
         let shared = Arc::new(Shared {
             svc,
-            metrics,
+            metrics: metrics.clone(),
             gate: &poll::PROCESS_GATE,
             poll_window,
             frame_timeout: limits.frame_timeout,
@@ -344,6 +360,7 @@ impl RpcServer {
                 }
             },
         )?;
+        metrics.attach_server("rpc", handle.counters());
         Ok(RpcServerHandle(handle))
     }
 }
