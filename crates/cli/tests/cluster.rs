@@ -393,6 +393,27 @@ async fn a_restarted_node_never_serves_its_old_objects() {
     assert_eq!(client.get("k0").await.unwrap(), b"new");
 }
 
+/// A node killed and restarted at once on the same address, before anyone noticed it gone (its segment still
+/// OK at the master, well within its TTL): the new instance's mount drops the old one's objects all the same.
+/// Before, they stayed listed, each read failing with `SEGMENT_NOT_FOUND` from the new process, until the old
+/// client's TTL and then its disconnect grace (5 minutes) ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_within_its_ttl_drops_its_old_objects_at_once() {
+    let mut c = cluster(&["--client-ttl-ms", "600000"], 1, "64MiB");
+    let client = impatient(&c);
+    let values = fill(&client).await;
+    let listen = c.nodes[0].field("node");
+    c.nodes[0].kill9();
+    let _node = Proc::start(bin(), &["node", "--master", &c.addr(), "--listen", &listen, "--segment-size", "64MiB"]);
+    for (k, _) in &values {
+        assert!(until_get_fails(&client, k, ErrorCode::ObjectNotFound).await, "{k} was dropped");
+    }
+    let listed = client.list_keys("", 1000).await.unwrap();
+    assert!(listed.is_empty(), "old keys still listed: {listed:?}");
+    client.put("k0", b"new").await.unwrap();
+    assert_eq!(client.get("k0").await.unwrap(), b"new");
+}
+
 /// A node paused past its TTL and the grace period: its objects are dropped; when it resumes it remounts its
 /// segment by itself (empty) and takes writes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

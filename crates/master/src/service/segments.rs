@@ -59,9 +59,11 @@ impl MasterService {
     }
 
     /// A node instance that mounts at an endpoint proves that the instance which served there before is gone
-    /// with its memory (a node's client id is its incarnation: random per process start). That instance's
-    /// segments still waiting to be reconnected (DISCONNECTED, SUSPECT) are unmounted at once, so their objects
-    /// are dropped rather than ever served stale.
+    /// with its memory (a node's client id is its incarnation: random per process start; one process at a time
+    /// listens on an endpoint). That instance's memory segments are unmounted at once, whatever their status —
+    /// one killed and restarted within its TTL is still OK here — so their objects are dropped rather than ever
+    /// served stale or left listed but unreadable. Not NoF segments: their endpoint is a shared storage target
+    /// that several clients mount ranges of.
     fn drop_replaced_instances(&self, client: ClientId, specs: &[SegmentSpec]) {
         let replaced: Vec<_> = self
             .pool
@@ -69,8 +71,11 @@ impl MasterService {
             .into_iter()
             .filter(|s| {
                 s.client != client
-                    && matches!(s.status, SegmentStatus::Disconnected | SegmentStatus::Suspect)
-                    && specs.iter().any(|n| n.endpoint == s.spec.endpoint && n.kind == s.spec.kind)
+                    && s.spec.kind == SegmentKind::Memory
+                    // A mount of the same segment id is a conflict to refuse, not a restart.
+                    && specs.iter().any(|n| {
+                        n.endpoint == s.spec.endpoint && n.kind == SegmentKind::Memory && n.id != s.spec.id
+                    })
             })
             .collect();
         for s in replaced {
