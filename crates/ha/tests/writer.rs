@@ -336,4 +336,4 @@ async fn concurrent_producers_end_to_end(f: Fixture) {
     let _ = &f;
 }
 
-crate::on_both_backends!(concurrent_producers_end_to_end);
+crate::on_all_backends!(concurrent_producers_end_to_end);

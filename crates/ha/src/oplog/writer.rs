@@ -39,6 +39,19 @@ pub enum WriterError {
     Terminal(StorageError),
 }
 
+/// How the writer stores what it seals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriterMode {
+    /// One batch record and the durable prefix per txn (RFC §10).
+    #[default]
+    Batch,
+    /// The legacy layout (RFC §4): each entry its own key plus `/latest`, one txn per entry compared on the
+    /// expected `/latest`. Same admission, sealing, retry and callbacks as [`WriterMode::Batch`]: the honest
+    /// per-entry baseline for benchmarks, and the writer that produces a legacy log to cut over from. Start it
+    /// from [`OpLogBatchStorage::init_legacy`]; it refuses to write once the namespace is cut over.
+    LegacyPerEntry,
+}
+
 /// Writer settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterConfig {
@@ -49,6 +62,8 @@ pub struct WriterConfig {
     pub retry_initial: Duration,
     /// Retry delays double up to this.
     pub retry_max: Duration,
+    /// The storage layout written.
+    pub mode: WriterMode,
 }
 
 impl Default for WriterConfig {
@@ -57,6 +72,7 @@ impl Default for WriterConfig {
             max_waiting_entries: super::storage::DEFAULT_MAX_BATCH_ENTRIES,
             retry_initial: Duration::from_millis(1),
             retry_max: Duration::from_secs(1),
+            mode: WriterMode::Batch,
         }
     }
 }
@@ -377,9 +393,11 @@ async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Dispat
             None => woken.await,
             Some(Err(e)) => return enter_terminal(&shared, e),
             Some(Ok((batch, expected, dispatch))) => {
-                if !write_one(&shared, &batch, expected).await {
-                    return;
-                }
+                let durable = match shared.config.mode {
+                    WriterMode::Batch => write_one(&shared, &batch, expected, dispatch).await,
+                    WriterMode::LegacyPerEntry => write_legacy(&shared, &batch, expected, dispatch, &callbacks).await,
+                };
+                let Some(dispatch) = durable else { return };
                 // Ordered: batches are written one at a time and their callbacks queued in that order.
                 if !dispatch.is_empty() && callbacks.send(dispatch).is_err() {
                     tracing::warn!("oplog callback task is gone; durable callbacks dropped");
@@ -389,27 +407,85 @@ async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Dispat
     }
 }
 
-/// Writes one sealed batch until it is durable (true) or the writer must stop (false: terminal or stopping).
-async fn write_one(shared: &Shared, batch: &OpLogBatchRecord, expected: DurablePrefix) -> bool {
+/// Writes one sealed batch until it is durable (its callbacks are returned) or the writer must stop (`None`:
+/// terminal or stopping).
+async fn write_one(
+    shared: &Shared,
+    batch: &OpLogBatchRecord,
+    expected: DurablePrefix,
+    dispatch: Dispatch,
+) -> Option<Dispatch> {
+    let attempt = || shared.storage.write_batch(batch, expected, shared.view);
+    let prefix = retry_until_durable(shared, batch.batch_id, attempt).await?;
+    mark_durable(shared, prefix, true);
+    Some(dispatch)
+}
+
+/// Records a durable advance (and, when `done`, that no batch is in flight), reopening admission.
+fn mark_durable(shared: &Shared, prefix: DurablePrefix, done: bool) {
+    let mut s = shared.state.lock();
+    if s.last_error.is_some() {
+        tracing::info!(durable = ?prefix, "oplog backend recovered; admission reopened");
+    }
+    s.durable = prefix;
+    s.last_error = None;
+    s.accepting = true;
+    if done {
+        s.in_flight = false;
+    }
+}
+
+/// Legacy mode: writes a sealed batch's entries one txn each, in order; each entry's callback is queued as soon
+/// as its own txn is durable. Returns the (empty) rest, or `None` when the writer must stop.
+async fn write_legacy(
+    shared: &Shared,
+    batch: &OpLogBatchRecord,
+    expected: DurablePrefix,
+    dispatch: Dispatch,
+    callbacks: &mpsc::UnboundedSender<Dispatch>,
+) -> Option<Dispatch> {
+    let mut dispatch: VecDeque<(u64, DurableCallback)> = dispatch.into();
+    let mut latest = expected.last_seq;
+    for (seq, entry) in batch.sequenced() {
+        let attempt = || async move {
+            shared
+                .storage
+                .write_legacy_entry(seq, entry, latest, shared.view)
+                .await
+                .map(|l| DurablePrefix { batch_id: expected.batch_id, last_seq: l })
+        };
+        let prefix = retry_until_durable(shared, seq, attempt).await?;
+        latest = prefix.last_seq;
+        mark_durable(shared, prefix, seq == batch.last_seq);
+        let mut ready = Vec::new();
+        while dispatch.front().is_some_and(|(s, _)| *s <= seq) {
+            ready.extend(dispatch.pop_front());
+        }
+        if !ready.is_empty() && callbacks.send(ready).is_err() {
+            tracing::warn!("oplog callback task is gone; durable callbacks dropped");
+        }
+    }
+    Some(dispatch.into())
+}
+
+/// Runs `attempt` until it succeeds (admission reopened, the new prefix returned) or the writer must stop
+/// (`None`): retryable errors close admission and back off; anything else is terminal.
+async fn retry_until_durable<F, Fut>(shared: &Shared, batch: u64, attempt: F) -> Option<DurablePrefix>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<DurablePrefix, StorageError>>,
+{
     let mut delay = shared.config.retry_initial;
     loop {
-        match shared.storage.write_batch(batch, expected, shared.view).await {
+        match attempt().await {
             Ok(prefix) => {
-                let mut s = shared.state.lock();
-                if s.failed_attempts > 0 && s.last_error.is_some() {
-                    tracing::info!(batch = batch.batch_id, "oplog backend recovered; admission reopened");
-                }
-                s.durable = prefix;
-                s.in_flight = false;
-                s.last_error = None;
-                s.accepting = true;
-                return true;
+                return Some(prefix);
             }
             Err(e) if retryable(&e) => {
                 let stopping = {
                     let mut s = shared.state.lock();
                     if s.last_error.is_none() {
-                        tracing::warn!(error = %e, batch = batch.batch_id, "oplog write failed; admission closed, retrying");
+                        tracing::warn!(error = %e, batch, "oplog write failed; admission closed, retrying");
                     }
                     s.accepting = false;
                     s.failed_attempts += 1;
@@ -417,24 +493,24 @@ async fn write_one(shared: &Shared, batch: &OpLogBatchRecord, expected: DurableP
                     s.stopping
                 };
                 if stopping {
-                    return false;
+                    return None;
                 }
                 let stop = shared.stop.notified();
                 tokio::pin!(stop);
                 stop.as_mut().enable();
                 // Re-check after registering: a stop between the two would otherwise be missed.
                 if shared.state.lock().stopping {
-                    return false;
+                    return None;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = stop => return false,
+                    _ = stop => return None,
                 }
                 delay = (delay * 2).min(shared.config.retry_max);
             }
             Err(e) => {
                 enter_terminal(shared, e);
-                return false;
+                return None;
             }
         }
     }
