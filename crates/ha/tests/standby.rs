@@ -8,7 +8,10 @@ mod common;
 use common::{Fixture, Recorder, batch, entry};
 use crescent_ha::kv::{Fault, KvError, KvOp};
 use crescent_ha::oplog::codec::{encode_legacy_entry, encode_legacy_latest};
+use crescent_ha::oplog::standby::DEFAULT_MAX_BATCHES_PER_POLL;
 use crescent_ha::oplog::{DurablePrefix, OpLogBatchStorage, OpLogKeys, OpLogStandbyReader, StandbyError, StorageError};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
 
 const VIEW: u64 = 1;
 
@@ -261,10 +264,56 @@ async fn anomalies_fail_closed(f: Fixture) {
     assert_eq!(reader.status().applied_seq, 1);
 }
 
+/// The reference's `standby_prefix_read_before_batch` failpoint: the reader is held between its prefix read and
+/// its batch reads while the primary writes two more batches; it applies exactly up to the prefix it read (the
+/// newer batches are in its range read but beyond that prefix), and the next poll takes the rest.
+async fn never_applies_past_the_prefix_it_read(f: Fixture) {
+    let s = f.clean_storage_of("c");
+    let prefix = seed(&s, &[2]).await;
+    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    // The terminal-batch read is the second get of the poll.
+    f.kv.inject_nth_call(f.kv.total_calls() + 2, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let mut rec = Recorder::default();
+    let mut reader = OpLogStandbyReader::new(f.storage_of("c"));
+    let primary = async {
+        entered.acquire().await.unwrap().forget();
+        let p2 = s.write_batch(&batch(2, 3, 2), prefix, VIEW).await.unwrap();
+        s.write_batch(&batch(3, 5, 1), p2, VIEW).await.unwrap();
+        release.add_permits(1);
+    };
+    let (r, ()) = tokio::join!(reader.poll_once(&mut rec, 1024), primary);
+    let r = r.unwrap();
+    assert_eq!((r.prefix, r.applied, r.caught_up), (Some(p(1, 2)), 2, true));
+    assert_eq!(rec.applied(), entries(1..=2), "nothing beyond the prefix read");
+    assert_eq!(reader.poll_once(&mut rec, 1024).await.unwrap().applied, 3);
+    assert_eq!(rec.applied(), entries(1..=5));
+}
+
+/// Property 18 (the reader's part): catching up past one poll's page (1025 batches with the default 1024) takes
+/// a second poll and reaches the prefix exactly.
+async fn catches_up_past_a_full_page(f: Fixture) {
+    let s = f.clean_storage_of("c");
+    s.init_durable_prefix().await.unwrap();
+    s.claim_producer_view(VIEW).await.unwrap();
+    let mut prefix = DurablePrefix::ZERO;
+    for id in 1..=1025 {
+        prefix = s.write_batch(&batch(id, id, 1), prefix, VIEW).await.unwrap();
+    }
+    let mut rec = Recorder::default();
+    let mut reader = OpLogStandbyReader::new(f.storage_of("c"));
+    let r = reader.poll_once(&mut rec, DEFAULT_MAX_BATCHES_PER_POLL).await.unwrap();
+    assert_eq!((r.applied, r.caught_up), (1024, false));
+    let r = reader.poll_once(&mut rec, DEFAULT_MAX_BATCHES_PER_POLL).await.unwrap();
+    assert_eq!((r.applied, r.caught_up), (1, true));
+    assert_eq!(rec.seqs(), (1..=1025).collect::<Vec<_>>());
+}
+
 crate::on_all_backends!(
     applies_up_to_the_prefix_and_rereads_nothing,
     pages_continue_on_the_next_poll,
     transient_errors_are_retryable,
     a_baseline_tolerates_compacted_history,
     anomalies_fail_closed,
+    never_applies_past_the_prefix_it_read,
+    catches_up_past_a_full_page,
 );
