@@ -29,11 +29,15 @@ pub enum EtcdStartError {
     NotReady(String),
 }
 
-/// A running etcd server, killed and its data directory deleted on drop.
+/// A running etcd server, killed and its data directory deleted on drop. [`EtcdServer::stop`] and
+/// [`EtcdServer::restart`] take it down and bring it back on the same data directory and ports (an outage).
 #[derive(Debug)]
 pub struct EtcdServer {
     child: Child,
     client: SocketAddr,
+    peer_port: u16,
+    bin: PathBuf,
+    running: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -58,6 +62,26 @@ fn healthy(addr: SocketAddr) -> bool {
     probe().map(|b| b.contains("\"health\":\"true\"")).unwrap_or(false)
 }
 
+/// Spawns etcd on `dir/data` with a log at `dir/etcd.log` (appended, so a restart keeps the earlier run's).
+fn spawn(bin: &PathBuf, dir: &std::path::Path, client_port: u16, peer_port: u16) -> std::io::Result<Child> {
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("etcd.log"))?;
+    Command::new(bin)
+        .arg("--name=test")
+        .arg(format!("--data-dir={}", dir.join("data").display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=test={peer_url}"))
+        .arg("--initial-cluster-state=new")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+}
+
 impl EtcdServer {
     /// Starts a server and waits until it reports healthy.
     pub fn start() -> Result<Self, EtcdStartError> {
@@ -79,37 +103,53 @@ impl EtcdServer {
     fn start_once(bin: &PathBuf) -> Result<Result<Self, String>, EtcdStartError> {
         let dir = tempfile::Builder::new().prefix("crescent-etcd-").tempdir()?;
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
-        let child = Command::new(bin)
-            .arg("--name=test")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=test={peer_url}"))
-            .arg("--initial-cluster-state=new")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let mut server = Self { child, client: SocketAddr::from((Ipv4Addr::LOCALHOST, client_port)), _dir: dir };
+        let child = spawn(bin, dir.path(), client_port, peer_port)?;
+        let mut server = Self {
+            child,
+            client: SocketAddr::from((Ipv4Addr::LOCALHOST, client_port)),
+            peer_port,
+            bin: bin.clone(),
+            running: true,
+            _dir: dir,
+        };
+        Ok(server.await_healthy().map(|()| server))
+    }
+
+    /// Waits until the server reports healthy; `Ok(Err(why))` when it exited or stalled.
+    fn await_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if healthy(server.client) {
-                return Ok(Ok(server));
+            if healthy(self.client) {
+                return Ok(());
             }
-            if let Some(status) = server.child.try_wait()? {
-                return Ok(Err(format!("exited with {status}: {}", server.log_tail())));
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Err(format!("exited with {status}: {}", self.log_tail())),
+                Ok(None) => {}
+                Err(e) => return Err(format!("wait: {e}")),
             }
             if Instant::now() > deadline {
-                return Ok(Err(format!("not healthy after {READY_TIMEOUT:?}: {}", server.log_tail())));
+                return Err(format!("not healthy after {READY_TIMEOUT:?}: {}", self.log_tail()));
             }
             // Polling a readiness probe, not synchronising on time: the loop ends on health or exit.
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Takes the server down (SIGKILL, as a crash or a lost host would), keeping its data directory and ports
+    /// for [`EtcdServer::restart`].
+    pub fn stop(&mut self) {
+        self.kill();
+    }
+
+    /// Brings a stopped server back on the same data directory and ports and waits until it is healthy (what
+    /// was committed before [`EtcdServer::stop`] is still there). Does nothing if it is running.
+    pub fn restart(&mut self) -> Result<(), EtcdStartError> {
+        if self.running {
+            return Ok(());
+        }
+        self.child = spawn(&self.bin, self._dir.path(), self.client.port(), self.peer_port)?;
+        self.running = true;
+        self.await_healthy().map_err(EtcdStartError::NotReady)
     }
 
     fn log_tail(&self) -> String {
@@ -132,6 +172,7 @@ impl EtcdServer {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.running = false;
     }
 }
 

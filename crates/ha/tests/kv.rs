@@ -121,7 +121,7 @@ async fn applied_then_ambiguous_write_is_applied(f: Fixture) {
     assert_eq!(get(&f, "b").await, None);
 }
 
-crate::on_both_backends!(
+crate::on_all_backends!(
     get_put_round_trip,
     txn_compare_semantics,
     range_pages_in_key_order,

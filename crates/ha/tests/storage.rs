@@ -249,7 +249,7 @@ async fn corrupt_or_misplaced_batches_fail_closed(f: Fixture) {
     assert!(matches!(s.read_producer_view().await, Err(StorageError::Corrupt { .. })));
 }
 
-crate::on_both_backends!(
+crate::on_all_backends!(
     init_is_idempotent,
     init_lost_race_adopts_the_stored_prefix,
     init_resolves_a_committed_ambiguous_create,

@@ -41,6 +41,9 @@ pub enum Fault {
     ApplyThenAmbiguous,
     /// Put this key and value into the inner backend first (a racing writer), then make the call.
     PutFirst(Vec<u8>, Vec<u8>),
+    /// Answer as if nothing were stored (a get finds no key, a range an empty page) without reaching the inner
+    /// backend: a deleted or never-written key. Puts and txns it is triggered on proceed normally.
+    Absent,
     /// Add a permit to `entered` (the test learns the call arrived), wait for a permit of `release`, then make
     /// the call: holds a call in flight exactly as long as a test wants, with no timing involved.
     Block {
@@ -128,8 +131,18 @@ impl<B: HaKvBackend> FaultyKv<B> {
     }
 
     async fn run<'a, T: Send + 'a>(&'a self, op: KvOp, call: KvFuture<'a, T>) -> Result<T, KvError> {
-        match self.take_fault(op) {
-            None => call.await,
+        let fault = self.take_fault(op);
+        self.run_with(fault, op, call).await
+    }
+
+    async fn run_with<'a, T: Send + 'a>(
+        &'a self,
+        fault: Option<Fault>,
+        op: KvOp,
+        call: KvFuture<'a, T>,
+    ) -> Result<T, KvError> {
+        match fault {
+            None | Some(Fault::Absent) => call.await,
             Some(Fault::Fail(e)) => Err(e),
             Some(Fault::Delay(d)) => {
                 tokio::time::sleep(d).await;
@@ -157,7 +170,12 @@ impl<B: HaKvBackend> FaultyKv<B> {
 
 impl<B: HaKvBackend> HaKvBackend for FaultyKv<B> {
     fn get<'a>(&'a self, key: &'a [u8]) -> KvFuture<'a, Option<Vec<u8>>> {
-        Box::pin(self.run(KvOp::Get, self.inner.get(key)))
+        Box::pin(async move {
+            match self.take_fault(KvOp::Get) {
+                Some(Fault::Absent) => Ok(None),
+                fault => self.run_with(fault, KvOp::Get, self.inner.get(key)).await,
+            }
+        })
     }
 
     fn put<'a>(&'a self, key: &'a [u8], value: &'a [u8]) -> KvFuture<'a, ()> {
@@ -165,7 +183,12 @@ impl<B: HaKvBackend> HaKvBackend for FaultyKv<B> {
     }
 
     fn range<'a>(&'a self, begin: &'a [u8], end: &'a [u8], limit: usize) -> KvFuture<'a, RangePage> {
-        Box::pin(self.run(KvOp::Range, self.inner.range(begin, end, limit)))
+        Box::pin(async move {
+            match self.take_fault(KvOp::Range) {
+                Some(Fault::Absent) => Ok(RangePage::default()),
+                fault => self.run_with(fault, KvOp::Range, self.inner.range(begin, end, limit)).await,
+            }
+        })
     }
 
     fn txn<'a>(&'a self, txn: &'a KvTxn) -> KvFuture<'a, TxnOutcome> {

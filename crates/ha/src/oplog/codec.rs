@@ -272,6 +272,69 @@ impl OpLogBatchRecord {
     }
 }
 
+#[derive(Serialize)]
+struct LegacyBodyRef<'a> {
+    schema_version: u32,
+    seq: u64,
+    entry: &'a OpLogEntry,
+}
+
+#[derive(Deserialize)]
+struct LegacyBody {
+    schema_version: u32,
+    seq: u64,
+    entry: OpLogEntry,
+}
+
+/// Most bytes in an encoded legacy per-entry value (an entry plus schema, sequence and checksum).
+pub const MAX_LEGACY_ENTRY_BYTES: usize = MAX_ENTRY_BYTES + 5 + 10 + CHECKSUM_LEN;
+
+/// The value of a legacy per-entry key `/oplog/<cluster>/<seq, 20 digits>`:
+/// `postcard({schema_version, seq, entry}) ++ crc32c LE`. The sequence is stored as well as implied by the key so
+/// a value copied under the wrong key is caught.
+pub fn encode_legacy_entry(seq: u64, entry: &OpLogEntry) -> Result<Vec<u8>, CodecError> {
+    if seq == 0 {
+        return Err(CodecError::Inconsistent("sequence numbers start at 1".into()));
+    }
+    entry.validate().map_err(|error| CodecError::Entry { index: 0, error })?;
+    seal(&LegacyBodyRef { schema_version: SCHEMA_VERSION, seq, entry })
+}
+
+/// Decodes and fully checks a legacy per-entry value; returns its sequence number and entry.
+pub fn decode_legacy_entry(bytes: &[u8]) -> Result<(u64, OpLogEntry), CodecError> {
+    let body = open(bytes, MAX_LEGACY_ENTRY_BYTES)?;
+    let b: LegacyBody = take_all(body)?;
+    debug_assert_eq!(b.schema_version, SCHEMA_VERSION);
+    if encode_legacy_entry(b.seq, &b.entry)? != bytes {
+        return Err(CodecError::NonCanonical);
+    }
+    Ok((b.seq, b.entry))
+}
+
+/// The legacy `/latest` value: the last written sequence number as a canonical decimal (`0` allowed).
+pub fn encode_legacy_latest(seq: u64) -> Vec<u8> {
+    seq.to_string().into_bytes()
+}
+
+/// Decodes a legacy `/latest` value, refusing anything but its canonical decimal form.
+pub fn decode_legacy_latest(bytes: &[u8]) -> Result<u64, CodecError> {
+    if bytes.is_empty() {
+        return Err(CodecError::Truncated(0));
+    }
+    if bytes.len() > 20 {
+        return Err(CodecError::TooLarge { len: bytes.len(), max: 20 });
+    }
+    if !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(CodecError::Malformed("latest is not a decimal".into()));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let v: u64 = text.parse().map_err(|e: std::num::ParseIntError| CodecError::Malformed(e.to_string()))?;
+    if encode_legacy_latest(v) != bytes {
+        return Err(CodecError::NonCanonical);
+    }
+    Ok(v)
+}
+
 #[derive(Serialize, Deserialize)]
 struct PrefixBody {
     schema_version: u32,
@@ -425,6 +488,42 @@ impl OpLogKeys {
     /// `/oplog/<cluster>/batches/<id, 20 digits>`.
     pub fn batch(&self, batch_id: u64) -> Vec<u8> {
         format!("{}batches/{batch_id:0width$}", self.root, width = BATCH_ID_WIDTH).into_bytes()
+    }
+
+    /// Legacy `/oplog/<cluster>/latest`: the last sequence the per-entry writer wrote.
+    pub fn legacy_latest(&self) -> Vec<u8> {
+        format!("{}latest", self.root).into_bytes()
+    }
+
+    /// Legacy per-entry key `/oplog/<cluster>/<seq, 20 digits>` (the same padding as batch ids).
+    pub fn legacy_entry(&self, seq: u64) -> Vec<u8> {
+        format!("{}{seq:0width$}", self.root, width = BATCH_ID_WIDTH).into_bytes()
+    }
+
+    /// The range `[begin, end)` of legacy entry keys with sequence in `(after, upto]` (empty when `after >= upto`).
+    /// The end stops below `/oplog/<cluster>/:` (`:` follows `9`), so `batches/`, `latest`, `durable_prefix`,
+    /// `producer_view` and `snapshot/` never fall inside.
+    pub fn legacy_entries_between(&self, after: u64, upto: u64) -> (Vec<u8>, Vec<u8>) {
+        let digits_end = format!("{}:", self.root).into_bytes();
+        if after >= upto {
+            return (digits_end.clone(), digits_end);
+        }
+        // `after < upto`, so `after + 1` cannot overflow.
+        let begin = self.legacy_entry(after + 1);
+        let end = match upto.checked_add(1) {
+            Some(e) => self.legacy_entry(e),
+            None => digits_end,
+        };
+        (begin, end)
+    }
+
+    /// The sequence number a legacy entry key names, or `None` for any other key.
+    pub fn parse_legacy_entry(&self, key: &[u8]) -> Option<u64> {
+        let digits = key.strip_prefix(self.root.as_bytes())?;
+        if digits.len() != BATCH_ID_WIDTH || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
     }
 
     /// The range `[begin, end)` of batch keys with ids greater than `after` (empty when `after` is `u64::MAX`).
@@ -620,6 +719,66 @@ mod tests {
         let v2 = seal(&PrefixBody { schema_version: 2, batch_id: 2, last_seq: 5 }).unwrap();
         assert_eq!(DurablePrefix::decode(&v2), Err(CodecError::UnsupportedSchema(2)));
         assert!(matches!(DurablePrefix::decode(&[0; 65]), Err(CodecError::TooLarge { .. })));
+    }
+
+    // schema 1, seq 10, entry [op 1, "tenant", "key", "\0binary"]; then crc32c LE (computed independently).
+    const GOLDEN_LEGACY_ENTRY: &str = "010a010674656e616e74036b6579070062696e617279";
+    const GOLDEN_LEGACY_ENTRY_FULL: &str = "010a010674656e616e74036b6579070062696e617279a875f8f1";
+
+    #[test]
+    fn legacy_entry_golden_bytes_and_rejections() {
+        let e = entry(1, "tenant", "key", b"\0binary");
+        let bytes = encode_legacy_entry(10, &e).unwrap();
+        let body = &bytes[..bytes.len() - CHECKSUM_LEN];
+        assert_eq!(hex(body), GOLDEN_LEGACY_ENTRY);
+        assert_eq!(hex(&bytes), GOLDEN_LEGACY_ENTRY_FULL);
+        assert_eq!(decode_legacy_entry(&bytes).unwrap(), (10, e.clone()));
+        for cut in 0..bytes.len() {
+            assert!(decode_legacy_entry(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(decode_legacy_entry(&b).is_err(), "flip at {i}");
+        }
+        let mut v2 = body.to_vec();
+        v2[0] = 2;
+        let crc = crc32c::crc32c(&v2);
+        v2.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_legacy_entry(&v2), Err(CodecError::UnsupportedSchema(2)));
+        assert!(encode_legacy_entry(0, &e).is_err());
+        assert!(encode_legacy_entry(1, &entry(0, "", "", b"")).is_err());
+        // An overlong seq varint under a valid checksum decodes but is not canonical.
+        let mut long = vec![1u8, 0x8a, 0x00];
+        long.extend_from_slice(&body[2..]);
+        let crc = crc32c::crc32c(&long);
+        long.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_legacy_entry(&long), Err(CodecError::NonCanonical));
+    }
+
+    #[test]
+    fn legacy_keys_and_latest() {
+        let k = OpLogKeys::new("c").unwrap();
+        assert_eq!(k.legacy_entry(7), b"/oplog/c/00000000000000000007".to_vec());
+        assert_eq!(k.legacy_latest(), b"/oplog/c/latest".to_vec());
+        assert_eq!(k.parse_legacy_entry(&k.legacy_entry(42)), Some(42));
+        for other in [k.legacy_latest(), k.durable_prefix(), k.producer_view(), k.batch(1)] {
+            assert_eq!(k.parse_legacy_entry(&other), None);
+            let (b, e) = k.legacy_entries_between(0, u64::MAX);
+            assert!(!(other >= b && other < e), "{:?} inside the legacy range", String::from_utf8_lossy(&other));
+        }
+        let (b, e) = k.legacy_entries_between(3, 5);
+        assert_eq!((b, e), (k.legacy_entry(4), k.legacy_entry(6)));
+        let (b, e) = k.legacy_entries_between(5, 5);
+        assert_eq!(b, e);
+        let (_, e) = k.legacy_entries_between(0, u64::MAX);
+        assert_eq!(e, b"/oplog/c/:".to_vec());
+        assert_eq!(encode_legacy_latest(0), b"0".to_vec());
+        assert_eq!(decode_legacy_latest(b"0"), Ok(0));
+        assert_eq!(decode_legacy_latest(b"18446744073709551615"), Ok(u64::MAX));
+        for bad in [&b""[..], b"-1", b"07", b"7x", b" 7", b"8.0", b"18446744073709551616", b"+7"] {
+            assert!(decode_legacy_latest(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

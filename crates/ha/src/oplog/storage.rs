@@ -3,8 +3,9 @@
 //! sequence assignment, retry policy or callbacks (the writer's) nor what entries mean (the master's).
 
 use super::codec::{
-    ClusterIdError, CodecError, DurablePrefix, OpLogBatchRecord, OpLogKeys, RECORD_OVERHEAD_BOUND,
-    decode_producer_view, encode_producer_view,
+    ClusterIdError, CodecError, DurablePrefix, OpLogBatchRecord, OpLogEntry, OpLogKeys, RECORD_OVERHEAD_BOUND,
+    decode_legacy_entry, decode_legacy_latest, decode_producer_view, encode_legacy_entry, encode_legacy_latest,
+    encode_producer_view,
 };
 use crate::kv::{HaKvBackend, KvCompare, KvError, KvPair, KvTxn, TxnOutcome};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ pub const DEFAULT_MAX_BATCH_ENTRIES: usize = 1024;
 pub const TXN_OVERHEAD_BYTES: usize = 4096;
 /// Batch records fetched per range request (bounded so a page of full batches stays far below the response limit).
 pub const RANGE_PAGE: usize = 16;
-/// Attempts of the producer-view claim loop before giving up on a contended key.
+/// Attempts of the producer-view claim loop (and of the cutover loop) before giving up on a contended key.
 const CLAIM_ATTEMPTS: usize = 16;
 
 /// Why a storage call failed.
@@ -80,6 +81,10 @@ pub enum StorageError {
     /// The cluster id cannot name a namespace.
     #[error(transparent)]
     ClusterId(#[from] ClusterIdError),
+    /// The oplog was cut over to batch records (a durable prefix exists): per-entry writes would land outside
+    /// the durable boundary and no reader would apply them.
+    #[error("the oplog was cut over to batch records at {0:?}; per-entry writes are refused")]
+    CutOver(DurablePrefix),
 }
 
 /// Caps on one batch, derived from the backend's limits.
@@ -179,8 +184,10 @@ impl OpLogBatchStorage {
         }
     }
 
-    /// Returns the durable prefix, creating `{0, 0}` if absent (create-if-absent, so racing initialisers agree),
-    /// after checking the stored oplog is consistent with it.
+    /// Returns the durable prefix, creating it if absent (create-if-absent, so racing initialisers agree), after
+    /// checking the stored oplog is consistent with it. A namespace written by the legacy per-entry writer is cut
+    /// over (RFC §6): the prefix is created as `{0, latest}` from `/latest` (trusted, not scanned), compared in the
+    /// same txn so a per-entry writer still advancing `/latest` makes the cutover re-read instead of losing entries.
     pub async fn init_durable_prefix(&self) -> Result<DurablePrefix, StorageError> {
         if let Some(p) = self.read_durable_prefix().await? {
             self.validate_prefix(p).await?;
@@ -190,30 +197,173 @@ impl OpLogBatchStorage {
             return Err(StorageError::Inconsistent("batch records exist but no durable prefix".into()));
         }
         let key = self.keys.durable_prefix();
-        let txn = KvTxn {
-            compares: vec![KvCompare::KeyAbsent(key.clone())],
-            puts: vec![KvPair { key, value: DurablePrefix::ZERO.encode() }],
-        };
-        let outcome = self.kv.txn(&txn).await;
-        match outcome {
-            Ok(TxnOutcome::Succeeded) => {
-                tracing::info!(keys = ?self.keys, "created the durable prefix {{0, 0}}");
-                Ok(DurablePrefix::ZERO)
-            }
-            Ok(TxnOutcome::CompareFailed) | Err(KvError::Ambiguous(_)) => {
-                // Another initialiser won, or ours landed without an answer: what is stored now is the truth.
-                match self.read_durable_prefix().await? {
-                    Some(p) => {
-                        self.validate_prefix(p).await?;
-                        Ok(p)
+        let latest_key = self.keys.legacy_latest();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let latest = self.read_legacy_latest().await?;
+            let base = DurablePrefix { batch_id: 0, last_seq: latest.unwrap_or(0) };
+            let latest_compare = match latest {
+                Some(l) => KvCompare::ValueEquals(latest_key.clone(), encode_legacy_latest(l)),
+                None => KvCompare::KeyAbsent(latest_key.clone()),
+            };
+            let txn = KvTxn {
+                compares: vec![KvCompare::KeyAbsent(key.clone()), latest_compare],
+                puts: vec![KvPair { key: key.clone(), value: base.encode() }],
+            };
+            let outcome = self.kv.txn(&txn).await;
+            match outcome {
+                Ok(TxnOutcome::Succeeded) => {
+                    if latest.is_some() {
+                        tracing::info!(keys = ?self.keys, prefix = ?base, "cut the per-entry oplog over to batch records");
+                    } else {
+                        tracing::info!(keys = ?self.keys, "created the durable prefix {{0, 0}}");
                     }
-                    None => match outcome {
-                        Err(e) => Err(StorageError::Kv(e)),
-                        Ok(_) => Err(StorageError::Inconsistent("durable prefix vanished after a create race".into())),
-                    },
+                    return Ok(base);
+                }
+                Ok(TxnOutcome::CompareFailed) | Err(KvError::Ambiguous(_)) => {
+                    // Another initialiser won, ours landed without an answer, or `/latest` moved: what is stored
+                    // now is the truth.
+                    if let Some(p) = self.read_durable_prefix().await? {
+                        self.validate_prefix(p).await?;
+                        return Ok(p);
+                    }
+                    if let Err(e) = outcome {
+                        return Err(StorageError::Kv(e));
+                    }
+                    tracing::warn!(keys = ?self.keys, "legacy /latest moved during cutover; re-reading");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(StorageError::Inconsistent("legacy /latest kept moving during cutover: stop the per-entry writer".into()))
+    }
+
+    /// The legacy `/latest` (the per-entry writer's last sequence), or `None` if the namespace never had one.
+    pub async fn read_legacy_latest(&self) -> Result<Option<u64>, StorageError> {
+        let key = self.keys.legacy_latest();
+        match self.kv.get(&key).await? {
+            None => Ok(None),
+            Some(v) => {
+                decode_legacy_latest(&v).map(Some).map_err(|error| StorageError::Corrupt { key: key_text(&key), error })
+            }
+        }
+    }
+
+    /// Legacy entries with sequence in `(after, upto]`, in order, at most `limit` (0 = all), read [`RANGE_PAGE`]
+    /// keys at a time; each value must decode and carry its key's sequence number.
+    pub async fn read_legacy_entries(
+        &self,
+        after: u64,
+        upto: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, OpLogEntry)>, StorageError> {
+        let (mut begin, end) = self.keys.legacy_entries_between(after, upto);
+        let mut out = Vec::new();
+        while begin < end {
+            let want = if limit == 0 { RANGE_PAGE } else { (limit - out.len()).min(RANGE_PAGE) };
+            let page = self.kv.range(&begin, &end, want).await?;
+            for kv in &page.kvs {
+                let Some(seq) = self.keys.parse_legacy_entry(&kv.key) else { continue };
+                let (stored, entry) = decode_legacy_entry(&kv.value)
+                    .map_err(|error| StorageError::Corrupt { key: key_text(&kv.key), error })?;
+                if stored != seq {
+                    return Err(StorageError::Corrupt {
+                        key: key_text(&kv.key),
+                        error: CodecError::Inconsistent(format!("value says seq {stored}")),
+                    });
+                }
+                out.push((seq, entry));
+                if limit != 0 && out.len() == limit {
+                    return Ok(out);
                 }
             }
-            Err(e) => Err(e.into()),
+            match page.kvs.last() {
+                Some(last) if page.more => begin = successor(&last.key),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Startup of the legacy per-entry writer: `{0, latest}` (`latest` 0 when absent), after checking the entry
+    /// at `latest` exists and that the namespace was not cut over to batch records.
+    pub async fn init_legacy(&self) -> Result<DurablePrefix, StorageError> {
+        if let Some(p) = self.read_durable_prefix().await? {
+            return Err(StorageError::CutOver(p));
+        }
+        let latest = self.read_legacy_latest().await?.unwrap_or(0);
+        if latest > 0 && self.read_legacy_entries(latest - 1, latest, 1).await?.is_empty() {
+            return Err(StorageError::Inconsistent(format!("legacy /latest is {latest} but its entry is missing")));
+        }
+        Ok(DurablePrefix { batch_id: 0, last_seq: latest })
+    }
+
+    /// The legacy per-entry write of entry `seq` (RFC §4's old layout): ONE txn {compare producer view == `view`,
+    /// durable prefix absent (not cut over), `/latest` == `expected_latest` (absent for 0); put the entry key,
+    /// put `/latest` = `seq`}. Unknown outcomes are resolved by re-reading, as for batches. Returns `seq`.
+    pub async fn write_legacy_entry(
+        &self,
+        seq: u64,
+        entry: &OpLogEntry,
+        expected_latest: u64,
+        view: u64,
+    ) -> Result<u64, StorageError> {
+        if view == 0 {
+            return Err(StorageError::InvalidBatch("producer view 0 is reserved".into()));
+        }
+        if expected_latest.checked_add(1) != Some(seq) {
+            return Err(StorageError::InvalidBatch(format!("entry {seq} does not follow /latest {expected_latest}")));
+        }
+        let value = encode_legacy_entry(seq, entry).map_err(|e| StorageError::InvalidBatch(e.to_string()))?;
+        let latest_key = self.keys.legacy_latest();
+        let latest_compare = if expected_latest == 0 {
+            KvCompare::KeyAbsent(latest_key.clone())
+        } else {
+            KvCompare::ValueEquals(latest_key.clone(), encode_legacy_latest(expected_latest))
+        };
+        let txn = KvTxn {
+            compares: vec![
+                KvCompare::ValueEquals(self.keys.producer_view(), encode_producer_view(view)),
+                KvCompare::KeyAbsent(self.keys.durable_prefix()),
+                latest_compare,
+            ],
+            puts: vec![
+                KvPair { key: self.keys.legacy_entry(seq), value: value.clone() },
+                KvPair { key: latest_key, value: encode_legacy_latest(seq) },
+            ],
+        };
+        let ambiguous = match self.kv.txn(&txn).await {
+            Ok(TxnOutcome::Succeeded) => return Ok(seq),
+            Ok(TxnOutcome::CompareFailed) => None,
+            Err(e @ KvError::Ambiguous(_)) => Some(e),
+            Err(e) => return Err(e.into()),
+        };
+        let unknown = |e: StorageError| match &ambiguous {
+            Some(a) if matches!(e, StorageError::Kv(_)) => StorageError::Kv(a.clone()),
+            _ => e,
+        };
+        let prefix = self.read_durable_prefix().await.map_err(unknown)?;
+        let latest = self.read_legacy_latest().await.map_err(unknown)?;
+        let landed = if latest == Some(seq) {
+            let stored = self.kv.get(&self.keys.legacy_entry(seq)).await.map_err(|e| unknown(e.into()))?;
+            stored.as_deref() == Some(value.as_slice())
+        } else {
+            false
+        };
+        let current_view = self.read_producer_view().await.map_err(unknown)?;
+        if current_view != Some(view) {
+            tracing::warn!(view, found = ?current_view, seq, "legacy oplog write fenced");
+            return Err(StorageError::Fenced { held: view, found: current_view });
+        }
+        if landed {
+            return Ok(seq);
+        }
+        if let Some(p) = prefix {
+            return Err(StorageError::CutOver(p));
+        }
+        let as_prefix = |l: u64| DurablePrefix { batch_id: 0, last_seq: l };
+        match ambiguous {
+            Some(e) if latest.unwrap_or(0) == expected_latest => Err(StorageError::Kv(e)),
+            _ => Err(StorageError::Conflict { expected: as_prefix(expected_latest), found: latest.map(as_prefix) }),
         }
     }
 

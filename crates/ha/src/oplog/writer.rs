@@ -6,6 +6,9 @@
 //! order, to a separate callback task only after the durable prefix has advanced past them.
 
 use super::codec::{DurablePrefix, OpLogBatchRecord, OpLogEntry, RECORD_OVERHEAD_BOUND};
+use super::metrics::{
+    AdmissionFailures, BATCH_BYTES_BOUNDS, BATCH_ENTRIES_BOUNDS, Histogram, LatencyWindow, WriterMetrics,
+};
 use super::storage::{BatchLimits, OpLogBatchStorage, StorageError};
 use crate::kv::KvError;
 use parking_lot::Mutex;
@@ -14,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// Runs once its entry is durable, with the entry's sequence number, on the writer's callback task. Keep it
 /// short and non-panicking: callbacks run one after another in sequence order.
@@ -39,6 +43,19 @@ pub enum WriterError {
     Terminal(StorageError),
 }
 
+/// How the writer stores what it seals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriterMode {
+    /// One batch record and the durable prefix per txn (RFC §10).
+    #[default]
+    Batch,
+    /// The legacy layout (RFC §4): each entry its own key plus `/latest`, one txn per entry compared on the
+    /// expected `/latest`. Same admission, sealing, retry and callbacks as [`WriterMode::Batch`]: the honest
+    /// per-entry baseline for benchmarks, and the writer that produces a legacy log to cut over from. Start it
+    /// from [`OpLogBatchStorage::init_legacy`]; it refuses to write once the namespace is cut over.
+    LegacyPerEntry,
+}
+
 /// Writer settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterConfig {
@@ -49,6 +66,8 @@ pub struct WriterConfig {
     pub retry_initial: Duration,
     /// Retry delays double up to this.
     pub retry_max: Duration,
+    /// The storage layout written.
+    pub mode: WriterMode,
 }
 
 impl Default for WriterConfig {
@@ -57,6 +76,7 @@ impl Default for WriterConfig {
             max_waiting_entries: super::storage::DEFAULT_MAX_BATCH_ENTRIES,
             retry_initial: Duration::from_millis(1),
             retry_max: Duration::from_secs(1),
+            mode: WriterMode::Batch,
         }
     }
 }
@@ -85,6 +105,35 @@ pub struct WriterStatus {
 struct Pending {
     entry: OpLogEntry,
     callback: Option<DurableCallback>,
+    committed_at: Instant,
+}
+
+/// Counters and distributions behind [`OrderedOpLogWriter::metrics`] (updated under the state lock).
+struct Stats {
+    durable_writes: u64,
+    durable_entries: u64,
+    batch_entries: Histogram,
+    batch_bytes: Histogram,
+    commit_to_durable: LatencyWindow,
+    callback_latency: LatencyWindow,
+    /// Durable entries whose callbacks were handed to the callback task and have not run yet.
+    callback_queue: usize,
+    admission: AdmissionFailures,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Self {
+            durable_writes: 0,
+            durable_entries: 0,
+            batch_entries: Histogram::new(&BATCH_ENTRIES_BOUNDS),
+            batch_bytes: Histogram::new(&BATCH_BYTES_BOUNDS),
+            commit_to_durable: LatencyWindow::default(),
+            callback_latency: LatencyWindow::default(),
+            callback_queue: 0,
+            admission: AdmissionFailures::default(),
+        }
+    }
 }
 
 struct State {
@@ -98,7 +147,13 @@ struct State {
     next_seq: u64,
     committed: VecDeque<Pending>,
     in_flight: bool,
+    /// Entries of the batch in flight not durable yet, their commit times, and when it was sealed.
+    in_flight_commits: VecDeque<Instant>,
+    in_flight_since: Option<Instant>,
+    /// First failure of the batch in flight, while it keeps failing.
+    stuck_since: Option<Instant>,
     durable: DurablePrefix,
+    stats: Stats,
 }
 
 struct Shared {
@@ -167,7 +222,11 @@ impl OrderedOpLogWriter {
             next_seq: next_seq.unwrap_or(u64::MAX),
             committed: VecDeque::new(),
             in_flight: false,
+            in_flight_commits: VecDeque::new(),
+            in_flight_since: None,
+            stuck_since: None,
             durable: initial,
+            stats: Stats::new(),
         };
         let limits = storage.batch_limits();
         let shared = Arc::new(Shared {
@@ -190,7 +249,7 @@ impl OrderedOpLogWriter {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(write_loop(Arc::clone(&self.shared), tx));
-        let callbacks = tokio::spawn(callback_loop(rx));
+        let callbacks = tokio::spawn(callback_loop(Arc::clone(&self.shared), rx));
         *tasks = Some((writer, callbacks));
     }
 
@@ -198,12 +257,16 @@ impl OrderedOpLogWriter {
     pub fn reserve(&self) -> Result<Reservation, WriterError> {
         let mut s = self.shared.state.lock();
         if let Some(t) = &s.terminal {
-            return Err(WriterError::Terminal(t.clone()));
+            let e = WriterError::Terminal(t.clone());
+            s.stats.admission.terminal += 1;
+            return Err(e);
         }
         if !s.accepting || s.stopping {
+            s.stats.admission.unavailable += 1;
             return Err(WriterError::Unavailable);
         }
         if s.waiting >= self.shared.config.max_waiting_entries {
+            s.stats.admission.queue_full += 1;
             return Err(WriterError::QueueFull(s.waiting));
         }
         s.waiting += 1;
@@ -223,13 +286,17 @@ impl OrderedOpLogWriter {
             // Dropping it releases the slot on its own writer.
             _ => return Err(WriterError::ForeignReservation),
         }
-        entry.validate().map_err(|e| WriterError::InvalidEntry(e.to_string()))?;
+        let invalid = |e: WriterError| {
+            self.shared.state.lock().stats.admission.invalid_entry += 1;
+            e
+        };
+        entry.validate().map_err(|e| invalid(WriterError::InvalidEntry(e.to_string())))?;
         if !self.shared.limits.fits(1, entry.encoded_len_bound()) {
-            return Err(WriterError::InvalidEntry(format!(
+            return Err(invalid(WriterError::InvalidEntry(format!(
                 "entry of up to {} bytes cannot fit a batch of {} bytes",
                 entry.encoded_len_bound() + RECORD_OVERHEAD_BOUND,
                 self.shared.limits.max_bytes
-            )));
+            ))));
         }
         // From here the slot is this function's: it either becomes a committed entry or is released below.
         reservation.owner = None;
@@ -243,11 +310,15 @@ impl OrderedOpLogWriter {
             };
             if let Some(e) = refused {
                 s.waiting = s.waiting.saturating_sub(1);
+                match e {
+                    WriterError::Terminal(_) => s.stats.admission.terminal += 1,
+                    _ => s.stats.admission.unavailable += 1,
+                }
                 return Err(e);
             }
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.committed.push_back(Pending { entry, callback });
+            s.committed.push_back(Pending { entry, callback, committed_at: Instant::now() });
             seq
         };
         self.shared.wake.notify_one();
@@ -277,6 +348,29 @@ impl OrderedOpLogWriter {
             failed_attempts: s.failed_attempts,
             last_error: s.last_error.clone(),
             terminal: s.terminal.clone(),
+        }
+    }
+
+    /// The writer's figures now, for `/metrics` and `/health` (RFC Phase 5).
+    pub fn metrics(&self) -> WriterMetrics {
+        let now = Instant::now();
+        let s = self.shared.state.lock();
+        WriterMetrics {
+            accepting: s.accepting && !s.stopping && s.terminal.is_none(),
+            terminal: s.terminal.is_some(),
+            durable: s.durable,
+            durable_writes: s.stats.durable_writes,
+            durable_entries: s.stats.durable_entries,
+            batch_entries: s.stats.batch_entries.clone(),
+            batch_bytes: s.stats.batch_bytes.clone(),
+            commit_to_durable: s.stats.commit_to_durable.summary(),
+            callback_latency: s.stats.callback_latency.summary(),
+            retries: s.failed_attempts,
+            in_flight_age: s.in_flight_since.map(|t| now - t),
+            stuck_for: s.stuck_since.map(|t| now - t),
+            committed_not_durable: s.committed.len() + s.in_flight_commits.len(),
+            callback_queue: s.stats.callback_queue,
+            admission_failures: s.stats.admission,
         }
     }
 
@@ -312,6 +406,8 @@ impl Drop for OrderedOpLogWriter {
 }
 
 type Dispatch = Vec<(u64, DurableCallback)>;
+/// Callbacks made runnable together, and when they became durable.
+type CallbackBatch = (Instant, Dispatch);
 
 /// Seals the committed entries that fit one batch; `None` when nothing to seal or a batch is in flight.
 fn seal(shared: &Shared, s: &mut State) -> Option<Result<(OpLogBatchRecord, DurablePrefix, Dispatch), StorageError>> {
@@ -335,14 +431,18 @@ fn seal(shared: &Shared, s: &mut State) -> Option<Result<(OpLogBatchRecord, Dura
     };
     let mut entries = Vec::with_capacity(n);
     let mut dispatch = Vec::new();
+    let mut commits = VecDeque::with_capacity(n);
     for (seq, p) in (first_seq..).zip(s.committed.drain(..n)) {
         entries.push(p.entry);
+        commits.push_back(p.committed_at);
         if let Some(cb) = p.callback {
             dispatch.push((seq, cb));
         }
     }
     s.waiting = s.waiting.saturating_sub(n);
     s.in_flight = true;
+    s.in_flight_commits = commits;
+    s.in_flight_since = Some(Instant::now());
     Some(
         OpLogBatchRecord::new(batch_id, first_seq, entries)
             .map(|b| (b, expected, dispatch))
@@ -357,7 +457,7 @@ fn enter_terminal(shared: &Shared, e: StorageError) {
     s.terminal = Some(e);
 }
 
-async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Dispatch>) {
+async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<CallbackBatch>) {
     loop {
         let woken = shared.wake.notified();
         tokio::pin!(woken);
@@ -377,73 +477,162 @@ async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Dispat
             None => woken.await,
             Some(Err(e)) => return enter_terminal(&shared, e),
             Some(Ok((batch, expected, dispatch))) => {
-                if !write_one(&shared, &batch, expected).await {
-                    return;
-                }
+                let durable = match shared.config.mode {
+                    WriterMode::Batch => write_one(&shared, &batch, expected, dispatch).await,
+                    WriterMode::LegacyPerEntry => write_legacy(&shared, &batch, expected, dispatch, &callbacks).await,
+                };
+                let Some(dispatch) = durable else { return };
                 // Ordered: batches are written one at a time and their callbacks queued in that order.
-                if !dispatch.is_empty() && callbacks.send(dispatch).is_err() {
-                    tracing::warn!("oplog callback task is gone; durable callbacks dropped");
-                }
+                send_callbacks(&shared, &callbacks, dispatch);
             }
         }
     }
 }
 
-/// Writes one sealed batch until it is durable (true) or the writer must stop (false: terminal or stopping).
-async fn write_one(shared: &Shared, batch: &OpLogBatchRecord, expected: DurablePrefix) -> bool {
+/// Writes one sealed batch until it is durable (its callbacks are returned) or the writer must stop (`None`:
+/// terminal or stopping).
+async fn write_one(
+    shared: &Shared,
+    batch: &OpLogBatchRecord,
+    expected: DurablePrefix,
+    dispatch: Dispatch,
+) -> Option<Dispatch> {
+    let attempt = || shared.storage.write_batch(batch, expected, shared.view);
+    let prefix = retry_until_durable(shared, batch.batch_id, attempt).await?;
+    let bytes = batch.entries.iter().map(OpLogEntry::encoded_len_bound).sum::<usize>() + RECORD_OVERHEAD_BOUND;
+    mark_durable(shared, prefix, batch.entries.len(), bytes, true);
+    Some(dispatch)
+}
+
+/// Hands durable callbacks to the callback task (counted until they run).
+fn send_callbacks(shared: &Shared, callbacks: &mpsc::UnboundedSender<CallbackBatch>, dispatch: Dispatch) {
+    if dispatch.is_empty() {
+        return;
+    }
+    let n = dispatch.len();
+    shared.state.lock().stats.callback_queue += n;
+    if callbacks.send((Instant::now(), dispatch)).is_err() {
+        shared.state.lock().stats.callback_queue -= n;
+        tracing::warn!("oplog callback task is gone; durable callbacks dropped");
+    }
+}
+
+/// Records a durable write of the next `entries` in-flight entries (`bytes` encoded, at most) advancing the
+/// prefix to `prefix` (and, when `done`, that no batch is in flight), reopening admission.
+fn mark_durable(shared: &Shared, prefix: DurablePrefix, entries: usize, bytes: usize, done: bool) {
+    let now = Instant::now();
+    let mut s = shared.state.lock();
+    if s.last_error.is_some() {
+        tracing::info!(durable = ?prefix, "oplog backend recovered; admission reopened");
+    }
+    s.durable = prefix;
+    s.last_error = None;
+    s.stuck_since = None;
+    s.accepting = true;
+    for _ in 0..entries {
+        if let Some(at) = s.in_flight_commits.pop_front() {
+            s.stats.commit_to_durable.record(now - at);
+        }
+    }
+    s.stats.durable_writes += 1;
+    s.stats.durable_entries += entries as u64;
+    s.stats.batch_entries.record(entries as u64);
+    s.stats.batch_bytes.record(bytes as u64);
+    if done {
+        s.in_flight = false;
+        s.in_flight_since = None;
+        s.in_flight_commits.clear();
+    }
+}
+
+/// Legacy mode: writes a sealed batch's entries one txn each, in order; each entry's callback is queued as soon
+/// as its own txn is durable. Returns the (empty) rest, or `None` when the writer must stop.
+async fn write_legacy(
+    shared: &Shared,
+    batch: &OpLogBatchRecord,
+    expected: DurablePrefix,
+    dispatch: Dispatch,
+    callbacks: &mpsc::UnboundedSender<CallbackBatch>,
+) -> Option<Dispatch> {
+    let mut dispatch: VecDeque<(u64, DurableCallback)> = dispatch.into();
+    let mut latest = expected.last_seq;
+    for (seq, entry) in batch.sequenced() {
+        let attempt = || async move {
+            shared
+                .storage
+                .write_legacy_entry(seq, entry, latest, shared.view)
+                .await
+                .map(|l| DurablePrefix { batch_id: expected.batch_id, last_seq: l })
+        };
+        let prefix = retry_until_durable(shared, seq, attempt).await?;
+        latest = prefix.last_seq;
+        mark_durable(shared, prefix, 1, entry.encoded_len_bound() + RECORD_OVERHEAD_BOUND, seq == batch.last_seq);
+        let mut ready = Vec::new();
+        while dispatch.front().is_some_and(|(s, _)| *s <= seq) {
+            ready.extend(dispatch.pop_front());
+        }
+        send_callbacks(shared, callbacks, ready);
+    }
+    Some(dispatch.into())
+}
+
+/// Runs `attempt` until it succeeds (admission reopened, the new prefix returned) or the writer must stop
+/// (`None`): retryable errors close admission and back off; anything else is terminal.
+async fn retry_until_durable<F, Fut>(shared: &Shared, batch: u64, attempt: F) -> Option<DurablePrefix>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<DurablePrefix, StorageError>>,
+{
     let mut delay = shared.config.retry_initial;
     loop {
-        match shared.storage.write_batch(batch, expected, shared.view).await {
+        match attempt().await {
             Ok(prefix) => {
-                let mut s = shared.state.lock();
-                if s.failed_attempts > 0 && s.last_error.is_some() {
-                    tracing::info!(batch = batch.batch_id, "oplog backend recovered; admission reopened");
-                }
-                s.durable = prefix;
-                s.in_flight = false;
-                s.last_error = None;
-                s.accepting = true;
-                return true;
+                return Some(prefix);
             }
             Err(e) if retryable(&e) => {
                 let stopping = {
                     let mut s = shared.state.lock();
                     if s.last_error.is_none() {
-                        tracing::warn!(error = %e, batch = batch.batch_id, "oplog write failed; admission closed, retrying");
+                        tracing::warn!(error = %e, batch, "oplog write failed; admission closed, retrying");
                     }
                     s.accepting = false;
                     s.failed_attempts += 1;
+                    s.stuck_since.get_or_insert_with(Instant::now);
                     s.last_error = Some(e);
                     s.stopping
                 };
                 if stopping {
-                    return false;
+                    return None;
                 }
                 let stop = shared.stop.notified();
                 tokio::pin!(stop);
                 stop.as_mut().enable();
                 // Re-check after registering: a stop between the two would otherwise be missed.
                 if shared.state.lock().stopping {
-                    return false;
+                    return None;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = stop => return false,
+                    _ = stop => return None,
                 }
                 delay = (delay * 2).min(shared.config.retry_max);
             }
             Err(e) => {
                 enter_terminal(shared, e);
-                return false;
+                return None;
             }
         }
     }
 }
 
-async fn callback_loop(mut rx: mpsc::UnboundedReceiver<Dispatch>) {
-    while let Some(batch) = rx.recv().await {
+async fn callback_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CallbackBatch>) {
+    while let Some((durable_at, batch)) = rx.recv().await {
         for (seq, cb) in batch {
+            shared.state.lock().stats.callback_latency.record(durable_at.elapsed());
+            // No lock while the callback runs: it may take its own locks or call back into the writer.
             cb(seq);
+            let mut s = shared.state.lock();
+            s.stats.callback_queue = s.stats.callback_queue.saturating_sub(1);
         }
     }
 }

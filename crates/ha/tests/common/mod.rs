@@ -1,10 +1,13 @@
-//! Fixtures shared by the integration tests: the same test body runs against a real etcd and against redb.
+//! Fixtures shared by the integration tests: the same test body runs against a real etcd, against redb and
+//! against the in-memory backend.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
-use crescent_ha::kv::{EmbeddedKv, FaultyKv, HaKvBackend};
-use crescent_ha::oplog::{OpLogBatchRecord, OpLogBatchStorage, OpLogEntry, StorageConfig};
+use crescent_ha::kv::{EmbeddedKv, FaultyKv, HaKvBackend, MemoryKv};
+use crescent_ha::oplog::{ApplyError, OpLogApplier, OpLogBatchRecord, OpLogBatchStorage, OpLogEntry, StorageConfig};
 use crescent_ha::testing::EtcdServer;
+use parking_lot::Mutex;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What keeps a backend alive: an etcd process or a temp directory.
 pub enum Guard {
@@ -12,6 +15,8 @@ pub enum Guard {
     Etcd(EtcdServer),
     /// The embedded store's directory (removed on drop).
     Dir(tempfile::TempDir),
+    /// Nothing to keep (the in-memory backend).
+    None,
 }
 
 /// A backend under test, wrapped for fault injection.
@@ -37,6 +42,12 @@ impl Fixture {
     pub fn storage_of(&self, cluster: &str) -> OpLogBatchStorage {
         OpLogBatchStorage::new(self.dyn_kv(), cluster, StorageConfig::default()).unwrap()
     }
+
+    /// The oplog of `cluster` on the backend without the fault wrapper (a reader that faults aimed at a writer
+    /// must not hit).
+    pub fn clean_storage_of(&self, cluster: &str) -> OpLogBatchStorage {
+        OpLogBatchStorage::new(self.kv.inner().clone(), cluster, StorageConfig::default()).unwrap()
+    }
 }
 
 /// A fresh etcd server (a missing binary fails the test).
@@ -53,10 +64,24 @@ pub async fn redb() -> Fixture {
     Fixture { kv: Arc::new(FaultyKv::new(kv)), guard: Guard::Dir(dir) }
 }
 
-/// Runs each named `async fn(Fixture)` once against etcd and once against redb.
+/// A fresh in-memory store.
+pub async fn memory() -> Fixture {
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    Fixture { kv: Arc::new(FaultyKv::new(kv)), guard: Guard::None }
+}
+
+/// Runs each named `async fn(Fixture)` once against etcd, once against redb and once in memory.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_all_backends {
     ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::memory().await).await
+                }
+            )*
+        }
         mod etcd {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,4 +109,45 @@ pub fn entry(i: u64) -> OpLogEntry {
 /// Batch `id` of `n` entries numbered from `first`.
 pub fn batch(id: u64, first: u64, n: u64) -> OpLogBatchRecord {
     OpLogBatchRecord::new(id, first, (first..first + n).map(entry).collect()).unwrap()
+}
+
+/// An applier that records what it applied (shared, so a test reads it while a follower owns a clone) and can
+/// be told to refuse one sequence number.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    /// `(seq, entry)` in the order applied.
+    pub log: Arc<Mutex<Vec<(u64, OpLogEntry)>>>,
+    /// Refuse this sequence number.
+    pub fail_at: Option<u64>,
+}
+
+impl Recorder {
+    /// A copy of what was applied.
+    pub fn applied(&self) -> Vec<(u64, OpLogEntry)> {
+        self.log.lock().clone()
+    }
+
+    /// The sequence numbers applied.
+    pub fn seqs(&self) -> Vec<u64> {
+        self.log.lock().iter().map(|(s, _)| *s).collect()
+    }
+}
+
+impl OpLogApplier for Recorder {
+    fn apply(&mut self, seq: u64, entry: &OpLogEntry) -> Result<(), ApplyError> {
+        if self.fail_at == Some(seq) {
+            return Err(ApplyError { seq, op: entry.op, reason: "refused by the test".into() });
+        }
+        self.log.lock().push((seq, entry.clone()));
+        Ok(())
+    }
+}
+
+/// Waits (polling a condition every 10 ms, up to `limit`) until `cond` holds; panics with `what` otherwise.
+pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
