@@ -1,8 +1,9 @@
 //! The ordered oplog writer against a real backend: entries per second and commit→durable latency (p50, p99,
-//! max) with 1, 8 and 64 producer threads, and backend keys written per 10 000 entries.
+//! max) with 1, 8 and 64 producer threads, and backend keys written per 10 000 entries, in batch mode (one
+//! batch record + durable prefix per txn) and per-entry mode (the legacy layout: a key per entry + `/latest`).
 //!
 //!   cargo bench -p crescent-ha --bench oplog -- [--backend etcd|embedded|memory] [--producers 1,8,64]
-//!       [--entries N] [--payload BYTES]
+//!       [--entries N] [--per-entry-entries N] [--payload BYTES] [--modes batch,per-entry]
 //!
 //! etcd is a real `etcd` started on free loopback ports (the `etcd-server` package; `CRESCENT_ETCD_BIN`
 //! overrides the path), one fresh server per run so no run inherits another's history. Each producer thread
@@ -11,7 +12,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use crescent_ha::kv::{EmbeddedKv, HaKvBackend, MemoryKv, prefix_end};
-use crescent_ha::oplog::{OpLogBatchStorage, OpLogEntry, OrderedOpLogWriter, StorageConfig, WriterConfig, WriterError};
+use crescent_ha::oplog::{
+    OpLogBatchStorage, OpLogEntry, OrderedOpLogWriter, StorageConfig, WriterConfig, WriterError, WriterMode,
+};
 use crescent_ha::testing::EtcdServer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,12 +23,23 @@ use std::time::{Duration, Instant};
 struct Args {
     backend: String,
     producers: Vec<usize>,
+    /// Entries per batch-mode run.
     entries: usize,
+    /// Entries per per-entry-mode run (a txn each: far slower, so fewer keep the run short).
+    per_entry_entries: usize,
     payload: usize,
+    modes: Vec<WriterMode>,
 }
 
 fn args() -> Args {
-    let mut a = Args { backend: "etcd".into(), producers: vec![1, 8, 64], entries: 100_000, payload: 200 };
+    let mut a = Args {
+        backend: "etcd".into(),
+        producers: vec![1, 8, 64],
+        entries: 100_000,
+        per_entry_entries: 5_000,
+        payload: 200,
+        modes: vec![WriterMode::Batch, WriterMode::LegacyPerEntry],
+    };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
@@ -34,6 +48,17 @@ fn args() -> Args {
             "--backend" => a.backend = value,
             "--producers" => a.producers = value.split(',').map(|p| p.trim().parse().unwrap()).collect(),
             "--entries" => a.entries = value.parse().unwrap(),
+            "--per-entry-entries" => a.per_entry_entries = value.parse().unwrap(),
+            "--modes" => {
+                a.modes = value
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "batch" => WriterMode::Batch,
+                        "per-entry" => WriterMode::LegacyPerEntry,
+                        other => panic!("unknown mode {other} (batch, per-entry)"),
+                    })
+                    .collect()
+            }
             "--payload" => a.payload = value.parse().unwrap(),
             // cargo bench passes `--bench`; anything else unknown is a mistake worth saying.
             "--bench" => {
@@ -86,13 +111,17 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
     Duration::from_nanos(sorted.get(i).copied().unwrap_or(0))
 }
 
-async fn run(kind: &str, producers: usize, entries: usize, payload: usize) -> Figures {
+async fn run(kind: &str, mode: WriterMode, producers: usize, entries: usize, payload: usize) -> Figures {
     let (kv, _held) = backend(kind).await;
     let cluster = "bench";
     let storage = OpLogBatchStorage::new(kv.clone(), cluster, StorageConfig::default()).unwrap();
-    let prefix = storage.init_durable_prefix().await.unwrap();
+    let prefix = match mode {
+        WriterMode::Batch => storage.init_durable_prefix().await.unwrap(),
+        WriterMode::LegacyPerEntry => storage.init_legacy().await.unwrap(),
+    };
     storage.claim_producer_view(1).await.unwrap();
-    let writer = Arc::new(OrderedOpLogWriter::new(storage, 1, prefix, WriterConfig::default()));
+    let config = WriterConfig { mode, ..WriterConfig::default() };
+    let writer = Arc::new(OrderedOpLogWriter::new(storage, 1, prefix, config));
     writer.start();
 
     let per = entries / producers;
@@ -167,7 +196,11 @@ async fn run(kind: &str, producers: usize, entries: usize, payload: usize) -> Fi
         p99: percentile(&l, 0.99),
         max: percentile(&l, 1.0),
         keys,
-        batches: status.durable.batch_id,
+        // Per-entry mode writes one entry per txn.
+        batches: match mode {
+            WriterMode::Batch => status.durable.batch_id,
+            WriterMode::LegacyPerEntry => status.durable.last_seq,
+        },
     }
 }
 
@@ -175,29 +208,34 @@ fn main() {
     let a = args();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     println!(
-        "backend {} · {} entries per run · payload {} B · release: {}",
+        "backend {} · {} entries per batch-mode run, {} per per-entry run · payload {} B · release: {}",
         a.backend,
         a.entries,
+        a.per_entry_entries,
         a.payload,
         !cfg!(debug_assertions)
     );
     println!(
-        "{:>9} {:>12} {:>11} {:>11} {:>11} {:>9} {:>10} {:>14}",
-        "producers", "entries/s", "p50", "p99", "max", "batches", "entries/b", "keys/10k ops"
+        "{:>9} {:>9} {:>12} {:>11} {:>11} {:>11} {:>9} {:>10} {:>14}",
+        "mode", "producers", "entries/s", "p50", "p99", "max", "txns", "entries/tx", "keys/10k ops"
     );
-    for &producers in &a.producers {
-        let f = rt.block_on(run(&a.backend, producers, a.entries, a.payload));
-        let total = (a.entries / producers * producers) as f64;
-        println!(
-            "{:>9} {:>12.0} {:>11.2?} {:>11.2?} {:>11.2?} {:>9} {:>10.1} {:>14.1}",
-            producers,
-            f.entries_per_sec,
-            f.p50,
-            f.p99,
-            f.max,
-            f.batches,
-            total / f.batches.max(1) as f64,
-            f.keys as f64 * 10_000.0 / total,
-        );
+    for &mode in &a.modes {
+        for &producers in &a.producers {
+            let entries = if mode == WriterMode::Batch { a.entries } else { a.per_entry_entries };
+            let f = rt.block_on(run(&a.backend, mode, producers, entries, a.payload));
+            let total = (entries / producers * producers) as f64;
+            println!(
+                "{:>9} {:>9} {:>12.0} {:>11.2?} {:>11.2?} {:>11.2?} {:>9} {:>10.1} {:>14.1}",
+                if mode == WriterMode::Batch { "batch" } else { "per-entry" },
+                producers,
+                f.entries_per_sec,
+                f.p50,
+                f.p99,
+                f.max,
+                f.batches,
+                total / f.batches.max(1) as f64,
+                f.keys as f64 * 10_000.0 / total,
+            );
+        }
     }
 }
