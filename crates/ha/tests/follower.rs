@@ -82,6 +82,25 @@ async fn follows_applies_and_stops_on_request() {
     assert_eq!(exit.reader.applied_seq(), 5);
 }
 
+/// A backlog larger than a poll's page is read poll after poll without waiting an interval between pages.
+#[tokio::test(start_paused = true)]
+async fn a_backlog_is_read_without_waiting_between_pages() {
+    let mut rig = Rig::new().await;
+    for _ in 0..5 {
+        rig.append(1).await;
+    }
+    let rec = Recorder::default();
+    let config = FollowerConfig { max_batches_per_poll: 2, ..config() };
+    let follower = StandbyFollower::new(OpLogStandbyReader::new(rig.storage.clone()), rec.clone(), config);
+    let mut status = follower.subscribe();
+    let start = tokio::time::Instant::now();
+    let task = tokio::spawn(follower.run(std::future::pending()));
+    wait_status(&mut status, "caught up", |s| s.reader.applied_seq == 5).await;
+    assert_eq!(start.elapsed(), Duration::ZERO, "three pages, no interval between them");
+    assert_eq!(status.borrow().polls, 3);
+    task.abort();
+}
+
 /// Property 16 (loop half): retryable errors back off poll_interval × 2ⁿ capped at retry_max; past the window
 /// the follower fails. With a 1 s interval, a 5 s cap and a 30 s window the polls fail at 0, 1, 3, 7, 12, 17,
 /// 22, 27 and 32 s; the ninth exceeds the window.

@@ -344,6 +344,48 @@ async fn metrics_report_durability_stuck_batches_queues_and_refusals() {
     r.writer.stop().await;
 }
 
+/// The legacy per-entry mode behaves like the batch mode towards callers (admission closes while the backend
+/// fails, a reservation taken before may still commit, the stuck entry is retried, callbacks run in order only
+/// once durable) while writing one txn per entry: one key per entry plus `/latest`, no batch, no prefix.
+#[tokio::test]
+async fn legacy_mode_same_behaviour_one_txn_per_entry() {
+    let kv = Arc::new(FaultyKv::new(Arc::new(MemoryKv::new()) as Arc<dyn HaKvBackend>));
+    let storage = OpLogBatchStorage::new(kv.clone(), "c", StorageConfig::default()).unwrap();
+    storage.claim_producer_view(VIEW).await.unwrap();
+    let start = storage.init_legacy().await.unwrap();
+    let config = WriterConfig { mode: crescent_ha::oplog::WriterMode::LegacyPerEntry, ..WriterConfig::default() };
+    let writer = OrderedOpLogWriter::new(storage.clone(), VIEW, start, config);
+    let (durable_tx, durable_rx) = mpsc::unbounded_channel();
+    let mut r = Rig { kv, storage, writer, durable_rx, durable_tx };
+    r.kv.inject_next(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
+    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let held = r.writer.reserve().unwrap();
+    let txns = r.kv.calls(KvOp::Txn);
+    r.writer.start();
+    r.put(1);
+    entered.acquire().await.unwrap().forget();
+    assert!(!r.writer.is_accepting(), "admission closed after the failure");
+    assert_eq!(r.writer.reserve().unwrap_err(), WriterError::Unavailable);
+    assert_eq!(r.writer.commit(held, entry(2), r.callback()).unwrap(), 2);
+    assert!(r.durable_rx.try_recv().is_err(), "no callback before durability");
+    release.add_permits(1);
+    assert_eq!(r.durable(2).await, vec![1, 2]);
+    assert!(r.writer.is_accepting());
+    for i in 3..=5 {
+        r.put(i);
+    }
+    assert_eq!(r.durable(3).await, vec![3, 4, 5]);
+    r.writer.stop().await;
+    assert_eq!(r.kv.calls(KvOp::Txn) - txns, 6, "one txn per entry, plus the failed attempt");
+    assert_eq!(r.storage.read_legacy_latest().await.unwrap(), Some(5));
+    let stored = r.storage.read_legacy_entries(0, u64::MAX, 0).await.unwrap();
+    assert_eq!(stored, (1..=5).map(|i| (i, entry(i))).collect::<Vec<_>>());
+    assert!(r.batches().await.is_empty());
+    assert_eq!(r.storage.read_durable_prefix().await.unwrap(), None);
+    assert_eq!(r.writer.status().durable, DurablePrefix { batch_id: 0, last_seq: 5 });
+}
+
 /// End to end on a real backend: many concurrent producers, callbacks in order, the stored log contiguous.
 async fn concurrent_producers_end_to_end(f: Fixture) {
     let mut r = rig_on(f.dyn_kv(), WriterConfig::default()).await;

@@ -546,7 +546,8 @@ pub struct FollowerStatus {
     pub polls: u64,
 }
 
-/// The replication loop around an [`OpLogStandbyReader`] (reference §6.3): poll, sleep `poll_interval`; on a
+/// The replication loop around an [`OpLogStandbyReader`] (reference §6.3): poll, sleep `poll_interval` (not after
+/// a full page that left more to read: that backlog is read at once); on a
 /// retryable error back off (doubling, capped) and keep trying for at most `retry_window` without progress
 /// (progress = entries applied; it resets the window); any fatal error ends the loop. Time is tokio's, so tests
 /// drive it with a paused clock.
@@ -617,11 +618,14 @@ impl<A: OpLogApplier> StandbyFollower<A> {
             polls += 1;
             let outcome = self.reader.poll_once(&mut self.applier, self.config.max_batches_per_poll).await;
             match outcome {
-                Ok(_) => {
+                Ok(report) => {
                     window = None;
                     delay = self.config.poll_interval;
                     self.publish(FollowerState::Following, polls);
-                    tokio::time::sleep(self.config.poll_interval).await;
+                    // A full page with more behind it: catch up at once instead of an interval per page.
+                    if report.caught_up || report.applied == 0 {
+                        tokio::time::sleep(self.config.poll_interval).await;
+                    }
                 }
                 Err(e) if e.is_retryable() => {
                     let now = tokio::time::Instant::now();

@@ -1,6 +1,8 @@
 //! `OpLogBatchStorage`: the oplog's layout and CAS protocol over any [`HaKvBackend`]. It owns keys, codecs and the
 //! one-txn "write batch + advance durable prefix" step with unknown-outcome resolution; it does not own admission,
 //! sequence assignment, retry policy or callbacks (the writer's) nor what entries mean (the master's).
+//! It also owns the legacy per-entry layout (RFC §4: one key per entry plus `/latest`, read by standbys and written
+//! by the writer's legacy mode) and the cutover from it (RFC §6: the durable prefix created as `{0, latest}`).
 
 use super::codec::{
     ClusterIdError, CodecError, DurablePrefix, OpLogBatchRecord, OpLogEntry, OpLogKeys, RECORD_OVERHEAD_BOUND,

@@ -4,6 +4,8 @@
 //! flight (work-conserving, no timer), keeps exactly one batch in flight, retries it forever on backend failure
 //! with admission closed (fail closed; later batches never pass it), and hands durable callbacks, in sequence
 //! order, to a separate callback task only after the durable prefix has advanced past them.
+//! [`WriterMode::LegacyPerEntry`] keeps all of that and only changes what a write is: one txn per entry under the
+//! legacy layout (`/oplog/<cluster>/<seq>` plus `/latest`). [`OrderedOpLogWriter::metrics`] gives its figures.
 
 use super::codec::{DurablePrefix, OpLogBatchRecord, OpLogEntry, RECORD_OVERHEAD_BOUND};
 use super::metrics::{
