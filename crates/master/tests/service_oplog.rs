@@ -227,3 +227,43 @@ async fn replayed_segments_of_a_new_node_instance_are_dropped() {
     assert_eq!(b.svc.segment_status(a.segments[0].1.id), Err(ErrorCode::SegmentNotFound));
     log_b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_and_upserts_replay_as_they_happened() {
+    use crescent_master::eviction::{EvictionScope, EvictionTarget};
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let options = OpLogOptions { kv, cluster: "c3".into(), writer: WriterConfig::default() };
+    let mut a = master(MasterConfig::default());
+    let (log, _) = crescent_master::ha::open(&options, &a.svc).await.unwrap();
+    a.mount(1);
+    for i in 0..10 {
+        a.put("", &format!("e{i}"), 4096, 1).unwrap();
+    }
+    let report = a.svc.evict(EvictionScope::All, EvictionTarget::Fraction { target: 1.0, lower: 1.0 });
+    assert_eq!(report.objects, 10);
+    let cfg = ReplicateConfig::with_replicas(1);
+    a.put("", "grown", 4096, 1).unwrap();
+    a.svc.upsert_start(a.writer, "", "grown", 8192, &cfg).unwrap();
+    a.svc.upsert_end(a.writer, "", "grown", Some(1)).unwrap();
+    a.put("", "rewritten", 4096, 1).unwrap();
+    a.svc.upsert_start(a.writer, "", "rewritten", 4096, &cfg).unwrap();
+    a.svc.upsert_end(a.writer, "", "rewritten", Some(2)).unwrap();
+    a.put("", "mid-rewrite", 4096, 1).unwrap();
+    a.svc.upsert_start(a.writer, "", "mid-rewrite", 4096, &cfg).unwrap();
+    log.stop().await;
+
+    let b = master(MasterConfig::default());
+    let (log_b, report) = crescent_master::ha::open(&options, &b.svc).await.unwrap();
+    assert_eq!(report.objects, 2, "evicted objects and one being rewritten are not restored");
+    let (c, s) = &a.segments[0];
+    b.svc.remount_segments(*c, std::slice::from_ref(s)).unwrap();
+    for i in 0..10 {
+        assert_eq!(b.svc.get_replica_list("", &format!("e{i}")).unwrap_err(), ErrorCode::ObjectNotFound);
+    }
+    let grown = b.svc.get_replica_list("", "grown").unwrap();
+    assert_eq!((grown.size, grown.checksum), (8192, Some(1)));
+    let rewritten = b.svc.get_replica_list("", "rewritten").unwrap();
+    assert_eq!((rewritten.size, rewritten.checksum), (4096, Some(2)));
+    assert_eq!(b.svc.get_replica_list("", "mid-rewrite").unwrap_err(), ErrorCode::ObjectNotFound);
+    log_b.stop().await;
+}

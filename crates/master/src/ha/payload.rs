@@ -364,7 +364,7 @@ fn check_object(o: &ObjectRecord) -> Result<(), PayloadError> {
     }
     data_type_from(o.data_type)?;
     for r in &o.replicas {
-        if r.tier > 1 || r.length == 0 || r.offset.checked_add(r.length).is_none() {
+        if r.tier > 1 || r.length != o.size || r.offset.checked_add(r.length).is_none() {
             return Err(PayloadError::Invalid(format!("replica {} is malformed", r.id)));
         }
     }
