@@ -267,3 +267,35 @@ async fn evictions_and_upserts_replay_as_they_happened() {
     assert_eq!(b.svc.get_replica_list("", "mid-rewrite").unwrap_err(), ErrorCode::ObjectNotFound);
     log_b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_backend_fails_mutations_fail_fast_reads_go_on_and_it_recovers() {
+    use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
+    let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
+    let kv: Arc<dyn HaKvBackend> = faulty.clone();
+    let config = WriterConfig {
+        retry_initial: Duration::from_millis(5),
+        retry_max: Duration::from_millis(20),
+        ..WriterConfig::default()
+    };
+    let mut m = master(MasterConfig::default());
+    m.mount(1);
+    let log = held_writer(kv, config).await;
+    m.svc.attach_oplog(log.clone());
+    log.start();
+    m.put("", "k", 4096, 1).unwrap();
+    assert!(eventually(WAIT, || async { log.status().durable.last_seq == 1 }).await);
+    faulty.inject_every(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
+    // The next committed entry cannot be written: the writer closes admission and retries it.
+    m.svc.remove("", "k", true).unwrap();
+    assert!(eventually(WAIT, || async { !log.status().accepting }).await, "admission closes on failure");
+    assert_eq!(m.put("", "k2", 4096, 1), Err(OPLOG_REFUSED));
+    assert_eq!(m.svc.get_replica_list("", "k").unwrap_err(), ErrorCode::ObjectNotFound, "the removal stays visible");
+    assert_eq!(m.used(), 4096 + 4096, "nothing freed while the removal is not durable (k2's write is pending)");
+    assert!(log.status().failed_attempts > 0);
+    faulty.clear();
+    assert!(eventually(WAIT, || async { log.status().accepting && log.status().durable.last_seq == 2 }).await);
+    m.svc.put_end(m.writer, "", "k2", None).unwrap();
+    assert!(eventually(WAIT, || async { m.used() == 4096 }).await, "k freed once durable; k2 kept");
+    log.stop().await;
+}

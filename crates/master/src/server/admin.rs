@@ -507,6 +507,37 @@ mod tests {
     use crescent_proto::{ClientId, MasterOp, ReplicateConfig};
     use std::time::Duration;
 
+    #[tokio::test]
+    async fn metrics_show_the_oplog_writer_only_when_there_is_one() {
+        use crescent_ha::oplog::{OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, WriterConfig};
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        let rpc = RpcMetrics::default();
+        assert!(!render_metrics(&svc, &rpc).contains("oplog"), "no oplog, no series");
+        let kv = std::sync::Arc::new(crescent_ha::kv::MemoryKv::new());
+        let storage = OpLogBatchStorage::new(kv, "t", StorageConfig::default()).unwrap();
+        let prefix = storage.init_durable_prefix().await.unwrap();
+        let log = std::sync::Arc::new(crate::ha::OpLog::new(OrderedOpLogWriter::new(
+            storage,
+            1,
+            prefix,
+            WriterConfig::default(),
+        )));
+        svc.attach_oplog(log.clone());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
+        let text = render_metrics(&svc, &rpc);
+        for line in [
+            "crescent_master_oplog_state 0",
+            "crescent_master_oplog_durable_seq 0",
+            "crescent_master_oplog_next_seq 2",
+            "crescent_master_oplog_waiting_entries 1",
+            "crescent_master_oplog_admission_failures_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        log.stop().await;
+        assert!(render_metrics(&svc, &rpc).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+    }
+
     #[test]
     fn metrics_export_every_operation_and_the_per_key_counters() {
         let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
