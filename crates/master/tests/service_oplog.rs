@@ -299,3 +299,31 @@ async fn while_the_backend_fails_mutations_fail_fast_reads_go_on_and_it_recovers
     assert!(eventually(WAIT, || async { m.used() == 4096 }).await, "k freed once durable; k2 kept");
     log.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_removal_hides_every_member_at_once_and_replays() {
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let mut a = master(MasterConfig::default());
+    let log = held_writer(kv.clone(), WriterConfig::default()).await;
+    a.svc.attach_oplog(log.clone());
+    a.mount(1);
+    let grouped = ReplicateConfig { group_id: Some("g".into()), ..ReplicateConfig::with_replicas(1) };
+    for i in 0..5 {
+        a.svc.put_start(a.writer, "", &format!("m{i}"), 4096, &grouped).unwrap();
+        a.svc.put_end(a.writer, "", &format!("m{i}"), None).unwrap();
+    }
+    a.put("", "alone", 4096, 1).unwrap();
+    assert_eq!(a.svc.remove_group("", "g", true), Ok(5));
+    assert_eq!(a.svc.get_replica_list("", "m0").unwrap_err(), ErrorCode::ObjectNotFound, "hidden at once");
+    assert_eq!(a.svc.group_members("", "g").unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(a.used(), 6 * 4096, "members' space held until durable");
+    log.start();
+    assert!(eventually(WAIT, || async { a.used() == 4096 }).await, "freed once durable");
+    log.stop().await;
+    // Reopen: the group's members are gone, the lone object is back.
+    let options = OpLogOptions { kv, cluster: "test".into(), writer: WriterConfig::default() };
+    let b = master(MasterConfig::default());
+    let (log_b, report) = crescent_master::ha::open(&options, &b.svc).await.unwrap();
+    assert_eq!(report.objects, 1);
+    log_b.stop().await;
+}

@@ -80,6 +80,7 @@ impl MasterService {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let g = t.objects().group(group).ok_or(ErrorCode::ObjectNotFound)?;
         let slot = self.reserve_oplog()?;
+        let logged = slot.is_some();
         let now = self.clock.now();
         let mut members = g.lock();
         if members.removing {
@@ -94,20 +95,45 @@ impl MasterService {
             if let Some(e) = guards.iter().find_map(|st| removal_check(st, force, now).err()) {
                 return Err(e);
             }
-            for st in guards.iter_mut() {
-                freed.push(t.retire(st));
-            }
-            // Freed at once (not at durability, unlike single removals): the whole group goes under its lock.
-            if let Some(slot) = slot {
-                slot.commit(
-                    crate::ha::MasterEntry::GroupRemove { tenant: t.id().to_string(), group: group.to_owned() },
-                    None,
-                );
+            match slot {
+                None => {
+                    for st in guards.iter_mut() {
+                        freed.push(t.retire(st));
+                    }
+                }
+                // Logged (RFC §13): every member hidden now (REMOVED, Removing), freed member by member by the
+                // durable callback, which re-locks each and leaves alone any that changed.
+                Some(slot) => {
+                    let mut pending = Vec::with_capacity(live.len());
+                    for (m, st) in live.iter().zip(guards.iter_mut()) {
+                        let ids: smallvec::SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
+                        for r in st.replicas.iter_mut() {
+                            r.status = ReplicaStatus::Removed;
+                        }
+                        st.lifecycle = Lifecycle::Removing;
+                        pending.push((Arc::clone(m), ids));
+                    }
+                    let tenant = Arc::clone(&t);
+                    let finalize = move |_seq: u64| {
+                        for (m, ids) in &pending {
+                            super::ha::finalize_removal(&tenant, m, ids);
+                        }
+                    };
+                    slot.commit(
+                        crate::ha::MasterEntry::GroupRemove { tenant: t.id().to_string(), group: group.to_owned() },
+                        Some(Box::new(finalize)),
+                    );
+                }
             }
         }
         members.removing = true;
         for m in &live {
-            t.detach_locked(m, &g, &mut members);
+            if logged {
+                // Only the route now: membership goes with the space, in the durable callback.
+                t.objects().unlink_if_match(m);
+            } else {
+                t.detach_locked(m, &g, &mut members);
+            }
         }
         t.objects().remove_group_if_match(&g);
         drop(members);
