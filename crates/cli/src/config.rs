@@ -22,6 +22,8 @@ poll_us = 0
 max_connections = 2000
 frame_timeout_ms = 5000
 frame_budget = "64MiB"
+cluster_id = "prod-1"
+data_dir = "/var/lib/crescent"
 [node]
 segment_size = "64MiB"
 advertise = "node-1.example"
@@ -76,6 +78,12 @@ pub struct ServerSection {
     /// Bytes of large frames (over 16 KiB) all RPC connections may hold at once, e.g. "32MiB" (the default; at
     /// least one 16 MiB frame).
     pub frame_budget: Option<String>,
+    /// etcd endpoints of the oplog, `host:port` separated by commas (with `cluster_id`).
+    pub etcd: Option<String>,
+    /// The oplog's namespace.
+    pub cluster_id: Option<String>,
+    /// Directory of the embedded oplog store.
+    pub data_dir: Option<String>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,

@@ -69,6 +69,68 @@ pub struct MasterArgs {
     placement: Option<PlacementPolicy>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// etcd endpoints of the oplog (with --cluster-id).
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT…]", help = dflt(
+        "Keep the oplog in etcd (endpoints separated by commas; needs --cluster-id): every mutation is logged, and          a restarted master replays the log before it serves",
+        "no oplog",
+    ))]
+    etcd: Option<String>,
+    /// The oplog's namespace in etcd.
+    #[arg(long, value_name = "ID", help = dflt(
+        "The cluster's oplog namespace (`[A-Za-z0-9_.-]`, up to 128 bytes)",
+        crescent_master::ha::replay::DEFAULT_CLUSTER_ID,
+    ))]
+    cluster_id: Option<String>,
+    /// Keep the oplog in an embedded store in this directory.
+    #[arg(long, value_name = "DIR", help = dflt(
+        "Keep the oplog in an embedded store (one file) in DIR, created if absent: a master restarted on the same          DIR replays it before it serves",
+        "no oplog",
+    ))]
+    data_dir: Option<std::path::PathBuf>,
+}
+
+/// Where the master's oplog lives: `--etcd` (with `--cluster-id`), `--data-dir`, or neither (none); flags over
+/// `[server]` keys. A flag replaces the file's backend choice as a whole.
+async fn oplog_options(a: &MasterArgs, file: &FileConfig) -> Result<Option<crescent_master::ha::OpLogOptions>> {
+    use crescent_master::ha::OpLogOptions;
+    let f = &file.server;
+    let from_flags = a.etcd.is_some() || a.data_dir.is_some();
+    let (etcd, data_dir) = if from_flags {
+        (a.etcd.clone(), a.data_dir.clone())
+    } else {
+        (f.etcd.clone(), f.data_dir.clone().map(std::path::PathBuf::from))
+    };
+    let cluster = a.cluster_id.clone().or_else(|| f.cluster_id.clone());
+    match (etcd, data_dir) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!(
+                "--etcd and --data-dir (or [server] etcd and data_dir) are two places for one oplog: give one"
+            )
+        }
+        (Some(endpoints), None) => {
+            let cluster =
+                cluster.ok_or_else(|| anyhow!("--etcd needs --cluster-id (the oplog's namespace in etcd)"))?;
+            let endpoints: Vec<String> =
+                endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+            if endpoints.is_empty() {
+                anyhow::bail!("--etcd: no endpoint given");
+            }
+            let o = OpLogOptions::etcd(endpoints.clone(), &cluster)
+                .await
+                .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+            Ok(Some(o))
+        }
+        (None, Some(dir)) => {
+            let cluster = cluster.as_deref().unwrap_or(crescent_master::ha::replay::DEFAULT_CLUSTER_ID);
+            let o = OpLogOptions::embedded(&dir, cluster)
+                .with_context(|| format!("opening the oplog in {}", dir.display()))?;
+            Ok(Some(o))
+        }
+        (None, None) if cluster.is_some() => {
+            anyhow::bail!("--cluster-id names an oplog namespace: it needs --etcd or --data-dir")
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// Connection limits of a server (`master`, `node`; also `max_connections` and `frame_timeout_ms` under
@@ -232,11 +294,13 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
     if combined {
         limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     }
+    let oplog = oplog_options(a, file).await?;
     let server = MasterServer::builder(config.clone())
         .rpc_addr(listen)
         .admin_addr(Some(admin))
         .poll_window(poll)
         .limits(limits)
+        .oplog(oplog)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
@@ -418,5 +482,30 @@ mod tests {
         );
         let flags = MasterArgs { nof_probe_timeout_ms: Some(250), ..MasterArgs::default() };
         assert_eq!(master_config(&flags, &FileConfig::default()).map(|c| c.nof_probe_timeout_ms).ok(), Some(250));
+    }
+
+    async fn err(a: MasterArgs, f: &FileConfig) -> String {
+        format!("{:#}", oplog_options(&a, f).await.err().unwrap_or_else(|| panic!("accepted")))
+    }
+
+    #[tokio::test]
+    async fn a_bad_oplog_combination_is_refused_with_its_reason() {
+        let none = FileConfig::default();
+        let both =
+            MasterArgs { etcd: Some("127.0.0.1:1".into()), data_dir: Some("/tmp/x".into()), ..Default::default() };
+        assert!(err(both, &none).await.contains("give one"));
+        let no_cluster = MasterArgs { etcd: Some("127.0.0.1:1".into()), ..Default::default() };
+        assert!(err(no_cluster, &none).await.contains("--cluster-id"));
+        let lone = MasterArgs { cluster_id: Some("c".into()), ..Default::default() };
+        assert!(err(lone, &none).await.contains("needs --etcd or --data-dir"));
+        let file = FileConfig::parse("[server]\netcd = \"127.0.0.1:1\"\ndata_dir = \"/tmp/x\"\n")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(err(MasterArgs::default(), &file).await.contains("give one"));
+        assert!(oplog_options(&MasterArgs::default(), &none).await.is_ok_and(|o| o.is_none()), "neither: no oplog");
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = FileConfig::parse(&format!("[server]\ndata_dir = {:?}\n", dir.path().display().to_string()))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let o = oplog_options(&MasterArgs::default(), &file).await.unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(o.map(|o| o.cluster), Some("crescent".to_owned()), "the file's data_dir, default cluster id");
     }
 }

@@ -10,6 +10,7 @@
 //! * [`placement`]: stateless replica placement over a lock-scoped view of the pool.
 //! * [`alloc`]: the offset allocator over one region.
 //! * [`local_ssd`]: client-local SSD registrations (not allocatable by the master).
+//! * [`ha`]: the oplog's business side — entry payloads, the mutation seam, replay of a restarted master.
 //! * [`clock`]: the injectable time source every lease and timeout reads.
 //! * [`memory`]: returning freed heap to the OS after bulk removals.
 //! * [`sim`]: a KV-cache workload replayed through the master core in-process (`crescent demo`).
@@ -17,6 +18,7 @@
 pub mod alloc;
 pub mod clock;
 pub mod eviction;
+pub mod ha;
 pub mod local_ssd;
 pub mod memory;
 pub mod metadata;

@@ -18,7 +18,9 @@
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
+use crate::ha::OpLog;
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
+use crate::service::ha::post_state_entry;
 use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
@@ -148,6 +150,8 @@ fn evictable_at(st: &ObjectState, tier: Tier) -> SmallVec<[(SegmentId, u64); 1]>
 
 struct Committer<'a> {
     tenants: &'a [Arc<TenantState>],
+    /// Each evicted object's post-state is logged here (PUT_END of what is left, or REMOVE).
+    oplog: Option<&'a OpLog>,
     tier: Tier,
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
@@ -168,12 +172,23 @@ impl Committer<'_> {
         }
         match c.entry.group() {
             None => {
+                // Reserved before the lock: an eviction the log cannot take does not happen.
+                let slot = match self.oplog.map(OpLog::reserve).transpose() {
+                    Ok(slot) => slot,
+                    Err(_) => {
+                        self.report.skipped += 1;
+                        return 0;
+                    }
+                };
                 let mut st = c.entry.lock();
                 if !eligible(&st, self.tier, self.now, allow_soft) || st.version != c.version {
                     self.report.skipped += 1;
                     return 0;
                 }
                 let (freed, retired) = strip(tenant, &mut st, self.tier);
+                if let Some(slot) = slot {
+                    slot.commit(post_state_entry(tenant, &c.entry, &st, self.now), None);
+                }
                 drop(st);
                 if retired {
                     tenant.detach(&c.entry);
@@ -195,6 +210,20 @@ impl Committer<'_> {
     fn commit_group(&mut self, tenant: &TenantState, group: &Arc<GroupEntry>, c: &Candidate, allow_soft: bool) -> u64 {
         let mut members_guard = group.lock();
         let members = members_guard.live_sorted();
+        // One slot per member, all or none (the writer's lock is a leaf: taking them under the group lock is
+        // safe, and a refusal still changes nothing).
+        let mut slots = Vec::new();
+        if let Some(log) = self.oplog {
+            for _ in &members {
+                match log.reserve() {
+                    Ok(slot) => slots.push(slot),
+                    Err(_) => {
+                        self.report.skipped += 1;
+                        return 0;
+                    }
+                }
+            }
+        }
         let mut freed: Vec<SmallVec<[Replica; 1]>> = Vec::new();
         let mut retired: Vec<&Arc<ObjectEntry>> = Vec::new();
         {
@@ -211,6 +240,9 @@ impl Committer<'_> {
                     continue;
                 }
                 let (f, r) = strip(tenant, st, self.tier);
+                if let Some(slot) = slots.pop() {
+                    slot.commit(post_state_entry(tenant, m, st, self.now), None);
+                }
                 freed.push(f);
                 if r {
                     retired.push(m);
@@ -361,6 +393,7 @@ pub fn make_room(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
+    oplog: Option<&OpLog>,
 ) -> RoomReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
@@ -384,7 +417,7 @@ pub fn make_room(
     let Some((seg, window)) = choice else {
         return RoomReport { segment: None, report };
     };
-    let mut k = Committer { tenants, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };
     let mut done = vec![false; ordered.len()];
     for &r in &window.ranks {
         done[r] = true;
@@ -410,9 +443,10 @@ pub fn run(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
+    oplog: Option<&OpLog>,
 ) -> EvictionReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
-    let mut k = Committer { tenants, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };
     let mut evicted = 0u64;
     match target {
         EvictionTarget::Fraction { target, lower } => {

@@ -248,6 +248,26 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     }
     r.register("lock_contended", "Lock acquisitions that found the lock held, per lock class", contended);
     r.register("lock_wait_nanoseconds", "Time contended acquisitions waited, per lock class", waited);
+    if let Some(log) = svc.oplog() {
+        let st = log.status();
+        gauge(
+            &mut r,
+            "oplog_state",
+            "Oplog writer: 0 accepting, 1 retrying, 2 stopped, fenced or terminal",
+            oplog_state(&st).1,
+        );
+        gauge(&mut r, "oplog_durable_seq", "Last durable oplog sequence number", st.durable.last_seq);
+        gauge(&mut r, "oplog_durable_batch", "Batch id of the durable prefix", st.durable.batch_id);
+        gauge(&mut r, "oplog_next_seq", "Sequence number the next entry gets", st.next_seq);
+        gauge(&mut r, "oplog_waiting_entries", "Oplog entries reserved or waiting to be sealed", st.waiting as u64);
+        counter(&mut r, "oplog_failed_writes", "Oplog batch writes that failed (and were retried)", st.failed_attempts);
+        counter(
+            &mut r,
+            "oplog_admission_failures",
+            "Mutations refused because the oplog was not accepting",
+            log.admission_failures(),
+        );
+    }
     let mut out = String::new();
     if encode(&mut out, &r).is_err() {
         out.clear();
@@ -260,13 +280,40 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
+/// The writer's state as `/health` and `/metrics` name it: `(name, number)`.
+fn oplog_state(st: &crescent_ha::oplog::WriterStatus) -> (&'static str, u64) {
+    match (&st.terminal, st.accepting) {
+        (Some(crescent_ha::oplog::StorageError::Fenced { .. }), _) => ("fenced", 2),
+        (Some(_), _) => ("terminal", 2),
+        (None, true) => ("accepting", 0),
+        (None, false) if st.last_error.is_some() => ("retrying", 1),
+        (None, false) => ("stopped", 2),
+    }
+}
+
 async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
+    let oplog = s.svc.oplog().map(|log| {
+        let st = log.status();
+        serde_json::json!({
+            "state": oplog_state(&st).0,
+            "durable_seq": st.durable.last_seq,
+            "durable_batch": st.durable.batch_id,
+            "next_seq": st.next_seq,
+            "waiting": st.waiting,
+            "in_flight": st.in_flight,
+            "failed_writes": st.failed_attempts,
+            "last_error": st.last_error.as_ref().map(ToString::to_string),
+            "terminal": st.terminal.as_ref().map(ToString::to_string),
+            "admission_failures": log.admission_failures(),
+        })
+    });
     Json(serde_json::json!({
         "status": "ok",
         "role": "master",
         "segments": s.svc.pool().len(),
         "keys": s.svc.key_count(None),
         "active_clients": s.svc.active_clients(),
+        "oplog": oplog,
     }))
 }
 
@@ -504,6 +551,37 @@ mod tests {
     use crate::service::MasterConfig;
     use crescent_proto::{ClientId, MasterOp, ReplicateConfig};
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn metrics_show_the_oplog_writer_only_when_there_is_one() {
+        use crescent_ha::oplog::{OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, WriterConfig};
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        let rpc = RpcMetrics::default();
+        assert!(!render_metrics(&svc, &rpc).contains("oplog"), "no oplog, no series");
+        let kv = std::sync::Arc::new(crescent_ha::kv::MemoryKv::new());
+        let storage = OpLogBatchStorage::new(kv, "t", StorageConfig::default()).unwrap();
+        let prefix = storage.init_durable_prefix().await.unwrap();
+        let log = std::sync::Arc::new(crate::ha::OpLog::new(OrderedOpLogWriter::new(
+            storage,
+            1,
+            prefix,
+            WriterConfig::default(),
+        )));
+        svc.attach_oplog(log.clone());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
+        let text = render_metrics(&svc, &rpc);
+        for line in [
+            "crescent_master_oplog_state 0",
+            "crescent_master_oplog_durable_seq 0",
+            "crescent_master_oplog_next_seq 2",
+            "crescent_master_oplog_waiting_entries 1",
+            "crescent_master_oplog_admission_failures_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        log.stop().await;
+        assert!(render_metrics(&svc, &rpc).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+    }
 
     #[test]
     fn metrics_export_every_operation_and_the_per_key_counters() {

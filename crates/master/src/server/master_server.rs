@@ -5,6 +5,7 @@ use super::admin::AdminServer;
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use crate::clock::{Clock, SystemClock};
+use crate::ha::{OpLog, OpLogOptions};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_proto::ErrorCode;
 use std::io;
@@ -31,6 +32,9 @@ pub enum StartError {
     /// The background loop's thread could not start.
     #[error("cannot start the background loop: {0}")]
     Background(io::Error),
+    /// The oplog could not be replayed or opened for writing.
+    #[error("oplog: {0}")]
+    OpLog(#[from] crate::ha::OpenError),
 }
 
 /// How to run a master; [`MasterServerBuilder::start`] runs it on the current tokio runtime.
@@ -43,9 +47,17 @@ pub struct MasterServerBuilder {
     limits: RpcLimits,
     background: bool,
     nof_prober: Option<Arc<dyn NofProber>>,
+    oplog: Option<OpLogOptions>,
 }
 
 impl MasterServerBuilder {
+    /// Where the master's oplog lives (default `None`: no oplog, nothing logged or replayed). With one, the
+    /// master replays it before it serves and logs every mutation to it.
+    pub fn oplog(mut self, options: Option<OpLogOptions>) -> Self {
+        self.oplog = options;
+        self
+    }
+
     /// The time source every lease and timeout reads (default: the system clock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -95,6 +107,11 @@ impl MasterServerBuilder {
     /// Starts the service and its servers on the current tokio runtime.
     pub async fn start(self) -> Result<MasterServer, StartError> {
         let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
+        // Replayed before any listener exists: nothing is served from a half-rebuilt state.
+        let oplog = match &self.oplog {
+            Some(options) => Some(crate::ha::open(options, &svc).await?.0),
+            None => None,
+        };
         let metrics = Arc::new(RpcMetrics::default());
         let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
         let rpc = RpcServer::bind(self.rpc, svc.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
@@ -112,7 +129,7 @@ impl MasterServerBuilder {
             let prober = self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
             NofHeartbeat::spawn(svc.clone(), prober)
         });
-        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background })
+        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog })
     }
 }
 
@@ -126,6 +143,8 @@ pub struct MasterServer {
     admin: Option<AdminServer>,
     /// Stops (and joins) the background thread when dropped, after the servers.
     _background: Option<BackgroundLoop>,
+    /// The oplog writer, drained at shutdown.
+    oplog: Option<Arc<OpLog>>,
 }
 
 impl std::fmt::Debug for MasterServer {
@@ -146,6 +165,7 @@ impl MasterServer {
             limits: RpcLimits::default(),
             background: true,
             nof_prober: None,
+            oplog: None,
         }
     }
 
@@ -172,7 +192,7 @@ impl MasterServer {
     /// Stops the NoF heartbeat, stops accepting, lets every connection finish the request in hand, stops the
     /// admin HTTP and the background loop.
     pub async fn shutdown(self) {
-        let MasterServer { nof_heartbeat, rpc, admin, _background, .. } = self;
+        let MasterServer { nof_heartbeat, rpc, admin, _background, oplog, .. } = self;
         drop(nof_heartbeat);
         rpc.shutdown().await;
         if let Some(admin) = admin {
@@ -181,6 +201,10 @@ impl MasterServer {
         // The background thread is stopped and joined off the runtime's worker.
         if let Some(bg) = _background {
             let _ = tokio::task::spawn_blocking(move || drop(bg)).await;
+        }
+        // Last: everything committed so far is written (unless the backend is failing).
+        if let Some(log) = oplog {
+            log.stop().await;
         }
     }
 }

@@ -9,6 +9,7 @@
 
 mod clients;
 mod discard;
+pub(crate) mod ha;
 pub mod listing;
 mod nof_health;
 mod read;
@@ -204,6 +205,8 @@ pub struct MasterService {
     next_object_id: AtomicU64,
     next_replica_id: AtomicU64,
     metrics: Metrics,
+    /// The oplog every mutation logs through, once attached (empty: no oplog, nothing logged).
+    oplog: std::sync::OnceLock<Arc<crate::ha::OpLog>>,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -246,6 +249,7 @@ impl MasterService {
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
+            oplog: std::sync::OnceLock::new(),
         };
         if !svc.config.enable_multi_tenants {
             svc.tenants.get_or_insert_with(&TenantId::default_tenant(), || {
@@ -377,6 +381,7 @@ impl MasterService {
             self.clock.now(),
             self.config.allow_evict_soft_pinned,
             self.config.census_chunk,
+            self.oplog.get().map(|l| &**l),
         );
         self.record_eviction(tier, &report);
         report

@@ -37,7 +37,7 @@ impl MasterService {
     fn remove_one(&self, tenant: &str, key: &str, force: bool) -> Result<(), ErrorCode> {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let e = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
-        self.remove_entry(&t, &e, force)
+        self.remove_entry(&t, &e, force, false)
     }
 
     /// BatchRemove: per key, in input order.
@@ -47,11 +47,23 @@ impl MasterService {
         rs
     }
 
-    /// Removes one entry if the removal rules allow it.
-    fn remove_entry(&self, tenant: &TenantState, entry: &Arc<ObjectEntry>, force: bool) -> Result<(), ErrorCode> {
+    /// Removes one entry if the removal rules allow it. With an oplog: the slot is taken first (a refusal
+    /// changes nothing), the object is hidden at once and freed when its REMOVE is durable (`erase_logged`).
+    fn remove_entry(
+        &self,
+        tenant: &Arc<TenantState>,
+        entry: &Arc<ObjectEntry>,
+        force: bool,
+        bulk: bool,
+    ) -> Result<(), ErrorCode> {
+        let slot = if bulk { self.reserve_oplog_bulk()? } else { self.reserve_oplog()? };
         let now = self.clock.now();
         let mut st = entry.lock();
         removal_check(&st, force, now)?;
+        if let Some(slot) = slot {
+            super::ha::erase_logged(tenant, entry, st, slot);
+            return Ok(());
+        }
         let dead = tenant.retire(&mut st);
         drop(st);
         tenant.detach(entry);
@@ -67,25 +79,61 @@ impl MasterService {
     pub fn remove_group(&self, tenant: &str, group: &str, force: bool) -> Result<u64, ErrorCode> {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let g = t.objects().group(group).ok_or(ErrorCode::ObjectNotFound)?;
+        let slot = self.reserve_oplog()?;
+        let logged = slot.is_some();
         let now = self.clock.now();
         let mut members = g.lock();
         if members.removing {
             return Err(ErrorCode::ObjectNotFound);
         }
-        let live = members.live_sorted();
+        // Members whose logged removal is not durable yet are already gone for every caller.
+        let live: Vec<_> =
+            members.live_sorted().into_iter().filter(|m| m.lock().lifecycle == Lifecycle::Active).collect();
         let mut freed = Vec::with_capacity(live.len());
         {
             let mut guards: Vec<_> = live.iter().map(|m| m.lock()).collect();
             if let Some(e) = guards.iter().find_map(|st| removal_check(st, force, now).err()) {
                 return Err(e);
             }
-            for st in guards.iter_mut() {
-                freed.push(t.retire(st));
+            match slot {
+                None => {
+                    for st in guards.iter_mut() {
+                        freed.push(t.retire(st));
+                    }
+                }
+                // Logged (RFC §13): every member hidden now (REMOVED, Removing), freed member by member by the
+                // durable callback, which re-locks each and leaves alone any that changed.
+                Some(slot) => {
+                    let mut pending = Vec::with_capacity(live.len());
+                    for (m, st) in live.iter().zip(guards.iter_mut()) {
+                        let ids: smallvec::SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
+                        for r in st.replicas.iter_mut() {
+                            r.status = ReplicaStatus::Removed;
+                        }
+                        st.lifecycle = Lifecycle::Removing;
+                        pending.push((Arc::clone(m), ids));
+                    }
+                    let tenant = Arc::clone(&t);
+                    let finalize = move |_seq: u64| {
+                        for (m, ids) in &pending {
+                            super::ha::finalize_removal(&tenant, m, ids);
+                        }
+                    };
+                    slot.commit(
+                        crate::ha::MasterEntry::GroupRemove { tenant: t.id().to_string(), group: group.to_owned() },
+                        Some(Box::new(finalize)),
+                    );
+                }
             }
         }
         members.removing = true;
         for m in &live {
-            t.detach_locked(m, &g, &mut members);
+            if logged {
+                // Only the route now: membership goes with the space, in the durable callback.
+                t.objects().unlink_if_match(m);
+            } else {
+                t.detach_locked(m, &g, &mut members);
+            }
         }
         t.objects().remove_group_if_match(&g);
         drop(members);
@@ -122,7 +170,7 @@ impl MasterService {
         for t in tenants {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
-                    match self.remove_entry(&t, &e, force) {
+                    match self.remove_entry(&t, &e, force, true) {
                         Ok(()) => report.removed += 1,
                         Err(ErrorCode::ObjectHasLease) => report.skipped_leased += 1,
                         Err(ErrorCode::ReplicaIsNotReady) => report.skipped_writing += 1,
@@ -147,7 +195,7 @@ impl MasterService {
         for t in tenants {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk.iter().filter(|e| re.is_match(e.key())) {
-                    n += u64::from(self.remove_entry(&t, e, force).is_ok());
+                    n += u64::from(self.remove_entry(&t, e, force, true).is_ok());
                 }
             });
         }

@@ -21,9 +21,14 @@ impl MasterService {
     pub fn mount_segment(&self, client: ClientId, spec: SegmentSpec) -> Result<(), ErrorCode> {
         let host = spec.host_id.clone();
         let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
+        let slot = self.reserve_oplog()?;
+        let record = slot.is_some().then(|| crate::ha::SegmentRecord::new(client, &spec));
         self.clients.touch(client, self.liveness_deadline());
         self.drop_replaced_instances(client, std::slice::from_ref(&spec));
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
+        if let (Some(slot), Some(record), MountOutcome::Mounted) = (slot, record, outcome) {
+            slot.commit(crate::ha::MasterEntry::SegmentMount(record), None);
+        }
         self.clients.set_host(client, &host);
         if outcome != MountOutcome::AlreadyMounted {
             // Mounted anew or back to OK: its NoF heartbeat (if any) starts fresh.
@@ -42,10 +47,20 @@ impl MasterService {
     /// ReMountSegment: re-adopts (or mounts) all of a client's segments after `NEED_REMOUNT`; afterwards
     /// `Ping` answers `OK`. All or nothing.
     pub fn remount_segments(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<(), ErrorCode> {
+        // One slot per segment that may be mounted anew (re-adopted ones are in the log already).
+        let mut slots = Vec::new();
+        if self.oplog.get().is_some() {
+            for _ in specs {
+                slots.extend(self.reserve_oplog()?);
+            }
+        }
         self.drop_replaced_instances(client, specs);
         let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
         for id in &report.mounted {
             self.nof_health.forget(*id);
+            if let (Some(slot), Some(spec)) = (slots.pop(), specs.iter().find(|s| s.id == *id)) {
+                slot.commit(crate::ha::MasterEntry::SegmentMount(crate::ha::SegmentRecord::new(client, spec)), None);
+            }
         }
         self.clients.mark_remounted(client, self.liveness_deadline());
         if let Some(host) = specs.iter().map(|s| s.host_id.as_str()).find(|h| !h.is_empty()) {
@@ -111,9 +126,16 @@ impl MasterService {
 
     /// [`MasterService::unmount_segment`], saying whether this call unmounted it (false: unknown id).
     pub(super) fn unmount(&self, segment: SegmentId) -> Result<bool, ErrorCode> {
+        // Reserved first: an unmount the log cannot take does not happen. Its space is the node's, gone with
+        // the segment, so the sweep frees at once (nothing to hand to another object before durability).
+        let slot = self.reserve_oplog()?;
         let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
         if done.is_none() {
             return Ok(false);
+        }
+        if let Some(slot) = slot {
+            let id = *segment.0.as_bytes();
+            slot.commit(crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id }), None);
         }
         self.nof_health.forget(segment);
         tracing::info!(%segment, "segment unmounted");
@@ -129,7 +151,17 @@ impl MasterService {
         grace: Duration,
     ) -> Result<(), ErrorCode> {
         let deadline = self.clock.now().saturating_add(grace);
-        self.pool.graceful_unmount(segment, client, deadline).map_err(|e| e.code())
+        let slot = self.reserve_oplog()?;
+        self.pool.graceful_unmount(segment, client, deadline).map_err(|e| e.code())?;
+        if let Some(slot) = slot {
+            let update = crate::ha::payload::SegmentUpdate {
+                id: *segment.0.as_bytes(),
+                status: SegmentStatus::GracefullyUnmounting as u8,
+                deadline_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            };
+            slot.commit(crate::ha::MasterEntry::SegmentUpdate(update), None);
+        }
+        Ok(())
     }
 
     /// Unmounts segments whose graceful deadline passed; returns how many.

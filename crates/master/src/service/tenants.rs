@@ -78,10 +78,15 @@ impl MasterService {
     pub fn upsert_tenant_quota(&self, tenant: &str, bytes: u64) -> Result<(), ErrorCode> {
         self.require_multi_tenant()?;
         let id = Self::tenant_id(tenant)?;
+        let slot = self.reserve_oplog()?;
         let mut p = self.policies.lock();
         p.upsert(id.clone(), bytes)?;
         self.tenants.get_or_insert_with(&id, || TenantState::new(id.clone(), QuotaAccount::closed()));
         self.apply_quotas(&p);
+        if let Some(slot) = slot {
+            let quota = crate::ha::payload::TenantQuota { bytes };
+            slot.commit(crate::ha::MasterEntry::TenantQuotaSet { tenant: id.to_string(), quota }, None);
+        }
         Ok(())
     }
 
@@ -93,6 +98,7 @@ impl MasterService {
     pub fn delete_tenant_quota(&self, tenant: &str) -> Result<(), ErrorCode> {
         self.require_multi_tenant()?;
         let id = Self::tenant_id(tenant)?;
+        let slot = self.reserve_oplog()?;
         let mut p = self.policies.lock();
         if p.requested(&id).is_none() {
             return Err(ErrorCode::ObjectNotFound);
@@ -112,6 +118,9 @@ impl MasterService {
         }
         p.remove(&id);
         self.apply_quotas(&p);
+        if let Some(slot) = slot {
+            slot.commit(crate::ha::MasterEntry::TenantRemove { tenant: id.to_string() }, None);
+        }
         Ok(())
     }
 
@@ -123,12 +132,17 @@ impl MasterService {
         for (t, q) in policies {
             next.upsert(Self::tenant_id(t)?, *q)?;
         }
+        let slot = self.reserve_oplog()?;
         let mut p = self.policies.lock();
         for id in next.tenants() {
             self.tenants.get_or_insert_with(id, || TenantState::new(id.clone(), QuotaAccount::closed()));
         }
         *p = next;
         self.apply_quotas(&p);
+        if let Some(slot) = slot {
+            let policies = policies.iter().map(|(t, q)| (t.clone(), *q)).collect();
+            slot.commit(crate::ha::MasterEntry::TenantPolicies(crate::ha::payload::TenantPolicies { policies }), None);
+        }
         Ok(())
     }
 

@@ -238,6 +238,8 @@ impl MasterService {
         spec: &WriteSpec<'_>,
         upsert: bool,
     ) -> Result<Next, ErrorCode> {
+        // Preempting or rewriting a logged object makes it unreadable: a removal-type change (§13).
+        let slot = self.reserve_oplog()?;
         let now = self.clock.now();
         let mut st = entry.lock();
         if st.lifecycle != Lifecycle::Active {
@@ -258,6 +260,12 @@ impl MasterService {
             }
             // A stale unfinished write (or an object with nothing left): preempt it and start afresh.
             let discarded = self.take_pending(tenant, &mut st);
+            if let Some(slot) = slot {
+                super::ha::erase_logged(tenant, &entry, st, slot);
+                self.discard(discarded);
+                drop(stale);
+                return Ok(Next::Create);
+            }
             let dead = tenant.retire(&mut st);
             drop(st);
             self.discard(discarded);
@@ -281,6 +289,12 @@ impl MasterService {
         }
         let discarded = self.take_pending(tenant, &mut st);
         if !st.has_readable() {
+            if let Some(slot) = slot {
+                super::ha::erase_logged(tenant, &entry, st, slot);
+                self.discard(discarded);
+                drop(stale);
+                return Ok(Next::Create);
+            }
             let dead = tenant.retire(&mut st);
             drop(st);
             self.discard(discarded);
@@ -297,7 +311,11 @@ impl MasterService {
             drop(stale);
             return Ok(Next::Replace { entry, hard_pinned });
         }
-        // Same size: rewrite in place. The settled charge becomes the write's pending charge.
+        // Same size: rewrite in place. The settled charge becomes the write's pending charge. The log forgets
+        // the object until its End (its bytes are being overwritten; the buffers stay the object's own).
+        if let Some(slot) = slot {
+            slot.commit(super::ha::remove_entry(tenant, &entry), None);
+        }
         for r in st.replicas.iter_mut() {
             r.status = ReplicaStatus::Processing;
         }
@@ -478,6 +496,7 @@ impl MasterService {
                 self.clock.now(),
                 self.config.allow_evict_soft_pinned,
                 self.config.census_chunk,
+                self.oplog.get().map(|l| &**l),
             );
             self.record_eviction(tier, &round.report);
             // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
@@ -591,6 +610,13 @@ impl MasterService {
                 return Err(e);
             }
         };
+        let slot = match self.reserve_oplog() {
+            Ok(s) => s,
+            Err(e) => {
+                tenant.release_quota(charge);
+                return Err(e);
+            }
+        };
         let now = self.clock.now();
         let mut st = entry.lock();
         // Revalidate: the object may have changed while we allocated.
@@ -599,6 +625,11 @@ impl MasterService {
             tenant.release_quota(charge);
             drop(replicas);
             return Err(ErrorCode::ObjectAlreadyExists); // retried by start_write
+        }
+        // The old replicas stop being readable here (freed when their lease ends): the log forgets the object
+        // until the new write's End.
+        if let Some(slot) = slot {
+            slot.commit(super::ha::remove_entry(tenant, entry), None);
         }
         let old = std::mem::take(&mut st.replicas);
         tenant.release_quota(std::mem::take(&mut st.charged));
@@ -653,6 +684,8 @@ impl MasterService {
     fn end_write(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        // Taken before the lock; committed after the mutation (PutEnd is visible before it is durable, §13).
+        let slot = self.reserve_oplog()?;
         let now = self.clock.now();
         let mut st = entry.lock();
         if st.lifecycle != Lifecycle::Active {
@@ -706,6 +739,9 @@ impl MasterService {
         st.charged = settled;
         st.version = st.version.wrapping_add(1);
         st.lease = st.lease.max(now);
+        if let Some(slot) = slot {
+            slot.commit(super::ha::post_state_entry(&tenant, &entry, &st, now), None);
+        }
         drop(st);
         drop(stale);
         Ok(())
@@ -788,7 +824,7 @@ pub(super) fn drain_invalid(st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
 }
 
 /// Creates a member of group `name` and publishes its route, under the group lock (group → route order).
-fn publish_member(
+pub(super) fn publish_member(
     tenant: &TenantState,
     name: &str,
     id: u64,

@@ -1,0 +1,11 @@
+//! The master's HA business side, over the generic machinery of `crescent-ha`: what oplog entries mean
+//! ([`payload`]: operation codes and payloads), the seam mutations log through ([`sink`]: `OpLog`, `Slot`), and
+//! replay ([`replay`]: the `OpLogApplier`, the startup rebuild of a restarted master, opening the log).
+
+pub mod payload;
+pub mod replay;
+pub mod sink;
+
+pub use payload::{MasterEntry, ObjectRecord, OpCode, PayloadError, ReplicaRecord, SegmentRecord};
+pub use replay::{OpLogOptions, OpenError, OpenReport, ReplayState, open, replay_log};
+pub use sink::{OPLOG_REFUSED, OpLog, Slot};

@@ -1,0 +1,515 @@
+//! The master's oplog vocabulary: what an [`OpLogEntry`]'s `op`, `tenant`, `key` and `payload` mean.
+//!
+//! A payload is one schema-version byte ([`PAYLOAD_VERSION`]) followed by the postcard encoding of the
+//! operation's body; nothing may follow the body. Ids are stored as their 16 raw bytes and enums as their wire
+//! numbers, so the bytes do not depend on how a Rust type happens to derive serde (the golden vectors below pin
+//! them).
+
+use crescent_ha::oplog::OpLogEntry;
+use crescent_proto::{ClientId, ObjectDataType, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The payload schema this build writes and reads.
+pub const PAYLOAD_VERSION: u8 = 1;
+
+/// Operation codes (0 is reserved by the oplog: it would hide a zeroed field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum OpCode {
+    /// An object became readable: its full post-state. `key` = object key.
+    PutEnd = 1,
+    /// An object is gone. `key` = object key.
+    Remove = 2,
+    /// A segment was mounted. `key` = segment id.
+    SegmentMount = 3,
+    /// A segment was unmounted (its objects' replicas on it are gone). `key` = segment id.
+    SegmentUnmount = 4,
+    /// A segment's status changed (graceful unmount). `key` = segment id.
+    SegmentUpdate = 5,
+    /// A tenant's requested quota was set. `tenant` = the tenant, `key` empty.
+    TenantQuotaSet = 6,
+    /// A tenant was torn down. `tenant` = the tenant, `key` empty.
+    TenantRemove = 7,
+    /// The whole tenant policy set was replaced (a reload). `key` empty.
+    TenantPolicies = 8,
+    /// An explicit group was erased with every member. `key` = group name.
+    GroupRemove = 9,
+}
+
+impl OpCode {
+    /// The code of an entry's `op`.
+    pub fn from_u16(op: u16) -> Result<Self, PayloadError> {
+        Ok(match op {
+            1 => Self::PutEnd,
+            2 => Self::Remove,
+            3 => Self::SegmentMount,
+            4 => Self::SegmentUnmount,
+            5 => Self::SegmentUpdate,
+            6 => Self::TenantQuotaSet,
+            7 => Self::TenantRemove,
+            8 => Self::TenantPolicies,
+            9 => Self::GroupRemove,
+            other => return Err(PayloadError::UnknownOp(other)),
+        })
+    }
+}
+
+/// Why a payload does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// The operation code is not one this build knows.
+    #[error("unknown oplog operation {0}")]
+    UnknownOp(u16),
+    /// The payload has no version byte.
+    #[error("empty payload")]
+    Empty,
+    /// A payload schema this build does not read.
+    #[error("unsupported payload version {0} (this build reads {PAYLOAD_VERSION})")]
+    Version(u8),
+    /// The body does not decode.
+    #[error("payload body does not decode: {0}")]
+    Body(String),
+    /// Bytes follow the body.
+    #[error("{0} bytes follow the payload body")]
+    Trailing(usize),
+    /// The body decodes but a field is out of range or contradicts the entry.
+    #[error("invalid payload: {0}")]
+    Invalid(String),
+}
+
+/// One replica of an object as the log records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    /// Master-assigned replica id.
+    pub id: u64,
+    /// The segment (raw UUID bytes).
+    pub segment: [u8; 16],
+    /// Byte offset in the segment.
+    pub offset: u64,
+    /// Bytes (the object's size).
+    pub length: u64,
+    /// 0 = memory/CXL, 1 = NoF.
+    pub tier: u8,
+}
+
+impl ReplicaRecord {
+    /// The segment id.
+    pub fn segment_id(&self) -> SegmentId {
+        SegmentId(Uuid::from_bytes(self.segment))
+    }
+}
+
+/// PUT_END: everything needed to rebuild a readable object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRecord {
+    /// Object bytes.
+    pub size: u64,
+    /// Complete replicas, in placement order.
+    pub replicas: Vec<ReplicaRecord>,
+    /// The writer's crc32c, if given.
+    pub checksum: Option<u64>,
+    /// Explicit group name, if any.
+    pub group: Option<String>,
+    /// Never evicted.
+    pub hard_pinned: bool,
+    /// Soft pin left when the entry was made (ms; 0 = none). Relative: clocks are per process.
+    pub soft_pin_ms: u64,
+    /// `ObjectDataType` wire number.
+    pub data_type: u8,
+}
+
+/// SEGMENT_MOUNT: the segment and its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRecord {
+    /// The owner's client id (its incarnation).
+    pub client: [u8; 16],
+    /// Segment id.
+    pub id: [u8; 16],
+    /// Placement name.
+    pub name: String,
+    /// Base in the owner's address space.
+    pub base: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Transfer endpoint.
+    pub endpoint: String,
+    /// 0 memory, 1 CXL, 2 NoF.
+    pub kind: u8,
+    /// Owner's host id.
+    pub host: String,
+}
+
+impl SegmentRecord {
+    /// The record of `spec` mounted by `client`.
+    pub fn new(client: ClientId, spec: &SegmentSpec) -> Self {
+        Self {
+            client: *client.0.as_bytes(),
+            id: *spec.id.0.as_bytes(),
+            name: spec.name.clone(),
+            base: spec.base,
+            size: spec.size,
+            endpoint: spec.endpoint.clone(),
+            kind: kind_number(spec.kind),
+            host: spec.host_id.clone(),
+        }
+    }
+
+    /// The owner.
+    pub fn client_id(&self) -> ClientId {
+        ClientId(Uuid::from_bytes(self.client))
+    }
+
+    /// The segment's spec back.
+    pub fn spec(&self) -> Result<SegmentSpec, PayloadError> {
+        Ok(SegmentSpec {
+            id: SegmentId(Uuid::from_bytes(self.id)),
+            name: self.name.clone(),
+            base: self.base,
+            size: self.size,
+            endpoint: self.endpoint.clone(),
+            kind: kind_from(self.kind)?,
+            host_id: self.host.clone(),
+        })
+    }
+}
+
+/// SEGMENT_UNMOUNT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    /// Segment id.
+    pub id: [u8; 16],
+}
+
+/// SEGMENT_UPDATE: a status change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentUpdate {
+    /// Segment id.
+    pub id: [u8; 16],
+    /// `SegmentStatus` wire number.
+    pub status: u8,
+    /// Time left until the status's deadline (graceful unmount), ms; 0 = none.
+    pub deadline_ms: u64,
+}
+
+/// TENANT_QUOTA_SET.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantQuota {
+    /// Requested quota bytes.
+    pub bytes: u64,
+}
+
+/// TENANT_POLICIES: the whole policy set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPolicies {
+    /// `(tenant, requested bytes)`, sorted by tenant.
+    pub policies: Vec<(String, u64)>,
+}
+
+/// A decoded entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MasterEntry {
+    /// See [`OpCode::PutEnd`].
+    PutEnd {
+        /// Tenant.
+        tenant: String,
+        /// Object key.
+        key: String,
+        /// Post-state.
+        object: ObjectRecord,
+    },
+    /// See [`OpCode::Remove`].
+    Remove {
+        /// Tenant.
+        tenant: String,
+        /// Object key.
+        key: String,
+    },
+    /// See [`OpCode::SegmentMount`].
+    SegmentMount(SegmentRecord),
+    /// See [`OpCode::SegmentUnmount`].
+    SegmentUnmount(SegmentRef),
+    /// See [`OpCode::SegmentUpdate`].
+    SegmentUpdate(SegmentUpdate),
+    /// See [`OpCode::TenantQuotaSet`].
+    TenantQuotaSet {
+        /// Tenant.
+        tenant: String,
+        /// Quota.
+        quota: TenantQuota,
+    },
+    /// See [`OpCode::TenantRemove`].
+    TenantRemove {
+        /// Tenant.
+        tenant: String,
+    },
+    /// See [`OpCode::TenantPolicies`].
+    TenantPolicies(TenantPolicies),
+    /// See [`OpCode::GroupRemove`].
+    GroupRemove {
+        /// Tenant.
+        tenant: String,
+        /// Group name.
+        group: String,
+    },
+}
+
+fn payload<T: Serialize>(body: &T) -> Vec<u8> {
+    let out = vec![PAYLOAD_VERSION];
+    // Serialising these plain structs into a Vec cannot fail (no maps, no unsized sequences).
+    match postcard::to_extend(body, out) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(error = %e, "oplog payload did not serialise");
+            vec![PAYLOAD_VERSION]
+        }
+    }
+}
+
+fn body<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, PayloadError> {
+    let (&version, rest) = bytes.split_first().ok_or(PayloadError::Empty)?;
+    if version != PAYLOAD_VERSION {
+        return Err(PayloadError::Version(version));
+    }
+    let (value, tail) = postcard::take_from_bytes(rest).map_err(|e| PayloadError::Body(e.to_string()))?;
+    if !tail.is_empty() {
+        return Err(PayloadError::Trailing(tail.len()));
+    }
+    Ok(value)
+}
+
+fn empty(bytes: &[u8]) -> Result<(), PayloadError> {
+    body::<()>(bytes)
+}
+
+fn id_key(id: &[u8; 16]) -> String {
+    Uuid::from_bytes(*id).to_string()
+}
+
+impl MasterEntry {
+    /// The oplog entry.
+    pub fn encode(&self) -> OpLogEntry {
+        let (op, tenant, key, payload) = match self {
+            Self::PutEnd { tenant, key, object } => (OpCode::PutEnd, tenant.clone(), key.clone(), payload(object)),
+            Self::Remove { tenant, key } => (OpCode::Remove, tenant.clone(), key.clone(), payload(&())),
+            Self::SegmentMount(s) => (OpCode::SegmentMount, String::new(), id_key(&s.id), payload(s)),
+            Self::SegmentUnmount(s) => (OpCode::SegmentUnmount, String::new(), id_key(&s.id), payload(s)),
+            Self::SegmentUpdate(s) => (OpCode::SegmentUpdate, String::new(), id_key(&s.id), payload(s)),
+            Self::TenantQuotaSet { tenant, quota } => {
+                (OpCode::TenantQuotaSet, tenant.clone(), String::new(), payload(quota))
+            }
+            Self::TenantRemove { tenant } => (OpCode::TenantRemove, tenant.clone(), String::new(), payload(&())),
+            Self::TenantPolicies(p) => (OpCode::TenantPolicies, String::new(), String::new(), payload(p)),
+            Self::GroupRemove { tenant, group } => (OpCode::GroupRemove, tenant.clone(), group.clone(), payload(&())),
+        };
+        OpLogEntry { op: op as u16, tenant, key, payload }
+    }
+
+    /// Decodes and checks an entry.
+    pub fn decode(entry: &OpLogEntry) -> Result<Self, PayloadError> {
+        let p = &entry.payload;
+        let (tenant, key) = (entry.tenant.clone(), entry.key.clone());
+        let e = match OpCode::from_u16(entry.op)? {
+            OpCode::PutEnd => {
+                let object: ObjectRecord = body(p)?;
+                check_object(&object)?;
+                Self::PutEnd { tenant, key, object }
+            }
+            OpCode::Remove => {
+                empty(p)?;
+                Self::Remove { tenant, key }
+            }
+            OpCode::SegmentMount => {
+                let s: SegmentRecord = body(p)?;
+                s.spec()?;
+                check_key(&key, &s.id)?;
+                Self::SegmentMount(s)
+            }
+            OpCode::SegmentUnmount => {
+                let s: SegmentRef = body(p)?;
+                check_key(&key, &s.id)?;
+                Self::SegmentUnmount(s)
+            }
+            OpCode::SegmentUpdate => {
+                let s: SegmentUpdate = body(p)?;
+                status_from(s.status)?;
+                check_key(&key, &s.id)?;
+                Self::SegmentUpdate(s)
+            }
+            OpCode::TenantQuotaSet => Self::TenantQuotaSet { tenant, quota: body(p)? },
+            OpCode::TenantRemove => {
+                empty(p)?;
+                Self::TenantRemove { tenant }
+            }
+            OpCode::TenantPolicies => Self::TenantPolicies(body(p)?),
+            OpCode::GroupRemove => {
+                empty(p)?;
+                Self::GroupRemove { tenant, group: key }
+            }
+        };
+        Ok(e)
+    }
+}
+
+fn check_key(key: &str, id: &[u8; 16]) -> Result<(), PayloadError> {
+    if key != id_key(id) {
+        return Err(PayloadError::Invalid(format!("entry key {key:?} is not the segment id {}", id_key(id))));
+    }
+    Ok(())
+}
+
+fn check_object(o: &ObjectRecord) -> Result<(), PayloadError> {
+    if o.size == 0 || o.replicas.is_empty() {
+        return Err(PayloadError::Invalid("an object needs a size and a replica".into()));
+    }
+    data_type_from(o.data_type)?;
+    for r in &o.replicas {
+        if r.tier > 1 || r.length != o.size || r.offset.checked_add(r.length).is_none() {
+            return Err(PayloadError::Invalid(format!("replica {} is malformed", r.id)));
+        }
+    }
+    Ok(())
+}
+
+/// A segment kind's wire number.
+pub fn kind_number(kind: SegmentKind) -> u8 {
+    match kind {
+        SegmentKind::Memory => 0,
+        SegmentKind::Cxl => 1,
+        SegmentKind::Nof => 2,
+    }
+}
+
+fn kind_from(n: u8) -> Result<SegmentKind, PayloadError> {
+    Ok(match n {
+        0 => SegmentKind::Memory,
+        1 => SegmentKind::Cxl,
+        2 => SegmentKind::Nof,
+        n => return Err(PayloadError::Invalid(format!("segment kind {n}"))),
+    })
+}
+
+/// The status of a wire number.
+pub fn status_from(n: u8) -> Result<SegmentStatus, PayloadError> {
+    Ok(match n {
+        1 => SegmentStatus::Ok,
+        2 => SegmentStatus::Draining,
+        3 => SegmentStatus::Drained,
+        4 => SegmentStatus::GracefullyUnmounting,
+        n => return Err(PayloadError::Invalid(format!("segment status {n} is not logged"))),
+    })
+}
+
+/// The data type of a wire number.
+pub fn data_type_from(n: u8) -> Result<ObjectDataType, PayloadError> {
+    use ObjectDataType as T;
+    Ok(match n {
+        0 => T::Unknown,
+        1 => T::KvCache,
+        2 => T::Tensor,
+        3 => T::Weight,
+        4 => T::Sample,
+        5 => T::Activation,
+        6 => T::Gradient,
+        7 => T::OptimizerState,
+        8 => T::Metadata,
+        9 => T::General,
+        n => return Err(PayloadError::Invalid(format!("data type {n}"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn object() -> ObjectRecord {
+        ObjectRecord {
+            size: 300,
+            replicas: vec![ReplicaRecord { id: 7, segment: [0xab; 16], offset: 4096, length: 300, tier: 0 }],
+            checksum: Some(0xdead_beef),
+            group: Some("g".into()),
+            hard_pinned: true,
+            soft_pin_ms: 0,
+            data_type: 1,
+        }
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// The bytes are the format: a change here is a schema change (bump PAYLOAD_VERSION).
+    #[test]
+    fn golden_payload_bytes() {
+        let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
+        assert_eq!(put.op, 1);
+        // version 01; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
+        // tier 00; checksum Some(0xdeadbeef) = 01 + varint; group Some("g") = 01 01 67; hard pin 01; soft pin 00;
+        // data type 01.
+        let expected = format!("01ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
+        assert_eq!(hex(&put.payload), expected);
+        let rm = MasterEntry::Remove { tenant: "t".into(), key: "k".into() }.encode();
+        assert_eq!((rm.op, hex(&rm.payload)), (2, "01".to_owned()));
+        let seg = SegmentRecord {
+            client: [1; 16],
+            id: [2; 16],
+            name: "n".into(),
+            base: 0,
+            size: 1 << 20,
+            endpoint: "h:1".into(),
+            kind: 0,
+            host: String::new(),
+        };
+        let mount = MasterEntry::SegmentMount(seg).encode();
+        assert_eq!(mount.key, "02020202-0202-0202-0202-020202020202");
+        assert_eq!(
+            hex(&mount.payload),
+            format!("01{}{}016e00808040{}0000", "01".repeat(16), "02".repeat(16), "03683a31")
+        );
+        let upd = MasterEntry::SegmentUpdate(SegmentUpdate { id: [2; 16], status: 4, deadline_ms: 300 }).encode();
+        assert_eq!(hex(&upd.payload), format!("01{}04ac02", "02".repeat(16)));
+        let q = MasterEntry::TenantQuotaSet { tenant: "a".into(), quota: TenantQuota { bytes: 1 } }.encode();
+        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0101".to_owned()));
+    }
+
+    #[test]
+    fn every_entry_round_trips() {
+        let entries = [
+            MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() },
+            MasterEntry::Remove { tenant: "t".into(), key: "k".into() },
+            MasterEntry::SegmentUnmount(SegmentRef { id: [9; 16] }),
+            MasterEntry::SegmentUpdate(SegmentUpdate { id: [9; 16], status: 4, deadline_ms: 5 }),
+            MasterEntry::TenantRemove { tenant: "t".into() },
+            MasterEntry::TenantPolicies(TenantPolicies { policies: vec![("a".into(), 5)] }),
+            MasterEntry::GroupRemove { tenant: "t".into(), group: "g".into() },
+        ];
+        for e in entries {
+            assert_eq!(MasterEntry::decode(&e.encode()).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn bad_payloads_are_typed_errors() {
+        let mut e = MasterEntry::Remove { tenant: "t".into(), key: "k".into() }.encode();
+        e.op = 99;
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::UnknownOp(99)));
+        e.op = 2;
+        e.payload = vec![];
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Empty));
+        e.payload = vec![2];
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Version(2)));
+        e.payload = vec![1, 0];
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Trailing(1)));
+        let mut put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
+        put.payload.truncate(10);
+        assert!(matches!(MasterEntry::decode(&put), Err(PayloadError::Body(_))));
+        let mut bad = object();
+        bad.replicas[0].tier = 3;
+        let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: bad }.encode();
+        assert!(matches!(MasterEntry::decode(&put), Err(PayloadError::Invalid(_))));
+        let mut unmount = MasterEntry::SegmentUnmount(SegmentRef { id: [9; 16] }).encode();
+        unmount.key = "other".into();
+        assert!(matches!(MasterEntry::decode(&unmount), Err(PayloadError::Invalid(_))));
+    }
+}

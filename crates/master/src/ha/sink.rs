@@ -1,0 +1,113 @@
+//! The seam between `MasterService` mutations and the ordered oplog writer.
+//!
+//! A service without an oplog holds no [`OpLog`] at all: every mutation checks one `OnceLock` and goes on as
+//! before (no entry built, no lock taken). With one, a mutation takes a [`Slot`] before touching metadata and
+//! commits its entry (built only then) inside the object's lock.
+
+use super::payload::MasterEntry;
+use crescent_ha::oplog::{DurableCallback, OrderedOpLogWriter, Reservation, WriterError, WriterStatus};
+use crescent_proto::ErrorCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The wire code of a mutation refused because the oplog cannot take it: the mutation could not be made
+/// durable, and nothing was changed (`PERSISTENT_FAIL`, the vocabulary's code for a failed persistence).
+pub const OPLOG_REFUSED: ErrorCode = ErrorCode::PersistentFail;
+
+/// The master's handle on its oplog writer.
+pub struct OpLog {
+    writer: OrderedOpLogWriter,
+    /// Reservations refused (writer closed, full or terminal).
+    admission_failures: AtomicU64,
+    /// Commits refused after a reservation (should stay 0).
+    commit_failures: AtomicU64,
+}
+
+impl std::fmt::Debug for OpLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpLog").field("writer", &self.writer).finish_non_exhaustive()
+    }
+}
+
+/// An admission slot: commit it with the mutation's entry, or drop it (abort: no sequence, no gap).
+#[must_use = "commit the slot with the mutation's entry, or drop it to abort"]
+pub struct Slot<'a> {
+    log: &'a OpLog,
+    reservation: Reservation,
+}
+
+impl Slot<'_> {
+    /// Queues the entry (no I/O); `callback` runs once it is durable. A refusal here (the writer stopped for
+    /// good between reserve and commit) is logged: the mutation is already visible and cannot be undone.
+    pub fn commit(self, entry: MasterEntry, callback: Option<DurableCallback>) {
+        if let Err(e) = self.log.writer.commit(self.reservation, entry.encode(), callback) {
+            self.log.commit_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "oplog commit refused after reservation: the mutation is not logged");
+        }
+    }
+}
+
+impl OpLog {
+    /// A handle on a started (or to be started) writer.
+    pub fn new(writer: OrderedOpLogWriter) -> Self {
+        Self { writer, admission_failures: AtomicU64::new(0), commit_failures: AtomicU64::new(0) }
+    }
+
+    /// Takes a slot before a mutation; fails fast with [`OPLOG_REFUSED`] when the writer is not accepting.
+    pub fn reserve(&self) -> Result<Slot<'_>, ErrorCode> {
+        self.reserve_within(Duration::ZERO)
+    }
+
+    /// [`OpLog::reserve`] for bulk operations (remove-all, regex removal) run off the async workers: while
+    /// admission is merely full (the writer is sealing), waits for room up to `patience` instead of failing
+    /// every key past the admission limit. Closed or terminal writers still fail at once.
+    pub fn reserve_within(&self, patience: Duration) -> Result<Slot<'_>, ErrorCode> {
+        let start = std::time::Instant::now();
+        let mut result = self.writer.reserve();
+        while matches!(result, Err(WriterError::QueueFull(_))) && start.elapsed() < patience {
+            std::thread::sleep(Duration::from_micros(200));
+            result = self.writer.reserve();
+        }
+        match result {
+            Ok(reservation) => Ok(Slot { log: self, reservation }),
+            Err(e) => {
+                let n = self.admission_failures.fetch_add(1, Ordering::Relaxed);
+                // One line per 1024 refusals: a failing backend refuses every mutation.
+                if n.is_multiple_of(1024) {
+                    let why = match &e {
+                        WriterError::QueueFull(_) => "admission full",
+                        WriterError::Terminal(_) => "writer stopped for good",
+                        _ => "writer not accepting (backend failing or stopping)",
+                    };
+                    tracing::warn!(error = %e, refused = n + 1, "mutation refused: oplog {why}");
+                }
+                Err(OPLOG_REFUSED)
+            }
+        }
+    }
+
+    /// The writer's state now.
+    pub fn status(&self) -> WriterStatus {
+        self.writer.status()
+    }
+
+    /// Reservations refused so far.
+    pub fn admission_failures(&self) -> u64 {
+        self.admission_failures.load(Ordering::Relaxed)
+    }
+
+    /// Commits refused after a reservation so far.
+    pub fn commit_failures(&self) -> u64 {
+        self.commit_failures.load(Ordering::Relaxed)
+    }
+
+    /// Starts the writer's tasks on the current runtime.
+    pub fn start(&self) {
+        self.writer.start();
+    }
+
+    /// Closes admission and drains what was committed (see `OrderedOpLogWriter::stop`).
+    pub async fn stop(&self) {
+        self.writer.stop().await;
+    }
+}

@@ -1,0 +1,330 @@
+//! The service's side of the oplog: attaching a writer, the entries mutations commit, the logged erase (hidden
+//! at once, freed once durable), and restoring a replayed log into a fresh service.
+
+use super::MasterService;
+use crate::alloc::{AllocatorSnapshot, OffsetAllocator, SnapshotAllocation};
+use crate::clock::Timestamp;
+use crate::ha::payload::data_type_from;
+use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayState, ReplicaRecord, Slot};
+use crate::metadata::{Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, TenantState, Tier};
+use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
+use crescent_proto::{ErrorCode, ReplicaStatus, SegmentId, SegmentKind, SegmentStatus, TenantId};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+impl MasterService {
+    /// Makes every later mutation log through `log` (once; a second call is refused and logged). Attach after
+    /// replay and before serving.
+    pub fn attach_oplog(&self, log: Arc<OpLog>) {
+        if self.oplog.set(log).is_err() {
+            tracing::error!("an oplog is already attached: the second one is ignored");
+        }
+    }
+
+    /// The attached oplog, if any.
+    pub fn oplog(&self) -> Option<&Arc<OpLog>> {
+        self.oplog.get()
+    }
+
+    /// [`MasterService::reserve_oplog`] for bulk removals, which run off the async workers: waits up to a second
+    /// while admission is merely full.
+    pub(super) fn reserve_oplog_bulk(&self) -> Result<Option<Slot<'_>>, ErrorCode> {
+        match self.oplog.get() {
+            None => Ok(None),
+            Some(log) => log.reserve_within(Duration::from_secs(1)).map(Some),
+        }
+    }
+
+    /// A slot for one entry, `None` without an oplog (one atomic load: no entry, no lock). Take it before the
+    /// metadata locks; a refusal changes nothing.
+    #[inline]
+    pub(super) fn reserve_oplog(&self) -> Result<Option<Slot<'_>>, ErrorCode> {
+        match self.oplog.get() {
+            None => Ok(None),
+            Some(log) => log.reserve().map(Some),
+        }
+    }
+}
+
+fn tier_number(t: Tier) -> u8 {
+    match t {
+        Tier::Memory => 0,
+        Tier::Nof => 1,
+    }
+}
+
+/// An object's readable post-state as PUT_END records it (replicas whose segment is gone are left out).
+pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestamp) -> ObjectRecord {
+    let replicas = st
+        .replicas
+        .iter()
+        .filter(|r| r.status == ReplicaStatus::Complete)
+        .filter_map(|r| {
+            Some(ReplicaRecord {
+                id: r.id,
+                segment: *r.buffer.segment_id()?.0.as_bytes(),
+                offset: r.buffer.offset(),
+                length: r.buffer.size(),
+                tier: tier_number(r.tier),
+            })
+        })
+        .collect();
+    ObjectRecord {
+        size: st.size,
+        replicas,
+        checksum: st.has_checksum.then_some(st.checksum),
+        group: entry.group().map(|g| g.name().to_string()),
+        hard_pinned: st.hard_pinned,
+        soft_pin_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
+        data_type: st.data_type as u8,
+    }
+}
+
+/// PUT_END of `entry` in `tenant`; a REMOVE when nothing complete is left to record.
+pub(crate) fn post_state_entry(
+    tenant: &TenantState,
+    entry: &ObjectEntry,
+    st: &ObjectState,
+    now: Timestamp,
+) -> MasterEntry {
+    let object = object_record(entry, st, now);
+    if object.replicas.is_empty() {
+        return remove_entry(tenant, entry);
+    }
+    MasterEntry::PutEnd { tenant: tenant.id().to_string(), key: entry.key().to_owned(), object }
+}
+
+/// REMOVE of `entry` in `tenant`.
+pub(crate) fn remove_entry(tenant: &TenantState, entry: &ObjectEntry) -> MasterEntry {
+    MasterEntry::Remove { tenant: tenant.id().to_string(), key: entry.key().to_owned() }
+}
+
+/// The logged erase of an object whose removal was checked under `st` (RFC §13): every replica REMOVED and the
+/// object `Removing` (unreadable at once), the REMOVE entry committed, the route unlinked (the key may be written
+/// again at once, as a new object). Space, quota and group membership are released only by the durable
+/// callback, which re-locks this very entry and acts only if it is still the removal it was given.
+pub(super) fn erase_logged(
+    tenant: &Arc<TenantState>,
+    entry: &Arc<ObjectEntry>,
+    mut st: ObjectGuard<'_>,
+    slot: Slot<'_>,
+) {
+    let ids: SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
+    for r in st.replicas.iter_mut() {
+        r.status = ReplicaStatus::Removed;
+    }
+    st.lifecycle = Lifecycle::Removing;
+    let (t, e) = (Arc::clone(tenant), Arc::clone(entry));
+    slot.commit(remove_entry(tenant, entry), Some(Box::new(move |_seq| finalize_removal(&t, &e, &ids))));
+    drop(st);
+    tenant.objects().unlink_if_match(entry);
+}
+
+/// The durable half of a logged erase.
+pub(crate) fn finalize_removal(tenant: &TenantState, entry: &Arc<ObjectEntry>, ids: &[u64]) {
+    let mut st = entry.lock();
+    let same = st.lifecycle == Lifecycle::Removing
+        && st.replicas.len() == ids.len()
+        && st.replicas.iter().zip(ids).all(|(r, id)| r.id == *id && r.status == ReplicaStatus::Removed);
+    if !same {
+        tracing::warn!(key = entry.key(), "durable removal found the object changed: left alone");
+        return;
+    }
+    let dead = tenant.retire(&mut st);
+    drop(st);
+    tenant.detach(entry);
+    drop(dead);
+}
+
+/// Bytes a replayed allocation of `length` occupies (what the allocator's normal path would have consumed).
+fn consumed_for(length: u64) -> u64 {
+    OffsetAllocator::normalized_size(length).unwrap_or(length).max(length)
+}
+
+impl MasterService {
+    /// Rebuilds a fresh service (no segment mounted, nothing written) from a replayed log: tenant policies,
+    /// every segment DISCONNECTED until its owner remounts it (for `disconnect_grace_ms`, or one client TTL
+    /// when there is no grace), every object readable once its segment is back. Returns `(objects, segments)`
+    /// restored. CXL segments and replicas that do not fit their segment are dropped (logged).
+    pub fn restore_replayed(&self, state: &ReplayState) -> Result<(usize, usize), ErrorCode> {
+        if let Some(p) = &state.policies
+            && self.config.enable_multi_tenants
+        {
+            self.apply_tenant_policies(p)?;
+        }
+        let now = self.clock.now();
+        let grace_ms = if self.config.disconnect_grace_ms > 0 {
+            self.config.disconnect_grace_ms
+        } else {
+            self.config.client_ttl_ms
+        };
+        let deadline = now.saturating_add(Duration::from_millis(grace_ms));
+        // Every replica's range per segment.
+        let mut ranges: HashMap<SegmentId, Vec<(u64, u64)>> = HashMap::new();
+        for o in state.objects.values() {
+            for r in &o.replicas {
+                ranges.entry(r.segment_id()).or_default().push((r.offset, r.length));
+            }
+        }
+        let mut regions = Vec::new();
+        for (id, rec) in &state.segments {
+            let spec = rec.spec().map_err(|e| {
+                tracing::error!(segment = %id, error = %e, "replayed segment is malformed");
+                ErrorCode::InternalError
+            })?;
+            if spec.kind == SegmentKind::Cxl {
+                tracing::warn!(segment = %id, "replayed CXL segment dropped: CXL bindings are not rebuilt from the log");
+                continue;
+            }
+            let mut mine = ranges.remove(id).unwrap_or_default();
+            mine.sort_unstable();
+            mine.dedup();
+            let mut allocations: Vec<SnapshotAllocation> = Vec::with_capacity(mine.len());
+            for (i, &(offset, length)) in mine.iter().enumerate() {
+                let end_prev = allocations.last().map_or(0, |a| a.offset + a.consumed);
+                let limit = mine.get(i + 1).map_or(spec.size, |n| n.0.min(spec.size));
+                let fits = offset >= end_prev && offset.checked_add(length).is_some_and(|e| e <= limit);
+                if !fits {
+                    tracing::error!(segment = %id, offset, length, "replayed replica overlaps another or its segment's end: dropped");
+                    continue;
+                }
+                let consumed = consumed_for(length).min(limit - offset);
+                allocations.push(SnapshotAllocation { offset, consumed, requested: length });
+            }
+            regions.push(RegionReadView {
+                alloc: RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations }),
+                spec,
+                client: rec.client_id(),
+                status: SegmentStatus::Disconnected,
+                graceful_deadline: Some(deadline),
+            });
+        }
+        let segments = regions.len();
+        self.pool.restore(SegmentPoolSnapshotView { regions, cxl_window: None }).map_err(|e| {
+            tracing::error!(error = %e, "restoring the replayed segments failed");
+            e.code()
+        })?;
+        let mut objects = 0;
+        let mut max_replica = 0u64;
+        for ((tenant, key), o) in &state.objects {
+            let Some(t) = self.replay_tenant(tenant) else {
+                tracing::error!(tenant, key, "replayed object of an invalid tenant dropped");
+                continue;
+            };
+            let mut replicas: SmallVec<[Replica; 1]> = SmallVec::new();
+            for r in &o.replicas {
+                max_replica = max_replica.max(r.id);
+                match self.pool.rebind_restored(r.segment_id(), r.offset, r.length) {
+                    Ok(buffer) => replicas.push(Replica {
+                        id: r.id,
+                        buffer,
+                        status: ReplicaStatus::Complete,
+                        refcnt: 0,
+                        tier: if r.tier == 1 { Tier::Nof } else { Tier::Memory },
+                    }),
+                    Err(e) => tracing::warn!(key, replica = r.id, error = %e, "replayed replica not restored"),
+                }
+            }
+            if replicas.is_empty() {
+                continue;
+            }
+            let mut st = ObjectState {
+                hard_pinned: o.hard_pinned,
+                data_type: data_type_from(o.data_type).unwrap_or_default(),
+                has_checksum: o.checksum.is_some(),
+                checksum: o.checksum.unwrap_or(0),
+                soft_pin: if o.soft_pin_ms > 0 {
+                    now.saturating_add(Duration::from_millis(o.soft_pin_ms))
+                } else {
+                    Timestamp(0)
+                },
+                replicas,
+                ..ObjectState::new(o.size)
+            };
+            st.charged = st.settled_charge();
+            t.quota().force_charge(st.charged);
+            let charged = st.charged;
+            let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
+            let published = match o.group.as_deref().filter(|g| !g.is_empty()) {
+                None => {
+                    let entry = Arc::new(ObjectEntry::new(id, key, None, st));
+                    t.objects().insert_if_absent(entry.clone()).map_err(|_| entry)
+                }
+                Some(g) => super::write::publish_member(&t, g, id, key, st),
+            };
+            match published {
+                Ok(()) => objects += 1,
+                Err(loser) => {
+                    let mut st = loser.lock();
+                    let dead = t.retire(&mut st);
+                    drop(st);
+                    drop(dead);
+                    tracing::error!(key, charged, "replayed object published twice: dropped");
+                }
+            }
+        }
+        self.next_replica_id.fetch_max(max_replica.saturating_add(1), Ordering::Relaxed);
+        let orphans = self.pool.finish_restore();
+        if orphans > 0 {
+            tracing::warn!(orphans, "replayed allocations no object claimed were freed");
+        }
+        self.recompute_quotas();
+        Ok((objects, segments))
+    }
+
+    /// The tenant a replayed object belongs in (registered, with a closed account if it has no policy).
+    fn replay_tenant(&self, tenant: &str) -> Option<Arc<TenantState>> {
+        if !self.config.enable_multi_tenants {
+            return self.tenants.get(&TenantId::default_tenant());
+        }
+        let id = TenantId::new(tenant).ok()?;
+        Some(self.tenants.get_or_insert_with(&id, || TenantState::new(id.clone(), QuotaAccount::closed())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The read path's classification (RFC §13) over replica statuses, set directly.
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::service::MasterConfig;
+    use crescent_proto::{ClientId, ReplicateConfig};
+
+    fn two_replicas() -> (MasterService, Arc<ObjectEntry>) {
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1))).unwrap();
+        for i in 0..2 {
+            svc.mount_segment(ClientId::random(), crescent_testkit::segment(&format!("s{i}"), 1 << 24)).unwrap();
+        }
+        let w = ClientId::random();
+        svc.put_start(w, "", "k", 100, &ReplicateConfig::with_replicas(2)).unwrap();
+        svc.put_end(w, "", "k", None).unwrap();
+        let e = svc.tenant_for_tests(&TenantId::default_tenant()).objects().get("k").unwrap();
+        (svc, e)
+    }
+
+    fn set(e: &ObjectEntry, statuses: [ReplicaStatus; 2]) {
+        let mut st = e.lock();
+        for (r, s) in st.replicas.iter_mut().zip(statuses) {
+            r.status = s;
+        }
+    }
+
+    #[test]
+    fn reads_classify_complete_removed_and_in_flight_replicas() {
+        use ReplicaStatus::{Complete, Processing, Removed};
+        let (svc, e) = two_replicas();
+        set(&e, [Removed, Complete]);
+        let got = svc.get_replica_list("", "k").unwrap();
+        assert_eq!(got.replicas.len(), 1, "only the COMPLETE replica is handed out");
+        assert_eq!(got.replicas[0].status, Complete);
+        assert_eq!(svc.exist_key("", "k"), Ok(true));
+        set(&e, [Removed, Removed]);
+        assert_eq!(svc.get_replica_list("", "k").unwrap_err(), ErrorCode::ObjectNotFound, "all REMOVED");
+        assert_eq!(svc.exist_key("", "k"), Ok(false));
+        set(&e, [Removed, Processing]);
+        assert_eq!(svc.get_replica_list("", "k").unwrap_err(), ErrorCode::ReplicaIsNotReady, "only in flight");
+    }
+}
