@@ -510,7 +510,12 @@ async fn the_admin_port_caps_its_connections_and_cuts_stalled_heads() {
     assert_eq!(status, 200, "{page}");
     assert!(started.elapsed() < Duration::from_secs(1), "/metrics took {:?} behind the flood", started.elapsed());
     assert_eq!(metric(&page, r#"crescent_master_connection_cap{server="admin"}"#), 64);
-    assert!(metric(&page, r#"crescent_master_connections_open{server="admin"}"#) <= 64);
+    // Connections told to make room close as their tasks get to run: open falls to the cap.
+    let settled = crescent_testkit::eventually(Duration::from_secs(5), || async {
+        metric(&http_get(&admin, "/metrics").await.1, r#"crescent_master_connections_open{server="admin"}"#) <= 64
+    })
+    .await;
+    assert!(settled, "more than 64 admin connections stayed open");
     let shed = metric(&page, r#"crescent_master_connections_shed_total{server="admin"}"#);
     assert!(shed >= (FLOOD + 2 - 64) as u64, "{shed} connections closed to make room");
     assert!(metric(&page, r#"crescent_master_connection_cap{server="rpc"}"#) > 0);
