@@ -154,6 +154,20 @@ pub struct OpLogOptions {
     pub writer: WriterConfig,
 }
 
+/// Entries reserved or committed but not yet durable that the master admits before refusing mutations
+/// (`PERSISTENT_FAIL`). Batch-128 puts from 8 clients keep ~1 000 PutEnds in flight: the writer's default (one
+/// batch's worth) refused a fifth of them against etcd. 64 Ki entries of a few hundred bytes each hold ~20 MiB.
+pub const MASTER_MAX_WAITING_ENTRIES: usize = 1 << 16;
+
+/// Most entries in one batch record: the byte bound (the backend's request limit) decides first for entries of
+/// a few hundred bytes, so one txn carries ~5 000 of them rather than the storage default of 1 024.
+pub const MASTER_MAX_BATCH_ENTRIES: usize = 1 << 13;
+
+/// The writer settings a master runs with.
+pub fn master_writer_config() -> WriterConfig {
+    WriterConfig { max_waiting_entries: MASTER_MAX_WAITING_ENTRIES, ..WriterConfig::default() }
+}
+
 /// Cluster id of an oplog kept in an embedded data directory when none is given.
 pub const DEFAULT_CLUSTER_ID: &str = "crescent";
 
@@ -163,7 +177,7 @@ impl OpLogOptions {
         let kv = crescent_ha::kv::EtcdKv::connect(crescent_ha::kv::EtcdKvConfig::new(endpoints))
             .await
             .map_err(|e| OpenError::Storage(StorageError::Kv(e)))?;
-        Ok(Self { kv: Arc::new(kv), cluster: cluster.to_owned(), writer: WriterConfig::default() })
+        Ok(Self { kv: Arc::new(kv), cluster: cluster.to_owned(), writer: master_writer_config() })
     }
 
     /// An oplog in the embedded store (one redb file) under `dir`, created if absent.
@@ -171,7 +185,7 @@ impl OpLogOptions {
         std::fs::create_dir_all(dir)
             .map_err(|e| OpenError::Storage(StorageError::Kv(crescent_ha::kv::KvError::Storage(e.to_string()))))?;
         let kv = crescent_ha::kv::EmbeddedKv::open(dir).map_err(|e| OpenError::Storage(StorageError::Kv(e)))?;
-        Ok(Self { kv: Arc::new(kv), cluster: cluster.to_owned(), writer: WriterConfig::default() })
+        Ok(Self { kv: Arc::new(kv), cluster: cluster.to_owned(), writer: master_writer_config() })
     }
 }
 
@@ -197,7 +211,11 @@ pub struct OpenReport {
 /// Opens the log for `svc` (a fresh service, before it serves): replays what is durable into it, claims the
 /// next producer view and attaches a started writer. Must run on a tokio runtime.
 pub async fn open(options: &OpLogOptions, svc: &MasterService) -> Result<(Arc<OpLog>, OpenReport), OpenError> {
-    let storage = OpLogBatchStorage::new(options.kv.clone(), &options.cluster, StorageConfig::default())?;
+    let storage = OpLogBatchStorage::new(
+        options.kv.clone(),
+        &options.cluster,
+        StorageConfig { max_batch_entries: MASTER_MAX_BATCH_ENTRIES },
+    )?;
     let prefix = storage.init_durable_prefix().await?;
     let mut state = ReplayState::default();
     replay_log(&storage, prefix, &mut state).await?;
