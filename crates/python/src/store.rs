@@ -36,9 +36,15 @@ fn status(r: Result<(), ClientError>) -> i64 {
     r.map_or_else(|e| code(&e), |()| 0)
 }
 
-/// A set-up store: its runtime, client and (when it contributes memory) its segment.
+/// A set-up store: its runtimes, client and (when it contributes memory) its segment.
 struct Live {
+    /// Drives the client's calls on the calling threads (`block_on` from each; threads calling at once take turns
+    /// driving the sockets), so a reply never waits for a runtime thread to be woken (on a busy machine a
+    /// cross-thread wake-up can cost a scheduler time slice per request).
     rt: tokio::runtime::Runtime,
+    /// Serves the hosted segment (its data plane and pings) on threads of its own; `None` for a store that
+    /// contributes nothing.
+    node_rt: Option<tokio::runtime::Runtime>,
     client: Client,
     node: Mutex<Option<StorageNode>>,
     /// `host:port`, what `get_hostname()` returns.
@@ -246,64 +252,96 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         tracing::error!("setup: local_hostname {host:?} does not resolve");
         return Err(INVALID);
     };
-    let Some(port) = port.or_else(|| free_port(ip)) else {
-        tracing::error!("setup: no free port for {host} in {:?}", port_range());
-        return Err(INVALID);
+    let no_runtime = |e: std::io::Error| {
+        tracing::error!("setup: no runtime: {e}");
+        i64::from(ErrorCode::InternalError.as_i32())
     };
-    let hostname = format!("{host}:{port}");
-    let workers = if args.global_segment_size > 0 { 2 } else { 1 };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("crescent-store")
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            tracing::error!("setup: no runtime: {e}");
-            i64::from(ErrorCode::InternalError.as_i32())
-        })?;
-    let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
+    let node_rt = if args.global_segment_size > 0 {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("crescent-segment")
+            .enable_all()
+            .build()
+            .map_err(no_runtime)?;
+        Some(rt)
+    } else {
+        None
+    };
     let registry = SegmentRegistry::default();
-    let mut config = ClientConfig::new(args.master_server_addr.clone());
-    config.tenant = tenant.clone();
-    config.host_id = Some(hostname.clone());
-    let client = Client::with_local_segments(config, registry.clone());
-    let (node, segment) = if args.global_segment_size > 0 {
+    // A port picked here may be taken by another process before the segment's server binds it: pick again.
+    let mut attempts = 0;
+    let given = port;
+    let (hostname, node) = loop {
+        let Some(port) = given.or_else(|| free_port(ip)) else {
+            tracing::error!("setup: no free port for {host} in {:?}", port_range());
+            return Err(INVALID);
+        };
+        let hostname = format!("{host}:{port}");
+        if args.global_segment_size == 0 {
+            break (hostname, None);
+        }
         let mut nc = NodeConfig::new(args.master_server_addr.clone(), args.global_segment_size);
         nc.listen = SocketAddr::new(ip, port);
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
-        let node = rt.block_on(StorageNode::start_with(nc, registry)).map_err(|e| {
-            tracing::error!("setup: cannot host a segment of {} bytes: {e}", args.global_segment_size);
-            code(&e)
-        })?;
-        let segment = node.endpoint().to_string();
-        (Some(node), Some(segment))
-    } else {
+        let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
+        match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
+            Ok(node) => break (hostname, Some(node)),
+            Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
+                if e.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
+            {
+                attempts += 1;
+            }
+            Err(e) => {
+                tracing::error!("setup: cannot host a segment of {} bytes: {e}", args.global_segment_size);
+                return Err(code(&e));
+            }
+        }
+    };
+    let segment = node.as_ref().map(|n| n.endpoint().to_string());
+    let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
+    let mut config = ClientConfig::new(args.master_server_addr.clone());
+    config.tenant = tenant.clone();
+    config.host_id = Some(hostname.clone());
+    let client = Client::with_local_segments(config, registry);
+    if node.is_none() {
         // A client that contributes nothing: check the master answers, as the original's setup does.
         rt.block_on(client.cluster_info()).map_err(|e| {
             tracing::error!("setup: {e}");
             code(&e)
         })?;
-        (None, None)
-    };
-    Ok(Live { rt, client, node: Mutex::new(node), hostname, segment, local_buffer: args.local_buffer_size, tenant })
+    }
+    Ok(Live {
+        rt,
+        node_rt,
+        client,
+        node: Mutex::new(node),
+        hostname,
+        segment,
+        local_buffer: args.local_buffer_size,
+        tenant,
+    })
 }
 
 /// Ends a store: unmounts its segment (objects held only there are gone), flushes deferred lease releases and
 /// stops its runtime.
 fn stop(live: Arc<Live>) {
     let node = live.node.lock().take();
-    if let Some(node) = node
-        && let Err(e) = live.block_on(node.shutdown(Duration::ZERO))
+    if let (Some(node), Some(node_rt)) = (node, live.node_rt.as_ref())
+        && let Err(e) = node_rt.block_on(node.shutdown(Duration::ZERO))
     {
         tracing::warn!("close: unmount failed: {e}");
     }
     if let Err(e) = live.block_on(live.client.flush()) {
         tracing::debug!("close: flush failed: {e}");
     }
-    // The runtime stops when the last call in flight lets go of the store.
+    // The runtimes stop when the last call in flight lets go of the store.
     if let Ok(live) = Arc::try_unwrap(live) {
         live.rt.shutdown_timeout(Duration::from_secs(1));
+        if let Some(node_rt) = live.node_rt {
+            node_rt.shutdown_timeout(Duration::from_secs(1));
+        }
     }
 }
 
@@ -776,6 +814,63 @@ impl Store {
         })
     }
 
+    /// Partial reads: for each buffer `i`, for each of its keys `j`, copies the ranges
+    /// `[src_offsets[i][j][k], + sizes[i][j][k])` of the object to `buffer_ptrs[i] + dst_offsets[i][j][k]`
+    /// (registered memory). Per range: bytes copied (fewer when the object ends first) or a negative code;
+    /// malformed (mismatched) lists give `INVALID_PARAMS` at the level they are malformed.
+    #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<usize>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<usize>>>,
+        all_src_offsets: Vec<Vec<Vec<usize>>>,
+        all_sizes: Vec<Vec<Vec<usize>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let invalid = |keys: &[String]| keys.iter().map(|_| vec![INVALID]).collect::<Vec<_>>();
+        let n = all_keys.len();
+        if buffer_ptrs.len() != n || all_dst_offsets.len() != n || all_src_offsets.len() != n || all_sizes.len() != n {
+            return all_keys.iter().map(|k| invalid(k)).collect();
+        }
+        let Some(live) = self.live() else {
+            return all_keys.iter().map(|k| k.iter().map(|_| vec![NOT_SET_UP]).collect()).collect();
+        };
+        let mut unique: Vec<&str> = all_keys.iter().flatten().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let reg = &self.registered;
+        py.detach(|| {
+            // Each object is read once, whole, then its ranges are copied out.
+            let values = live.block_on(join_all(unique.iter().map(|k| live.client.get(k))));
+            let value = |k: &str| unique.binary_search(&k).ok().and_then(|i| values.get(i));
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let (keys, dst, src, sizes) = (&all_keys[i], &all_dst_offsets[i], &all_src_offsets[i], &all_sizes[i]);
+                if dst.len() != keys.len() || src.len() != keys.len() || sizes.len() != keys.len() {
+                    out.push(invalid(keys));
+                    continue;
+                }
+                let mut per_key = Vec::with_capacity(keys.len());
+                for (j, key) in keys.iter().enumerate() {
+                    let (dst, src, sizes) = (&dst[j], &src[j], &sizes[j]);
+                    if dst.len() != sizes.len() || src.len() != sizes.len() {
+                        per_key.push(vec![INVALID]);
+                        continue;
+                    }
+                    let ranges = (0..sizes.len()).map(|k| match value(key) {
+                        None => NOT_SET_UP,
+                        Some(Err(e)) => code(e),
+                        Some(Ok(v)) => copy_range(reg, v, buffer_ptrs[i], dst[k], src[k], sizes[k]),
+                    });
+                    per_key.push(ranges.collect());
+                }
+                out.push(per_key);
+            }
+            out
+        })
+    }
+
     // ---- metadata ----
 
     /// 1 if `key` exists, 0 if not, a negative code on error.
@@ -868,6 +963,18 @@ fn concat_parts(parts: &Bound<'_, PyTuple>) -> PyResult<Vec<u8>> {
         out.extend_from_slice(v.as_slice());
     }
     Ok(out)
+}
+
+/// Copies `value[src..src + size]` (cut short at the value's end) to registered memory at `base + dst`; bytes
+/// copied, or `INVALID_PARAMS` (a range outside the value or outside every registered buffer).
+fn copy_range(reg: &Registered, value: &[u8], base: usize, dst: usize, src: usize, size: usize) -> i64 {
+    if src > value.len() || (src == value.len() && size > 0) {
+        return INVALID;
+    }
+    let n = size.min(value.len() - src);
+    let Some(to) = base.checked_add(dst).and_then(|p| reg.span(p, n)) else { return INVALID };
+    to.bytes_mut().copy_from_slice(&value[src..src + n]);
+    n as i64
 }
 
 /// The checked pieces of one multi-buffer object.
