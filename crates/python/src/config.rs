@@ -117,7 +117,7 @@ pub struct ReplicateConfig {
     /// Stored with the object.
     #[pyo3(get, set)]
     pub data_type: ObjectDataType,
-    /// Explicit groups: one id for every key of the call, or one per key of a batch.
+    /// Explicit groups: one id for every key of the call, or one per key of a batch (any other count is refused).
     #[pyo3(get, set)]
     pub group_ids: Option<Vec<String>>,
 }
@@ -226,7 +226,8 @@ impl ReplicateConfig {
     /// The wire config for a write of `group` (`None`: the config's single group id, if it has exactly one),
     /// with `local` (this store's host name and its segment's name) translated: the original names a client's
     /// segment by its host name, Crescent by its data-plane endpoint. `None` if the config is invalid
-    /// (`replica_num` 0 or beyond `u32`, upsert-style soft-pin misuse is checked by the caller).
+    /// (`replica_num` 0 or beyond `u32`, or several `group_ids` for a single key; upsert-style soft-pin misuse is
+    /// checked by the caller).
     pub fn to_proto(&self, local: Option<(&str, &str)>, group: Option<&str>) -> Option<proto::ReplicateConfig> {
         let replica_num = u32::try_from(self.replica_num).ok().filter(|&n| n >= 1)?;
         let nof_replica_num = u32::try_from(self.nof_replica_num).ok()?;
@@ -243,7 +244,9 @@ impl ReplicateConfig {
             Some(g) => Some(g.to_owned()),
             None => match self.group_ids.as_deref() {
                 Some([g]) => Some(g.clone()),
-                _ => None,
+                None | Some([]) => None,
+                // Several ids name one group per key: only a batch can use them (`wire_batch`).
+                Some(_) => return None,
             },
         };
         Some(proto::ReplicateConfig {

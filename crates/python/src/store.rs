@@ -31,6 +31,9 @@ fn code(e: &ClientError) -> i64 {
     i64::from(e.code().as_i32())
 }
 
+/// A write's wire config.
+type WireConfig = crescent_proto::ReplicateConfig;
+
 /// `0` or the error's code.
 fn status(r: Result<(), ClientError>) -> i64 {
     r.map_or_else(|e| code(&e), |()| 0)
@@ -59,6 +62,29 @@ struct Live {
 impl Live {
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+
+    /// The wire configs of a batch of `n` keys, each with the keys (indices) it applies to: one config for all,
+    /// or, when `group_ids` names one group per key, one config per distinct group. `None` if `cfg` is invalid
+    /// (a `group_ids` of several ids but not one per key, among others).
+    fn wire_batch(&self, cfg: Option<&ReplicateConfig>, n: usize) -> Option<Vec<(WireConfig, Vec<usize>)>> {
+        let local = self.segment.as_deref().map(|s| (self.hostname.as_str(), s));
+        match cfg.and_then(|c| c.group_ids.as_ref().map(|g| (c, g))) {
+            Some((c, ids)) if ids.len() > 1 => {
+                if ids.len() != n {
+                    return None;
+                }
+                let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+                for (i, id) in ids.iter().enumerate() {
+                    match groups.iter_mut().find(|(g, _)| *g == id.as_str()) {
+                        Some((_, idx)) => idx.push(i),
+                        None => groups.push((id.as_str(), vec![i])),
+                    }
+                }
+                groups.into_iter().map(|(g, idx)| c.to_proto(local, Some(g)).map(|w| (w, idx))).collect()
+            }
+            _ => self.wire(cfg).map(|w| vec![(w, (0..n).collect())]),
+        }
     }
 
     /// The wire config for `cfg` (default when `None`); `None` if `cfg` is invalid.
@@ -356,18 +382,31 @@ fn check_all<'a>(reg: &Registered, keys: &'a [String], ptrs: &[usize], sizes: &[
         .collect()
 }
 
-/// Puts the checked items (put-if-absent or upsert); results in input order.
-fn put_checked(live: &Live, items: &[Checked<'_>], cfg: &crescent_proto::ReplicateConfig, upsert: bool) -> Vec<i64> {
-    let ok: Vec<(&str, &[u8])> = items.iter().filter_map(|i| i.as_ref().ok()).map(|(k, s)| (*k, s.bytes())).collect();
-    let mut done = if ok.is_empty() {
-        Vec::new()
-    } else if upsert {
-        live.block_on(live.client.batch_upsert_from(&ok, cfg))
-    } else {
-        live.block_on(live.client.batch_put_from(&ok, cfg))
+/// Puts the items that passed their checks (put-if-absent or upsert), one batch per config of `parts`; per item
+/// 0 or a code, in input order.
+fn put_items(
+    live: &Live,
+    items: &[Result<(&str, &[u8]), i64>],
+    parts: &[(WireConfig, Vec<usize>)],
+    upsert: bool,
+) -> Vec<i64> {
+    let mut out: Vec<i64> = items.iter().map(|i| i.as_ref().err().copied().unwrap_or(NOT_SET_UP)).collect();
+    for (cfg, idx) in parts {
+        let ok: Vec<usize> = idx.iter().copied().filter(|&i| items.get(i).is_some_and(Result::is_ok)).collect();
+        let batch: Vec<(&str, &[u8])> = ok.iter().filter_map(|&i| items[i].as_ref().ok().copied()).collect();
+        if batch.is_empty() {
+            continue;
+        }
+        let results = if upsert {
+            live.block_on(live.client.batch_upsert_from(&batch, cfg))
+        } else {
+            live.block_on(live.client.batch_put_from(&batch, cfg))
+        };
+        for (i, r) in ok.into_iter().zip(results) {
+            out[i] = status(r);
+        }
     }
-    .into_iter();
-    items.iter().map(|i| i.as_ref().map_or_else(|c| *c, |_| done.next().map_or(NOT_SET_UP, status))).collect()
+    out
 }
 
 /// Reads the checked items into their ranges; bytes read or a code, in input order.
@@ -724,7 +763,7 @@ impl Store {
             return vec![INVALID; n];
         }
         let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
-        let Some(cfg) = live.wire(config.as_deref()) else { return vec![INVALID; n] };
+        let Some(parts) = live.wire_batch(config.as_deref(), n) else { return vec![INVALID; n] };
         let reg = &self.registered;
         py.detach(|| {
             // One piece: sent from the caller's memory; several: gathered into one buffer first.
@@ -746,11 +785,7 @@ impl Store {
                     (Ok(spans), None) => Ok((k.as_str(), spans.first().map_or(&[][..], |s| s.bytes()))),
                 })
                 .collect();
-            let ok: Vec<(&str, &[u8])> = items.iter().filter_map(|i| i.as_ref().ok().copied()).collect();
-            let mut done =
-                if ok.is_empty() { Vec::new() } else { live.block_on(live.client.batch_put_from(&ok, &cfg)) }
-                    .into_iter();
-            items.iter().map(|i| i.as_ref().map_or_else(|c| *c, |_| done.next().map_or(NOT_SET_UP, status))).collect()
+            put_items(&live, &items, &parts, false)
         })
     }
 
@@ -1028,17 +1063,10 @@ impl Store {
         if values.iter().any(|v| v.as_slice().len() as u64 > live.local_buffer) {
             return Ok(INVALID);
         }
-        let Some(wire) = live.wire(cfg) else { return Ok(INVALID) };
-        let items: Vec<(&str, &[u8])> =
-            keys.iter().map(String::as_str).zip(values.iter().map(Value::as_slice)).collect();
-        Ok(py.detach(|| {
-            let results = if upsert {
-                live.block_on(live.client.batch_upsert_from(&items, &wire))
-            } else {
-                live.block_on(live.client.batch_put_from(&items, &wire))
-            };
-            results.into_iter().map(status).find(|&c| c != 0).unwrap_or(0)
-        }))
+        let Some(parts) = live.wire_batch(cfg, keys.len()) else { return Ok(INVALID) };
+        let items: Vec<Result<(&str, &[u8]), i64>> =
+            keys.iter().map(String::as_str).zip(values.iter().map(Value::as_slice)).map(Ok).collect();
+        Ok(py.detach(|| put_items(&live, &items, &parts, upsert).into_iter().find(|&c| c != 0).unwrap_or(0)))
     }
 
     /// The values of `keys` (copying calls: each within the staging limit), `None` for a miss or an error.
@@ -1092,8 +1120,11 @@ impl Store {
             return vec![INVALID; n];
         }
         let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
-        let Some(wire) = live.wire(cfg) else { return vec![INVALID; n] };
+        let Some(parts) = live.wire_batch(cfg, n) else { return vec![INVALID; n] };
         let items = check_all(&self.registered, &keys, &ptrs, &sizes);
-        py.detach(|| put_checked(&live, &items, &wire, upsert))
+        py.detach(|| {
+            let items: Vec<Result<(&str, &[u8]), i64>> = items.iter().map(|i| i.map(|(k, s)| (k, s.bytes()))).collect();
+            put_items(&live, &items, &parts, upsert)
+        })
     }
 }

@@ -2,6 +2,7 @@
 
 import ctypes
 import pathlib
+import subprocess
 import threading
 
 import pytest
@@ -418,3 +419,21 @@ def test_get_into_ranges_copies_parts_of_objects(store, key):
     assert store.get_into_ranges([out_ptr], [[key + "-a"]], [[[0]]], [[[100]]], [[[1]]]) == [[[INVALID_PARAMS]]]
     assert store.get_into_ranges([out_ptr, out_ptr], [[key + "-a"]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID_PARAMS]]]
     assert store.get_into_ranges([], [], [], [], []) == []
+
+
+def test_group_ids_one_per_key_group_a_batch(master, store, key):
+    from conftest import crescent_bin
+
+    n, size = 4, 64
+    src, src_ptr = buf(n * size)
+    assert store.register_buffer(src_ptr, n * size) == 0
+    keys = [f"{key}-{i}" for i in range(n)]
+    ptrs = [src_ptr + i * size for i in range(n)]
+    g1, g2 = f"{key}-g1", f"{key}-g2"
+    cfg = ReplicateConfig(group_ids=[g1, g1, g2, g2])
+    assert store.batch_put_from(keys, ptrs, [size] * n, cfg) == [0] * n
+    assert store.batch_put_from(keys, ptrs, [size] * n, ReplicateConfig(group_ids=[g1, g2])) == [INVALID_PARAMS] * n
+    assert store.put(key + "-single", b"v", ReplicateConfig(group_ids=[g1, g2])) == INVALID_PARAMS
+    # Removing group g1 (the CLI's `rm --group`) takes exactly its two members.
+    subprocess.run([crescent_bin(), "rm", "--group", g1, "--master", master], check=True, capture_output=True)
+    assert store.batch_is_exist(keys) == [0, 0, 1, 1]

@@ -77,7 +77,7 @@ class ReplicateConfig:
     prefer_alloc_in_same_node: bool
     data_type: ObjectDataType
     group_ids: Optional[list[str]]
-    """One group id applies to every key of the call (several ids: ungrouped, see the README)."""
+    """One id: every key of the call joins that group; one id per key of a batch: each key its own; else −600."""
     def __init__(
         self,
         *,
