@@ -2,8 +2,11 @@
 
 import ctypes
 import pathlib
+import socket
 import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -437,3 +440,33 @@ def test_group_ids_one_per_key_group_a_batch(master, store, key):
     # Removing group g1 (the CLI's `rm --group`) takes exactly its two members.
     subprocess.run([crescent_bin(), "rm", "--group", g1, "--master", master], check=True, capture_output=True)
     assert store.batch_is_exist(keys) == [0, 0, 1, 1]
+
+
+def test_a_call_waiting_on_the_network_releases_the_gil():
+    # A "master" that accepts connections and never answers: setup waits out its 5 s request timeout.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    addr = f"127.0.0.1:{silent.getsockname()[1]}"
+    result = {}
+    started = threading.Event()
+
+    def call():
+        started.set()
+        result["rc"] = MooncakeDistributedStore().setup("localhost", "P2PHANDSHAKE", 0, MiB, "tcp", "", addr)
+        result["end"] = time.monotonic()
+
+    # No forced GIL hand-over for 60 s: this thread runs again during the call only if the call released it.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60)
+    try:
+        t = threading.Thread(target=call)
+        t.start()
+        started.wait()
+        ran_at = time.monotonic()
+        t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        silent.close()
+    assert result["rc"] < 0, "no answer from the master"
+    assert ran_at < result["end"] - 1.0, "the main thread ran while the call waited"
