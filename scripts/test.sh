@@ -8,6 +8,7 @@ need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || need+=(curl) # the README quick-start test runs its curl line
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv) # the Python package's tests
 if ((${#need[@]})); then
     echo "installing: ${need[*]}" >&2
     SUDO=""
@@ -19,6 +20,7 @@ fi
 command -v etcd >/dev/null
 command -v protoc >/dev/null
 command -v curl >/dev/null
+python3 -c 'import venv, ensurepip'
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -29,3 +31,15 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --locked --no-fail-fast
 fi
+
+# The Python package (crates/python): built into a virtual environment (maturin and pytest from PyPI when
+# missing; a debug build) and tested against a `crescent master` process (the debug binary the tests built).
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+venv="$target/py-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+[ -x "$venv/bin/maturin" ] || "$venv/bin/python" -m pip install -q "maturin>=1.9.4,<2"
+[ -x "$venv/bin/pytest" ] || "$venv/bin/python" -m pip install -q "pytest>=7"
+cargo build -p crescent-cli --locked
+(cd crates/python && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --locked -q)
+CRESCENT_BIN="$target/debug/crescent" "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/python/tests

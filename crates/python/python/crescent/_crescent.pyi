@@ -1,0 +1,192 @@
+"""Type stubs of Crescent's native module (re-exported by ``crescent.store`` and ``mooncake.store``).
+
+Store failures never raise: calls return ``0`` / a count / bytes read, or a negative error code (−600
+INVALID_PARAMS, −704 OBJECT_NOT_FOUND, −706 OBJECT_HAS_LEASE, −200 NO_AVAILABLE_HANDLE, −800 TRANSFER_FAIL,
+−900 RPC_FAIL, −1 when the store is not set up). Only wrong argument types raise ``TypeError``.
+"""
+
+from typing import Any, Optional, Union
+
+from crescent._buffer import BufferHandle
+
+__version__: str
+
+_BytesLike = Union[bytes, bytearray, memoryview, Any]
+
+class SoftPinAction:
+    """What a write does to the object's soft pin."""
+
+    PRESERVE: "SoftPinAction"
+    ENABLE: "SoftPinAction"
+    DISABLE: "SoftPinAction"
+    def __int__(self) -> int: ...
+
+class ObjectDataType:
+    """What kind of data an object holds (stored with it)."""
+
+    UNKNOWN: "ObjectDataType"
+    KVCACHE: "ObjectDataType"
+    TENSOR: "ObjectDataType"
+    WEIGHT: "ObjectDataType"
+    SAMPLE: "ObjectDataType"
+    ACTIVATION: "ObjectDataType"
+    GRADIENT: "ObjectDataType"
+    OPTIMIZER_STATE: "ObjectDataType"
+    METADATA: "ObjectDataType"
+    GENERAL: "ObjectDataType"
+    def __int__(self) -> int: ...
+
+UNKNOWN: ObjectDataType
+KVCACHE: ObjectDataType
+TENSOR: ObjectDataType
+WEIGHT: ObjectDataType
+SAMPLE: ObjectDataType
+ACTIVATION: ObjectDataType
+GRADIENT: ObjectDataType
+OPTIMIZER_STATE: ObjectDataType
+METADATA: ObjectDataType
+GENERAL: ObjectDataType
+
+class ReplicaStatus:
+    """A replica's state."""
+
+    UNDEFINED: "ReplicaStatus"
+    INITIALIZED: "ReplicaStatus"
+    PROCESSING: "ReplicaStatus"
+    COMPLETE: "ReplicaStatus"
+    REMOVED: "ReplicaStatus"
+    FAILED: "ReplicaStatus"
+    def __int__(self) -> int: ...
+
+class ReplicateConfig:
+    """How a write places its replicas and retains its object. Every attribute is read-write."""
+
+    replica_num: int
+    """Memory replicas wanted (best effort, each on a distinct segment; 0 makes a write fail with −600)."""
+    nof_replica_num: int
+    dfs_replica_num: int
+    """Accepted; Crescent places no DFS replicas."""
+    soft_pin_action: SoftPinAction
+    soft_pin_ttl_ms: Optional[int]
+    """None or an int in [0, 2**64); anything else raises TypeError."""
+    with_hard_pin: bool
+    preferred_segments: list[str]
+    preferred_segment: str
+    """A segment tried first; a store's ``get_hostname()`` names its own segment."""
+    preferred_nof_segments: list[str]
+    prefer_alloc_in_same_node: bool
+    data_type: ObjectDataType
+    group_ids: Optional[list[str]]
+    """One id: every key of the call joins that group; one id per key of a batch: each key its own; else −600."""
+    def __init__(
+        self,
+        *,
+        replica_num: int = 1,
+        nof_replica_num: int = 0,
+        dfs_replica_num: int = 0,
+        soft_pin_action: SoftPinAction = ...,
+        soft_pin_ttl_ms: Optional[int] = None,
+        with_hard_pin: bool = False,
+        preferred_segments: list[str] = ...,
+        preferred_segment: str = "",
+        preferred_nof_segments: list[str] = ...,
+        prefer_alloc_in_same_node: bool = False,
+        data_type: ObjectDataType = ...,
+        group_ids: Optional[list[str]] = None,
+    ) -> None: ...
+
+class MooncakeDistributedStore:
+    """A client of a Crescent cluster with the original ``mooncake.store`` API.
+
+    With ``global_segment_size > 0`` the store hosts that much memory in this process (reserved, not touched until
+    used) and serves other clients' reads and writes from it; ``close()`` unmounts it.
+    """
+
+    def __init__(self) -> None: ...
+    def setup(
+        self,
+        local_hostname: Union[str, dict[str, Any]],
+        metadata_server: Optional[str] = None,
+        global_segment_size: Optional[int] = None,
+        local_buffer_size: Optional[int] = None,
+        protocol: Optional[str] = None,
+        rdma_devices: Optional[str] = None,
+        master_server_addr: Optional[str] = None,
+        engine: Any = None,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: str = "",
+        tenant_id: str = "default",
+        enable_client_http_server: bool = False,
+        client_http_port: int = 9300,
+    ) -> int:
+        """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
+        ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``). 0 or a
+        negative code."""
+    def close(self, /) -> int:
+        """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up, 2 the master does not answer."""
+    def get_hostname(self, /) -> str:
+        """``host:port`` (a port from [12300, 14300] when ``local_hostname`` had none); ``""`` before setup."""
+    def put(self, key: str, value: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
+    def upsert(self, key: str, value: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
+    def put_parts(self, key: str, *parts: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
+    def upsert_parts(self, key: str, *parts: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
+    def put_batch(self, keys: list[str], values: list[_BytesLike], config: Optional[ReplicateConfig] = None) -> int:
+        """0, or the first error's code."""
+    def upsert_batch(
+        self, keys: list[str], values: list[_BytesLike], config: Optional[ReplicateConfig] = None
+    ) -> int: ...
+    def get(self, key: str, /) -> bytes:
+        """The value; ``b""`` on a miss or any error (also a value larger than ``local_buffer_size``)."""
+    def get_batch(self, keys: list[str], /) -> list[bytes]: ...
+    def get_buffer(self, key: str, /) -> Optional[BufferHandle]: ...
+    def batch_get_buffer(self, keys: list[str], /) -> list[Optional[BufferHandle]]: ...
+    def register_buffer(self, buffer_ptr: int, size: int) -> int: ...
+    def unregister_buffer(self, buffer_ptr: int) -> int: ...
+    def put_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int:
+        """From registered memory; −600 for a range outside every registered buffer."""
+    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int: ...
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Bytes read, or negative (−600 unregistered range, −10 smaller than the object, −704 missing)."""
+    def batch_put_from(
+        self, keys: list[str], buffer_ptrs: list[int], sizes: list[int], config: Optional[ReplicateConfig] = None
+    ) -> list[int]: ...
+    def batch_upsert_from(
+        self, keys: list[str], buffer_ptrs: list[int], sizes: list[int], config: Optional[ReplicateConfig] = None
+    ) -> list[int]: ...
+    def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]: ...
+    def batch_put_from_multi_buffers(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        config: Optional[ReplicateConfig] = None,
+    ) -> list[int]: ...
+    def batch_get_into_multi_buffers(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        prefer_alloc_in_same_node: bool = False,
+    ) -> list[int]: ...
+    def get_into_ranges(
+        self,
+        buffer_ptrs: list[int],
+        all_keys: list[list[str]],
+        all_dst_offsets: list[list[list[int]]],
+        all_src_offsets: list[list[list[int]]],
+        all_sizes: list[list[list[int]]],
+    ) -> list[list[list[int]]]:
+        """Partial reads into registered buffers; per range bytes copied (short at the object's end) or negative."""
+    def is_exist(self, key: str, /) -> int:
+        """1 present, 0 absent, negative on error."""
+    def batch_is_exist(self, keys: list[str]) -> list[int]: ...
+    def get_size(self, key: str, /) -> int: ...
+    def remove(self, key: str, force: bool = False) -> int: ...
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int: ...
+    def remove_all(self, force: bool = False) -> int: ...
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]: ...
+
+def _parse_size(text: str) -> Optional[int]: ...
+def _bytes_address(b: bytes) -> int: ...

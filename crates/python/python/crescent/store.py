@@ -1,0 +1,43 @@
+"""The store API: the original ``mooncake.store`` surface on the Crescent client.
+
+Store failures never raise: calls return ``0`` or a negative error code (or lists of them, ``b""``, ``None``);
+only wrong argument types raise ``TypeError``. Every call that talks to the cluster releases the GIL.
+"""
+
+from crescent._buffer import BufferHandle
+from crescent._crescent import (
+    ACTIVATION,
+    GENERAL,
+    GRADIENT,
+    KVCACHE,
+    METADATA,
+    OPTIMIZER_STATE,
+    SAMPLE,
+    TENSOR,
+    UNKNOWN,
+    WEIGHT,
+    MooncakeDistributedStore,
+    ObjectDataType,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+)
+
+__all__ = [
+    "MooncakeDistributedStore",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "ObjectDataType",
+    "ReplicaStatus",
+    "BufferHandle",
+    "UNKNOWN",
+    "KVCACHE",
+    "TENSOR",
+    "WEIGHT",
+    "SAMPLE",
+    "ACTIVATION",
+    "GRADIENT",
+    "OPTIMIZER_STATE",
+    "METADATA",
+    "GENERAL",
+]

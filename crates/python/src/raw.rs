@@ -1,0 +1,91 @@
+//! Caller memory named by address: the buffers registered with `register_buffer`, and the only place raw
+//! addresses become slices. A range is used only if it lies wholly inside one registered buffer; anything else
+//! is refused with `INVALID_PARAMS` before any byte is touched.
+#![allow(unsafe_code)]
+
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+
+/// The buffers a store's caller registered: base address → length.
+#[derive(Debug, Default)]
+pub struct Registered {
+    buffers: RwLock<BTreeMap<usize, usize>>,
+}
+
+/// A range of registered caller memory, checked against the registrations; becomes a slice only in
+/// [`Span::bytes`] / [`Span::bytes_mut`].
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    ptr: usize,
+    len: usize,
+}
+
+impl Registered {
+    /// Registers `[ptr, ptr + len)`; `false` for a null or empty buffer, one that wraps around the address
+    /// space, or one overlapping a registered buffer (registering the same buffer again is accepted).
+    pub fn register(&self, ptr: usize, len: usize) -> bool {
+        let Some(end) = ptr.checked_add(len) else { return false };
+        if ptr == 0 || len == 0 {
+            return false;
+        }
+        let mut buffers = self.buffers.write();
+        if buffers.get(&ptr) == Some(&len) {
+            return true;
+        }
+        let before = buffers.range(..end).next_back().is_some_and(|(&b, &l)| b + l > ptr);
+        if before {
+            return false;
+        }
+        buffers.insert(ptr, len);
+        true
+    }
+
+    /// Forgets the buffer registered at `ptr`; `false` if none was.
+    pub fn unregister(&self, ptr: usize) -> bool {
+        self.buffers.write().remove(&ptr).is_some()
+    }
+
+    /// `[ptr, ptr + len)` if it lies inside one registered buffer.
+    pub fn span(&self, ptr: usize, len: usize) -> Option<Span> {
+        let end = ptr.checked_add(len)?;
+        let buffers = self.buffers.read();
+        let (&base, &blen) = buffers.range(..=ptr).next_back()?;
+        (end <= base + blen).then_some(Span { ptr, len })
+    }
+}
+
+impl Span {
+    /// Bytes in the span.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the span has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The span as bytes to send.
+    pub fn bytes<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the span lies inside a buffer the caller registered as `len` bytes of its own memory at that
+        // address (checked in `Registered::span`), and the original's contract, which this API keeps, is that
+        // the caller keeps a registered buffer allocated and does not write it while a call uses it. The
+        // store only reads it for the duration of the call.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The span as a destination for bytes read.
+    #[allow(clippy::mut_from_ref)]
+    pub fn bytes_mut<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`: registered caller memory, checked to contain the span; the caller keeps it
+        // allocated and gives the call exclusive use of the range for its duration (the original's contract),
+        // so no other reference to these bytes is used while this one lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}

@@ -1,0 +1,1130 @@
+//! `MooncakeDistributedStore`: the original's Python store class on the Crescent client.
+//!
+//! Conventions kept from the original: store failures never raise, they return `0`/a negative error code
+//! (or lists of them, `b""`, `None`); only wrong argument types raise `TypeError`. Every call that talks to the
+//! cluster releases the GIL and runs on the store's own tokio runtime. A store set up with
+//! `global_segment_size > 0` hosts that segment in this process like a storage node (its memory reserved, not
+//! touched until used) and serves other clients' reads and writes from it; `close()` unmounts it.
+
+use crate::config::{ReplicateConfig, parse_size};
+use crate::raw::{Registered, Span};
+use crescent_client::{Client, ClientConfig, ClientError};
+use crescent_node::{NodeConfig, StorageNode};
+use crescent_proto::{ErrorCode, MasterRequest, MasterResponse};
+use crescent_transfer::SegmentRegistry;
+use futures_util::future::join_all;
+use parking_lot::{Mutex, RwLock};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `INVALID_PARAMS`: a bad argument value, an unregistered or too-small buffer, mismatched list lengths.
+const INVALID: i64 = ErrorCode::InvalidParams as i64;
+/// What a call on a store that is not set up (or closed) returns (`INTERNAL_ERROR`).
+const NOT_SET_UP: i64 = ErrorCode::InternalError as i64;
+
+/// The numeric code of a client error.
+fn code(e: &ClientError) -> i64 {
+    i64::from(e.code().as_i32())
+}
+
+/// A write's wire config.
+type WireConfig = crescent_proto::ReplicateConfig;
+
+/// `0` or the error's code.
+fn status(r: Result<(), ClientError>) -> i64 {
+    r.map_or_else(|e| code(&e), |()| 0)
+}
+
+/// A set-up store: its runtimes, client and (when it contributes memory) its segment.
+struct Live {
+    /// Drives the client's calls on the calling threads (`block_on` from each; threads calling at once take turns
+    /// driving the sockets), so a reply never waits for a runtime thread to be woken (on a busy machine a
+    /// cross-thread wake-up can cost a scheduler time slice per request).
+    rt: tokio::runtime::Runtime,
+    /// Serves the hosted segment (its data plane and pings) on threads of its own; `None` for a store that
+    /// contributes nothing.
+    node_rt: Option<tokio::runtime::Runtime>,
+    client: Client,
+    node: Mutex<Option<StorageNode>>,
+    /// `host:port`, what `get_hostname()` returns.
+    hostname: String,
+    /// The hosted segment's name at the master (its data-plane endpoint), if it hosts one.
+    segment: Option<String>,
+    /// The staging limit of the copying calls.
+    local_buffer: u64,
+    tenant: String,
+}
+
+impl Live {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// The wire configs of a batch of `n` keys, each with the keys (indices) it applies to: one config for all,
+    /// or, when `group_ids` names one group per key, one config per distinct group. `None` if `cfg` is invalid
+    /// (a `group_ids` of several ids but not one per key, among others).
+    fn wire_batch(&self, cfg: Option<&ReplicateConfig>, n: usize) -> Option<Vec<(WireConfig, Vec<usize>)>> {
+        let local = self.segment.as_deref().map(|s| (self.hostname.as_str(), s));
+        match cfg.and_then(|c| c.group_ids.as_ref().map(|g| (c, g))) {
+            Some((c, ids)) if ids.len() > 1 => {
+                if ids.len() != n {
+                    return None;
+                }
+                let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+                for (i, id) in ids.iter().enumerate() {
+                    match groups.iter_mut().find(|(g, _)| *g == id.as_str()) {
+                        Some((_, idx)) => idx.push(i),
+                        None => groups.push((id.as_str(), vec![i])),
+                    }
+                }
+                groups.into_iter().map(|(g, idx)| c.to_proto(local, Some(g)).map(|w| (w, idx))).collect()
+            }
+            _ => self.wire(cfg).map(|w| vec![(w, (0..n).collect())]),
+        }
+    }
+
+    /// The wire config for `cfg` (default when `None`); `None` if `cfg` is invalid.
+    fn wire(&self, cfg: Option<&ReplicateConfig>) -> Option<crescent_proto::ReplicateConfig> {
+        let local = self.segment.as_deref().map(|s| (self.hostname.as_str(), s));
+        match cfg {
+            Some(c) => c.to_proto(local, None),
+            None => ReplicateConfig::default().to_proto(local, None),
+        }
+    }
+}
+
+/// The arguments of `setup`, in either form.
+#[derive(Debug)]
+struct SetupArgs {
+    local_hostname: String,
+    global_segment_size: u64,
+    local_buffer_size: u64,
+    protocol: String,
+    master_server_addr: String,
+    tenant_id: String,
+}
+
+/// A bytes-like value from Python: borrowed when it is `bytes` (immutable), copied otherwise.
+enum Value<'py> {
+    Bytes(Bound<'py, PyBytes>),
+    Owned(Vec<u8>),
+}
+
+impl<'py> Value<'py> {
+    /// `value` as bytes: `bytes` borrowed, `bytearray` copied, any other buffer (memoryview, array, numpy...)
+    /// through `bytes(value)`; an int, a str or a non-buffer is a `TypeError`.
+    fn from_py(value: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(b) = value.cast::<PyBytes>() {
+            return Ok(Value::Bytes(b.clone()));
+        }
+        if let Ok(b) = value.cast::<PyByteArray>() {
+            return Ok(Value::Owned(b.to_vec()));
+        }
+        if value.is_instance_of::<pyo3::types::PyInt>() || value.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err(format!(
+                "a bytes-like object is required, not {}",
+                value.get_type().name()?
+            )));
+        }
+        let bytes = value.py().get_type::<PyBytes>().call1((value,))?;
+        Ok(Value::Bytes(bytes.cast_into::<PyBytes>()?))
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Value::Bytes(b) => b.as_bytes(),
+            Value::Owned(v) => v,
+        }
+    }
+}
+
+/// The class `BufferHandle` (a `bytes` subclass with `ptr()` and `size()`, defined in Python so it has the
+/// buffer protocol on every Python version).
+fn buffer_handle<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let class = py.import("crescent._buffer")?.getattr("BufferHandle")?;
+    class.call1((PyBytes::new(py, data),))
+}
+
+/// The address of a `bytes` object's data (for `BufferHandle.ptr()`).
+#[pyfunction]
+pub fn _bytes_address(b: &Bound<'_, PyBytes>) -> usize {
+    b.as_bytes().as_ptr() as usize
+}
+
+/// The original's `MooncakeDistributedStore` on the Crescent client.
+#[pyclass(module = "crescent.store", name = "MooncakeDistributedStore")]
+pub struct Store {
+    live: RwLock<Option<Arc<Live>>>,
+    registered: Registered,
+}
+
+impl Store {
+    fn live(&self) -> Option<Arc<Live>> {
+        self.live.read().clone()
+    }
+}
+
+impl Drop for Store {
+    /// A store dropped without `close()` closes itself, as the original's destructor does: its segment is
+    /// unmounted at once rather than when the master stops hearing its pings.
+    fn drop(&mut self) {
+        if let Some(live) = self.live.get_mut().take() {
+            stop(live);
+        }
+    }
+}
+
+/// A required positional argument of `setup`'s first form.
+fn required<T>(v: Option<T>, name: &str) -> PyResult<T> {
+    v.ok_or_else(|| PyTypeError::new_err(format!("setup(): missing required argument {name:?}")))
+}
+
+/// A byte count from Python: a non-negative int, else `TypeError` (as the original's binding raises).
+fn size_arg(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    v.extract::<u64>().map_err(|_| PyTypeError::new_err(format!("{name} must be an int in [0, 2**64), not {v}")))
+}
+
+/// The arguments of `setup(dict)`: every value `str()`-converted, sizes parsed; `None` when a required key is
+/// missing or a size does not parse.
+fn dict_args(d: &Bound<'_, PyDict>) -> PyResult<Option<SetupArgs>> {
+    let get = |k: &str| -> PyResult<Option<String>> {
+        match d.get_item(k)? {
+            Some(v) => Ok(Some(v.str()?.to_string())),
+            None => Ok(None),
+        }
+    };
+    let (Some(local_hostname), Some(_metadata)) = (get("local_hostname")?, get("metadata_server")?) else {
+        tracing::error!("setup(dict): local_hostname and metadata_server are required");
+        return Ok(None);
+    };
+    let size = |k: &str| -> PyResult<Option<u64>> {
+        Ok(match get(k)? {
+            None => Some(16 << 20),
+            Some(s) => {
+                let parsed = parse_size(&s);
+                if parsed.is_none() {
+                    tracing::error!("setup(dict): {k} {s:?} is not a size");
+                }
+                parsed
+            }
+        })
+    };
+    let (Some(global_segment_size), Some(local_buffer_size)) =
+        (size("global_segment_size")?, size("local_buffer_size")?)
+    else {
+        return Ok(None);
+    };
+    Ok(Some(SetupArgs {
+        local_hostname,
+        global_segment_size,
+        local_buffer_size,
+        protocol: get("protocol")?.unwrap_or_else(|| "tcp".into()),
+        master_server_addr: get("master_server_addr")?.unwrap_or_else(|| "127.0.0.1:50051".into()),
+        tenant_id: "default".into(),
+    }))
+}
+
+/// The port range a host name without a port gets a free port from (`MC_STORE_CLIENT_MIN_PORT` /
+/// `MC_STORE_CLIENT_MAX_PORT`, default 12300..=14300).
+fn port_range() -> (u16, u16) {
+    let env = |k: &str, d: u16| std::env::var(k).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(d);
+    let (lo, hi) = (env("MC_STORE_CLIENT_MIN_PORT", 12300), env("MC_STORE_CLIENT_MAX_PORT", 14300));
+    if lo <= hi { (lo, hi) } else { (hi, lo) }
+}
+
+/// A port of the range free on `ip` (probed by binding it), starting at a random place so stores set up at
+/// once spread out.
+fn free_port(ip: IpAddr) -> Option<u16> {
+    let (lo, hi) = port_range();
+    let span = u32::from(hi - lo) + 1;
+    let start = std::process::id().wrapping_mul(7919).wrapping_add(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()),
+    ) % span;
+    (0..span).map(|i| lo + ((start + i) % span) as u16).find(|&p| TcpListener::bind((ip, p)).is_ok())
+}
+
+/// `host` or `host:port`.
+fn split_host(s: &str) -> (String, Option<u16>) {
+    match s.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => match p.parse() {
+            Ok(port) => (h.to_owned(), Some(port)),
+            Err(_) => (s.to_owned(), None),
+        },
+        _ => (s.to_owned(), None),
+    }
+}
+
+/// Sets a store up: its runtime, its segment (hosted like a storage node's) and its client.
+fn start(args: &SetupArgs) -> Result<Live, i64> {
+    match args.protocol.to_ascii_lowercase().as_str() {
+        "tcp" => {}
+        "rdma" => tracing::warn!("protocol \"rdma\" is not supported by Crescent; using TCP"),
+        other => {
+            tracing::error!("setup: unknown protocol {other:?}");
+            return Err(INVALID);
+        }
+    }
+    if args.master_server_addr.starts_with("etcd://") {
+        tracing::error!("setup: etcd:// master addresses (HA masters) are not supported yet; give host:port");
+        return Err(INVALID);
+    }
+    let (host, port) = split_host(args.local_hostname.trim());
+    let ip = (host.as_str(), 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip());
+    let Some(ip) = ip else {
+        tracing::error!("setup: local_hostname {host:?} does not resolve");
+        return Err(INVALID);
+    };
+    let no_runtime = |e: std::io::Error| {
+        tracing::error!("setup: no runtime: {e}");
+        i64::from(ErrorCode::InternalError.as_i32())
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
+    let node_rt = if args.global_segment_size > 0 {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("crescent-segment")
+            .enable_all()
+            .build()
+            .map_err(no_runtime)?;
+        Some(rt)
+    } else {
+        None
+    };
+    let registry = SegmentRegistry::default();
+    // A port picked here may be taken by another process before the segment's server binds it: pick again.
+    let mut attempts = 0;
+    let given = port;
+    let (hostname, node) = loop {
+        let Some(port) = given.or_else(|| free_port(ip)) else {
+            tracing::error!("setup: no free port for {host} in {:?}", port_range());
+            return Err(INVALID);
+        };
+        let hostname = format!("{host}:{port}");
+        if args.global_segment_size == 0 {
+            break (hostname, None);
+        }
+        let mut nc = NodeConfig::new(args.master_server_addr.clone(), args.global_segment_size);
+        nc.listen = SocketAddr::new(ip, port);
+        nc.prefault = false;
+        nc.host_id = Some(hostname.clone());
+        let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
+        match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
+            Ok(node) => break (hostname, Some(node)),
+            Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
+                if e.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
+            {
+                attempts += 1;
+            }
+            Err(e) => {
+                tracing::error!("setup: cannot host a segment of {} bytes: {e}", args.global_segment_size);
+                return Err(code(&e));
+            }
+        }
+    };
+    let segment = node.as_ref().map(|n| n.endpoint().to_string());
+    let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
+    let mut config = ClientConfig::new(args.master_server_addr.clone());
+    config.tenant = tenant.clone();
+    config.host_id = Some(hostname.clone());
+    let client = Client::with_local_segments(config, registry);
+    if node.is_none() {
+        // A client that contributes nothing: check the master answers, as the original's setup does.
+        rt.block_on(client.cluster_info()).map_err(|e| {
+            tracing::error!("setup: {e}");
+            code(&e)
+        })?;
+    }
+    Ok(Live {
+        rt,
+        node_rt,
+        client,
+        node: Mutex::new(node),
+        hostname,
+        segment,
+        local_buffer: args.local_buffer_size,
+        tenant,
+    })
+}
+
+/// Ends a store: unmounts its segment (objects held only there are gone), flushes deferred lease releases and
+/// stops its runtime.
+fn stop(live: Arc<Live>) {
+    let node = live.node.lock().take();
+    if let (Some(node), Some(node_rt)) = (node, live.node_rt.as_ref())
+        && let Err(e) = node_rt.block_on(node.shutdown(Duration::ZERO))
+    {
+        tracing::warn!("close: unmount failed: {e}");
+    }
+    if let Err(e) = live.block_on(live.client.flush()) {
+        tracing::debug!("close: flush failed: {e}");
+    }
+    // The runtimes stop when the last call in flight lets go of the store.
+    if let Ok(live) = Arc::try_unwrap(live) {
+        live.rt.shutdown_timeout(Duration::from_secs(1));
+        if let Some(node_rt) = live.node_rt {
+            node_rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// One item of a zero-copy batch: its key and checked range, or the code it fails with at once.
+type Checked<'a> = Result<(&'a str, Span), i64>;
+
+/// Keys with their ranges checked against the registered buffers.
+fn check_all<'a>(reg: &Registered, keys: &'a [String], ptrs: &[usize], sizes: &[usize]) -> Vec<Checked<'a>> {
+    keys.iter()
+        .zip(ptrs.iter().zip(sizes))
+        .map(|(k, (&p, &n))| reg.span(p, n).map(|s| (k.as_str(), s)).ok_or(INVALID))
+        .collect()
+}
+
+/// Puts the items that passed their checks (put-if-absent or upsert), one batch per config of `parts`; per item
+/// 0 or a code, in input order.
+fn put_items(
+    live: &Live,
+    items: &[Result<(&str, &[u8]), i64>],
+    parts: &[(WireConfig, Vec<usize>)],
+    upsert: bool,
+) -> Vec<i64> {
+    let mut out: Vec<i64> = items.iter().map(|i| i.as_ref().err().copied().unwrap_or(NOT_SET_UP)).collect();
+    for (cfg, idx) in parts {
+        let ok: Vec<usize> = idx.iter().copied().filter(|&i| items.get(i).is_some_and(Result::is_ok)).collect();
+        let batch: Vec<(&str, &[u8])> = ok.iter().filter_map(|&i| items[i].as_ref().ok().copied()).collect();
+        if batch.is_empty() {
+            continue;
+        }
+        let results = if upsert {
+            live.block_on(live.client.batch_upsert_from(&batch, cfg))
+        } else {
+            live.block_on(live.client.batch_put_from(&batch, cfg))
+        };
+        for (i, r) in ok.into_iter().zip(results) {
+            out[i] = status(r);
+        }
+    }
+    out
+}
+
+/// Reads the checked items into their ranges; bytes read or a code, in input order.
+fn get_checked(live: &Live, items: &[Checked<'_>]) -> Vec<i64> {
+    let mut ok: Vec<(&str, &mut [u8])> =
+        items.iter().filter_map(|i| i.as_ref().ok()).map(|(k, s)| (*k, s.bytes_mut())).collect();
+    let mut done =
+        if ok.is_empty() { Vec::new() } else { live.block_on(live.client.batch_get_into(&mut ok)) }.into_iter();
+    items
+        .iter()
+        .map(|i| match i {
+            Err(c) => *c,
+            Ok(_) => match done.next() {
+                Some(Ok(n)) => n as i64,
+                Some(Err(e)) => code(&e),
+                None => NOT_SET_UP,
+            },
+        })
+        .collect()
+}
+
+/// Whether an upsert's config is refused: a soft-pin TTL with an action other than ENABLE.
+fn upsert_refused(cfg: Option<&ReplicateConfig>) -> bool {
+    cfg.is_some_and(|c| c.soft_pin_ttl_ms.is_some() && c.soft_pin_action != crate::config::SoftPinAction::ENABLE)
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    fn new() -> Self {
+        Store { live: RwLock::new(None), registered: Registered::default() }
+    }
+
+    /// Sets the store up. `setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+    /// protocol, rdma_devices, master_server_addr, engine=None, **extras)` or `setup(config: dict)`. 0 on
+    /// success, a negative code otherwise.
+    #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None,
+        protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false,
+        ssd_offload_path=String::new(), tenant_id=String::from("default"), enable_client_http_server=false,
+        client_http_port=9300))]
+    #[allow(clippy::too_many_arguments)]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        local_hostname: &Bound<'_, PyAny>,
+        metadata_server: Option<String>,
+        global_segment_size: Option<&Bound<'_, PyAny>>,
+        local_buffer_size: Option<&Bound<'_, PyAny>>,
+        protocol: Option<String>,
+        rdma_devices: Option<String>,
+        master_server_addr: Option<String>,
+        engine: Option<&Bound<'_, PyAny>>,
+        enable_ssd_offload: bool,
+        ssd_offload_path: String,
+        tenant_id: String,
+        enable_client_http_server: bool,
+        client_http_port: u16,
+    ) -> PyResult<i64> {
+        let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
+            match dict_args(d)? {
+                Some(a) => a,
+                None => return Ok(INVALID),
+            }
+        } else {
+            let local_hostname: String = local_hostname.extract()?;
+            let _metadata = required(metadata_server, "metadata_server")?;
+            let global = size_arg(required(global_segment_size, "global_segment_size")?, "global_segment_size")?;
+            let local = size_arg(required(local_buffer_size, "local_buffer_size")?, "local_buffer_size")?;
+            let protocol = required(protocol, "protocol")?;
+            let _devices = required(rdma_devices, "rdma_devices")?;
+            let master = required(master_server_addr, "master_server_addr")?;
+            SetupArgs {
+                local_hostname,
+                global_segment_size: global,
+                local_buffer_size: local,
+                protocol,
+                master_server_addr: master,
+                tenant_id,
+            }
+        };
+        if engine.is_some_and(|e| !e.is_none()) {
+            tracing::info!("setup: the engine argument is accepted and not used (Crescent moves bytes itself)");
+        }
+        if enable_ssd_offload || !ssd_offload_path.is_empty() {
+            tracing::warn!("setup: SSD offload is not supported by this package; ignored");
+        }
+        if enable_client_http_server {
+            tracing::warn!("setup: the client HTTP server (port {client_http_port}) is not supported; ignored");
+        }
+        if self.live.read().is_some() {
+            tracing::error!("setup: this store is set up already (close() it first)");
+            return Ok(INVALID);
+        }
+        match py.detach(|| start(&args)) {
+            Ok(live) => {
+                let mut slot = self.live.write();
+                if slot.is_some() {
+                    drop(slot);
+                    py.detach(|| stop(Arc::new(live)));
+                    return Ok(INVALID);
+                }
+                *slot = Some(Arc::new(live));
+                Ok(0)
+            }
+            Err(c) => Ok(c),
+        }
+    }
+
+    /// Closes the store: unmounts its segment (objects stored only there are gone). 0, also when it was never
+    /// set up; it can be set up again afterwards.
+    #[pyo3(signature = (/))]
+    fn close(&self, py: Python<'_>) -> i64 {
+        let live = self.live.write().take();
+        if let Some(live) = live {
+            py.detach(|| stop(live));
+        }
+        0
+    }
+
+    /// 0 when set up and the master answers, 1 when not set up (or closed), 2 when the master does not answer.
+    fn health_check(&self, py: Python<'_>) -> i64 {
+        match self.live() {
+            None => 1,
+            Some(live) => match py.detach(|| live.block_on(live.client.cluster_info())) {
+                Ok(_) => 0,
+                Err(_) => 2,
+            },
+        }
+    }
+
+    /// `host:port` of this store (`""` before setup).
+    #[pyo3(signature = (/))]
+    fn get_hostname(&self) -> String {
+        self.live().map(|l| l.hostname.clone()).unwrap_or_default()
+    }
+
+    // ---- copying calls ----
+
+    /// Stores `value` (any bytes-like) under `key`; 0, or a negative code. An existing key is kept (0).
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        let value = Value::from_py(value)?;
+        Ok(self.put_one(py, &key, value.as_slice(), config.as_deref(), false))
+    }
+
+    /// Like `put`, replacing an existing value.
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        let value = Value::from_py(value)?;
+        Ok(self.put_one(py, &key, value.as_slice(), config.as_deref(), true))
+    }
+
+    /// Stores the concatenation of `parts` (1-D bytes-likes) under `key`.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: String,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        let value = concat_parts(parts)?;
+        Ok(self.put_one(py, &key, &value, config.as_deref(), false))
+    }
+
+    /// Like `put_parts`, replacing an existing value.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: String,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        let value = concat_parts(parts)?;
+        Ok(self.put_one(py, &key, &value, config.as_deref(), true))
+    }
+
+    /// Stores `values[i]` under `keys[i]`; 0, or the first error's code.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyList>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        self.put_many(py, keys, values, config.as_deref(), false)
+    }
+
+    /// Like `put_batch`, replacing existing values.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyList>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i64> {
+        self.put_many(py, keys, values, config.as_deref(), true)
+    }
+
+    /// The value of `key`; `b""` on a miss or any error.
+    #[pyo3(signature = (key, /))]
+    fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
+        let got = self.fetch(py, vec![key]).pop().flatten();
+        PyBytes::new(py, got.as_deref().unwrap_or_default())
+    }
+
+    /// The values of `keys` (`b""` for each miss or error).
+    #[pyo3(signature = (keys, /))]
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
+        let got = self.fetch(py, keys);
+        got.iter().map(|v| PyBytes::new(py, v.as_deref().unwrap_or_default())).collect()
+    }
+
+    /// The value of `key` as a `BufferHandle` (buffer protocol, `ptr()`, `size()`), or `None`.
+    #[pyo3(signature = (key, /))]
+    fn get_buffer<'py>(&self, py: Python<'py>, key: String) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.fetch(py, vec![key]).pop().flatten() {
+            Some(v) => Ok(Some(buffer_handle(py, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `get_buffer` of each key.
+    #[pyo3(signature = (keys, /))]
+    fn batch_get_buffer<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        self.fetch(py, keys).into_iter().map(|v| v.map(|v| buffer_handle(py, &v)).transpose()).collect()
+    }
+
+    // ---- zero-copy calls ----
+
+    /// Registers `size` bytes at `buffer_ptr` for the zero-copy calls; 0, or `INVALID_PARAMS` for a null or
+    /// empty buffer or one overlapping another registered buffer.
+    #[pyo3(signature = (buffer_ptr, size))]
+    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i64 {
+        if self.registered.register(buffer_ptr, size) { 0 } else { INVALID }
+    }
+
+    /// Forgets the buffer registered at `buffer_ptr`; 0, or `INVALID_PARAMS` if none was.
+    #[pyo3(signature = (buffer_ptr,))]
+    fn unregister_buffer(&self, buffer_ptr: usize) -> i64 {
+        if self.registered.unregister(buffer_ptr) { 0 } else { INVALID }
+    }
+
+    /// Stores `size` bytes of registered memory at `buffer_ptr` under `key`; 0 or a negative code.
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i64 {
+        self.put_from_one(py, &key, buffer_ptr, size, config.as_deref(), false)
+    }
+
+    /// Like `put_from`, replacing an existing value.
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i64 {
+        self.put_from_one(py, &key, buffer_ptr, size, config.as_deref(), true)
+    }
+
+    /// Reads `key` into registered memory at `buffer_ptr` (`size` bytes); bytes read, or a negative code (also
+    /// when `size` is smaller than the object).
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: usize, size: usize) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        let Some(span) = self.registered.span(buffer_ptr, size) else { return INVALID };
+        py.detach(|| match live.block_on(live.client.get_into(&key, span.bytes_mut())) {
+            Ok(n) => n as i64,
+            Err(e) => code(&e),
+        })
+    }
+
+    /// `put_from` of each key; 0 or a negative code per key (`len(keys)` codes when the lists' lengths differ).
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i64> {
+        self.batch_put_from_all(py, keys, buffer_ptrs, sizes, config.as_deref(), false)
+    }
+
+    /// Like `batch_put_from`, replacing existing values.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i64> {
+        self.batch_put_from_all(py, keys, buffer_ptrs, sizes, config.as_deref(), true)
+    }
+
+    /// `get_into` of each key; bytes read or a negative code per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if buffer_ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let items = check_all(&self.registered, &keys, &buffer_ptrs, &sizes);
+        py.detach(|| get_checked(&live, &items))
+    }
+
+    /// Stores, per key, the concatenation of its pieces (`all_buffer_ptrs[i][j]`, `all_sizes[i][j]`, each in
+    /// registered memory); 0 or a negative code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let Some(parts) = live.wire_batch(config.as_deref(), n) else { return vec![INVALID; n] };
+        let reg = &self.registered;
+        py.detach(|| {
+            // One piece: sent from the caller's memory; several: gathered into one buffer first.
+            let gathered: Vec<Result<Vec<Span>, i64>> =
+                all_buffer_ptrs.iter().zip(&all_sizes).map(|(p, s)| pieces(reg, p, s)).collect();
+            let joined: Vec<Option<Vec<u8>>> = gathered
+                .iter()
+                .map(|g| match g {
+                    Ok(spans) if spans.len() != 1 => Some(spans.iter().flat_map(|s| s.bytes()).copied().collect()),
+                    _ => None,
+                })
+                .collect();
+            let items: Vec<Result<(&str, &[u8]), i64>> = keys
+                .iter()
+                .zip(gathered.iter().zip(&joined))
+                .map(|(k, (g, j))| match (g, j) {
+                    (Err(c), _) => Err(*c),
+                    (Ok(_), Some(j)) => Ok((k.as_str(), j.as_slice())),
+                    (Ok(spans), None) => Ok((k.as_str(), spans.first().map_or(&[][..], |s| s.bytes()))),
+                })
+                .collect();
+            put_items(&live, &items, &parts, false)
+        })
+    }
+
+    /// Reads each key into its pieces, in order (the object is the concatenation of its pieces); bytes read or
+    /// a negative code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> Vec<i64> {
+        let _ = prefer_alloc_in_same_node;
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let reg = &self.registered;
+        py.detach(|| {
+            let gathered: Vec<Result<Vec<Span>, i64>> =
+                all_buffer_ptrs.iter().zip(&all_sizes).map(|(p, s)| pieces(reg, p, s)).collect();
+            // One piece: read straight into it; several: into one buffer, then scattered.
+            let mut staging: Vec<Vec<u8>> = gathered
+                .iter()
+                .map(|g| match g {
+                    Ok(spans) if spans.len() != 1 => vec![0; spans.iter().map(Span::len).sum()],
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut ok: Vec<(&str, &mut [u8])> = Vec::new();
+            for ((k, g), st) in keys.iter().zip(&gathered).zip(staging.iter_mut()) {
+                match g {
+                    Ok(spans) if spans.len() == 1 => ok.push((k.as_str(), spans[0].bytes_mut())),
+                    Ok(_) => ok.push((k.as_str(), st.as_mut_slice())),
+                    Err(_) => {}
+                }
+            }
+            let mut done =
+                if ok.is_empty() { Vec::new() } else { live.block_on(live.client.batch_get_into(&mut ok)) }.into_iter();
+            drop(ok);
+            gathered
+                .iter()
+                .zip(&staging)
+                .map(|(g, st)| match g {
+                    Err(c) => *c,
+                    Ok(spans) => match done.next() {
+                        Some(Ok(read)) => {
+                            if spans.len() != 1 {
+                                scatter(&st[..read], spans);
+                            }
+                            read as i64
+                        }
+                        Some(Err(e)) => code(&e),
+                        None => NOT_SET_UP,
+                    },
+                })
+                .collect()
+        })
+    }
+
+    /// Partial reads: for each buffer `i`, for each of its keys `j`, copies the ranges
+    /// `[src_offsets[i][j][k], + sizes[i][j][k])` of the object to `buffer_ptrs[i] + dst_offsets[i][j][k]`
+    /// (registered memory). Per range: bytes copied (fewer when the object ends first) or a negative code;
+    /// malformed (mismatched) lists give `INVALID_PARAMS` at the level they are malformed.
+    #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<usize>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<usize>>>,
+        all_src_offsets: Vec<Vec<Vec<usize>>>,
+        all_sizes: Vec<Vec<Vec<usize>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let invalid = |keys: &[String]| keys.iter().map(|_| vec![INVALID]).collect::<Vec<_>>();
+        let n = all_keys.len();
+        if buffer_ptrs.len() != n || all_dst_offsets.len() != n || all_src_offsets.len() != n || all_sizes.len() != n {
+            return all_keys.iter().map(|k| invalid(k)).collect();
+        }
+        let Some(live) = self.live() else {
+            return all_keys.iter().map(|k| k.iter().map(|_| vec![NOT_SET_UP]).collect()).collect();
+        };
+        let mut unique: Vec<&str> = all_keys.iter().flatten().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let reg = &self.registered;
+        py.detach(|| {
+            // Each object is read once, whole, then its ranges are copied out.
+            let values = live.block_on(join_all(unique.iter().map(|k| live.client.get(k))));
+            let value = |k: &str| unique.binary_search(&k).ok().and_then(|i| values.get(i));
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let (keys, dst, src, sizes) = (&all_keys[i], &all_dst_offsets[i], &all_src_offsets[i], &all_sizes[i]);
+                if dst.len() != keys.len() || src.len() != keys.len() || sizes.len() != keys.len() {
+                    out.push(invalid(keys));
+                    continue;
+                }
+                let mut per_key = Vec::with_capacity(keys.len());
+                for (j, key) in keys.iter().enumerate() {
+                    let (dst, src, sizes) = (&dst[j], &src[j], &sizes[j]);
+                    if dst.len() != sizes.len() || src.len() != sizes.len() {
+                        per_key.push(vec![INVALID]);
+                        continue;
+                    }
+                    let ranges = (0..sizes.len()).map(|k| match value(key) {
+                        None => NOT_SET_UP,
+                        Some(Err(e)) => code(e),
+                        Some(Ok(v)) => copy_range(reg, v, buffer_ptrs[i], dst[k], src[k], sizes[k]),
+                    });
+                    per_key.push(ranges.collect());
+                }
+                out.push(per_key);
+            }
+            out
+        })
+    }
+
+    // ---- metadata ----
+
+    /// 1 if `key` exists, 0 if not, a negative code on error.
+    #[pyo3(signature = (key, /))]
+    fn is_exist(&self, py: Python<'_>, key: String) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| match live.block_on(live.client.is_exist(&key)) {
+            Ok(b) => i64::from(b),
+            Err(e) => code(&e),
+        })
+    }
+
+    /// `is_exist` of each key.
+    #[pyo3(signature = (keys,))]
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        py.detach(|| {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            live.block_on(live.client.batch_is_exist(&refs))
+                .into_iter()
+                .map(|r| r.map_or_else(|e| code(&e), i64::from))
+                .collect()
+        })
+    }
+
+    /// The size of `key`'s value, or a negative code (`OBJECT_NOT_FOUND` when absent).
+    #[pyo3(signature = (key, /))]
+    fn get_size(&self, py: Python<'_>, key: String) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| match live.block_on(live.client.get_size(&key)) {
+            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Err(e) => code(&e),
+        })
+    }
+
+    /// Removes `key` (`force` ignores read leases); 0 or a negative code.
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: String, force: bool) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| status(live.block_on(live.client.remove(&key, force))))
+    }
+
+    /// Removes every key matching `pattern` (a regex, search semantics); how many, or a negative code.
+    #[pyo3(signature = (pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, pattern: String, force: bool) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| {
+            let req = MasterRequest::RemoveByRegex { tenant: live.tenant.clone(), pattern, force };
+            let pick = |r| if let MasterResponse::Count(n) = r { Some(n) } else { None };
+            match live.block_on(live.client.master().call_expect(&req, pick)) {
+                Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+                Err(e) => code(&e),
+            }
+        })
+    }
+
+    /// Removes every object; how many, or a negative code.
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| match live.block_on(live.client.remove_all(force)) {
+            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Err(e) => code(&e),
+        })
+    }
+
+    /// `remove` of each key.
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i64> {
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        py.detach(|| {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            live.block_on(live.client.batch_remove(&refs, force)).into_iter().map(status).collect()
+        })
+    }
+}
+
+/// The concatenation of `put_parts`' parts; a part that is not bytes-like is a `RuntimeError` (as the
+/// original raises).
+fn concat_parts(parts: &Bound<'_, PyTuple>) -> PyResult<Vec<u8>> {
+    let mut out = Vec::new();
+    for p in parts.iter() {
+        let v = Value::from_py(&p).map_err(|e| PyRuntimeError::new_err(format!("put_parts: {e}")))?;
+        out.extend_from_slice(v.as_slice());
+    }
+    Ok(out)
+}
+
+/// Copies `value[src..src + size]` (cut short at the value's end) to registered memory at `base + dst`; bytes
+/// copied, or `INVALID_PARAMS` (a range outside the value or outside every registered buffer).
+fn copy_range(reg: &Registered, value: &[u8], base: usize, dst: usize, src: usize, size: usize) -> i64 {
+    if src > value.len() || (src == value.len() && size > 0) {
+        return INVALID;
+    }
+    let n = size.min(value.len() - src);
+    let Some(to) = base.checked_add(dst).and_then(|p| reg.span(p, n)) else { return INVALID };
+    to.bytes_mut().copy_from_slice(&value[src..src + n]);
+    n as i64
+}
+
+/// The checked pieces of one multi-buffer object.
+fn pieces(reg: &Registered, ptrs: &[usize], sizes: &[usize]) -> Result<Vec<Span>, i64> {
+    if ptrs.len() != sizes.len() || ptrs.is_empty() {
+        return Err(INVALID);
+    }
+    ptrs.iter().zip(sizes).map(|(&p, &n)| reg.span(p, n).ok_or(INVALID)).collect()
+}
+
+/// Copies `data` over `spans` in order.
+fn scatter(mut data: &[u8], spans: &[Span]) {
+    for s in spans {
+        let n = s.len().min(data.len());
+        s.bytes_mut()[..n].copy_from_slice(&data[..n]);
+        data = &data[n..];
+    }
+}
+
+impl Store {
+    /// One copying put (or upsert) of `value`, through the staging limit.
+    fn put_one(&self, py: Python<'_>, key: &str, value: &[u8], cfg: Option<&ReplicateConfig>, upsert: bool) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        if value.len() as u64 > live.local_buffer || (upsert && upsert_refused(cfg)) {
+            return INVALID;
+        }
+        let Some(wire) = live.wire(cfg) else { return INVALID };
+        py.detach(|| {
+            let r = if upsert {
+                live.block_on(live.client.upsert_from(key, value, &wire))
+            } else {
+                live.block_on(live.client.put_from(key, value, &wire))
+            };
+            status(r)
+        })
+    }
+
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyList>,
+        cfg: Option<&ReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<i64> {
+        let values: Vec<Value<'_>> = values.iter().map(|v| Value::from_py(&v)).collect::<PyResult<_>>()?;
+        let Some(live) = self.live() else { return Ok(NOT_SET_UP) };
+        if keys.len() != values.len() || (upsert && upsert_refused(cfg)) {
+            return Ok(INVALID);
+        }
+        if values.iter().any(|v| v.as_slice().len() as u64 > live.local_buffer) {
+            return Ok(INVALID);
+        }
+        let Some(parts) = live.wire_batch(cfg, keys.len()) else { return Ok(INVALID) };
+        let items: Vec<Result<(&str, &[u8]), i64>> =
+            keys.iter().map(String::as_str).zip(values.iter().map(Value::as_slice)).map(Ok).collect();
+        Ok(py.detach(|| put_items(&live, &items, &parts, upsert).into_iter().find(|&c| c != 0).unwrap_or(0)))
+    }
+
+    /// The values of `keys` (copying calls: each within the staging limit), `None` for a miss or an error.
+    fn fetch(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<Vec<u8>>> {
+        let Some(live) = self.live() else { return vec![None; keys.len()] };
+        py.detach(|| {
+            let gets = keys.iter().map(|k| live.client.get(k));
+            live.block_on(join_all(gets))
+                .into_iter()
+                .map(|r| r.ok().filter(|v| v.len() as u64 <= live.local_buffer))
+                .collect()
+        })
+    }
+
+    fn put_from_one(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        ptr: usize,
+        size: usize,
+        cfg: Option<&ReplicateConfig>,
+        upsert: bool,
+    ) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        if upsert && upsert_refused(cfg) {
+            return INVALID;
+        }
+        let Some(span) = self.registered.span(ptr, size) else { return INVALID };
+        let Some(wire) = live.wire(cfg) else { return INVALID };
+        py.detach(|| {
+            let r = if upsert {
+                live.block_on(live.client.upsert_from(key, span.bytes(), &wire))
+            } else {
+                live.block_on(live.client.put_from(key, span.bytes(), &wire))
+            };
+            status(r)
+        })
+    }
+
+    fn batch_put_from_all(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        cfg: Option<&ReplicateConfig>,
+        upsert: bool,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if ptrs.len() != n || sizes.len() != n || (upsert && upsert_refused(cfg)) {
+            return vec![INVALID; n];
+        }
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let Some(parts) = live.wire_batch(cfg, n) else { return vec![INVALID; n] };
+        let items = check_all(&self.registered, &keys, &ptrs, &sizes);
+        py.detach(|| {
+            let items: Vec<Result<(&str, &[u8]), i64>> = items.iter().map(|i| i.map(|(k, s)| (k, s.bytes()))).collect();
+            put_items(&live, &items, &parts, upsert)
+        })
+    }
+}
