@@ -91,6 +91,11 @@ impl OpLog {
         self.writer.status()
     }
 
+    /// The writer's figures now (latencies, batch sizes, queues, refusals by cause).
+    pub fn metrics(&self) -> crescent_ha::oplog::WriterMetrics {
+        self.writer.metrics()
+    }
+
     /// Reservations refused so far.
     pub fn admission_failures(&self) -> u64 {
         self.admission_failures.load(Ordering::Relaxed)

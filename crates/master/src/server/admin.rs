@@ -267,6 +267,7 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
             "Mutations refused because the oplog was not accepting",
             log.admission_failures(),
         );
+        writer_figures(&mut r, &log.metrics());
     }
     let mut out = String::new();
     if encode(&mut out, &r).is_err() {
@@ -278,6 +279,66 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
 async fn metrics(State(s): State<AdminState>) -> Response {
     let body = render_metrics(&s.svc, &s.rpc);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// The oplog writer's figures (RFC Phase 5): durable writes, commit→durable and callback latency over the last
+/// samples, entries and bytes per write (cumulative `le` buckets, with `_sum`/`_count`), retries, the age of a
+/// batch in flight and how long one has been stuck, queue depths, refusals by cause.
+fn writer_figures(r: &mut Registry, m: &crescent_ha::oplog::WriterMetrics) {
+    counter(r, "oplog_durable_writes", "Oplog writes (batches) made durable", m.durable_writes);
+    counter(r, "oplog_durable_entries", "Oplog entries made durable", m.durable_entries);
+    counter(r, "oplog_retries", "Oplog write attempts retried after a backend failure", m.retries);
+    for (name, help, l) in [
+        ("oplog_commit_to_durable_microseconds", "Commit to durable, over the last samples", &m.commit_to_durable),
+        (
+            "oplog_callback_latency_microseconds",
+            "Durable to its callback run, over the last samples",
+            &m.callback_latency,
+        ),
+    ] {
+        let family = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+        for (q, d) in [("0.5", l.p50), ("0.99", l.p99), ("1", l.max)] {
+            family.get_or_create(&vec![("quantile".to_string(), q.to_string())]).set(d.as_micros() as u64);
+        }
+        r.register(name, help, family);
+    }
+    let ms = |d: Option<std::time::Duration>| d.map_or(0, |d| d.as_millis() as u64);
+    gauge(r, "oplog_in_flight_age_milliseconds", "Age of the batch being written (0: none)", ms(m.in_flight_age));
+    gauge(
+        r,
+        "oplog_stuck_milliseconds",
+        "How long the batch in flight has been failing (0: not stuck)",
+        ms(m.stuck_for),
+    );
+    gauge(r, "oplog_committed_not_durable", "Entries committed, not durable yet", m.committed_not_durable as u64);
+    gauge(r, "oplog_callback_queue", "Durable callbacks waiting to run", m.callback_queue as u64);
+    let refused = Family::<Labels, Counter>::default();
+    let a = &m.admission_failures;
+    for (cause, n) in [
+        ("unavailable", a.unavailable),
+        ("queue_full", a.queue_full),
+        ("terminal", a.terminal),
+        ("invalid_entry", a.invalid_entry),
+    ] {
+        refused.get_or_create(&vec![("cause".to_string(), cause.to_string())]).inc_by(n);
+    }
+    r.register("oplog_refused", "Oplog reservations and commits refused, by cause", refused);
+    for (name, help, h) in [
+        ("oplog_write_entries", "Entries per durable oplog write", &m.batch_entries),
+        ("oplog_write_bytes", "Bytes (upper bound) per durable oplog write", &m.batch_bytes),
+    ] {
+        // Gauges holding the writer's own counts (a counter's name would gain `_total`).
+        let buckets = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+        let mut cumulative = 0;
+        let bounds = h.bounds.iter().map(|b| b.to_string()).chain(std::iter::once("+Inf".to_string()));
+        for (le, n) in bounds.zip(&h.counts) {
+            cumulative += n;
+            buckets.get_or_create(&vec![("le".to_string(), le)]).set(cumulative);
+        }
+        r.register(format!("{name}_bucket"), help, buckets);
+        gauge(r, &format!("{name}_sum"), help, h.sum);
+        gauge(r, &format!("{name}_count"), help, h.total);
+    }
 }
 
 /// The writer's state as `/health` and `/metrics` name it: `(name, number)`.
@@ -561,6 +622,7 @@ mod tests {
         let kv = std::sync::Arc::new(crescent_ha::kv::MemoryKv::new());
         let storage = OpLogBatchStorage::new(kv, "t", StorageConfig::default()).unwrap();
         let prefix = storage.init_durable_prefix().await.unwrap();
+        storage.claim_producer_view(1).await.unwrap();
         let log = std::sync::Arc::new(crate::ha::OpLog::new(OrderedOpLogWriter::new(
             storage,
             1,
@@ -579,6 +641,25 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        // Written: the writer's figures follow.
+        log.start();
+        let durable = crescent_testkit::eventually(std::time::Duration::from_secs(10), || async {
+            log.status().durable.last_seq == 1
+        })
+        .await;
+        assert!(durable, "the mount's entry became durable");
+        let text = render_metrics(&svc, &rpc);
+        for line in [
+            "crescent_master_oplog_durable_writes_total 1",
+            "crescent_master_oplog_durable_entries_total 1",
+            "crescent_master_oplog_write_entries_count 1",
+            "crescent_master_oplog_write_entries_bucket{le=\"+Inf\"} 1",
+            "crescent_master_oplog_committed_not_durable 0",
+            "crescent_master_oplog_refused_total{cause=\"queue_full\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.contains("crescent_master_oplog_commit_to_durable_microseconds{quantile=\"0.99\"}"), "{text}");
         log.stop().await;
         assert!(render_metrics(&svc, &rpc).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
     }
