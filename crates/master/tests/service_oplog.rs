@@ -327,3 +327,106 @@ async fn a_group_removal_hides_every_member_at_once_and_replays() {
     assert_eq!(report.objects, 1);
     log_b.stop().await;
 }
+
+/// Issue 14's acceptance: etcd stopped for several seconds under load and restarted. While it is down, mutations
+/// fail fast (`PERSISTENT_FAIL`) and the stuck batch is retried; afterwards everything committed becomes durable,
+/// and a standby that followed the log throughout (the generic standby reader driving the master's applier, on its
+/// own etcd connection) ends with exactly the primary's metadata: restored into a fresh service, every object
+/// reads as it does on the primary and nothing else exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_following_through_an_etcd_outage_ends_with_the_primarys_metadata() {
+    use crescent_ha::oplog::OpLogStandbyReader;
+    use crescent_ha::testing::EtcdServer;
+    use crescent_master::ha::ReplayState;
+    let mut etcd = EtcdServer::start().expect("etcd (apt install etcd-server)");
+    let kv: Arc<dyn HaKvBackend> = Arc::new(etcd.connect().await.unwrap());
+    let options = OpLogOptions { kv, cluster: "outage".into(), writer: WriterConfig::default() };
+    let mut a = master(multi_tenant());
+    let (log, _) = crescent_master::ha::open(&options, &a.svc).await.unwrap();
+    a.mount(3);
+    a.svc.upsert_tenant_quota("t", 512 * MIB).unwrap();
+    let standby_kv: Arc<dyn HaKvBackend> = Arc::new(etcd.connect().await.unwrap());
+    let storage = OpLogBatchStorage::new(standby_kv, "outage", StorageConfig::default()).unwrap();
+    let mut reader = OpLogStandbyReader::new(storage);
+    let mut standby = ReplayState::default();
+    let mut keys = Vec::new();
+    for i in 0..150 {
+        a.put("t", &format!("k{i}"), 4096 + i, 1 + (i % 2) as u32).unwrap();
+        keys.push(format!("k{i}"));
+    }
+    reader.poll_once(&mut standby, 1024).await.unwrap();
+
+    etcd.stop();
+    // Mutations go on until the writer's failing batch closes admission; then they fail fast.
+    let mut refused = None;
+    for i in 150..100_000 {
+        let key = format!("k{i}");
+        match a.put("t", &key, 4096, 1) {
+            Ok(()) => keys.push(key),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+        if i % 64 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(refused, Some(OPLOG_REFUSED), "mutations fail fast while the backend is down");
+    // Several seconds down (the scenario's length, not a wait for a condition): every mutation meanwhile is
+    // refused at once, and the stuck batch keeps being retried.
+    let down = std::time::Instant::now();
+    while down.elapsed() < Duration::from_secs(3) {
+        let tried = std::time::Instant::now();
+        assert_eq!(a.put("t", "while-down", 4096, 1), Err(OPLOG_REFUSED));
+        assert!(tried.elapsed() < Duration::from_millis(100), "refused fast: {:?}", tried.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stuck = log.status();
+    assert!(!stuck.accepting && stuck.failed_attempts > 1, "{stuck:?}");
+    etcd.restart().unwrap();
+    let durable = eventually(Duration::from_secs(30), || async {
+        let s = log.status();
+        s.accepting && s.durable.last_seq + 1 == s.next_seq
+    })
+    .await;
+    assert!(durable, "everything committed became durable after the restart: {:?}", log.status());
+    for (i, key) in keys.iter().enumerate().step_by(4) {
+        a.svc.remove("t", key, true).unwrap_or_else(|e| panic!("remove {key} ({i}): {e:?}"));
+    }
+    for i in 0..50 {
+        a.put("t", &format!("after{i}"), 8192, 2).unwrap();
+        keys.push(format!("after{i}"));
+    }
+    let target = eventually(Duration::from_secs(30), || async {
+        let s = log.status();
+        s.durable.last_seq + 1 == s.next_seq
+    })
+    .await;
+    assert!(target);
+    let last = log.status().durable.last_seq;
+    while reader.applied_seq() < last {
+        reader.poll_once(&mut standby, 1024).await.unwrap();
+    }
+    assert_eq!(reader.applied_seq(), last, "the standby applied exactly the durable log");
+    let primary: Vec<_> = keys.iter().map(|k| a.svc.stat("t", k).ok()).collect();
+    log.stop().await;
+
+    // The standby's state, materialised into a fresh service whose nodes come back, is the primary's.
+    let b = master(multi_tenant());
+    b.svc.restore_replayed(&standby).unwrap();
+    for (c, s) in &a.segments {
+        b.svc.remount_segments(*c, std::slice::from_ref(s)).unwrap();
+    }
+    assert_eq!(b.svc.key_count(None), primary.iter().filter(|s| s.is_some()).count());
+    for (key, was) in keys.iter().zip(&primary) {
+        match was {
+            None => assert_eq!(b.svc.get_replica_list("t", key).unwrap_err(), ErrorCode::ObjectNotFound, "{key}"),
+            Some(was) => {
+                let now = b.svc.stat("t", key).unwrap();
+                assert_eq!((now.size, now.checksum, &now.replicas), (was.size, was.checksum, &was.replicas), "{key}");
+            }
+        }
+    }
+    assert_eq!(b.svc.tenant_quota("t").map(|q| q.requested_quota_bytes), Some(512 * MIB));
+}
