@@ -258,32 +258,20 @@ impl OpLogBatchStorage {
         upto: u64,
         limit: usize,
     ) -> Result<Vec<(u64, OpLogEntry)>, StorageError> {
-        let (mut begin, end) = self.keys.legacy_entries_between(after, upto);
-        let mut out = Vec::new();
-        while begin < end {
-            let want = if limit == 0 { RANGE_PAGE } else { (limit - out.len()).min(RANGE_PAGE) };
-            let page = self.kv.range(&begin, &end, want).await?;
-            for kv in &page.kvs {
-                let Some(seq) = self.keys.parse_legacy_entry(&kv.key) else { continue };
-                let (stored, entry) = decode_legacy_entry(&kv.value)
-                    .map_err(|error| StorageError::Corrupt { key: key_text(&kv.key), error })?;
-                if stored != seq {
-                    return Err(StorageError::Corrupt {
-                        key: key_text(&kv.key),
-                        error: CodecError::Inconsistent(format!("value says seq {stored}")),
-                    });
-                }
-                out.push((seq, entry));
-                if limit != 0 && out.len() == limit {
-                    return Ok(out);
-                }
+        let (begin, end) = self.keys.legacy_entries_between(after, upto);
+        self.collect_range(begin, end, limit, |kv| {
+            let Some(seq) = self.keys.parse_legacy_entry(&kv.key) else { return Ok(None) };
+            let (stored, entry) = decode_legacy_entry(&kv.value)
+                .map_err(|error| StorageError::Corrupt { key: key_text(&kv.key), error })?;
+            if stored != seq {
+                return Err(StorageError::Corrupt {
+                    key: key_text(&kv.key),
+                    error: CodecError::Inconsistent(format!("value says seq {stored}")),
+                });
             }
-            match page.kvs.last() {
-                Some(last) if page.more => begin = successor(&last.key),
-                _ => break,
-            }
-        }
-        Ok(out)
+            Ok(Some((seq, entry)))
+        })
+        .await
     }
 
     /// Startup of the legacy per-entry writer: `{0, latest}` (`latest` 0 when absent), after checking the entry
@@ -390,18 +378,8 @@ impl OpLogBatchStorage {
 
     /// The id of the first batch key after `after`, if any.
     async fn first_batch_after(&self, after: u64) -> Result<Option<u64>, StorageError> {
-        let (mut begin, end) = self.keys.batches_after(after);
-        while begin < end {
-            let page = self.kv.range(&begin, &end, RANGE_PAGE).await?;
-            if let Some(id) = page.kvs.iter().find_map(|kv| self.keys.parse_batch(&kv.key)) {
-                return Ok(Some(id));
-            }
-            match page.kvs.last() {
-                Some(last) if page.more => begin = successor(&last.key),
-                _ => break,
-            }
-        }
-        Ok(None)
+        let (begin, end) = self.keys.batches_after(after);
+        Ok(self.collect_range(begin, end, 1, |kv| Ok(self.keys.parse_batch(&kv.key))).await?.pop())
     }
 
     /// Makes `view` the producer view unless a newer one is stored (idempotent for the current view).
@@ -577,14 +555,30 @@ impl OpLogBatchStorage {
     /// Up to `limit` batches (0 = all) with ids greater than `after`, in id order, reading [`RANGE_PAGE`] at a
     /// time; keys under `batches/` that are not batch keys are skipped and not counted.
     pub async fn read_batches_after(&self, after: u64, limit: usize) -> Result<Vec<OpLogBatchRecord>, StorageError> {
-        let (mut begin, end) = self.keys.batches_after(after);
+        let (begin, end) = self.keys.batches_after(after);
+        self.collect_range(begin, end, limit, |kv| match self.keys.parse_batch(&kv.key) {
+            Some(id) => self.decode_batch(&kv.key, id, &kv.value).map(Some),
+            None => Ok(None),
+        })
+        .await
+    }
+
+    /// Up to `limit` items (0 = all) that `decode` makes of the pairs in `[begin, end)`, in key order, reading
+    /// [`RANGE_PAGE`] keys at a time; pairs it maps to `None` are skipped and not counted.
+    async fn collect_range<T>(
+        &self,
+        mut begin: Vec<u8>,
+        end: Vec<u8>,
+        limit: usize,
+        mut decode: impl FnMut(&KvPair) -> Result<Option<T>, StorageError>,
+    ) -> Result<Vec<T>, StorageError> {
         let mut out = Vec::new();
         while begin < end {
             let want = if limit == 0 { RANGE_PAGE } else { (limit - out.len()).min(RANGE_PAGE) };
             let page = self.kv.range(&begin, &end, want).await?;
             for kv in &page.kvs {
-                if let Some(id) = self.keys.parse_batch(&kv.key) {
-                    out.push(self.decode_batch(&kv.key, id, &kv.value)?);
+                if let Some(item) = decode(kv)? {
+                    out.push(item);
                     if limit != 0 && out.len() == limit {
                         return Ok(out);
                     }
