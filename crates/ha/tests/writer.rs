@@ -25,6 +25,13 @@ struct Rig {
 }
 
 impl Rig {
+    /// Holds the next txn: `entered` gets a permit when it is reached, it proceeds once `release` gets one.
+    fn block_next_txn(&self) -> (Arc<Semaphore>, Arc<Semaphore>) {
+        let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+        self.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+        (entered, release)
+    }
+
     fn callback(&self) -> Option<DurableCallback> {
         let tx = self.durable_tx.clone();
         Some(Box::new(move |seq| {
@@ -108,8 +115,7 @@ async fn an_idle_writer_writes_one_entry_at_once() {
 #[tokio::test]
 async fn commits_during_an_in_flight_batch_form_the_next_batch() {
     let mut r = rig(WriterConfig::default()).await;
-    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let (entered, release) = r.block_next_txn();
     r.writer.start();
     r.put(1);
     entered.acquire().await.unwrap().forget();
@@ -135,8 +141,7 @@ async fn admission_is_bounded_and_sealing_frees_slots() {
     drop(b);
     let c = r.writer.reserve().unwrap();
     // While a batch is in flight, a full set of new slots is available again.
-    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let (entered, release) = r.block_next_txn();
     r.writer.start();
     r.writer.commit(a, entry(1), r.callback()).unwrap();
     r.writer.commit(c, entry(2), r.callback()).unwrap();
@@ -159,8 +164,7 @@ async fn backend_failure_closes_admission_and_the_same_batch_is_retried() {
     for _ in 0..3 {
         r.kv.inject_next(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
     }
-    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let (entered, release) = r.block_next_txn();
     let held = r.writer.reserve().unwrap();
     r.writer.start();
     r.put(1);
@@ -302,8 +306,7 @@ async fn metrics_report_durability_stuck_batches_queues_and_refusals() {
     for _ in 0..2 {
         r.kv.inject_next(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
     }
-    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let (entered, release) = r.block_next_txn();
     let held = r.writer.reserve().unwrap();
     r.writer.start();
     r.put(1);
@@ -358,8 +361,7 @@ async fn legacy_mode_same_behaviour_one_txn_per_entry() {
     let (durable_tx, durable_rx) = mpsc::unbounded_channel();
     let mut r = Rig { kv, storage, writer, durable_rx, durable_tx };
     r.kv.inject_next(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
-    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    r.kv.inject_next(KvOp::Txn, Fault::Block { entered: entered.clone(), release: release.clone() });
+    let (entered, release) = r.block_next_txn();
     let held = r.writer.reserve().unwrap();
     let txns = r.kv.calls(KvOp::Txn);
     r.writer.start();
