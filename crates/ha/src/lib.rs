@@ -3,6 +3,7 @@
 //! the cutover, the ordered writer and its metrics, the applier seam, and the standby reader and follower).
 
 pub mod kv;
+pub mod leader;
 pub mod oplog;
 
 #[cfg(feature = "testing")]
