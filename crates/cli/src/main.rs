@@ -249,12 +249,17 @@ fn threads(role: Role, configured: Option<usize>, cpus: usize) -> usize {
 /// The tokio runtime for a process of `role`; `CRESCENT_THREADS=N` overrides the choice of [`threads`]. A
 /// node's runtime polls all of its connections for `[node] poll_us` (default 50 µs) before it sleeps
 /// (`crescent_net::poll::idle_park_hook`).
-fn runtime(role: Role, file: &config::FileConfig) -> std::io::Result<tokio::runtime::Runtime> {
+/// `min_two`: the process hosts a master with an oplog, whose writes may wait on the writer's tasks (a
+/// single-threaded runtime would then wait on itself).
+fn runtime(role: Role, file: &config::FileConfig, min_two: bool) -> std::io::Result<tokio::runtime::Runtime> {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let threads = match std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
+    let mut threads = match std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
         Some(n) if n > 0 => n,
         _ => threads(role, file.node.threads, cpus),
     };
+    if min_two && threads == 1 {
+        threads = 2;
+    }
     let mut b = match threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         0 => tokio::runtime::Builder::new_multi_thread(),
@@ -315,7 +320,8 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let rt = match runtime(role, &file) {
+    let oplog_up = matches!(&cli.command, Command::Up(a) if a.keeps_oplog(&file));
+    let rt = match runtime(role, &file, oplog_up) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("INTERNAL_ERROR: cannot start the runtime: {e}");

@@ -205,6 +205,15 @@ pub struct UpArgs {
     node_listen: Option<String>,
 }
 
+impl UpArgs {
+    /// Whether this `up` keeps an oplog (flag or `[server]` key): its master then waits on the writer at times
+    /// (a write whose eviction must be durable first), so the process needs a second worker thread.
+    pub fn keeps_oplog(&self, file: &FileConfig) -> bool {
+        let m = &self.master;
+        m.etcd.is_some() || m.data_dir.is_some() || file.server.etcd.is_some() || file.server.data_dir.is_some()
+    }
+}
+
 /// A flag's help line with its default, e.g. `Segments to host [default: 1]`.
 fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")

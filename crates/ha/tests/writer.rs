@@ -432,3 +432,23 @@ async fn concurrent_producers_end_to_end(f: Fixture) {
 }
 
 crate::on_all_backends!(concurrent_producers_end_to_end);
+
+#[tokio::test]
+async fn stop_waits_for_an_admitted_slot_and_writes_its_entry() {
+    let mut r = rig(WriterConfig::default()).await;
+    r.writer.start();
+    let slot = r.writer.reserve().unwrap();
+    let late = r.writer.reserve().unwrap();
+    let commit_after_stop_began = async {
+        tokio::task::yield_now().await;
+        assert_eq!(r.writer.reserve().unwrap_err(), WriterError::Unavailable, "admission is closed");
+        // The mutation holding this slot was under way when the stop came: its entry is still taken.
+        let seq = r.writer.commit(slot, entry(1), r.callback()).unwrap();
+        drop(late);
+        seq
+    };
+    let ((), seq) = tokio::join!(r.writer.stop(), commit_after_stop_began);
+    assert_eq!(seq, 1);
+    assert_eq!(r.durable(1).await, vec![1], "durable before stop returned");
+    assert_eq!(r.batches().await.last().unwrap().last_seq, 1, "the aborted slot left no gap");
+}

@@ -430,3 +430,57 @@ async fn a_standby_following_through_an_etcd_outage_ends_with_the_primarys_metad
     }
     assert_eq!(b.svc.tenant_quota("t").map(|q| q.requested_quota_bytes), Some(512 * MIB));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_hides_at_once_and_frees_space_and_quota_only_once_durable() {
+    use crescent_master::eviction::{EvictionScope, EvictionTarget};
+    let mut m = master(multi_tenant());
+    m.mount(1);
+    m.svc.upsert_tenant_quota("a", 100 * MIB).unwrap();
+    let log = held_writer(Arc::new(MemoryKv::new()), WriterConfig::default()).await;
+    m.svc.attach_oplog(log.clone());
+    for i in 0..4 {
+        m.put("a", &format!("k{i}"), MIB, 1).unwrap();
+    }
+    let (used, charged) = (m.used(), m.charged("a"));
+    assert_eq!(charged, 4 * MIB);
+    let report = m.svc.evict(EvictionScope::All, EvictionTarget::Fraction { target: 1.0, lower: 1.0 });
+    assert_eq!(report.objects, 4);
+    for i in 0..4 {
+        assert_eq!(m.svc.get_replica_list("a", &format!("k{i}")).unwrap_err(), ErrorCode::ObjectNotFound);
+    }
+    assert_eq!((m.used(), m.charged("a")), (used, charged), "space and quota stay held until durable");
+    log.start();
+    assert!(eventually(WAIT, || async { m.used() == 0 && m.charged("a") == 0 }).await, "freed once durable");
+    assert_eq!(log.status().durable.last_seq, 8, "4 PUT_ENDs and 4 REMOVEs");
+    log.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_evicts_for_room_waits_until_the_eviction_is_durable() {
+    let mut m = master(MasterConfig::default());
+    m.mount(1);
+    let log = held_writer(Arc::new(MemoryKv::new()), WriterConfig::default()).await;
+    m.svc.attach_oplog(log.clone());
+    // 60 of the one segment's 64 MiB taken: an 8 MiB write must evict for its room.
+    for i in 0..15 {
+        m.put("", &format!("fill{i}"), 4 * MIB, 1).unwrap();
+    }
+    assert_eq!(m.used(), 60 * MIB);
+    let before = m.svc.metrics().evicted_objects.load(std::sync::atomic::Ordering::Relaxed);
+    let used = m.used();
+    // The next write must evict for its room; it is off the runtime here, so it waits on a condition variable.
+    let (svc, writer) = (m.svc.clone(), m.writer);
+    let put = tokio::task::spawn_blocking(move || {
+        svc.put_start(writer, "", "late", 8 * MIB, &ReplicateConfig::with_replicas(1))?;
+        svc.put_end(writer, "", "late", None)
+    });
+    let evicted = || m.svc.metrics().evicted_objects.load(std::sync::atomic::Ordering::Relaxed) > before;
+    assert!(eventually(WAIT, || async { evicted() }).await, "the write evicted for its room");
+    assert!(!put.is_finished(), "the write waits for the eviction to be durable");
+    assert_eq!(m.used(), used, "the evicted space is not reused before its REMOVE is durable");
+    log.start();
+    assert_eq!(put.await.unwrap(), Ok(()), "placed once the eviction is durable");
+    assert!(m.svc.get_replica_list("", "late").is_ok());
+    log.stop().await;
+}

@@ -146,6 +146,9 @@ struct State {
     failed_attempts: u64,
     /// Reservations plus committed entries not sealed yet.
     waiting: usize,
+    /// Reservations neither committed nor aborted: a stop drains them (their mutations are under way and
+    /// cannot be undone, so their entries must still be taken).
+    reserved: usize,
     next_seq: u64,
     committed: VecDeque<Pending>,
     in_flight: bool,
@@ -184,8 +187,16 @@ impl std::fmt::Debug for Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(shared) = self.owner.take() {
-            let mut s = shared.state.lock();
-            s.waiting = s.waiting.saturating_sub(1);
+            let stopping = {
+                let mut s = shared.state.lock();
+                s.waiting = s.waiting.saturating_sub(1);
+                s.reserved = s.reserved.saturating_sub(1);
+                s.stopping
+            };
+            // A stop waits for every reservation to be committed or aborted.
+            if stopping {
+                shared.wake.notify_one();
+            }
         }
     }
 }
@@ -217,6 +228,7 @@ impl OrderedOpLogWriter {
             // A prefix at the end of the sequence space can never be continued.
             accepting: next_seq.is_some() && initial.batch_id < u64::MAX,
             stopping: false,
+            reserved: 0,
             terminal: None,
             last_error: None,
             failed_attempts: 0,
@@ -272,11 +284,13 @@ impl OrderedOpLogWriter {
             return Err(WriterError::QueueFull(s.waiting));
         }
         s.waiting += 1;
+        s.reserved += 1;
         Ok(Reservation { owner: Some(Arc::clone(&self.shared)) })
     }
 
     /// Consumes a reservation: assigns the next sequence number to `entry`, queues it with `callback`, and wakes
-    /// the writer. No I/O, no waiting. Works while admission is closed for retries (the slot was taken before).
+    /// the writer. No I/O, no waiting. Works while admission is closed for retries or a stop (the slot was
+    /// taken before).
     pub fn commit(
         &self,
         mut reservation: Reservation,
@@ -304,9 +318,10 @@ impl OrderedOpLogWriter {
         reservation.owner = None;
         let seq = {
             let mut s = self.shared.state.lock();
+            s.reserved = s.reserved.saturating_sub(1);
+            // A stopping writer still takes the entries of slots it admitted (stop waits for them).
             let refused = match &s.terminal {
                 Some(t) => Some(WriterError::Terminal(t.clone())),
-                None if s.stopping => Some(WriterError::Unavailable),
                 None if s.next_seq == u64::MAX => Some(WriterError::Unavailable),
                 None => None,
             };
@@ -376,8 +391,9 @@ impl OrderedOpLogWriter {
         }
     }
 
-    /// Closes admission, writes what was committed (unless the backend keeps failing: a retry back-off is cut
-    /// short and the writer exits), runs the callbacks of everything that became durable, and returns.
+    /// Closes admission, waits for the slots already admitted to be committed or aborted, writes what was
+    /// committed (unless the backend keeps failing: a retry back-off is cut short and the writer exits), runs
+    /// the callbacks of everything that became durable, and returns.
     pub async fn stop(&self) {
         {
             let mut s = self.shared.state.lock();
@@ -471,7 +487,7 @@ async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Callba
                 return;
             }
             match seal(&shared, &mut s) {
-                None if s.stopping => return,
+                None if s.stopping && s.reserved == 0 => return,
                 other => other,
             }
         };

@@ -9,7 +9,10 @@
 //! 3. **Commit** each candidate: singleton → its object lock; explicit group → the group lock, then every
 //!    member's lock in key order (the whole group is skipped if any member holds a lease). Everything is
 //!    revalidated under the locks. Emptied objects are retired and matched-unlinked; buffers and quota are
-//!    released after the locks are dropped.
+//!    released after the locks are dropped — with an oplog, only once the eviction's entry is durable (RFC §13:
+//!    space an undurable eviction frees could be written by a new object while a crash would bring the
+//!    evicted one back over those bytes). [`PendingFrees`] counts what is still waiting, so a write that
+//!    needs that room can wait for it instead of evicting again.
 //!
 //! A round works on one [`Tier`] (memory, or NoF): it takes only that tier's replicas, and an object is erased
 //! only when no valid replica is left in any tier. Counts are objects (the original's unit, for the watermark
@@ -25,6 +28,67 @@ use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Evictions logged but not yet durable, whose space and quota are still held: a write that evicted for its
+/// room waits here (bounded) rather than evicting more, and the watermark loop skips rounds while any are
+/// pending (the pool's usage does not show them yet).
+#[derive(Debug, Default)]
+pub struct PendingFrees {
+    count: parking_lot::Mutex<usize>,
+    settled: parking_lot::Condvar,
+}
+
+impl PendingFrees {
+    /// Whether any eviction's space is still waiting for durability.
+    pub fn any(&self) -> bool {
+        *self.count.lock() > 0
+    }
+
+    /// Waits up to `timeout` until no eviction's space is waiting; true when none is.
+    pub fn wait_settled(&self, timeout: Duration) -> bool {
+        let mut n = self.count.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        while *n > 0 {
+            if self.settled.wait_until(&mut n, deadline).timed_out() {
+                return *n == 0;
+            }
+        }
+        true
+    }
+
+    fn begin(&self) {
+        *self.count.lock() += 1;
+    }
+
+    fn end(&self) {
+        let mut n = self.count.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.settled.notify_all();
+        }
+    }
+}
+
+/// What one evicted object gives back — its buffers and its tenant's quota — held until its entry is
+/// durable. Releasing on drop means a callback the writer drops unrun (it stopped for good) still frees.
+struct DeferredFree {
+    replicas: SmallVec<[Replica; 1]>,
+    tenant: Arc<TenantState>,
+    quota: u64,
+    pending: Option<Arc<PendingFrees>>,
+}
+
+impl Drop for DeferredFree {
+    fn drop(&mut self) {
+        // Buffers first, then the quota that accounts for them.
+        drop(std::mem::take(&mut self.replicas));
+        self.tenant.release_quota(self.quota);
+        if let Some(p) = &self.pending {
+            p.end();
+        }
+    }
+}
 
 /// Which objects an eviction round may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,18 +184,20 @@ fn eligible(st: &ObjectState, tier: Tier, now: Timestamp, allow_soft: bool) -> b
 }
 
 /// Takes the evictable replicas in `tier`; retires the object if nothing valid remains. Returns the replicas
-/// taken (and the retired object's leftovers) and whether the object was retired.
-fn strip(tenant: &TenantState, st: &mut ObjectState, tier: Tier) -> (SmallVec<[Replica; 1]>, bool) {
+/// taken (and the retired object's leftovers), the quota they held (not yet released) and whether the object
+/// was retired.
+fn strip(st: &mut ObjectState, tier: Tier) -> (SmallVec<[Replica; 1]>, u64, bool) {
     let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
         std::mem::take(&mut st.replicas).into_iter().partition(|r| r.is_evictable(tier));
     st.replicas = keep;
-    tenant.resettle(st);
+    let quota = TenantState::resettle_unreleased(st);
     if st.replicas.iter().any(Replica::is_valid) {
-        return (taken, false);
+        return (taken, quota, false);
     }
     let mut all = taken;
-    all.extend(tenant.retire(st));
-    (all, true)
+    let (rest, retired_quota) = TenantState::retire_unreleased(st);
+    all.extend(rest);
+    (all, quota + retired_quota, true)
 }
 
 /// Bytes freed in `tier` (a retired object's other leftovers are freed too, but count in their own tier).
@@ -150,8 +216,9 @@ fn evictable_at(st: &ObjectState, tier: Tier) -> SmallVec<[(SegmentId, u64); 1]>
 
 struct Committer<'a> {
     tenants: &'a [Arc<TenantState>],
-    /// Each evicted object's post-state is logged here (PUT_END of what is left, or REMOVE).
-    oplog: Option<&'a OpLog>,
+    /// Each evicted object's post-state is logged here (PUT_END of what is left, or REMOVE); its space and
+    /// quota are released when that entry is durable.
+    oplog: Option<(&'a OpLog, &'a Arc<PendingFrees>)>,
     tier: Tier,
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
@@ -159,6 +226,16 @@ struct Committer<'a> {
 }
 
 impl Committer<'_> {
+    /// Gives back what an evicted object held: at once without an oplog, else once `slot`'s entry (the
+    /// object's post-state) is durable.
+    fn release(&self, tenant: &Arc<TenantState>, replicas: SmallVec<[Replica; 1]>, quota: u64) -> DeferredFree {
+        let pending = self.oplog.map(|(_, p)| {
+            p.begin();
+            Arc::clone(p)
+        });
+        DeferredFree { replicas, tenant: Arc::clone(tenant), quota, pending }
+    }
+
     /// Evicts one candidate (its whole group for a member). Returns objects evicted.
     fn commit(&mut self, c: &Candidate, allow_soft: bool) -> u64 {
         let tenant = &self.tenants[c.tenant];
@@ -173,7 +250,7 @@ impl Committer<'_> {
         match c.entry.group() {
             None => {
                 // Reserved before the lock: an eviction the log cannot take does not happen.
-                let slot = match self.oplog.map(OpLog::reserve).transpose() {
+                let slot = match self.oplog.map(|(log, _)| log.reserve()).transpose() {
                     Ok(slot) => slot,
                     Err(_) => {
                         self.report.skipped += 1;
@@ -185,17 +262,19 @@ impl Committer<'_> {
                     self.report.skipped += 1;
                     return 0;
                 }
-                let (freed, retired) = strip(tenant, &mut st, self.tier);
-                if let Some(slot) = slot {
-                    slot.commit(post_state_entry(tenant, &c.entry, &st, self.now), None);
-                }
+                let (freed, quota, retired) = strip(&mut st, self.tier);
+                self.report.objects += 1;
+                self.report.bytes += bytes_of(&freed, self.tier);
+                let free = self.release(tenant, freed, quota);
+                let entry = slot.map(|slot| (slot, post_state_entry(tenant, &c.entry, &st, self.now)));
                 drop(st);
+                match entry {
+                    Some((slot, e)) => slot.commit(e, Some(Box::new(move |_seq| drop(free)))),
+                    None => drop(free),
+                }
                 if retired {
                     tenant.detach(&c.entry);
                 }
-                self.report.objects += 1;
-                self.report.bytes += bytes_of(&freed, self.tier);
-                drop(freed);
                 1
             }
             Some(group) => {
@@ -207,13 +286,19 @@ impl Committer<'_> {
         }
     }
 
-    fn commit_group(&mut self, tenant: &TenantState, group: &Arc<GroupEntry>, c: &Candidate, allow_soft: bool) -> u64 {
+    fn commit_group(
+        &mut self,
+        tenant: &Arc<TenantState>,
+        group: &Arc<GroupEntry>,
+        c: &Candidate,
+        allow_soft: bool,
+    ) -> u64 {
         let mut members_guard = group.lock();
         let members = members_guard.live_sorted();
         // One slot per member, all or none (the writer's lock is a leaf: taking them under the group lock is
         // safe, and a refusal still changes nothing).
         let mut slots = Vec::new();
-        if let Some(log) = self.oplog {
+        if let Some((log, _)) = self.oplog {
             for _ in &members {
                 match log.reserve() {
                     Ok(slot) => slots.push(slot),
@@ -224,7 +309,7 @@ impl Committer<'_> {
                 }
             }
         }
-        let mut freed: Vec<SmallVec<[Replica; 1]>> = Vec::new();
+        let (mut n, mut bytes) = (0u64, 0u64);
         let mut retired: Vec<&Arc<ObjectEntry>> = Vec::new();
         {
             let mut guards: Vec<_> = members.iter().map(|m| m.lock()).collect();
@@ -239,11 +324,17 @@ impl Committer<'_> {
                 if !eligible(st, self.tier, self.now, allow_soft) {
                     continue;
                 }
-                let (f, r) = strip(tenant, st, self.tier);
-                if let Some(slot) = slots.pop() {
-                    slot.commit(post_state_entry(tenant, m, st, self.now), None);
+                let (f, quota, r) = strip(st, self.tier);
+                n += 1;
+                bytes += bytes_of(&f, self.tier);
+                let free = self.release(tenant, f, quota);
+                // Committed under the member's lock (the entry order is the lock order); released on durable.
+                match slots.pop() {
+                    Some(slot) => {
+                        slot.commit(post_state_entry(tenant, m, st, self.now), Some(Box::new(move |_| drop(free))))
+                    }
+                    None => drop(free),
                 }
-                freed.push(f);
                 if r {
                     retired.push(m);
                 }
@@ -253,9 +344,8 @@ impl Committer<'_> {
             tenant.detach_locked(m, group, &mut members_guard);
         }
         drop(members_guard);
-        let n = freed.len() as u64;
         self.report.objects += n;
-        self.report.bytes += freed.iter().map(|f| bytes_of(f, self.tier)).sum::<u64>();
+        self.report.bytes += bytes;
         n
     }
 }
@@ -393,7 +483,7 @@ pub fn make_room(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<&OpLog>,
+    oplog: Option<(&OpLog, &Arc<PendingFrees>)>,
 ) -> RoomReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
@@ -443,7 +533,7 @@ pub fn run(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<&OpLog>,
+    oplog: Option<(&OpLog, &Arc<PendingFrees>)>,
 ) -> EvictionReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
     let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };

@@ -160,20 +160,36 @@ impl TenantState {
     /// Step 1 of erasing an object, under its lock: mark it `Removing`, take its replicas and return its quota
     /// (settled and pending). The caller drops the replicas and calls [`TenantState::detach`] after unlocking.
     pub fn retire(&self, st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
+        let (replicas, quota) = Self::retire_unreleased(st);
+        self.release_quota(quota);
+        replicas
+    }
+
+    /// [`TenantState::retire`] leaving the quota to the caller: returns the replicas and the bytes of quota the
+    /// object held, for [`TenantState::release_quota`] once the retirement is durable.
+    pub fn retire_unreleased(st: &mut ObjectState) -> (SmallVec<[Replica; 1]>, u64) {
         st.lifecycle = super::object::Lifecycle::Removing;
         let pending = st.pending.take().map_or(0, |p| p.pending_charge);
-        self.release_quota(st.charged + pending);
+        let quota = st.charged + pending;
         st.charged = 0;
-        std::mem::take(&mut st.replicas)
+        (std::mem::take(&mut st.replicas), quota)
     }
 
     /// Re-settles an object's charge after replicas were removed from it (under its lock).
     pub fn resettle(&self, st: &mut ObjectState) {
+        self.release_quota(Self::resettle_unreleased(st));
+    }
+
+    /// [`TenantState::resettle`] leaving the quota to the caller: returns the bytes of charge the object no
+    /// longer holds.
+    pub fn resettle_unreleased(st: &mut ObjectState) -> u64 {
         let now = st.settled_charge();
         if now < st.charged {
-            self.release_quota(st.charged - now);
+            let freed = st.charged - now;
             st.charged = now;
+            return freed;
         }
+        0
     }
 
     /// Releases quota, logging (never failing) on a bookkeeping mismatch.

@@ -36,6 +36,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+/// Longest a write waits for the room its eviction round freed to become durable (a backend that takes longer
+/// is failing: the write then fails for want of room, and admission is closing anyway).
+pub const EVICTION_DURABLE_WAIT: Duration = Duration::from_secs(2);
+
 /// Master behaviour knobs; defaults are the original Mooncake master's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -202,6 +206,8 @@ pub struct MasterService {
     seen_capacity: AtomicU64,
     /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
     eviction_gate: Mutex<()>,
+    /// Evictions logged but not yet durable (their space and quota still held).
+    eviction_frees: Arc<crate::eviction::PendingFrees>,
     next_object_id: AtomicU64,
     next_replica_id: AtomicU64,
     metrics: Metrics,
@@ -246,6 +252,7 @@ impl MasterService {
             above_watermark: AtomicBool::new(false),
             seen_capacity: AtomicU64::new(0),
             eviction_gate: Mutex::new(()),
+            eviction_frees: Arc::default(),
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
@@ -347,7 +354,9 @@ impl MasterService {
         }
         let used = usage.used_ratio();
         let hw = self.config.eviction_high_watermark;
-        if used <= hw {
+        // While logged evictions wait for durability the usage does not show them: another round now would
+        // evict twice for the same excess.
+        if used <= hw || self.eviction_frees.any() {
             return EvictionStep { ran: false, used_ratio: used, report: EvictionReport::default() };
         }
         let ratio = self.config.eviction_ratio;
@@ -381,10 +390,38 @@ impl MasterService {
             self.clock.now(),
             self.config.allow_evict_soft_pinned,
             self.config.census_chunk,
-            self.oplog.get().map(|l| &**l),
+            self.eviction_log(),
         );
         self.record_eviction(tier, &report);
         report
+    }
+
+    /// The oplog evictions log to, with the count of their frees still waiting for durability.
+    pub(super) fn eviction_log(&self) -> Option<(&crate::ha::OpLog, &Arc<crate::eviction::PendingFrees>)> {
+        self.oplog.get().map(|l| (&**l, &self.eviction_frees))
+    }
+
+    /// Whether logged evictions still hold space and quota until they are durable.
+    pub(super) fn eviction_frees_pending(&self) -> bool {
+        self.eviction_frees.any()
+    }
+
+    /// Waits (bounded by [`EVICTION_DURABLE_WAIT`]) for the space and quota of logged evictions to come back,
+    /// where waiting is safe: off any runtime, or on a multi-threaded one (as `block_in_place`, so the
+    /// writer's tasks keep running). On a single-threaded runtime the writer runs on this very thread, so it
+    /// does not wait: the write fails for want of room and the next one finds it.
+    pub(super) fn await_eviction_frees(&self) -> bool {
+        if !self.eviction_frees_pending() {
+            return true;
+        }
+        let frees = &self.eviction_frees;
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Err(_) => frees.wait_settled(EVICTION_DURABLE_WAIT),
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| frees.wait_settled(EVICTION_DURABLE_WAIT))
+            }
+            Ok(_) => false,
+        }
     }
 
     /// Counts a round in the metrics; returns memory to the OS after a large one.

@@ -354,6 +354,8 @@ impl MasterService {
                 Ok(()) => return Ok(()),
                 Err(QuotaError::Exceeded { deficit }) if attempt < QUOTA_EVICTION_RETRIES => {
                     self.evict(EvictionScope::Tenant(tenant.id().clone()), EvictionTarget::Bytes(deficit));
+                    // Logged evictions give their quota back once durable.
+                    self.await_eviction_frees();
                 }
                 Err(QuotaError::Exceeded { .. }) => {
                     self.metrics.tenant_quota_rejects.fetch_add(1, Ordering::Relaxed);
@@ -487,6 +489,14 @@ impl MasterService {
             if let Ok(b) = placement.place(req) {
                 return Some(b);
             }
+            // Room an earlier round freed is still coming (its entries are not durable yet): wait for it
+            // rather than evict more for the same want.
+            if self.eviction_frees_pending() {
+                if !self.await_eviction_frees() {
+                    break;
+                }
+                continue;
+            }
             let room = self.room_for(req);
             let tier = Tier::of(req.kind);
             let round = crate::eviction::make_room(
@@ -496,12 +506,17 @@ impl MasterService {
                 self.clock.now(),
                 self.config.allow_evict_soft_pinned,
                 self.config.census_chunk,
-                self.oplog.get().map(|l| &**l),
+                self.eviction_log(),
             );
             self.record_eviction(tier, &round.report);
             // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
             // loop runs beside this one) is still a hole: try the placement again.
             round.segment?;
+            // A logged round's room comes back once its entries are durable: wait for it rather than evict
+            // again (a refusal to wait ends the attempt: another round would evict for the same room).
+            if !self.await_eviction_frees() {
+                break;
+            }
         }
         placement.place(req).ok()
     }
