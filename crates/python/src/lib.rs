@@ -2,10 +2,12 @@
 //! and as `mooncake.store` (the original's module name, so engine code runs unmodified).
 //!
 //! Module map: [`store`] (`MooncakeDistributedStore`), [`config`] (`ReplicateConfig`, the enums, `setup(dict)`
-//! sizes), [`raw`] (registered caller buffers: the only place raw addresses become slices).
+//! sizes), [`raw`] (registered caller buffers: the only place raw addresses become slices), [`replica`] (the
+//! replica descriptors `get_replica_desc` returns).
 
 pub mod config;
 pub mod raw;
+pub mod replica;
 pub mod store;
 
 use pyo3::prelude::*;
@@ -32,6 +34,7 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::SoftPinAction>()?;
     m.add_class::<config::ObjectDataType>()?;
     m.add_class::<config::ReplicaStatus>()?;
+    replica::register(m)?;
     for (name, value) in config::ObjectDataType::ALL {
         m.add(name, value)?;
     }

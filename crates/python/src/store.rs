@@ -10,6 +10,8 @@ use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{Registered, Span};
 use crescent_client::{Client, ClientConfig, ClientError};
 use crescent_node::{NodeConfig, StorageNode};
+use crate::replica::ReplicaDescriptor;
+use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse};
 use crescent_transfer::SegmentRegistry;
 use futures_util::future::join_all;
@@ -17,6 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -941,6 +944,51 @@ impl Store {
         py.detach(|| match live.block_on(live.client.get_size(&key)) {
             Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Err(e) => code(&e),
+        })
+    }
+
+    /// Where `key`'s replicas are (`[]` when absent or on any error). Like a read, it leases the object.
+    #[pyo3(signature = (key, /))]
+    fn get_replica_desc(&self, py: Python<'_>, key: String) -> Vec<ReplicaDescriptor> {
+        let Some(live) = self.live() else { return Vec::new() };
+        py.detach(|| {
+            let req = MasterRequest::GetReplicaList { tenant: live.tenant.clone(), key: WireKey::from(key.as_str()) };
+            let pick = |r| if let MasterResponse::ReplicaList(l) = r { Some(l) } else { None };
+            match live.block_on(live.client.master().call_expect(&req, pick)) {
+                Ok(list) => list.replicas.iter().map(ReplicaDescriptor::from).collect(),
+                Err(e) => {
+                    tracing::debug!(key, error = %e, "get_replica_desc failed");
+                    Vec::new()
+                }
+            }
+        })
+    }
+
+    /// `get_replica_desc` of each key, as a dict holding only the keys found.
+    #[pyo3(signature = (keys, /))]
+    fn batch_get_replica_desc(&self, py: Python<'_>, keys: Vec<String>) -> HashMap<String, Vec<ReplicaDescriptor>> {
+        let Some(live) = self.live() else { return HashMap::new() };
+        if keys.is_empty() {
+            return HashMap::new();
+        }
+        py.detach(|| {
+            let mut out = HashMap::with_capacity(keys.len());
+            for chunk in keys.chunks(MAX_BATCH) {
+                let wire = chunk.iter().map(|k| WireKey::from(k.as_str())).collect();
+                let req = MasterRequest::BatchGetReplicaList { tenant: live.tenant.clone(), keys: Batch(wire) };
+                let pick = |r| if let MasterResponse::BatchReplicaList(l) = r { Some(l) } else { None };
+                match live.block_on(live.client.master().call_expect(&req, pick)) {
+                    Ok(lists) => {
+                        for (key, list) in chunk.iter().zip(lists) {
+                            if let Ok(list) = list {
+                                out.insert(key.clone(), list.replicas.iter().map(ReplicaDescriptor::from).collect());
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "batch_get_replica_desc failed"),
+                }
+            }
+            out
         })
     }
 

@@ -14,7 +14,7 @@ import crescent.store
 import mooncake.store
 from conftest import MiB, new_store
 from crescent import _crescent
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+from mooncake.store import MooncakeDistributedStore, ReplicaStatus, ReplicateConfig, SoftPinAction
 
 INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
@@ -244,6 +244,35 @@ def test_exist_size_and_remove(store, key):
     assert store.is_exist(key) == 0
     assert store.put(key + "-unread", b"v") == 0
     assert store.remove(key + "-unread") == 0
+
+
+def test_replica_descriptors_say_where_each_replica_is(master, key):
+    a, b = new_store(master), new_store(master)
+    try:
+        assert a.put(key, b"x" * 5000, ReplicateConfig(replica_num=2)) == 0
+        replicas = a.get_replica_desc(key)
+        assert len(replicas) == 2, "one replica in each store's segment"
+        endpoints = set()
+        for r in replicas:
+            assert r.status == ReplicaStatus.COMPLETE
+            assert r.is_memory_replica() and not r.is_disk_replica() and not r.is_local_disk_replica()
+            d = r.get_memory_descriptor().buffer_descriptor
+            assert d.size == 5000 and d.buffer_address >= 0
+            assert repr(d) == f"<Descriptor size=5000 buffer_address={d.buffer_address} transport_endpoint={d.transport_endpoint}>"
+            endpoints.add(d.transport_endpoint)
+            with pytest.raises(RuntimeError):
+                r.get_disk_descriptor()
+        assert len(endpoints) == 2
+        assert a.get_replica_desc(key + "-missing") == []
+        found = a.batch_get_replica_desc([key, key + "-missing"])
+        assert list(found) == [key], "only the keys found"
+        assert [r.get_memory_descriptor().buffer_descriptor.size for r in found[key]] == [5000, 5000]
+        assert a.batch_get_replica_desc([]) == {}
+    finally:
+        a.remove_all(force=True)
+        a.close()
+        b.close()
+    assert a.get_replica_desc(key) == [], "a closed store returns nothing"
 
 
 def test_batch_remove_by_regex_and_remove_all(store, key):

@@ -47,6 +47,45 @@ OPTIMIZER_STATE: ObjectDataType
 METADATA: ObjectDataType
 GENERAL: ObjectDataType
 
+class Descriptor:
+    """A memory replica's range: ``buffer_address`` is its offset inside segment ``segment_id``."""
+
+    @property
+    def buffer_address(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def transport_endpoint(self) -> str: ...
+    @property
+    def segment_id(self) -> str: ...
+
+class MemoryDescriptor:
+    """A memory replica: its one buffer."""
+
+    @property
+    def buffer_descriptor(self) -> Descriptor: ...
+
+class DiskDescriptor:
+    """A DFS replica's file (Crescent has no DFS tier: never returned)."""
+
+    @property
+    def file_path(self) -> str: ...
+    @property
+    def object_size(self) -> int: ...
+
+class ReplicaDescriptor:
+    """One replica of an object."""
+
+    @property
+    def status(self) -> ReplicaStatus: ...
+    def is_memory_replica(self) -> bool: ...
+    def is_disk_replica(self) -> bool: ...
+    def is_local_disk_replica(self) -> bool: ...
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        """The buffer; RuntimeError for a replica that is not in memory."""
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        """RuntimeError: Crescent has no disk (DFS) replicas."""
+
 class ReplicaStatus:
     """A replica's state."""
 
@@ -187,6 +226,10 @@ class MooncakeDistributedStore:
     def remove_by_regex(self, pattern: str, force: bool = False) -> int: ...
     def remove_all(self, force: bool = False) -> int: ...
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]: ...
+    def get_replica_desc(self, key: str, /) -> list[ReplicaDescriptor]:
+        """Where ``key``'s replicas are (``[]`` when absent or on any error); leases the object like a read."""
+    def batch_get_replica_desc(self, keys: list[str], /) -> dict[str, list[ReplicaDescriptor]]:
+        """``get_replica_desc`` of each key; only the keys found are in the dict."""
 
 def _parse_size(text: str) -> Optional[int]: ...
 def _bytes_address(b: bytes) -> int: ...
