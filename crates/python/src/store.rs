@@ -8,9 +8,9 @@
 
 use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{Registered, Span};
+use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError};
 use crescent_node::{NodeConfig, StorageNode};
-use crate::replica::ReplicaDescriptor;
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse};
 use crescent_transfer::SegmentRegistry;

@@ -300,7 +300,8 @@ impl Committer<'_> {
         let mut slots = Vec::new();
         if let Some((log, _)) = self.oplog {
             for _ in &members {
-                match log.reserve() {
+                // Under the group lock: no waiting for admission here.
+                match log.try_reserve() {
                     Ok(slot) => slots.push(slot),
                     Err(_) => {
                         self.report.skipped += 1;

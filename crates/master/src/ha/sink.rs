@@ -14,6 +14,11 @@ use std::time::Duration;
 /// durable, and nothing was changed (`PERSISTENT_FAIL`, the vocabulary's code for a failed persistence).
 pub const OPLOG_REFUSED: ErrorCode = ErrorCode::PersistentFail;
 
+/// Longest a mutation waits for admission while the writer's queue is full, before it is refused. A full
+/// queue means the backend is a moment behind (64 Ki entries waiting is a fraction of a second of its
+/// throughput): waiting turns a burst into back-pressure; a backend that stays behind longer is failing.
+pub const ADMISSION_PATIENCE: Duration = Duration::from_millis(500);
+
 /// The master's handle on its oplog writer.
 pub struct OpLog {
     writer: OrderedOpLogWriter,
@@ -53,9 +58,27 @@ impl OpLog {
         Self { writer, admission_failures: AtomicU64::new(0), commit_failures: AtomicU64::new(0) }
     }
 
-    /// Takes a slot before a mutation; fails fast with [`OPLOG_REFUSED`] when the writer is not accepting.
+    /// Takes a slot before a mutation. While admission is merely full (mutations outpace the backend for a
+    /// moment, e.g. an eviction round's burst of entries), waits for room up to [`ADMISSION_PATIENCE`] where
+    /// waiting is safe — off any runtime, or on a multi-threaded one as `block_in_place` — so a burst slows
+    /// writers down instead of failing them; a single-threaded runtime (which runs the writer itself) does not
+    /// wait. A closed or terminal writer fails at once with [`OPLOG_REFUSED`]. Take it with no lock held.
     pub fn reserve(&self) -> Result<Slot<'_>, ErrorCode> {
-        self.reserve_within(Duration::ZERO)
+        match self.writer.reserve() {
+            Err(WriterError::QueueFull(_)) => match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Err(_) => self.reserve_within(ADMISSION_PATIENCE),
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(|| self.reserve_within(ADMISSION_PATIENCE))
+                }
+                Ok(_) => self.admit(self.writer.reserve()),
+            },
+            first => self.admit(first),
+        }
+    }
+
+    /// [`OpLog::reserve`] without waiting: for callers holding a lock others need (a group's).
+    pub fn try_reserve(&self) -> Result<Slot<'_>, ErrorCode> {
+        self.admit(self.writer.reserve())
     }
 
     /// [`OpLog::reserve`] for bulk operations (remove-all, regex removal) run off the async workers: while
@@ -68,6 +91,11 @@ impl OpLog {
             std::thread::sleep(Duration::from_micros(200));
             result = self.writer.reserve();
         }
+        self.admit(result)
+    }
+
+    /// A slot, or the refusal counted and logged.
+    fn admit(&self, result: Result<Reservation, WriterError>) -> Result<Slot<'_>, ErrorCode> {
         match result {
             Ok(reservation) => Ok(Slot { log: self, reservation }),
             Err(e) => {
