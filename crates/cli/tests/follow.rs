@@ -187,3 +187,47 @@ fn a_bad_etcd_address_is_refused_saying_why() {
         assert!(err.contains("master address") || err.contains("cluster id"), "{bad}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_before_any_leader_mounts_once_one_leads_and_the_config_file_takes_etcd() {
+    let etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
+    let endpoint = etcd.endpoint().trim_start_matches("http://").to_owned();
+    let address = format!("etcd://{endpoint}/{CLUSTER}");
+    let a = master(&endpoint);
+    // The node starts while the view is empty: it waits for a leader (its readiness line comes after its mount;
+    // its data plane listens before it mounts, which shows it is up and waiting).
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let node = {
+        let (address, listen) = (address.clone(), listen.clone());
+        tokio::task::spawn_blocking(move || {
+            Proc::start(bin(), &["node", "--master", &address, "--listen", &listen, "--segment-size", "16MiB"])
+        })
+    };
+    let up = eventually(WAIT, || async { std::net::TcpStream::connect(&listen).is_ok() }).await;
+    assert!(up, "the node never listened");
+    assert!(!node.is_finished(), "the node reported ready with no leader to mount at");
+    lead(&etcd, &a.field("master")).await;
+    let _node = node.await.unwrap();
+
+    // A client command with the address only in its config file (no flag, no CRESCENT_MASTER).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crescent.toml");
+    std::fs::write(&file, format!("master = \"{address}\"\n")).unwrap();
+    let cmd = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .arg("--config")
+            .arg(&file)
+            .args(args)
+            .env_remove("CRESCENT_MASTER")
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    let value = dir.path().join("value");
+    std::fs::write(&value, b"hello").unwrap();
+    let put = cmd(&["put", "from-config", value.to_str().unwrap()]);
+    assert!(put.status.success(), "crescent put: {}", String::from_utf8_lossy(&put.stderr));
+    let get = cmd(&["get", "from-config"]);
+    assert!(get.status.success(), "crescent get: {}", String::from_utf8_lossy(&get.stderr));
+    assert_eq!(get.stdout, b"hello");
+}
