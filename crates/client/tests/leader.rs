@@ -11,7 +11,7 @@ use crescent_ha::leader::master_view_key;
 use crescent_ha::leader::view::MasterView;
 use crescent_ha::leader::watch::not_leader_message;
 use crescent_ha::testing::EtcdServer;
-use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits};
+use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Head, HelloReply, Limits};
 use crescent_proto::{ErrorCode, MasterReply};
 use crescent_testkit::{LocalCluster, eventually};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -19,6 +19,7 @@ use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -63,6 +64,8 @@ enum Behaviour {
     RefuseAsNotLeader,
     /// Closes the connection without answering, after making `next` the leader.
     BreakConnection,
+    /// Refuses the connection's hello as not the leader, after making `next` the leader.
+    RefuseHello,
 }
 
 /// A master that completes the handshake and then misbehaves (see [`Behaviour`]); counts the requests it read.
@@ -76,6 +79,18 @@ async fn fake_master(behaviour: Behaviour, views: Views, next: String) -> (Strin
             let Ok((mut s, _)) = l.accept().await else { return };
             let (views, next, counter) = (views.clone(), next.clone(), counter.clone());
             tokio::spawn(async move {
+                if let Behaviour::RefuseHello = behaviour {
+                    let mut hello = [0u8; 512];
+                    let _ = s.read(&mut hello).await;
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    views.lead(&next).await;
+                    let reply: HelloReply = Err(ErrorFrame {
+                        code: ErrorCode::UnavailableInCurrentStatus,
+                        message: not_leader_message(Some(&next)),
+                    });
+                    let _ = s.write_all(Head::encode(0, &reply, 0).unwrap().as_bytes()).await;
+                    return;
+                }
                 if !matches!(
                     crescent_net::hello::answer(&mut s, Limits::CONTROL, Duration::from_secs(5)).await,
                     Ok(Some(_))
@@ -88,7 +103,7 @@ async fn fake_master(behaviour: Behaviour, views: Views, next: String) -> (Strin
                     // The leader changes before this master answers, as in a real failover.
                     views.lead(&next).await;
                     match behaviour {
-                        Behaviour::BreakConnection => return,
+                        Behaviour::BreakConnection | Behaviour::RefuseHello => return,
                         Behaviour::RefuseAsNotLeader => {
                             let reply: MasterReply = Err(ErrorFrame {
                                 code: ErrorCode::UnavailableInCurrentStatus,
@@ -142,6 +157,20 @@ async fn a_request_refused_as_not_the_leader_goes_to_the_new_leader_even_when_no
     assert_eq!(e.code(), ErrorCode::ObjectNotFound, "{e}");
     assert_eq!(seen.load(Ordering::SeqCst), 1);
     assert_eq!(c.master().leader().map(|v| v.leader), Some(real.addr()));
+    real.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_refused_as_not_the_leader_at_its_hello_goes_to_the_new_leader() {
+    let etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
+    let views = Views::new(&etcd, "hello").await;
+    let real = LocalCluster::start(0, 0).await;
+    let (fake, seen) = fake_master(Behaviour::RefuseHello, views.clone(), real.addr()).await;
+    views.lead(&fake).await;
+    let c = client(&Views::address(&etcd, "hello"), Duration::from_secs(5));
+    let e = c.remove("k", false).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ObjectNotFound, "{e}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
     real.shutdown().await;
 }
 

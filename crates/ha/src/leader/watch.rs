@@ -28,9 +28,13 @@ pub fn not_leader_message(leader: Option<&str>) -> String {
     }
 }
 
-/// Whether a refusal's message says the master does not lead (see [`not_leader_message`]).
+/// Whether a refusal's message says the master does not lead: it carries [`NOT_LEADER_MARKER`] (see
+/// [`not_leader_message`]), or names a leader or a standby at all — no other `UNAVAILABLE_IN_CURRENT_STATUS`
+/// refusal does (a busy lister, an unreachable replica, a segment's status), so a master whose wording differs
+/// is still understood.
 pub fn is_not_leader(message: &str) -> bool {
-    message.contains(NOT_LEADER_MARKER)
+    let m = message.to_ascii_lowercase();
+    m.contains(NOT_LEADER_MARKER) || m.contains("leader") || m.contains("standby")
 }
 
 /// One observation of a cluster's view key.
@@ -480,6 +484,8 @@ mod tests {
         assert!(is_not_leader(&not_leader_message(Some("h:1"))));
         assert!(is_not_leader(&not_leader_message(None)));
         assert!(not_leader_message(Some("h:1")).contains("h:1"));
+        assert!(is_not_leader("standby: not serving"));
+        assert!(is_not_leader("Not leader; the leader is 10.0.0.2:50051"));
         assert!(!is_not_leader("the lister is busy"));
     }
 }
