@@ -278,10 +278,12 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::ListTenants
         | O::LocalSsdStatus => true,
         // Writes that set a state: a repeat finds it set and answers OK (mounting a segment the same client
-        // mounted is `AlreadyMounted` = OK; unmounting an unknown one is OK).
+        // mounted is `AlreadyMounted` = OK; unmounting an unknown one is OK; a graceful unmount already under
+        // way is OK and keeps its deadline).
         O::MountSegment
         | O::RemountSegments
         | O::UnmountSegment
+        | O::GracefulUnmount
         | O::ReportUnreachable
         | O::SetTenantQuota
         | O::UnregisterLocalSsd
@@ -303,8 +305,7 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::RemoveGroup
         | O::RemoveTenant
         | O::RegisterLocalSsd
-        | O::ReleaseLeases
-        | O::GracefulUnmount => false,
+        | O::ReleaseLeases => false,
     }
 }
 
@@ -816,6 +817,18 @@ mod tests {
         assert_eq!(fmt_duration(Duration::from_secs(5)), "5 s");
         assert_eq!(fmt_duration(Duration::from_millis(1500)), "1.5 s");
         assert_eq!(fmt_duration(Duration::from_millis(1234)), "1234 ms");
+    }
+
+    #[test]
+    fn only_reads_and_state_setting_writes_are_repeated_after_a_failover() {
+        let safe: Vec<&str> = MasterOp::ALL.iter().filter(|o| retry_safe(**o)).map(|o| o.name()).collect();
+        for op in ["get_replica_list", "batch_exist_key", "list_keys_page", "ping", "remount_segments"] {
+            assert!(safe.contains(&op), "{op}");
+        }
+        for op in ["put_start", "put_end", "batch_put_start", "remove", "batch_remove", "remove_all", "release_leases"]
+        {
+            assert!(!safe.contains(&op), "{op} must not be repeated");
+        }
     }
 
     #[test]
