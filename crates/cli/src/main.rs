@@ -3,8 +3,9 @@
 //! in-process (`demo`).
 //!
 //! Every flag can also be set in a TOML file (`--config FILE`); a flag given on the command line wins.
-//! `CRESCENT_MASTER` is the default master address. Servers print one JSON line with their endpoints on
-//! stdout once ready; logs go to stderr (info for servers, warn for client commands; `--log-level`,
+//! `CRESCENT_MASTER` is the default master address. Every master address (`--master`, `CRESCENT_MASTER`, the
+//! file's `master`) is `host:port[,…]` or `etcd://HOST:PORT[,…]/CLUSTER`, which follows an HA cluster's leader
+//! (`crescent_client::master`). Servers print one JSON line with their endpoints on stdout once ready; logs go to stderr (info for servers, warn for client commands; `--log-level`,
 //! `RUST_LOG`, `--log-format json`).
 //!
 //! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `admin` (`tenant`,
@@ -72,10 +73,12 @@ enum LogFormat {
 /// `--master`, for the commands that talk to a master.
 #[derive(clap::Args, Debug)]
 struct MasterFlag {
-    /// Master address (`host:port`, or several separated by commas).
+    /// Master address (`host:port`, or several separated by commas), or `etcd://HOST:PORT[,…]/CLUSTER` to
+    /// follow a cluster's leader.
     #[arg(long, help = format!(
-        "Master address (host:port, or several separated by commas, tried in turn; also the CRESCENT_MASTER \
-         environment variable) [default: {}]",
+        "Master address (host:port, or several separated by commas, tried in turn; or etcd://HOST:PORT[,HOST:PORT…]/CLUSTER \
+         to follow the leader of an HA cluster, also etcd://h1:p;h2:p with the cluster from CRESCENT_CLUSTER_ID; also \
+         the CRESCENT_MASTER environment variable) [default: {}]",
         config::DEFAULT_MASTER
     ))]
     master: Option<String>,

@@ -33,7 +33,9 @@ const LIST_PAGE_KEYS: u32 = 16_384;
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Master address (`host:port`).
+    /// Master address: `host:port` (several separated by commas, tried in turn), or
+    /// `etcd://HOST:PORT[,HOST:PORT…]/CLUSTER` (also `etcd://h1:p;h2:p`, the cluster from `CRESCENT_CLUSTER_ID`)
+    /// to follow the cluster's leader (see [`crate::master`]).
     pub master: String,
     /// Tenant of every request (`""` = default).
     pub tenant: String,

@@ -22,6 +22,30 @@ pub enum ClientError {
         /// An address was tried that did not answer in time (`RPC_TIMEOUT`; otherwise `RPC_FAIL`).
         timed_out: bool,
     },
+    /// No master leads the cluster an `etcd://` address names: its master view stayed empty (or etcd could not
+    /// be read and no leader was known) for the whole request timeout (`UNAVAILABLE_IN_CURRENT_STATUS`).
+    #[error("no leader for cluster {cluster} (etcd {endpoints}): {reason}")]
+    NoLeader {
+        /// The cluster id.
+        cluster: String,
+        /// The etcd endpoints, comma-separated.
+        endpoints: String,
+        /// Why: the view is empty, or what etcd said.
+        reason: String,
+    },
+    /// A request that is not safe to repeat may have reached the leader, which then stopped answering or was
+    /// replaced; it was not sent again, so whether it took effect is unknown (`RPC_FAIL`).
+    #[error(
+        "{op} may have reached master {master}, which then {reason}; not repeated (not idempotent), so its outcome is unknown"
+    )]
+    OutcomeUnknown {
+        /// The operation (`put_start`, `remove`, ...).
+        op: &'static str,
+        /// The master it was sent to.
+        master: String,
+        /// What happened to that master.
+        reason: String,
+    },
     /// The connection to the master failed.
     #[error("master connection: {0}")]
     Wire(#[from] WireError),
@@ -72,6 +96,8 @@ impl ClientError {
             ClientError::Refused(f) => f.code,
             ClientError::Unreachable { timed_out: true, .. } => ErrorCode::RpcTimeout,
             ClientError::Unreachable { .. } => ErrorCode::RpcFail,
+            ClientError::NoLeader { .. } => ErrorCode::UnavailableInCurrentStatus,
+            ClientError::OutcomeUnknown { .. } => ErrorCode::RpcFail,
             ClientError::Wire(e) => e.code(),
             ClientError::Transfer(e) => e.code(),
             ClientError::Timeout => ErrorCode::RpcTimeout,

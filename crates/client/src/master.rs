@@ -2,16 +2,32 @@
 //! reconnection (a restarted master is simply dialled again). Every request is bounded: one request timeout
 //! per configured master address (dialling included), the next address tried when one does not answer.
 //!
+//! With an `etcd://HOST:PORT[,…]/CLUSTER` address (or the original's `etcd://h1:p;h2:p`, the cluster from
+//! `CRESCENT_CLUSTER_ID`) the master is the cluster's leader, resolved through its master view in etcd
+//! (`crescent_ha::leader::watch::ViewFollower`, started by the first request) and followed as it changes. A
+//! request then has one request timeout in all, across leaders:
+//!
+//! - no leader in the view: wait for one, then `UNAVAILABLE_IN_CURRENT_STATUS` ([`ClientError::NoLeader`]);
+//! - refused as not the leader (a standby or a deposed master; it did nothing): re-read the view and send it
+//!   again to the leader, whatever the request;
+//! - the connection broke, or a newer view appeared while waiting: requests safe to repeat ([`retry_safe`]:
+//!   reads, and writes that set a state) are sent again to the newest leader; the others, which may have
+//!   reached the old leader, wait for its answer (a deposed master refuses, see above) and fail with
+//!   `RPC_FAIL` ([`ClientError::OutcomeUnknown`]) rather than act twice when its connection breaks or the
+//!   request times out. A request that never left (the dial failed) is always sent again.
+//!
 //! Each connection has a writer (the caller sends its frame under a short mutex) and a reader task that
 //! routes replies to waiting callers by request id, so many requests are in flight on one socket.
 
 use crate::error::ClientError;
 use bytes::Bytes;
+use crescent_ha::leader::watch::{FollowerConfig, ViewFollower, is_not_leader};
+use crescent_ha::leader::{MasterAddress, MasterView};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
 use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits, MAX_BATCH, PeerRole, WireError};
-use crescent_proto::{ClientId, ErrorCode, MasterReply, MasterRequest, MasterResponse};
+use crescent_proto::{ClientId, ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse};
 use futures_util::SinkExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -21,6 +37,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tokio_util::codec::FramedWrite;
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Frame, WireError>>>>;
@@ -43,8 +60,8 @@ struct Conn {
     alive: AtomicBool,
     /// A deferred request sits in `sink`'s buffer and a task will flush it unless a request does first.
     flush_scheduled: AtomicBool,
-    /// Which of the configured addresses this connection is to.
-    addr: usize,
+    /// The master address this connection is to.
+    addr: Arc<str>,
     /// When a request last used it (ms since the process's first connection), for [`Conn::reusable`].
     used: AtomicU64,
 }
@@ -172,10 +189,11 @@ impl Conn {
 
 /// A handle on the master for one client process.
 pub struct MasterConnection {
-    /// The configured address list as given (`host:port[,host:port…]`).
+    /// The configured address as given.
     addr: String,
-    /// Candidate masters; the one that answered last is tried first.
-    addrs: Vec<String>,
+    /// Where requests go.
+    target: Target,
+    /// The direct address that answered last (tried first).
     preferred: AtomicUsize,
     client: ClientId,
     role: PeerRole,
@@ -196,36 +214,119 @@ impl std::fmt::Debug for MasterConnection {
     }
 }
 
-/// Why one attempt at one master address failed.
+/// Where a connection's requests go.
+enum Target {
+    /// Masters tried in turn, the one that answered last first.
+    Direct(Vec<String>),
+    /// The leader of `cluster`, from its master view in etcd (the follower starts with the first request,
+    /// inside the caller's runtime).
+    Leader {
+        /// etcd endpoints.
+        endpoints: Vec<String>,
+        /// The cluster id.
+        cluster: String,
+        /// The view follower, once started.
+        follower: tokio::sync::OnceCell<ViewFollower>,
+    },
+    /// An address that does not parse: every request fails with this message (`INVALID_PARAMS`).
+    Invalid(String),
+}
+
+/// Why one attempt at one master address failed. `sent`: the request was written (in part or whole), so
+/// the master may have acted on it.
 enum Failed {
     /// The master did not answer within the attempt's deadline (dialling, sending or waiting).
-    TimedOut,
+    TimedOut { sent: bool },
     /// The connection could not be made or broke: worth trying the next address.
-    Lost(ClientError),
+    Lost { err: ClientError, sent: bool },
+    /// A newer master view appeared while the attempt was under way (leader mode, requests safe to repeat).
+    Superseded,
     /// An answer of sorts (a refused handshake, a request that cannot be encoded): another address would
     /// say the same, so the call fails with it.
     Final(ClientError),
 }
 
 impl Failed {
-    /// A socket error or a closed connection is worth another master; a protocol error (a frame too large to
-    /// send, an error frame from the master) is an answer.
+    /// A socket error or a closed connection (after the request was written) is worth another master; a
+    /// protocol error (a frame too large to send, an error frame from the master) is an answer.
     fn of(e: WireError) -> Failed {
         match e {
-            WireError::Io(_) | WireError::Closed => Failed::Lost(e.into()),
+            WireError::Io(_) | WireError::Closed => Failed::Lost { err: e.into(), sent: true },
             e => Failed::Final(e.into()),
         }
     }
 }
 
-/// A connection to `addr` (configured address number `index`).
-async fn dial(
-    addr: &str,
-    index: usize,
-    role: PeerRole,
-    client: ClientId,
-    poll_window: Duration,
-) -> Result<Arc<Conn>, ClientError> {
+/// Whether `op` may be sent again after it may have reached a master: repeating it has the effect of sending
+/// it once and gets the same answer. Such requests follow a failover by themselves; the others fail with
+/// [`ClientError::OutcomeUnknown`] when their master stops answering or loses the lead after they were sent.
+/// Every operation is listed (no wildcard), so a new one needs a decision.
+pub fn retry_safe(op: MasterOp) -> bool {
+    use MasterOp as O;
+    match op {
+        // Reads (a repeated lookup only grants its lease again).
+        O::Ping
+        | O::ClusterInfo
+        | O::SegmentStatus
+        | O::GetReplicaList
+        | O::BatchGetReplicaList
+        | O::Stat
+        | O::ExistKey
+        | O::BatchExistKey
+        | O::ListKeys
+        | O::ListKeysPage
+        | O::ListTenants
+        | O::LocalSsdStatus => true,
+        // Writes that set a state: a repeat finds it set and answers OK (mounting a segment the same client
+        // mounted is `AlreadyMounted` = OK; unmounting an unknown one is OK; a graceful unmount already under
+        // way is OK and keeps its deadline).
+        O::MountSegment
+        | O::RemountSegments
+        | O::UnmountSegment
+        | O::GracefulUnmount
+        | O::ReportUnreachable
+        | O::SetTenantQuota
+        | O::UnregisterLocalSsd
+        | O::ReportLocalSsd
+        | O::SetLocalSsdOffloading => true,
+        // A repeat answers otherwise (exists already, not found, wrong status) or acts twice (a lease
+        // released twice may end another reader's).
+        O::PutStart
+        | O::PutEnd
+        | O::PutRevoke
+        | O::UpsertStart
+        | O::BatchPutStart
+        | O::BatchPutEnd
+        | O::BatchPutRevoke
+        | O::Remove
+        | O::BatchRemove
+        | O::RemoveAll
+        | O::RemoveByRegex
+        | O::RemoveGroup
+        | O::RemoveTenant
+        | O::RegisterLocalSsd
+        | O::ReleaseLeases => false,
+    }
+}
+
+/// The first wait before asking the same leader again after a failure (doubling up to [`RETRY_MAX`]), unless
+/// a newer view comes first.
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+/// The longest such wait.
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// A refusal that says the master does not lead (a standby or a deposed leader): it did nothing.
+fn refused_as_not_leader(e: &ErrorFrame) -> bool {
+    e.code == ErrorCode::UnavailableInCurrentStatus && is_not_leader(&e.message)
+}
+
+/// `INVALID_PARAMS` with `message`.
+fn invalid(message: String) -> ClientError {
+    ClientError::Refused(ErrorFrame { code: ErrorCode::InvalidParams, message })
+}
+
+/// A connection to `addr`.
+async fn dial(addr: &str, role: PeerRole, client: ClientId, poll_window: Duration) -> Result<Arc<Conn>, ClientError> {
     // The caller bounds the whole dial (connect and hello) by its attempt's deadline.
     let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason, timed_out: false };
     let mut stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
@@ -250,7 +351,7 @@ async fn dial(
         pending: Mutex::new(HashMap::new()),
         alive: AtomicBool::new(true),
         flush_scheduled: AtomicBool::new(false),
-        addr: index,
+        addr: Arc::from(addr),
         used: AtomicU64::new(now_ms()),
     }))
 }
@@ -286,11 +387,56 @@ impl MasterConnection {
     /// the one that answered last first) for `client` with `connections` sockets (dialled lazily). `timeout`
     /// bounds each attempt at one address, dialling included: a request fails after at most one `timeout`
     /// per address.
+    ///
+    /// An `etcd://` address follows the cluster's leader instead (see the module's notes); one that does not
+    /// parse makes every request fail with `INVALID_PARAMS` saying why.
     pub fn new(addr: &str, client: ClientId, role: PeerRole, connections: usize, timeout: Duration) -> Self {
-        let addrs: Vec<String> = addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect();
+        let target = if addr.trim_start().starts_with("etcd://") {
+            match MasterAddress::parse(addr) {
+                Ok(a) => Self::target_of(a),
+                Err(e) => Target::Invalid(e.to_string()),
+            }
+        } else {
+            Target::Direct(addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
+        };
+        Self::with_target(addr.to_owned(), target, client, role, connections, timeout)
+    }
+
+    /// Like [`MasterConnection::new`] with a parsed address.
+    pub fn with_address(
+        addr: MasterAddress,
+        client: ClientId,
+        role: PeerRole,
+        connections: usize,
+        timeout: Duration,
+    ) -> Self {
+        let shown = match &addr {
+            MasterAddress::Direct(hosts) => hosts.join(","),
+            MasterAddress::Etcd { endpoints, cluster } => format!("etcd://{}/{cluster}", endpoints.join(",")),
+        };
+        Self::with_target(shown, Self::target_of(addr), client, role, connections, timeout)
+    }
+
+    fn target_of(addr: MasterAddress) -> Target {
+        match addr {
+            MasterAddress::Direct(hosts) => Target::Direct(hosts),
+            MasterAddress::Etcd { endpoints, cluster } => {
+                Target::Leader { endpoints, cluster, follower: tokio::sync::OnceCell::new() }
+            }
+        }
+    }
+
+    fn with_target(
+        addr: String,
+        target: Target,
+        client: ClientId,
+        role: PeerRole,
+        connections: usize,
+        timeout: Duration,
+    ) -> Self {
         Self {
-            addr: addr.to_owned(),
-            addrs,
+            addr,
+            target,
             preferred: AtomicUsize::new(0),
             client,
             role,
@@ -321,6 +467,28 @@ impl MasterConnection {
         &self.addr
     }
 
+    /// The leader this connection follows now (`etcd://` addresses only; `None` before the first request, or
+    /// while no master leads).
+    pub fn leader(&self) -> Option<MasterView> {
+        match &self.target {
+            Target::Leader { follower, .. } => follower.get().and_then(|f| f.state().view),
+            _ => None,
+        }
+    }
+
+    /// The view follower of an `etcd://` address, started on first use (in the caller's runtime).
+    async fn follower(&self) -> Result<Option<&ViewFollower>, ClientError> {
+        let Target::Leader { endpoints, cluster, follower } = &self.target else { return Ok(None) };
+        let f = follower
+            .get_or_try_init(|| async {
+                let mut cfg = FollowerConfig::new(endpoints.clone(), cluster.clone());
+                cfg.request_timeout = cfg.request_timeout.min(self.timeout);
+                ViewFollower::start(cfg).map_err(|e| invalid(format!("following the leader of {cluster}: {e}")))
+            })
+            .await?;
+        Ok(Some(f))
+    }
+
     /// The connection slot for `req`. Single-key requests share the first connection: concurrent ones
     /// pipeline, so one write carries several requests and one read several replies (4 concurrent lookups on
     /// a 2-vCPU host: 122k/s on one connection, 62k/s on four). Batches, each a longer job for the master, are
@@ -330,24 +498,37 @@ impl MasterConnection {
         if req.op().is_batch() { self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len() } else { 0 }
     }
 
-    /// Slot `slot`'s connection to address `i`, dialled if it has none (or one to another address, or a dead one).
-    async fn conn_to(&self, slot: usize, i: usize) -> Result<Arc<Conn>, ClientError> {
+    /// Slot `slot`'s connection to `addr`, dialled if it has none (or one to another address, or a dead one).
+    async fn conn_to(&self, slot: usize, addr: &str) -> Result<Arc<Conn>, ClientError> {
         let mut slot = self.slots[slot].lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| c.addr == i && c.reusable()) {
+        if let Some(c) = slot.as_ref().filter(|c| &*c.addr == addr && c.reusable()) {
             return Ok(c.clone());
         }
-        let conn = dial(&self.addrs[i], i, self.role, self.client, self.poll_window).await?;
+        let conn = dial(addr, self.role, self.client, self.poll_window).await?;
         *slot = Some(conn.clone());
         Ok(conn)
     }
 
-    /// One attempt at address `i`, within one request timeout: dial if needed, send, wait for the reply.
-    async fn attempt(&self, req: &MasterRequest, slot: usize, i: usize) -> Result<Frame, Failed> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let conn = match tokio::time::timeout_at(deadline, self.conn_to(slot, i)).await {
-            Err(_) | Ok(Err(ClientError::Timeout)) => return Err(Failed::TimedOut),
+    /// One attempt at `addr` until `deadline`: dial if needed, send, wait for the reply. Given up (after
+    /// forgetting the request) as soon as `abandon` completes.
+    async fn attempt(
+        &self,
+        req: &MasterRequest,
+        slot: usize,
+        addr: &str,
+        deadline: Instant,
+        abandon: impl std::future::Future<Output = ()>,
+    ) -> Result<Frame, Failed> {
+        tokio::pin!(abandon);
+        let dialled = tokio::select! {
+            biased;
+            r = tokio::time::timeout_at(deadline, self.conn_to(slot, addr)) => r,
+            () = &mut abandon => return Err(Failed::Superseded),
+        };
+        let conn = match dialled {
+            Err(_) | Ok(Err(ClientError::Timeout)) => return Err(Failed::TimedOut { sent: false }),
             Ok(Err(e @ ClientError::Refused(_))) => return Err(Failed::Final(e)),
-            Ok(Err(e)) => return Err(Failed::Lost(e)),
+            Ok(Err(err)) => return Err(Failed::Lost { err, sent: false }),
             Ok(Ok(c)) => c,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -360,7 +541,7 @@ impl MasterConnection {
         let sent = match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Failed::of(e)),
-            Err(_) => Err(Failed::TimedOut),
+            Err(_) => Err(Failed::TimedOut { sent: true }),
         };
         if let Err(f) = sent {
             conn.pending.lock().remove(&id);
@@ -368,17 +549,27 @@ impl MasterConnection {
             return Err(f);
         }
         let counted = self.inflight.enter();
-        let waited = tokio::time::timeout_at(deadline, conn.wait(id, rx, &self.inflight)).await;
+        let waited = tokio::select! {
+            biased;
+            r = tokio::time::timeout_at(deadline, conn.wait(id, rx, &self.inflight)) => Some(r),
+            () = &mut abandon => None,
+        };
         drop(counted);
         match waited {
-            Ok(Ok(frame)) => Ok(frame),
-            Ok(Err(e)) => Err(Failed::of(e)),
-            Err(_) => {
+            None => {
+                conn.pending.lock().remove(&id);
+                // A wait cut short may leave a frame half read: the connection is not used again.
+                conn.alive.store(false, Ordering::Release);
+                Err(Failed::Superseded)
+            }
+            Some(Ok(Ok(frame))) => Ok(frame),
+            Some(Ok(Err(e))) => Err(Failed::of(e)),
+            Some(Err(_)) => {
                 conn.pending.lock().remove(&id);
                 // A master that let a request time out is suspect: the next request dials afresh (this
                 // connection's other waiters keep waiting for their own replies).
                 conn.alive.store(false, Ordering::Release);
-                Err(Failed::TimedOut)
+                Err(Failed::TimedOut { sent: true })
             }
         }
     }
@@ -386,11 +577,24 @@ impl MasterConnection {
     /// Sends one request and waits for its reply. Each configured address is tried at most once, starting
     /// with the one that answered last, each within the request timeout; a timeout or a broken connection
     /// moves on to the next. When none answers, the error names every address tried and why.
+    /// With an `etcd://` address, the request goes to the cluster's leader instead (see the module's notes).
     pub async fn call(&self, req: &MasterRequest) -> Result<MasterResponse, ClientError> {
         if let Some(n) = batch_items(req) {
             check_batch(n)?;
         }
-        let n = self.addrs.len();
+        match &self.target {
+            Target::Direct(addrs) => self.call_direct(addrs, req).await,
+            Target::Invalid(why) => Err(invalid(why.clone())),
+            Target::Leader { .. } => match self.follower().await? {
+                Some(f) => self.call_leader(f, req).await,
+                None => Err(ClientError::Code(ErrorCode::InternalError)),
+            },
+        }
+    }
+
+    /// [`MasterConnection::call`] over a list of addresses.
+    async fn call_direct(&self, addrs: &[String], req: &MasterRequest) -> Result<MasterResponse, ClientError> {
+        let n = addrs.len();
         if n == 0 {
             return Err(ClientError::Refused(ErrorFrame {
                 code: ErrorCode::InvalidParams,
@@ -402,39 +606,110 @@ impl MasterConnection {
         let mut failures = Vec::new();
         for k in 0..n {
             let i = (first + k) % n;
-            match self.attempt(req, slot, i).await {
+            let deadline = Instant::now() + self.timeout;
+            match self.attempt(req, slot, &addrs[i], deadline, std::future::pending()).await {
                 Ok(frame) => {
                     self.preferred.store(i, Ordering::Relaxed);
                     let reply: MasterReply = frame.decode::<MasterReply>()?.body;
                     return reply.map_err(ClientError::Refused);
                 }
                 Err(Failed::Final(e)) => return Err(e),
-                Err(Failed::TimedOut) => {
-                    tracing::debug!(addr = %self.addrs[i], timeout = ?self.timeout, "master did not answer in time");
+                Err(Failed::TimedOut { .. } | Failed::Superseded) => {
+                    tracing::debug!(addr = %addrs[i], timeout = ?self.timeout, "master did not answer in time");
                     failures.push((i, format!("no answer within {}", fmt_duration(self.timeout)), true));
                 }
-                Err(Failed::Lost(e)) => {
-                    tracing::debug!(addr = %self.addrs[i], error = %e, "master unreachable");
-                    let reason = match e {
-                        ClientError::Unreachable { reason, .. } => reason,
-                        e => e.to_string(),
-                    };
-                    failures.push((i, reason, false));
+                Err(Failed::Lost { err, .. }) => {
+                    tracing::debug!(addr = %addrs[i], error = %err, "master unreachable");
+                    failures.push((i, lost_reason(err), false));
                 }
             }
         }
-        Err(self.unreachable(failures))
+        Err(unreachable(addrs, failures))
     }
 
-    /// The error of a call no master answered: every address tried, and why.
-    fn unreachable(&self, failures: Vec<(usize, String, bool)>) -> ClientError {
-        let timed_out = failures.iter().any(|(_, _, t)| *t);
-        let addr = failures.iter().map(|(i, _, _)| self.addrs[*i].as_str()).collect::<Vec<_>>().join(", ");
-        let reason = match failures.as_slice() {
-            [(_, reason, _)] => reason.clone(),
-            all => all.iter().map(|(i, r, _)| format!("{}: {r}", self.addrs[*i])).collect::<Vec<_>>().join("; "),
+    /// [`MasterConnection::call`] to the leader `follower` names, within one request timeout in all.
+    async fn call_leader(&self, follower: &ViewFollower, req: &MasterRequest) -> Result<MasterResponse, ClientError> {
+        let deadline = Instant::now() + self.timeout;
+        let slot = self.slot(req);
+        let op = req.op();
+        // After a failure at view version `v`: wait up to `backoff` for a newer leader, else ask the same again.
+        let mut failed_at: Option<u64> = None;
+        let mut backoff = RETRY_FIRST;
+        let mut last: Option<ClientError> = None;
+        loop {
+            let view = match failed_at {
+                None => follower.leader_newer_than(0, deadline).await,
+                Some(v) => {
+                    let until = (Instant::now() + backoff).min(deadline);
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                    match follower.leader_newer_than(v, until).await {
+                        Some(newer) => Some(newer),
+                        None => follower.leader_newer_than(0, deadline).await,
+                    }
+                }
+            };
+            let Some(view) = view else {
+                return Err(last.unwrap_or_else(|| self.no_leader(follower)));
+            };
+            // A newer leader appearing while this attempt waits ends it, if the request is safe to repeat. One
+            // that is not waits on for the old leader's word: a deposed master's refusal (it did nothing) lets
+            // it go to the new leader, while giving up would leave its outcome unknown. A dead old leader breaks
+            // the connection at once; a stopped one costs the request timeout.
+            let superseded = async {
+                if !retry_safe(op) || follower.leader_newer_than(view.version, deadline).await.is_none() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let failure = match self.attempt(req, slot, &view.leader, deadline, superseded).await {
+                Ok(frame) => match frame.decode::<MasterReply>()?.body {
+                    Err(e) if refused_as_not_leader(&e) => ClientError::Refused(e),
+                    reply => return reply.map_err(ClientError::Refused),
+                },
+                Err(Failed::Final(ClientError::Refused(e))) if refused_as_not_leader(&e) => ClientError::Refused(e),
+                Err(Failed::Final(e)) => return Err(e),
+                Err(Failed::TimedOut { sent }) => {
+                    let reason = format!("did not answer within {}", fmt_duration(self.timeout));
+                    if sent && !retry_safe(op) {
+                        return Err(ClientError::OutcomeUnknown { op: op.name(), master: view.leader, reason });
+                    }
+                    return Err(ClientError::Unreachable { addr: view.leader, reason, timed_out: true });
+                }
+                // Only requests safe to repeat are abandoned for a newer leader.
+                Err(Failed::Superseded) => continue,
+                Err(Failed::Lost { err, sent }) => {
+                    let reason = lost_reason(err);
+                    if sent && !retry_safe(op) {
+                        let reason = format!("broke the connection ({reason})");
+                        return Err(ClientError::OutcomeUnknown { op: op.name(), master: view.leader, reason });
+                    }
+                    ClientError::Unreachable { addr: view.leader.clone(), reason, timed_out: false }
+                }
+            };
+            tracing::debug!(leader = %view.leader, version = view.version, error = %failure, "leader failed: re-resolving");
+            // The watch may lag, or its etcd connection be dead without knowing: read the view now.
+            follower.refresh();
+            if Instant::now() >= deadline {
+                return Err(failure);
+            }
+            last = Some(failure);
+            failed_at = Some(view.version);
+        }
+    }
+
+    /// The error of a call that found no leader within its timeout.
+    fn no_leader(&self, follower: &ViewFollower) -> ClientError {
+        let state = follower.state();
+        let waited = fmt_duration(self.timeout);
+        let reason = match (state.error, state.synced) {
+            (Some(e), _) => format!("none known after {waited}; etcd: {e}"),
+            (None, false) => format!("etcd not read within {waited}"),
+            (None, true) => format!("no master leads (the master view is empty) after {waited}"),
         };
-        ClientError::Unreachable { addr, reason, timed_out }
+        ClientError::NoLeader {
+            cluster: follower.cluster().to_owned(),
+            endpoints: follower.endpoints().join(","),
+            reason,
+        }
     }
 
     /// Queues one request whose reply nobody waits for (whoever reads the connection next discards it): it
@@ -445,11 +720,22 @@ impl MasterConnection {
         if let Some(n) = batch_items(req) {
             check_batch(n)?;
         }
-        if self.addrs.is_empty() {
-            return Err(ClientError::Code(ErrorCode::InvalidParams));
-        }
-        let i = self.preferred.load(Ordering::Relaxed) % self.addrs.len();
-        let conn = tokio::time::timeout(self.timeout, self.conn_to(self.slot(req), i))
+        let addr = match &self.target {
+            Target::Direct(addrs) if !addrs.is_empty() => {
+                addrs[self.preferred.load(Ordering::Relaxed) % addrs.len()].clone()
+            }
+            Target::Direct(_) => return Err(ClientError::Code(ErrorCode::InvalidParams)),
+            Target::Invalid(why) => return Err(invalid(why.clone())),
+            Target::Leader { .. } => {
+                let f = self.follower().await?.ok_or(ClientError::Code(ErrorCode::InternalError))?;
+                // Best effort: a notification goes to the leader known now, or nowhere.
+                match f.state().view {
+                    Some(v) => v.leader,
+                    None => return Err(self.no_leader(f)),
+                }
+            }
+        };
+        let conn = tokio::time::timeout(self.timeout, self.conn_to(self.slot(req), &addr))
             .await
             .map_err(|_| ClientError::Code(ErrorCode::RpcTimeout))??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -493,6 +779,25 @@ impl MasterConnection {
     }
 }
 
+/// Why a connection could not be made or broke, in a few words.
+fn lost_reason(e: ClientError) -> String {
+    match e {
+        ClientError::Unreachable { reason, .. } => reason,
+        e => e.to_string(),
+    }
+}
+
+/// The error of a call no master answered: every address tried, and why.
+fn unreachable(addrs: &[String], failures: Vec<(usize, String, bool)>) -> ClientError {
+    let timed_out = failures.iter().any(|(_, _, t)| *t);
+    let addr = failures.iter().map(|(i, _, _)| addrs[*i].as_str()).collect::<Vec<_>>().join(", ");
+    let reason = match failures.as_slice() {
+        [(_, reason, _)] => reason.clone(),
+        all => all.iter().map(|(i, r, _)| format!("{}: {r}", addrs[*i])).collect::<Vec<_>>().join("; "),
+    };
+    ClientError::Unreachable { addr, reason, timed_out }
+}
+
 /// A duration as a person reads it: `500 ms`, `5 s`, `1.5 s`.
 fn fmt_duration(d: Duration) -> String {
     match d.as_millis() {
@@ -512,6 +817,18 @@ mod tests {
         assert_eq!(fmt_duration(Duration::from_secs(5)), "5 s");
         assert_eq!(fmt_duration(Duration::from_millis(1500)), "1.5 s");
         assert_eq!(fmt_duration(Duration::from_millis(1234)), "1234 ms");
+    }
+
+    #[test]
+    fn only_reads_and_state_setting_writes_are_repeated_after_a_failover() {
+        let safe: Vec<&str> = MasterOp::ALL.iter().filter(|o| retry_safe(**o)).map(|o| o.name()).collect();
+        for op in ["get_replica_list", "batch_exist_key", "list_keys_page", "ping", "remount_segments"] {
+            assert!(safe.contains(&op), "{op}");
+        }
+        for op in ["put_start", "put_end", "batch_put_start", "remove", "batch_remove", "remove_all", "release_leases"]
+        {
+            assert!(!safe.contains(&op), "{op} must not be repeated");
+        }
     }
 
     #[test]

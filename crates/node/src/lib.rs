@@ -1,6 +1,8 @@
 //! The storage-node runtime: hosts segments, serves the data plane, mounts at the master, pings every
-//! second, remounts by itself when the master answers `NEED_REMOUNT` (e.g. after a master restart), and
-//! unmounts on shutdown.
+//! second, remounts by itself when the master answers `NEED_REMOUNT` (e.g. after a master restart, or after a
+//! failover: with an `etcd://` master address the node's master connection follows the cluster's leader, and
+//! the new leader, which has not heard from the node, answers its next ping `NEED_REMOUNT`), and unmounts on
+//! shutdown.
 
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
@@ -17,7 +19,7 @@ use tokio::sync::watch;
 /// Storage-node settings.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    /// Master address.
+    /// Master address (`host:port[,…]`, or `etcd://HOST:PORT[,…]/CLUSTER` to follow the cluster's leader).
     pub master: String,
     /// Where the transfer server listens (port 0 picks one).
     pub listen: SocketAddr,
@@ -122,8 +124,9 @@ async fn mount_all(master: &MasterConnection, id: ClientId, specs: &[SegmentSpec
     remount(master, id, specs).await
 }
 
-/// [`mount_all`], retried with `retry`'s backoff while the master cannot be reached (each attempt said at
-/// warn level); an answer from the master (even a refusal) ends the retries.
+/// [`mount_all`], retried with `retry`'s backoff while the master cannot be reached or (`etcd://` addresses)
+/// no master leads yet (each attempt said at warn level); an answer from the master (even a refusal) ends the
+/// retries.
 async fn mount_retrying(
     master: &MasterConnection,
     addr: &str,
@@ -134,9 +137,12 @@ async fn mount_retrying(
     let mut delay = retry.map(|r| r.initial);
     loop {
         match mount_all(master, id, specs).await {
-            Err(e @ (ClientError::Unreachable { .. } | ClientError::Wire(_) | ClientError::Timeout))
-                if let Some(d) = delay =>
-            {
+            Err(
+                e @ (ClientError::Unreachable { .. }
+                | ClientError::Wire(_)
+                | ClientError::Timeout
+                | ClientError::NoLeader { .. }),
+            ) if let Some(d) = delay => {
                 let why = match &e {
                     ClientError::Unreachable { reason, .. } => reason.clone(),
                     e => e.to_string(),

@@ -9,7 +9,7 @@
 use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{Registered, Span};
 use crate::replica::ReplicaDescriptor;
-use crescent_client::{Client, ClientConfig, ClientError};
+use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse};
@@ -261,6 +261,24 @@ fn split_host(s: &str) -> (String, Option<u16>) {
     }
 }
 
+/// The master address the client and the hosted segment use. An `etcd://` address follows the cluster's
+/// leader; the original's form `etcd://h1:p;h2:p` names no cluster, which then comes from `CRESCENT_CLUSTER_ID`,
+/// else the original's `MC_STORE_CLUSTER_ID`, else the default. A bad address is `INVALID_PARAMS`.
+fn master_address(s: &str) -> Result<String, i64> {
+    if !s.trim_start().starts_with("etcd://") {
+        return Ok(s.to_owned());
+    }
+    let env = std::env::var(crescent_client::CLUSTER_ID_ENV).or_else(|_| std::env::var("MC_STORE_CLUSTER_ID")).ok();
+    match MasterAddress::parse_with(s, env.as_deref()) {
+        Ok(MasterAddress::Etcd { endpoints, cluster }) => Ok(format!("etcd://{}/{cluster}", endpoints.join(","))),
+        Ok(MasterAddress::Direct(_)) => Ok(s.to_owned()),
+        Err(e) => {
+            tracing::error!("setup: {e}");
+            Err(INVALID)
+        }
+    }
+}
+
 /// Sets a store up: its runtime, its segment (hosted like a storage node's) and its client.
 fn start(args: &SetupArgs) -> Result<Live, i64> {
     match args.protocol.to_ascii_lowercase().as_str() {
@@ -271,10 +289,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             return Err(INVALID);
         }
     }
-    if args.master_server_addr.starts_with("etcd://") {
-        tracing::error!("setup: etcd:// master addresses (HA masters) are not supported yet; give host:port");
-        return Err(INVALID);
-    }
+    let master = master_address(&args.master_server_addr)?;
     let (host, port) = split_host(args.local_hostname.trim());
     let ip = (host.as_str(), 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip());
     let Some(ip) = ip else {
@@ -310,7 +325,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         if args.global_segment_size == 0 {
             break (hostname, None);
         }
-        let mut nc = NodeConfig::new(args.master_server_addr.clone(), args.global_segment_size);
+        let mut nc = NodeConfig::new(master.clone(), args.global_segment_size);
         nc.listen = SocketAddr::new(ip, port);
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
@@ -330,7 +345,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     };
     let segment = node.as_ref().map(|n| n.endpoint().to_string());
     let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
-    let mut config = ClientConfig::new(args.master_server_addr.clone());
+    let mut config = ClientConfig::new(master.clone());
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
     let client = Client::with_local_segments(config, registry);

@@ -159,8 +159,10 @@ class MooncakeDistributedStore:
         client_http_port: int = 9300,
     ) -> int:
         """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
-        ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``). 0 or a
-        negative code."""
+        ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``).
+        ``master_server_addr`` is ``host:port`` or ``etcd://HOST:PORT[,…]/CLUSTER`` (also the original's
+        ``etcd://h1:p;h2:p``, cluster from ``CRESCENT_CLUSTER_ID`` or ``MC_STORE_CLUSTER_ID``): the store then
+        follows the cluster's leader. 0 or a negative code."""
     def close(self, /) -> int:
         """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
     def health_check(self) -> int:
