@@ -15,6 +15,7 @@ mod bench;
 mod demo;
 mod ops;
 mod serve;
+mod snapshots;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
