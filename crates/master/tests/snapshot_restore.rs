@@ -14,7 +14,7 @@ use crescent_master::service::{MasterConfig, MasterService};
 use crescent_master::snapshot::catalog::{Catalog, Manifest, snapshot_id};
 use crescent_master::snapshot::store::{LocalDirStore, S3Options, S3Store, SnapshotStore, StoreError};
 use crescent_master::snapshot::{self, MasterSnapshotView, SnapshotMetadata};
-use crescent_proto::{ClientId, ReplicateConfig, SegmentSpec};
+use crescent_proto::{ClientId, ReplicateConfig, SegmentSpec, SoftPinAction};
 use crescent_testkit::eventually;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -249,9 +249,22 @@ fn multi_tenant() -> MasterConfig {
 /// Segments and objects of two states (what restore must reproduce exactly).
 fn assert_same_metadata(got: &ReplayState, want: &ReplayState, what: &str) {
     assert_eq!(got.segments, want.segments, "{what}: segments");
+    // Only the differing objects in the message (the whole maps are hundreds of lines).
+    let mut differ: Vec<_> = got
+        .objects
+        .iter()
+        .filter(|(k, v)| want.objects.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), Some(v.clone()), want.objects.get(k).cloned()))
+        .chain(
+            want.objects
+                .iter()
+                .filter(|(k, _)| !got.objects.contains_key(*k))
+                .map(|(k, v)| (k.clone(), None, Some(v.clone()))),
+        )
+        .collect();
+    differ.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(differ.is_empty(), "{what}: objects differ (key, got, want): {differ:?}");
     assert_eq!(got.objects.len(), want.objects.len(), "{what}: object count");
-    let sorted = |s: &ReplayState| s.objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>();
-    assert_eq!(sorted(got), sorted(want), "{what}: objects");
 }
 
 /// Snapshot + the oplog after it restores exactly the live master's metadata, with the log compacted below the
@@ -304,6 +317,16 @@ async fn restore_matches_the_leader(store: Arc<dyn SnapshotStore>) {
     for i in 60..80 {
         a.put("t1", &format!("k{i}"), 1024, 2, None);
     }
+    // A soft-pinned object, a write still in flight and a reader's lease: restore keeps none of them.
+    let mut pin = ReplicateConfig::with_replicas(1);
+    pin.soft_pin_action = SoftPinAction::Enable;
+    pin.soft_pin_ttl_ms = Some(600_000);
+    a.svc.put_start(a.writer, "t1", "pinned", 4096, &pin).unwrap();
+    a.svc.put_end(a.writer, "t1", "pinned", None).unwrap();
+    assert!(a.svc.stat("t1", "pinned").unwrap().soft_pin_remaining_ms > 0);
+    a.svc.put_start(a.writer, "t1", "inflight", 4096, &ReplicateConfig::with_replicas(1)).unwrap();
+    a.svc.get_replica_list("t1", "k61").unwrap();
+    assert!(a.svc.stat("t1", "k61").unwrap().lease_remaining_ms > 0);
     a.durable().await;
     let third = snapshotter.snapshot_now().await.unwrap().unwrap();
     assert!(first.manifest.batch_id < second.manifest.batch_id && second.manifest.batch_id < third.manifest.batch_id);
@@ -321,17 +344,27 @@ async fn restore_matches_the_leader(store: Arc<dyn SnapshotStore>) {
     let err = restore_state(None, &storage, prefix).await.unwrap_err();
     assert!(matches!(err, OpenError::MissingBaseline { first_batch, .. } if first_batch == first_stored), "{err}");
 
-    // Snapshot + log = the leader's metadata, exactly.
-    let live = a.svc.metadata_view();
+    // Snapshot + log = the leader's metadata, exactly (soft pins aside: restore drops them).
+    let mut live = a.svc.metadata_view();
+    assert!(live.objects[&("t1".to_owned(), "pinned".to_owned())].soft_pin_ms > 0, "the leader holds the pin");
+    assert!(!live.objects.contains_key(&("t1".to_owned(), "inflight".to_owned())), "in flight: not readable");
+    for o in live.objects.values_mut() {
+        o.soft_pin_ms = 0;
+    }
     let (state, baseline) = restore_state(Some(&*store), &storage, prefix).await.unwrap();
     assert_eq!(baseline.snapshot.as_ref().map(|m| m.id.as_str()), Some(third.manifest.id.as_str()));
     assert_eq!(state.last_seq, prefix.last_seq);
     assert_same_metadata(&state, &live, "snapshot + log vs the live leader");
     let want_policies: BTreeMap<String, u64> = [("t1".into(), 512 * MIB), ("t2".into(), 128 * MIB)].into();
     assert_eq!(state.policies, Some(want_policies));
-    // The snapshotter's own follower agrees too.
+    // The snapshotter's own follower agrees too (it folds the log as it is, soft pins included).
     snapshotter.catch_up().await.unwrap();
-    assert_same_metadata(snapshotter.state(), &live, "the snapshotter's follower");
+    let mut followed = snapshotter.state().clone();
+    assert!(followed.objects[&("t1".to_owned(), "pinned".to_owned())].soft_pin_ms > 0);
+    for o in followed.objects.values_mut() {
+        o.soft_pin_ms = 0;
+    }
+    assert_same_metadata(&followed, &live, "the snapshotter's follower");
 
     // A master restored from it, its nodes back, serves the same metadata.
     let b = MasterService::new(multi_tenant(), ManualClock::new(Timestamp(5_000_000))).unwrap();
@@ -340,6 +373,9 @@ async fn restore_matches_the_leader(store: Arc<dyn SnapshotStore>) {
         b.remount_segments(*c, std::slice::from_ref(s)).unwrap();
     }
     assert_same_metadata(&b.metadata_view(), &live, "the restored master");
+    assert_eq!(b.stat("t1", "pinned").unwrap().soft_pin_remaining_ms, 0, "soft pins are dropped");
+    assert_eq!(b.stat("t1", "k61").unwrap().lease_remaining_ms, 0, "leases are dropped");
+    assert!(b.stat("t1", "inflight").is_err(), "in-flight writes are dropped");
     assert_eq!(b.tenant_quota("t2").map(|q| q.requested_quota_bytes), Some(128 * MIB));
 
     // The newest snapshot corrupt: the previous one + a longer log gives the same state.

@@ -114,7 +114,9 @@ pub async fn load_baseline(
 }
 
 /// [`load_baseline`] then the log after it, up to the durable prefix: the whole state a restarted master
-/// restores. Returns the state and the baseline it started from (its `state` left empty).
+/// restores. Returns the state and the baseline it started from (its `state` left empty). Soft pins are dropped
+/// (reference §8.1, issue 15 §3: restore keeps no leases, pins or in-flight writes; a pin's time left was
+/// measured on the old process's clock), so a restored master's objects compete for eviction evenly.
 pub async fn restore_state(
     store: Option<&dyn SnapshotStore>,
     storage: &OpLogBatchStorage,
@@ -123,6 +125,9 @@ pub async fn restore_state(
     let mut baseline = load_baseline(store, storage).await?;
     let mut state = std::mem::take(&mut baseline.state);
     replay_log_after(storage, prefix, baseline.position, &mut state).await?;
+    for o in state.objects.values_mut() {
+        o.soft_pin_ms = 0;
+    }
     Ok((state, baseline))
 }
 
