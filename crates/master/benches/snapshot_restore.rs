@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 const SEGMENTS: u64 = 64;
 const SIZE: u64 = 4096;
 const GIB: u64 = 1 << 30;
-const PER_BATCH: usize = 2000;
+/// Entries per batch record (the storage default caps a batch at 1024).
+const PER_BATCH: usize = 1000;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
