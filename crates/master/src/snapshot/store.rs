@@ -1,5 +1,5 @@
 //! Where snapshots are kept: the [`SnapshotStore`] seam (whole objects by key: put, get, list, delete) and its
-//! two implementations, a local directory ([`LocalDirStore`]) and S3 ([`S3Store`], feature `s3`, on the
+//! two implementations, a local directory ([`LocalDirStore`]) and S3 (`S3Store`, feature `s3`, on the
 //! `object_store` crate). The store knows nothing of the snapshot format or of the publish protocol
 //! ([`super::catalog`]); keys are `/`-separated names of `[A-Za-z0-9._-]` parts, never `.` or `..`.
 
