@@ -22,6 +22,19 @@ command -v protoc >/dev/null
 command -v curl >/dev/null
 python3 -c 'import venv, ensurepip'
 
+# A virtual environment under the target directory for what the tests take from PyPI: maturin and pytest (the
+# Python package, below) and moto's S3 server (the snapshot store's S3 tests start `moto_server` on loopback and
+# find it through CRESCENT_MOTO_SERVER; they fail, never skip, without it).
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+venv="$target/py-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+[ -x "$venv/bin/maturin" ] || "$venv/bin/python" -m pip install -q "maturin>=1.9.4,<2"
+[ -x "$venv/bin/pytest" ] || "$venv/bin/python" -m pip install -q "pytest>=7"
+[ -x "$venv/bin/moto_server" ] || "$venv/bin/python" -m pip install -q "moto[server]>=5,<6"
+export CRESCENT_MOTO_SERVER="$venv/bin/moto_server"
+[ -x "$CRESCENT_MOTO_SERVER" ]
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Doc comments are checked too (intra-doc links resolve, no rustdoc warnings).
@@ -32,14 +45,8 @@ else
     cargo test --workspace --locked --no-fail-fast
 fi
 
-# The Python package (crates/python): built into a virtual environment (maturin and pytest from PyPI when
-# missing; a debug build) and tested against a `crescent master` process (the debug binary the tests built).
-mkdir -p "${CARGO_TARGET_DIR:-target}"
-target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-venv="$target/py-venv"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-[ -x "$venv/bin/maturin" ] || "$venv/bin/python" -m pip install -q "maturin>=1.9.4,<2"
-[ -x "$venv/bin/pytest" ] || "$venv/bin/python" -m pip install -q "pytest>=7"
+# The Python package (crates/python): built into the virtual environment made above and tested against a
+# `crescent master` process (the debug binary the tests built).
 cargo build -p crescent-cli --locked
 (cd crates/python && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --locked -q)
 CRESCENT_BIN="$target/debug/crescent" "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/python/tests

@@ -1,12 +1,14 @@
 //! Master snapshots (`snapshot::decode`, then `SegmentPool::restore` and `LocalSsdManager::restore` of what it
-//! decoded) and allocator states (`OffsetAllocator::restore`, the form they take inside a snapshot).
+//! decoded, and the object directory's part: a `ReplayState` restored into a fresh `MasterService` with
+//! `restore_replayed`) and allocator states (`OffsetAllocator::restore`, the form they take inside a snapshot).
 //!
 //! Input: byte 0 is a mode: bit 0 turns the pool's CXL window (64 MiB) on; bit 1 wraps the rest as a snapshot
 //! body under a valid header (magic, version, crc32c), so mutations get past the checksum into the decoder and
 //! the validation; bit 2 reads the rest as an allocator state instead (capacity, then offset/consumed/requested
 //! triples, each a little-endian u64) followed by operation bytes.
 //! Properties: no panic; a refused snapshot leaves the pool empty; an accepted one snapshots again to bytes that
-//! restore to the same bytes, and finishes restore; an accepted allocator state passes the allocator's
+//! restore to the same bytes (its object directory carried along unchanged), and finishes restore; an accepted
+//! object directory decodes again to the same state and restores into a service without overlapping replicas; an accepted allocator state passes the allocator's
 //! invariant check, gives back the same state, and keeps them through a few allocations and frees.
 #![no_main]
 
@@ -16,7 +18,10 @@ use crescent_master::clock::Timestamp;
 use crescent_master::local_ssd::LocalSsdManager;
 use crescent_master::placement::{Placer, ReplicaPlacement};
 use crescent_master::segment_pool::{PoolConfig, SegmentPool};
-use crescent_master::snapshot::{self, HEADER_LEN, MasterSnapshotView, VERSION};
+use crescent_master::clock::ManualClock;
+use crescent_master::ha::{ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
+use crescent_master::service::{MasterConfig, MasterService};
+use crescent_master::snapshot::{self, HEADER_LEN, MasterSnapshotView, SnapshotMetadata, VERSION};
 use crescent_proto::{ClientId, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use libfuzzer_sys::fuzz_target;
 
@@ -76,7 +81,11 @@ fn seeds() -> Vec<Vec<u8>> {
     let ssd = LocalSsdManager::new();
     ssd.register(c, true).unwrap();
     ssd.report_capacity(c, 1 << 30).unwrap();
-    let snap = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot() });
+    let snap = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot(), metadata: None });
+    out.push([&[0u8][..], &snap].concat());
+    out.push([&[2u8][..], &snap[HEADER_LEN..]].concat());
+    // An object directory: two tenants, a group, a pinned object, two segments, policies.
+    let snap = snapshot::encode(&MasterSnapshotView { metadata: Some(directory()), ..MasterSnapshotView::default() });
     out.push([&[0u8][..], &snap].concat());
     out.push([&[2u8][..], &snap[HEADER_LEN..]].concat());
     // A CXL pool with a binding holding an allocation.
@@ -84,7 +93,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let cxl = spec("cxl", CXL_WINDOW, SegmentKind::Cxl);
     p.mount(c, cxl).unwrap();
     let _held = ReplicaPlacement::new(&p, &placer).allocate_from(SegmentKind::Cxl, "cxl", 5 * MIB).unwrap();
-    let snap = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: Vec::new() });
+    let snap = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: Vec::new(), metadata: None });
     out.push([&[1u8][..], &snap].concat());
     out.push([&[3u8][..], &snap[HEADER_LEN..]].concat());
     // Allocator states.
@@ -98,6 +107,52 @@ fn seeds() -> Vec<Vec<u8>> {
     };
     out.push([&[4u8][..], &encode_state(&full)].concat());
     out
+}
+
+fn directory() -> SnapshotMetadata {
+    let segment = |n: u8| SegmentRecord {
+        client: [n; 16],
+        id: [n + 1; 16],
+        name: format!("s{n}"),
+        base: 0,
+        size: 1 << 20,
+        endpoint: "127.0.0.1:9001".into(),
+        kind: 0,
+        host: "h".into(),
+    };
+    let object = |seg: u8, offset: u64, group: Option<&str>| ObjectRecord {
+        size: 4096,
+        replicas: vec![ReplicaRecord { id: offset + 1, segment: [seg + 1; 16], offset, length: 4096, tier: 0 }],
+        checksum: Some(offset),
+        group: group.map(str::to_owned),
+        hard_pinned: offset == 0,
+        soft_pin_ms: 5,
+        data_type: 1,
+    };
+    let mut state = ReplayState { last_seq: 12, ..ReplayState::default() };
+    for s in [1, 3] {
+        let r = segment(s);
+        state.segments.insert(r.spec().expect("a valid segment").id, r);
+    }
+    state.objects.insert(("default".into(), "a".into()), object(1, 0, None));
+    state.objects.insert(("default".into(), "b".into()), object(1, 8192, Some("g")));
+    state.objects.insert(("t2".into(), "a".into()), object(3, 4096, None));
+    state.policies = Some([("t2".to_owned(), 1u64 << 30)].into_iter().collect());
+    SnapshotMetadata { state, batch_id: 3, producer_view: 2 }
+}
+
+/// An accepted object directory: canonical, and restorable without overlaps (whatever it says).
+fn directory_properties(meta: &SnapshotMetadata) {
+    let view = MasterSnapshotView { metadata: Some(meta.clone()), ..MasterSnapshotView::default() };
+    let again = snapshot::decode(&snapshot::encode(&view)).expect("an encoded directory decodes");
+    assert_eq!(again.metadata.as_ref(), Some(meta), "the directory round-trips");
+    let svc = MasterService::new(
+        MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() },
+        ManualClock::new(Timestamp(1)),
+    )
+    .expect("a master");
+    let _ = svc.restore_replayed(&meta.state);
+    assert_eq!(svc.audit().overlapping_replicas, 0, "restored replicas never overlap");
 }
 
 /// Reads an allocator state from the front of `data`; the bytes after it are operations.
@@ -139,9 +194,13 @@ fn restore(mode: u8, payload: &[u8]) -> Option<(SegmentPool, Vec<u8>)> {
     let pool = SegmentPool::new(config(mode)).unwrap();
     let restored = snapshot::decode(payload).ok().and_then(|view| {
         let ssd = LocalSsdManager::new();
+        if let Some(meta) = &view.metadata {
+            directory_properties(meta);
+        }
         pool.restore(view.pool).ok()?;
         ssd.restore(view.local_ssd);
-        Some(snapshot::encode(&MasterSnapshotView { pool: pool.snapshot_view(), local_ssd: ssd.snapshot() }))
+        let metadata = view.metadata;
+        Some(snapshot::encode(&MasterSnapshotView { pool: pool.snapshot_view(), local_ssd: ssd.snapshot(), metadata }))
     });
     match restored {
         None => {

@@ -24,6 +24,9 @@ frame_timeout_ms = 5000
 frame_budget = "64MiB"
 cluster_id = "prod-1"
 data_dir = "/var/lib/crescent"
+snapshot_dir = "/var/lib/crescent/snapshots"
+snapshot_interval = "10m"
+snapshot_retain = 3
 [node]
 segment_size = "64MiB"
 advertise = "node-1.example"
@@ -84,6 +87,18 @@ pub struct ServerSection {
     pub cluster_id: Option<String>,
     /// Directory of the embedded oplog store.
     pub data_dir: Option<String>,
+    /// Directory of the master's snapshots.
+    pub snapshot_dir: Option<String>,
+    /// `s3://bucket[/prefix]` of the master's snapshots.
+    pub snapshot_s3: Option<String>,
+    /// S3-compatible endpoint for `snapshot_s3`.
+    pub snapshot_s3_endpoint: Option<String>,
+    /// S3 region for `snapshot_s3`.
+    pub snapshot_s3_region: Option<String>,
+    /// Time between snapshots (e.g. "10m").
+    pub snapshot_interval: Option<String>,
+    /// Snapshots kept.
+    pub snapshot_retain: Option<usize>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,
@@ -185,6 +200,9 @@ impl FileConfig {
         }
         if let Some(t) = &file.client.request_timeout {
             crate::parse_duration(t).map_err(|e| anyhow::anyhow!("[client] request_timeout: {e}"))?;
+        }
+        if let Some(t) = &file.server.snapshot_interval {
+            crate::parse_duration(t).map_err(|e| anyhow::anyhow!("[server] snapshot_interval: {e}"))?;
         }
         Ok(file)
     }

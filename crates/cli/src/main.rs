@@ -16,6 +16,7 @@ mod bench;
 mod demo;
 mod ops;
 mod serve;
+mod snapshots;
 
 /// The master's metadata work is allocation-heavy (entries, routes, oplog records, per-request buffers); under
 /// glibc malloc a bulk removal spent over half its CPU in `malloc`/`free` bookkeeping (`perf`, 650 k removals).

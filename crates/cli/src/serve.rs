@@ -87,6 +87,8 @@ pub struct MasterArgs {
         "no oplog",
     ))]
     data_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    snapshots: crate::snapshots::SnapshotArgs,
 }
 
 /// Where the master's oplog lives: `--etcd` (with `--cluster-id`), `--data-dir`, or neither (none); flags over
@@ -304,12 +306,14 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     }
     let oplog = oplog_options(a, file).await?;
+    let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some())?;
     let server = MasterServer::builder(config.clone())
         .rpc_addr(listen)
         .admin_addr(Some(admin))
         .poll_window(poll)
         .limits(limits)
         .oplog(oplog)
+        .snapshots(snapshots)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)

@@ -1,6 +1,7 @@
 //! A master with an oplog survives `kill -9` (issue 14 §3): real `crescent` processes on loopback TCP, the
 //! oplog in an embedded data directory or in a real etcd. After the restart on the same ports, the node
-//! remounts by itself and every object reads back byte-identical; removed ones stay removed.
+//! remounts by itself and every object reads back byte-identical; removed ones stay removed. With snapshots
+//! (issue 15 §3) the log is compacted below them, so the restart must restore snapshot + the log after it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crescent_client::{Client, ClientConfig};
@@ -50,9 +51,24 @@ fn removed(i: usize) -> bool {
     i % 7 == 3
 }
 
+/// Snapshot ids (`<batch>-<seq>`) in a `--snapshot-dir`, oldest first.
+fn snapshots_in(dir: &Path) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(dir.join("snapshots"))
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    ids.retain(|id| dir.join("snapshots").join(id).join("manifest.json").exists());
+    ids.sort();
+    ids
+}
+
 /// Puts, removes, waits until the log holds it all, kills the master with SIGKILL, restarts it on the same
-/// ports with the same `oplog` flags, and checks every object.
+/// ports with the same `oplog` flags, and checks every object. With `snapshots`, the removals come after two
+/// snapshots were published (the first batches are then compacted away), so the restart needs snapshot + log.
 async fn survives_kill9(oplog: &[&str]) {
+    survives_kill9_with(oplog, None).await
+}
+
+async fn survives_kill9_with(oplog: &[&str], snapshots: Option<&Path>) {
     let mut args = vec!["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
     args.extend_from_slice(oplog);
     let mut master = Proc::start(bin(), &args);
@@ -62,6 +78,10 @@ async fn survives_kill9(oplog: &[&str]) {
     let cfg = ReplicateConfig::default();
     for i in 0..OBJECTS {
         client.put_from(&key(i), &value(i), &cfg).await.unwrap_or_else(|e| panic!("put {}: {e}", key(i)));
+    }
+    if let Some(dir) = snapshots {
+        let two = eventually(WAIT, || async { snapshots_in(dir).len() >= 2 }).await;
+        assert!(two, "two snapshots were never published: {:?}", snapshots_in(dir));
     }
     for i in (0..OBJECTS).filter(|i| removed(*i)) {
         client.remove(&key(i), true).await.unwrap();
@@ -104,6 +124,17 @@ async fn a_master_on_a_data_dir_survives_kill9_with_every_object() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path().to_str().unwrap().to_owned();
     survives_kill9(&["--data-dir", &dir]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_with_snapshots_survives_kill9_from_snapshot_plus_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, snaps) = (dir.path().join("data"), dir.path().join("snapshots"));
+    let (data, snaps_arg) = (data.to_str().unwrap().to_owned(), snaps.to_str().unwrap().to_owned());
+    let flags =
+        ["--data-dir", &data, "--snapshot-dir", &snaps_arg, "--snapshot-interval", "300ms", "--snapshot-retain", "2"];
+    survives_kill9_with(&flags, Some(&snaps)).await;
+    assert!(snapshots_in(&snaps).len() <= 2, "retention keeps 2: {:?}", snapshots_in(&snaps));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

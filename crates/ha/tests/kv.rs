@@ -121,7 +121,27 @@ async fn applied_then_ambiguous_write_is_applied(f: Fixture) {
     assert_eq!(get(&f, "b").await, None);
 }
 
+async fn delete_range_removes_exactly_the_range(f: Fixture) {
+    for i in 0..12 {
+        f.kv.put(format!("d/{i:02}").as_bytes(), b"v").await.unwrap();
+    }
+    f.kv.put(b"c", b"before").await.unwrap();
+    f.kv.put(b"d0", b"after").await.unwrap();
+    assert_eq!(f.kv.delete_range(b"d/03", b"d/07").await.unwrap(), 4);
+    let left = f.kv.range(b"d/", b"d0", 0).await.unwrap();
+    let keys: Vec<String> = left.kvs.iter().map(|kv| String::from_utf8(kv.key.clone()).unwrap()).collect();
+    let want: Vec<String> = [0, 1, 2, 7, 8, 9, 10, 11].iter().map(|i| format!("d/{i:02}")).collect();
+    assert_eq!(keys, want, "the end is exclusive, the begin inclusive");
+    assert_eq!(f.kv.delete_range(b"d/03", b"d/07").await.unwrap(), 0, "deleting nothing is not an error");
+    assert_eq!(f.kv.delete_range(b"d/09", b"d/01").await.unwrap(), 0, "begin after end deletes nothing");
+    assert_eq!(f.kv.delete_range(b"d/10", b"").await.unwrap(), 3, "an empty end runs to the end of the keyspace");
+    assert_eq!(get(&f, "d0").await, None);
+    assert_eq!(get(&f, "c").await.as_deref(), Some("before"));
+    assert_eq!(get(&f, "d/09").await.as_deref(), Some("v"));
+}
+
 crate::on_all_backends!(
+    delete_range_removes_exactly_the_range,
     get_put_round_trip,
     txn_compare_semantics,
     range_pages_in_key_order,

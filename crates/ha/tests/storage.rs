@@ -249,7 +249,41 @@ async fn corrupt_or_misplaced_batches_fail_closed(f: Fixture) {
     assert!(matches!(s.read_producer_view().await, Err(StorageError::Corrupt { .. })));
 }
 
+/// Compaction deletes the batches a snapshot holds but never the durable prefix's own; the log still opens, a
+/// reader from the snapshot's position carries on, and a reader from nothing fails closed instead of skipping.
+async fn compaction_keeps_the_terminal_batch_and_readers_from_nothing_fail_closed(f: Fixture) {
+    let s = f.storage(StorageConfig::default());
+    s.init_durable_prefix().await.unwrap();
+    s.claim_producer_view(VIEW).await.unwrap();
+    let mut prefix = DurablePrefix::ZERO;
+    for id in 1..=5 {
+        let b = batch(id, prefix.last_seq + 1, 2);
+        s.write_batch(&b, prefix, VIEW).await.unwrap();
+        prefix = p(id, b.last_seq);
+    }
+    assert_eq!(s.compact_through(0).await.unwrap(), 0);
+    assert_eq!(s.compact_through(3).await.unwrap(), 3);
+    assert_eq!(s.first_stored_batch().await.unwrap(), Some(4));
+    assert_eq!(s.compact_through(3).await.unwrap(), 0, "idempotent");
+    assert_eq!(s.compact_through(99).await.unwrap(), 1, "only up to the batch before the prefix's");
+    assert_eq!(s.first_stored_batch().await.unwrap(), Some(5));
+    assert_eq!(s.init_durable_prefix().await.unwrap(), prefix, "the compacted log still passes startup checks");
+    // A snapshot holding batches 1..=4 (seqs 1..=8): its reader applies batch 5 only.
+    let mut rec = common::Recorder::default();
+    let mut from_snapshot = crescent_ha::oplog::OpLogStandbyReader::from(s.clone(), 8, 4);
+    from_snapshot.poll_once(&mut rec, 16).await.unwrap();
+    assert_eq!(from_snapshot.applied_seq(), 10);
+    // From nothing: batch 1 is gone, which is fatal, not a silent start at batch 5.
+    let mut rec = common::Recorder::default();
+    let mut from_nothing = crescent_ha::oplog::OpLogStandbyReader::new(s.clone());
+    assert!(from_nothing.poll_once(&mut rec, 16).await.is_err());
+    assert_eq!(from_nothing.applied_seq(), 0);
+    // The next batch still follows the prefix.
+    s.write_batch(&batch(6, 11, 1), prefix, VIEW).await.unwrap();
+}
+
 crate::on_all_backends!(
+    compaction_keeps_the_terminal_batch_and_readers_from_nothing_fail_closed,
     init_is_idempotent,
     init_lost_race_adopts_the_stored_prefix,
     init_resolves_a_committed_ambiguous_create,
@@ -293,6 +327,9 @@ fn a_backend_without_txn_is_refused() {
         }
         fn limits(&self) -> crescent_ha::kv::KvLimits {
             self.0.limits()
+        }
+        fn delete_range<'a>(&'a self, b: &'a [u8], e: &'a [u8]) -> crescent_ha::kv::KvFuture<'a, u64> {
+            self.0.delete_range(b, e)
         }
     }
     let kv: Arc<dyn HaKvBackend> = Arc::new(NoTxn(MemoryKv::new()));

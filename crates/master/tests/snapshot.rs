@@ -42,7 +42,7 @@ fn populated() -> (SegmentPool, LocalSsdManager, Vec<crescent_master::segment_po
 #[test]
 fn views_round_trip_through_the_codec_into_the_owners_restores() {
     let (p, ssd, held) = populated();
-    let view = MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot() };
+    let view = MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot(), metadata: None };
     let bytes = snapshot::encode(&view);
     let decoded = snapshot::decode(&bytes).unwrap();
     assert_eq!(decoded.pool, view.pool, "the pool's view comes back as it went in");
@@ -61,8 +61,9 @@ fn views_round_trip_through_the_codec_into_the_owners_restores() {
         );
     }
     // The restored pool's snapshot encodes to the same bytes.
-    let again = MasterSnapshotView { pool: q.snapshot_view(), local_ssd: ssd2.snapshot() };
-    let expected_bytes = snapshot::encode(&MasterSnapshotView { pool: view.pool, local_ssd: expected.clone() });
+    let again = MasterSnapshotView { pool: q.snapshot_view(), local_ssd: ssd2.snapshot(), metadata: None };
+    let expected_bytes =
+        snapshot::encode(&MasterSnapshotView { pool: view.pool, local_ssd: expected.clone(), metadata: None });
     assert_eq!(snapshot::encode(&again), expected_bytes);
     drop(held);
 }
@@ -70,7 +71,8 @@ fn views_round_trip_through_the_codec_into_the_owners_restores() {
 #[test]
 fn a_damaged_payload_is_a_typed_error_and_restores_nothing() {
     let (p, ssd, _held) = populated();
-    let bytes = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot() });
+    let bytes =
+        snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot(), metadata: None });
     assert_eq!(snapshot::decode(&[]).unwrap_err(), SnapshotError::BadHeader);
     assert_eq!(snapshot::decode(&bytes[..HEADER_LEN - 1]).unwrap_err(), SnapshotError::BadHeader);
     let mut v = bytes.clone();
@@ -102,9 +104,10 @@ fn a_damaged_payload_is_a_typed_error_and_restores_nothing() {
 
 #[test]
 fn the_encoding_is_pinned() {
-    // An empty snapshot: magic, version 1, crc32c of the body, body (no regions, no window, no LocalSSD).
+    // An empty snapshot: magic, version 2, crc32c of the body, body (no regions, no window, no LocalSSD, no
+    // object directory).
     let empty = snapshot::encode(&MasterSnapshotView::default());
-    assert_eq!(hex(&empty), "43534e5001007aa36460000000");
+    assert_eq!(hex(&empty), "43534e500200c74b674800000000");
     // One region with one allocation, a CXL-less pool, one LocalSSD client.
     let p = SegmentPool::new(PoolConfig { cxl_window: None }).unwrap();
     let client = ClientId::from_u64_pair(1, 2);
@@ -123,6 +126,7 @@ fn the_encoding_is_pinned() {
     let view = MasterSnapshotView {
         pool: p.snapshot_view(),
         local_ssd: vec![(client, LocalSsdRecord { enable_offloading: true, total_capacity: 300, used: 7 })],
+        metadata: None,
     };
     let bytes = snapshot::encode(&view);
     assert_eq!(hex(&bytes), GOLDEN_ONE_REGION);
@@ -131,8 +135,47 @@ fn the_encoding_is_pinned() {
 
 /// Magic, version, crc; then postcard: 1 region {spec: id (16-byte uuid), "n", base 0x1000, size 4096, "h:1",
 /// Memory, "h"; client; status Ok; no deadline; Own allocator {4096, [{0, consumed 104, requested 100}]}}, no
-/// CXL window, 1 LocalSSD client {offloading, 300 bytes} (its usage is not encoded).
-const GOLDEN_ONE_REGION: &str = "43534e500100ed82c27c011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac02";
+/// CXL window, 1 LocalSSD client {offloading, 300 bytes} (its usage is not encoded), no object directory.
+const GOLDEN_ONE_REGION: &str = "43534e5002001a75190e011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac0200";
+
+/// The object directory part: one segment, one object in tenant "t", policies {t: 1024}, at batch 2 / seq 5,
+/// producer view 3. Magic, version, crc; an empty pool part; then `Some` {last_seq 5, batch 2, view 3, [segment
+/// record], Some([("t", 1024)]), [{"t", [("k", object record)]}]}.
+#[test]
+fn the_object_directory_encoding_is_pinned() {
+    use crescent_master::ha::{ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
+    use crescent_master::snapshot::SnapshotMetadata;
+    let segment = SegmentRecord {
+        client: [1; 16],
+        id: [2; 16],
+        name: "n".into(),
+        base: 0,
+        size: 4096,
+        endpoint: "h:1".into(),
+        kind: 0,
+        host: "h".into(),
+    };
+    let object = ObjectRecord {
+        size: 100,
+        replicas: vec![ReplicaRecord { id: 9, segment: [2; 16], offset: 0, length: 100, tier: 0 }],
+        checksum: Some(7),
+        group: Some("g".into()),
+        hard_pinned: true,
+        soft_pin_ms: 0,
+        data_type: 1,
+    };
+    let mut state = ReplayState { last_seq: 5, ..ReplayState::default() };
+    state.segments.insert(segment.spec().unwrap().id, segment);
+    state.objects.insert(("t".into(), "k".into()), object);
+    state.policies = Some([("t".to_owned(), 1024)].into_iter().collect());
+    let meta = SnapshotMetadata { state, batch_id: 2, producer_view: 3 };
+    let view = MasterSnapshotView { metadata: Some(meta), ..MasterSnapshotView::default() };
+    let bytes = snapshot::encode(&view);
+    assert_eq!(hex(&bytes), GOLDEN_DIRECTORY);
+    assert_eq!(snapshot::decode(&bytes).unwrap(), view);
+}
+
+const GOLDEN_DIRECTORY: &str = "43534e500200b09c1d3900000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a3100016801010174800801017401016b640109020202020202020202020202020202020064000107010167010001";
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -147,8 +190,12 @@ fn nof_regions_are_left_out() {
     let memory = spec("m", 16 * MIB);
     p.mount(c, nof).unwrap();
     p.mount(c, memory.clone()).unwrap();
-    let view = snapshot::decode(&snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: vec![] }))
-        .unwrap();
+    let view = snapshot::decode(&snapshot::encode(&MasterSnapshotView {
+        pool: p.snapshot_view(),
+        local_ssd: vec![],
+        metadata: None,
+    }))
+    .unwrap();
     let ids: Vec<_> = view.pool.regions.iter().map(|r| r.spec.id).collect();
     assert_eq!(ids, vec![memory.id]);
 }

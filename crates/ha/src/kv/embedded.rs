@@ -89,6 +89,33 @@ fn range_now(db: &Database, begin: &[u8], end: &[u8], limit: usize) -> Result<Ra
     Ok(page)
 }
 
+fn delete_range_now(db: &Database, begin: &[u8], end: &[u8]) -> Result<u64, KvError> {
+    if !end.is_empty() && begin >= end {
+        return Ok(0);
+    }
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
+    let w = db.begin_write().map_err(storage)?;
+    let deleted = {
+        let mut t = w.open_table(TABLE).map_err(storage)?;
+        let mut n = 0u64;
+        // `extract_from_if` would hold the table's iterator across the removals; collecting the keys first keeps
+        // it to one plain loop inside the same write transaction (all or nothing at commit).
+        let keys: Vec<Vec<u8>> = t
+            .range::<&[u8]>((Bound::Included(begin), upper))
+            .map_err(storage)?
+            .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(storage))
+            .collect::<Result<_, _>>()?;
+        for k in &keys {
+            if t.remove(k.as_slice()).map_err(storage)?.is_some() {
+                n += 1;
+            }
+        }
+        n
+    };
+    w.commit().map_err(storage)?;
+    Ok(deleted)
+}
+
 fn txn_now(db: &Database, txn: &KvTxn) -> Result<TxnOutcome, KvError> {
     let w = db.begin_write().map_err(storage)?;
     {
@@ -146,5 +173,10 @@ impl HaKvBackend for EmbeddedKv {
 
     fn limits(&self) -> KvLimits {
         self.limits
+    }
+
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
+        let (begin, end) = (begin.to_vec(), end.to_vec());
+        Box::pin(self.blocking(move |db| delete_range_now(db, &begin, &end)))
     }
 }

@@ -1,7 +1,7 @@
 //! The etcd backend (`etcd-client`, etcd 3.4's v3 API): value compares, `create_revision == 0` for key-absent.
 
 use super::{HaKvBackend, KvCompare, KvError, KvFuture, KvLimits, KvPair, KvTxn, RangePage, TxnOutcome};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, Txn, TxnOp};
 use std::time::Duration;
 
 /// Largest response accepted from etcd (a range page of batch records).
@@ -179,5 +179,21 @@ impl HaKvBackend for EtcdKv {
 
     fn limits(&self) -> KvLimits {
         self.limits
+    }
+
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            if !end.is_empty() && begin >= end {
+                return Ok(0);
+            }
+            let opts = if end.is_empty() {
+                DeleteOptions::new().with_from_key()
+            } else {
+                DeleteOptions::new().with_range(end)
+            };
+            let resp = c.delete(begin, Some(opts)).await.map_err(|e| map_err(e, Call::Write))?;
+            Ok(u64::try_from(resp.deleted()).unwrap_or(0))
+        })
     }
 }

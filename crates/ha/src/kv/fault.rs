@@ -17,6 +17,8 @@ pub enum KvOp {
     Range,
     /// [`HaKvBackend::txn`].
     Txn,
+    /// [`HaKvBackend::delete_range`].
+    DeleteRange,
 }
 
 impl KvOp {
@@ -26,6 +28,7 @@ impl KvOp {
             KvOp::Put => 1,
             KvOp::Range => 2,
             KvOp::Txn => 3,
+            KvOp::DeleteRange => 4,
         }
     }
 }
@@ -64,7 +67,7 @@ enum Trigger {
 #[derive(Debug, Default)]
 struct State {
     calls: u64,
-    calls_by_op: [u64; 4],
+    calls_by_op: [u64; 5],
     rules: Vec<(Trigger, Fault)>,
 }
 
@@ -202,6 +205,10 @@ impl<B: HaKvBackend> HaKvBackend for FaultyKv<B> {
     fn limits(&self) -> KvLimits {
         self.inner.limits()
     }
+
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
+        Box::pin(self.run(KvOp::DeleteRange, self.inner.delete_range(begin, end)))
+    }
 }
 
 /// Shared backends are backends (so `Arc<dyn HaKvBackend>` can be wrapped and passed around).
@@ -228,6 +235,10 @@ impl<T: HaKvBackend + ?Sized> HaKvBackend for Arc<T> {
 
     fn limits(&self) -> KvLimits {
         (**self).limits()
+    }
+
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
+        (**self).delete_range(begin, end)
     }
 }
 

@@ -92,4 +92,16 @@ impl HaKvBackend for MemoryKv {
     fn limits(&self) -> KvLimits {
         self.limits
     }
+
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
+        Box::pin(async move {
+            let mut map = self.map.lock();
+            let doomed: Vec<Vec<u8>> =
+                map.range(begin.to_vec()..).map(|(k, _)| k).take_while(|k| in_range(k, begin, end)).cloned().collect();
+            for k in &doomed {
+                map.remove(k);
+            }
+            Ok(doomed.len() as u64)
+        })
+    }
 }

@@ -199,6 +199,11 @@ pub trait HaKvBackend: Send + Sync + 'static {
 
     /// The request limits this backend enforces.
     fn limits(&self) -> KvLimits;
+
+    /// Deletes every key in `[begin, end)` (an empty `end` means "to the end") in one request; returns how many
+    /// were deleted. Oplog compaction is its one user: a half-applied delete would leave the oldest batches
+    /// present, which a retry finishes.
+    fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64>;
 }
 
 /// The smallest key greater than every key starting with `prefix` (empty = no upper bound), for range ends.

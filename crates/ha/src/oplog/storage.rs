@@ -376,6 +376,30 @@ impl OpLogBatchStorage {
         Ok(())
     }
 
+    /// The id of the oldest stored batch, if any: 1 for a log never compacted, higher after
+    /// [`OpLogBatchStorage::compact_through`].
+    pub async fn first_stored_batch(&self) -> Result<Option<u64>, StorageError> {
+        self.first_batch_after(0).await
+    }
+
+    /// Deletes the batches with ids up to `through` (a snapshot includes them), in one request; returns how many
+    /// keys went. The durable prefix's own batch is always kept, whatever `through` says: startup checks read
+    /// it, and a writer's next batch is validated against it. Idempotent: a retry after a failure deletes the rest.
+    pub async fn compact_through(&self, through: u64) -> Result<u64, StorageError> {
+        let Some(prefix) = self.read_durable_prefix().await? else {
+            return Ok(0);
+        };
+        let last = through.min(prefix.batch_id.saturating_sub(1));
+        if last == 0 {
+            return Ok(0);
+        }
+        // Zero-padded ids sort numerically: [batch 0, batch last+1) is exactly ids 0..=last (and any sidecar
+        // key of those batches).
+        let deleted = self.kv.delete_range(&self.keys.batch(0), &self.keys.batch(last + 1)).await?;
+        tracing::info!(keys = ?self.keys, through = last, deleted, "compacted oplog batches a snapshot covers");
+        Ok(deleted)
+    }
+
     /// The id of the first batch key after `after`, if any.
     async fn first_batch_after(&self, after: u64) -> Result<Option<u64>, StorageError> {
         let (begin, end) = self.keys.batches_after(after);

@@ -5,7 +5,14 @@
 pub mod payload;
 pub mod replay;
 pub mod sink;
+pub mod snapshots;
 
 pub use payload::{MasterEntry, ObjectRecord, OpCode, PayloadError, ReplicaRecord, SegmentRecord};
-pub use replay::{OpLogOptions, OpenError, OpenReport, ReplayState, open, replay_log};
+pub use replay::{
+    OpLogOptions, OpenError, OpenReport, ReplayState, open, open_with_snapshots, replay_log, replay_log_after,
+};
 pub use sink::{OPLOG_REFUSED, OpLog, Slot};
+pub use snapshots::{
+    Baseline, SnapshotOptions, Snapshotter, SnapshotterError, SnapshotterHandle, SnapshotterStatus, load_baseline,
+    restore_state,
+};

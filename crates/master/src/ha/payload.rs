@@ -358,7 +358,7 @@ fn check_key(key: &str, id: &[u8; 16]) -> Result<(), PayloadError> {
     Ok(())
 }
 
-fn check_object(o: &ObjectRecord) -> Result<(), PayloadError> {
+pub(crate) fn check_object(o: &ObjectRecord) -> Result<(), PayloadError> {
     if o.size == 0 || o.replicas.is_empty() {
         return Err(PayloadError::Invalid("an object needs a size and a replica".into()));
     }

@@ -9,6 +9,7 @@
 
 use super::payload::{MasterEntry, ObjectRecord, PayloadError, SegmentRecord};
 use super::sink::OpLog;
+use super::snapshots::{SnapshotOptions, Snapshotter, SnapshotterHandle, restore_state};
 use crate::service::MasterService;
 use crescent_ha::kv::HaKvBackend;
 use crescent_ha::oplog::{
@@ -20,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Everything a log describes, folded: what a master rebuilds.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReplayState {
     /// Mounted segments by id.
     pub segments: BTreeMap<SegmentId, SegmentRecord>,
@@ -101,6 +102,28 @@ pub enum OpenError {
     /// The replayed state could not be restored into the service.
     #[error("restoring the replayed state failed: {0}")]
     Restore(ErrorCode),
+    /// The log's early batches were compacted away and no usable snapshot covers them: restoring from what is
+    /// left would be a silent partial state.
+    #[error("oplog batches 1..{first_batch} were compacted and no usable snapshot covers them{detail}")]
+    MissingBaseline {
+        /// The oldest batch still stored.
+        first_batch: u64,
+        /// Snapshots refused, if any.
+        detail: String,
+    },
+    /// The snapshot store failed (an unreachable store is not taken for an empty one).
+    #[error("snapshot store: {0}")]
+    Snapshot(#[from] crate::snapshot::catalog::CatalogError),
+    /// The newest usable snapshot includes more than the log's durable prefix: it belongs to another log.
+    #[error("snapshot {id} includes up to seq {snapshot_seq}, beyond the durable prefix {prefix:?}")]
+    SnapshotAhead {
+        /// The snapshot.
+        id: String,
+        /// Its last sequence.
+        snapshot_seq: u64,
+        /// The log's prefix.
+        prefix: DurablePrefix,
+    },
 }
 
 /// Batches read per request while replaying.
@@ -113,12 +136,27 @@ pub async fn replay_log(
     prefix: DurablePrefix,
     applier: &mut dyn OpLogApplier,
 ) -> Result<u64, OpenError> {
-    let mut after = 0u64;
-    let mut last_seq = 0u64;
+    replay_log_after(storage, prefix, DurablePrefix { batch_id: 0, last_seq: 0 }, applier).await
+}
+
+/// [`replay_log`] from a baseline: `applier` already holds everything up to `base` (a snapshot), and the
+/// batches after `base.batch_id` continue it exactly. A first batch that does not (history compacted beyond
+/// the baseline) is refused, never skipped over.
+pub async fn replay_log_after(
+    storage: &OpLogBatchStorage,
+    prefix: DurablePrefix,
+    base: DurablePrefix,
+    applier: &mut dyn OpLogApplier,
+) -> Result<u64, OpenError> {
+    let mut after = base.batch_id;
+    let mut last_seq = base.last_seq;
     while after < prefix.batch_id {
         let batches = storage.read_batches_after(after, REPLAY_PAGE).await?;
         if batches.is_empty() {
             return Err(OpenError::Gap(format!("batch {} is missing (durable prefix {prefix:?})", after + 1)));
+        }
+        if after == 0 && batches[0].batch_id > 1 {
+            return Err(OpenError::MissingBaseline { first_batch: batches[0].batch_id, detail: String::new() });
         }
         for b in batches {
             if b.batch_id > prefix.batch_id {
@@ -206,30 +244,45 @@ pub struct OpenReport {
     pub objects: usize,
     /// Segments restored (disconnected until their owners remount).
     pub segments: usize,
+    /// The oplog position of the snapshot the restore started from (`{0, 0}`: none, the whole log replayed).
+    pub snapshot: DurablePrefix,
 }
 
 /// Opens the log for `svc` (a fresh service, before it serves): replays what is durable into it, claims the
 /// next producer view and attaches a started writer. Must run on a tokio runtime.
 pub async fn open(options: &OpLogOptions, svc: &MasterService) -> Result<(Arc<OpLog>, OpenReport), OpenError> {
+    let (log, report, _) = open_with_snapshots(options, None, svc).await?;
+    Ok((log, report))
+}
+
+/// [`open`] with snapshots: the restore starts from the newest usable snapshot in `snapshots`' store (if any)
+/// and replays only the log after it; a [`Snapshotter`] following the log from there is started and returned.
+pub async fn open_with_snapshots(
+    options: &OpLogOptions,
+    snapshots: Option<&SnapshotOptions>,
+    svc: &MasterService,
+) -> Result<(Arc<OpLog>, OpenReport, Option<SnapshotterHandle>), OpenError> {
     let storage = OpLogBatchStorage::new(
         options.kv.clone(),
         &options.cluster,
         StorageConfig { max_batch_entries: MASTER_MAX_BATCH_ENTRIES },
     )?;
     let prefix = storage.init_durable_prefix().await?;
-    let mut state = ReplayState::default();
-    replay_log(&storage, prefix, &mut state).await?;
+    let (state, baseline) = restore_state(snapshots.map(|s| &*s.store), &storage, prefix).await?;
     let restored = svc.restore_replayed(&state).map_err(OpenError::Restore)?;
     let view = storage.read_producer_view().await?.map_or(1, |v| v.saturating_add(1));
     storage.claim_producer_view(view).await?;
-    let log = Arc::new(OpLog::new(OrderedOpLogWriter::new(storage, view, prefix, options.writer)));
+    let log = Arc::new(OpLog::new(OrderedOpLogWriter::new(storage.clone(), view, prefix, options.writer)));
     log.start();
     svc.attach_oplog(log.clone());
-    let report = OpenReport { prefix, view, objects: restored.0, segments: restored.1 };
+    let report = OpenReport { prefix, view, objects: restored.0, segments: restored.1, snapshot: baseline.position };
     tracing::info!(
         cluster = %options.cluster, batch = prefix.batch_id, seq = prefix.last_seq, view,
+        snapshot_batch = baseline.position.batch_id,
         "oplog replayed: {} objects on {} segments (disconnected until their nodes remount)",
         report.objects, report.segments
     );
-    Ok((log, report))
+    // The snapshotter takes the restored state over: it follows the log from exactly the prefix replayed.
+    let snapshotter = snapshots.map(|o| Snapshotter::new(storage.clone(), o.clone(), state, prefix).spawn());
+    Ok((log, report, snapshotter))
 }

@@ -5,7 +5,7 @@ use super::admin::AdminServer;
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use crate::clock::{Clock, SystemClock};
-use crate::ha::{OpLog, OpLogOptions};
+use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_proto::ErrorCode;
 use std::io;
@@ -48,9 +48,17 @@ pub struct MasterServerBuilder {
     background: bool,
     nof_prober: Option<Arc<dyn NofProber>>,
     oplog: Option<OpLogOptions>,
+    snapshots: Option<SnapshotOptions>,
 }
 
 impl MasterServerBuilder {
+    /// Where and how often to snapshot (default `None`). Needs an oplog: a restart then restores the newest
+    /// usable snapshot plus the log after it, and a snapshotter follows the log.
+    pub fn snapshots(mut self, options: Option<SnapshotOptions>) -> Self {
+        self.snapshots = options;
+        self
+    }
+
     /// Where the master's oplog lives (default `None`: no oplog, nothing logged or replayed). With one, the
     /// master replays it before it serves and logs every mutation to it.
     pub fn oplog(mut self, options: Option<OpLogOptions>) -> Self {
@@ -108,9 +116,13 @@ impl MasterServerBuilder {
     pub async fn start(self) -> Result<MasterServer, StartError> {
         let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
         // Replayed before any listener exists: nothing is served from a half-rebuilt state.
-        let oplog = match &self.oplog {
-            Some(options) => Some(crate::ha::open(options, &svc).await?.0),
-            None => None,
+        let (oplog, snapshotter) = match &self.oplog {
+            Some(options) => {
+                let (log, _, snapshotter) =
+                    crate::ha::open_with_snapshots(options, self.snapshots.as_ref(), &svc).await?;
+                (Some(log), snapshotter)
+            }
+            None => (None, None),
         };
         let metrics = Arc::new(RpcMetrics::default());
         let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
@@ -129,7 +141,7 @@ impl MasterServerBuilder {
             let prober = self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
             NofHeartbeat::spawn(svc.clone(), prober)
         });
-        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog })
+        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog, snapshotter })
     }
 }
 
@@ -145,6 +157,8 @@ pub struct MasterServer {
     _background: Option<BackgroundLoop>,
     /// The oplog writer, drained at shutdown.
     oplog: Option<Arc<OpLog>>,
+    /// The snapshotter, stopped first at shutdown.
+    snapshotter: Option<SnapshotterHandle>,
 }
 
 impl std::fmt::Debug for MasterServer {
@@ -166,6 +180,7 @@ impl MasterServer {
             background: true,
             nof_prober: None,
             oplog: None,
+            snapshots: None,
         }
     }
 
@@ -184,6 +199,11 @@ impl MasterServer {
         self.admin.as_ref().map(AdminServer::local_addr)
     }
 
+    /// The snapshotter's status, when snapshots are configured.
+    pub fn snapshot_status(&self) -> Option<tokio::sync::watch::Receiver<crate::ha::SnapshotterStatus>> {
+        self.snapshotter.as_ref().map(SnapshotterHandle::subscribe)
+    }
+
     /// The service behind the servers (for in-process inspection).
     pub fn service(&self) -> &Arc<MasterService> {
         &self.svc
@@ -192,7 +212,10 @@ impl MasterServer {
     /// Stops the NoF heartbeat, stops accepting, lets every connection finish the request in hand, stops the
     /// admin HTTP and the background loop.
     pub async fn shutdown(self) {
-        let MasterServer { nof_heartbeat, rpc, admin, _background, oplog, .. } = self;
+        let MasterServer { nof_heartbeat, rpc, admin, _background, oplog, snapshotter, .. } = self;
+        if let Some(s) = snapshotter {
+            s.stop().await;
+        }
         drop(nof_heartbeat);
         rpc.shutdown().await;
         if let Some(admin) = admin {

@@ -275,6 +275,35 @@ impl MasterService {
         Ok((objects, segments))
     }
 
+    /// The live metadata in the oplog's terms: every segment mounted (as SEGMENT_MOUNT records it), every
+    /// readable object (its PUT_END post-state), `last_seq` 0 and no policies. A read view for comparing a
+    /// master with a restored or standby one (what a log or a snapshot rebuilds); it takes each object's lock
+    /// briefly, one at a time, so it is not one atomic cut of a master under load.
+    pub fn metadata_view(&self) -> ReplayState {
+        let now = self.clock.now();
+        let mut state = ReplayState::default();
+        for r in self.pool.snapshot_view().regions {
+            state.segments.insert(r.spec.id, crate::ha::SegmentRecord::new(r.client, &r.spec));
+        }
+        for t in self.tenants.all() {
+            let tenant = t.id().to_string();
+            t.objects().visit_chunks(self.config.census_chunk, |chunk| {
+                for e in chunk {
+                    let st = e.lock();
+                    if st.lifecycle != Lifecycle::Active {
+                        continue;
+                    }
+                    let o = object_record(&e, &st, now);
+                    drop(st);
+                    if !o.replicas.is_empty() {
+                        state.objects.insert((tenant.clone(), e.key().to_owned()), o);
+                    }
+                }
+            });
+        }
+        state
+    }
+
     /// The tenant a replayed object belongs in (registered, with a closed account if it has no policy).
     fn replay_tenant(&self, tenant: &str) -> Option<Arc<TenantState>> {
         if !self.config.enable_multi_tenants {

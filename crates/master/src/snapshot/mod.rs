@@ -1,26 +1,41 @@
 //! The master snapshot codec: the one place that knows how master state is encoded.
 //!
 //! It consumes the owners' read views ([`SegmentPoolSnapshotView`] from the segment pool, the LocalSSD
-//! registrations from [`crate::local_ssd::LocalSsdManager::snapshot`]; the object directory joins with the HA
-//! snapshots) and decodes them back for the owners' restore transactions. No owner knows this encoding, and the
-//! wire records below are the codec's own, so an owner's types can change without changing the format silently.
-//! NoF regions are left out: they re-register on their heartbeat.
+//! registrations from [`crate::local_ssd::LocalSsdManager::snapshot`], and the object directory as the oplog
+//! folds it: a [`ReplayState`] with the oplog position it includes, [`SnapshotMetadata`]) and decodes them back
+//! for the owners' restore transactions. No owner knows this encoding, and the wire records below are the
+//! codec's own (objects and segments reuse the oplog's PUT_END and SEGMENT_MOUNT records, themselves a pinned
+//! wire format), so an owner's types can change without changing the format silently. NoF regions are left out
+//! of the pool part: they re-register on their heartbeat. What is *not* in a snapshot, by design: in-flight
+//! writes, read leases and the absolute time of soft pins (a pin is kept as the time it had left) — a restored
+//! master starts without them, as a replayed log does.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
-//! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients); the pool's restore
-//! validates the regions against each other and the configuration.
+//! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients; segments, tenants and
+//! keys strictly ascending, so duplicates are impossible and the bytes are canonical; every object and segment
+//! record as the oplog decoder checks them); the pool's restore validates the regions against each other and
+//! the configuration.
+//!
+//! [`store`] is where snapshots are kept (a local directory or S3) and [`catalog`] how they are published,
+//! retained and found again.
+
+pub mod catalog;
+pub mod store;
 
 use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
+use crate::ha::payload::check_object;
+use crate::ha::{ObjectRecord, ReplayState, SegmentRecord};
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes and reads.
-pub const VERSION: u16 = 1;
+/// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]).
+pub const VERSION: u16 = 2;
 /// Bytes before the body: magic, version, checksum.
 pub const HEADER_LEN: usize = 4 + 2 + 4;
 
@@ -31,6 +46,20 @@ pub struct MasterSnapshotView {
     pub pool: SegmentPoolSnapshotView,
     /// LocalSSD registrations, by client (usage is runtime state, rebuilt from metadata on restore).
     pub local_ssd: Vec<(ClientId, LocalSsdRecord)>,
+    /// The object directory, segments and tenant policies at one oplog position (`None`: a pool-only snapshot).
+    pub metadata: Option<SnapshotMetadata>,
+}
+
+/// The master's metadata as of one oplog position: what a restore starts from before it replays the batches
+/// after `batch_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SnapshotMetadata {
+    /// The folded state; its `last_seq` is the last oplog sequence the snapshot includes.
+    pub state: ReplayState,
+    /// The last oplog batch the snapshot includes (0: none).
+    pub batch_id: u64,
+    /// The producer view (leader epoch) in force when it was taken (0: unknown).
+    pub producer_view: u64,
 }
 
 /// Why a payload is not a snapshot this build can restore.
@@ -92,11 +121,38 @@ struct WireLocalSsd {
     total_capacity: u64,
 }
 
+/// One object of a tenant: key and record.
+type WireObject<'a> = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, ObjectRecord>);
+
+/// One tenant's objects, keys ascending.
 #[derive(Serialize, Deserialize)]
-struct WireSnapshot {
+struct WireTenant<'a> {
+    #[serde(borrow)]
+    tenant: std::borrow::Cow<'a, str>,
+    objects: Vec<WireObject<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireMetadata<'a> {
+    last_seq: u64,
+    batch_id: u64,
+    producer_view: u64,
+    /// Ids ascending.
+    segments: Vec<std::borrow::Cow<'a, SegmentRecord>>,
+    /// `None`: no tenant policy was ever logged (distinct from an empty set).
+    policies: Option<Vec<(String, u64)>>,
+    /// Tenants ascending; none empty.
+    #[serde(borrow)]
+    tenants: Vec<WireTenant<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireSnapshot<'a> {
     regions: Vec<WireRegion>,
     cxl_window: Option<WireAllocator>,
     local_ssd: Vec<WireLocalSsd>,
+    #[serde(borrow)]
+    metadata: Option<WireMetadata<'a>>,
 }
 
 impl From<&AllocatorSnapshot> for WireAllocator {
@@ -149,7 +205,8 @@ pub fn encode(view: &MasterSnapshotView) -> Vec<u8> {
             total_capacity: r.total_capacity,
         })
         .collect();
-    let wire = WireSnapshot { regions, cxl_window: view.pool.cxl_window.as_ref().map(Into::into), local_ssd };
+    let metadata = view.metadata.as_ref().map(wire_metadata);
+    let wire = WireSnapshot { regions, cxl_window: view.pool.cxl_window.as_ref().map(Into::into), local_ssd, metadata };
     // Serialising plain owned data into a Vec cannot fail; an empty body would fail its restore loudly.
     let body = postcard::to_stdvec(&wire).unwrap_or_default();
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
@@ -174,7 +231,11 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
     if crc32c::crc32c(body) != crc {
         return Err(SnapshotError::Checksum);
     }
-    let wire: WireSnapshot = postcard::from_bytes(body).map_err(|e| SnapshotError::Corrupt(format!("decode: {e}")))?;
+    let (wire, rest): (WireSnapshot, _) =
+        postcard::take_from_bytes(body).map_err(|e| SnapshotError::Corrupt(format!("decode: {e}")))?;
+    if !rest.is_empty() {
+        return Err(SnapshotError::Corrupt(format!("{} bytes follow the body", rest.len())));
+    }
     let mut clients = HashSet::with_capacity(wire.local_ssd.len());
     let mut local_ssd = Vec::with_capacity(wire.local_ssd.len());
     for r in wire.local_ssd {
@@ -200,5 +261,95 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
         })
         .collect();
     let pool = SegmentPoolSnapshotView { regions, cxl_window: wire.cxl_window.map(Into::into) };
-    Ok(MasterSnapshotView { pool, local_ssd })
+    let metadata = wire.metadata.map(metadata_from_wire).transpose()?;
+    Ok(MasterSnapshotView { pool, local_ssd, metadata })
+}
+
+/// The wire form of `m`: everything borrowed, sorted (segments by id, tenants and keys in byte order) so equal
+/// states encode to equal bytes.
+fn wire_metadata(m: &SnapshotMetadata) -> WireMetadata<'_> {
+    use std::borrow::Cow;
+    let mut by_tenant: BTreeMap<&str, Vec<WireObject<'_>>> = BTreeMap::new();
+    for ((tenant, key), o) in &m.state.objects {
+        by_tenant.entry(tenant.as_str()).or_default().push((Cow::Borrowed(key.as_str()), Cow::Borrowed(o)));
+    }
+    let tenants = by_tenant
+        .into_iter()
+        .map(|(tenant, mut objects)| {
+            objects.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            WireTenant { tenant: Cow::Borrowed(tenant), objects }
+        })
+        .collect();
+    WireMetadata {
+        last_seq: m.state.last_seq,
+        batch_id: m.batch_id,
+        producer_view: m.producer_view,
+        // A BTreeMap by id: already ascending.
+        segments: m.state.segments.values().map(Cow::Borrowed).collect(),
+        policies: m.state.policies.as_ref().map(|p| p.iter().map(|(t, q)| (t.clone(), *q)).collect()),
+        tenants,
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
+    SnapshotError::Corrupt(what.to_string())
+}
+
+/// Checks and folds the wire metadata back into a state; any record the oplog decoder would refuse is refused.
+fn metadata_from_wire(w: WireMetadata<'_>) -> Result<SnapshotMetadata, SnapshotError> {
+    if (w.batch_id == 0) != (w.last_seq == 0) {
+        return Err(corrupt(format!("position batch {} / seq {} is inconsistent", w.batch_id, w.last_seq)));
+    }
+    let mut segments = BTreeMap::new();
+    let mut last_id: Option<crescent_proto::SegmentId> = None;
+    for s in w.segments {
+        let spec = s.spec().map_err(|e| corrupt(format!("segment: {e}")))?;
+        if last_id.is_some_and(|prev| prev >= spec.id) {
+            return Err(corrupt(format!("segment {} is out of order or repeated", spec.id)));
+        }
+        last_id = Some(spec.id);
+        segments.insert(spec.id, s.into_owned());
+    }
+    let policies = match w.policies {
+        None => None,
+        Some(list) => {
+            let mut out = BTreeMap::new();
+            for (tenant, quota) in list {
+                if out.last_key_value().is_some_and(|(prev, _): (&String, _)| *prev >= tenant) {
+                    return Err(corrupt(format!("tenant policy {tenant:?} is out of order or repeated")));
+                }
+                out.insert(tenant, quota);
+            }
+            Some(out)
+        }
+    };
+    let total: usize = w.tenants.iter().map(|t| t.objects.len()).sum();
+    let mut objects = HashMap::with_capacity(total);
+    let mut last_tenant: Option<&str> = None;
+    let tenants = w.tenants;
+    for t in &tenants {
+        if t.objects.is_empty() {
+            return Err(corrupt(format!("tenant {:?} is listed without objects", t.tenant)));
+        }
+        if last_tenant.is_some_and(|prev| prev >= t.tenant.as_ref()) {
+            return Err(corrupt(format!("tenant {:?} is out of order or repeated", t.tenant)));
+        }
+        last_tenant = Some(t.tenant.as_ref());
+        let mut last_key: Option<&str> = None;
+        for (key, o) in &t.objects {
+            if last_key.is_some_and(|prev| prev >= key.as_ref()) {
+                return Err(corrupt(format!("key {key:?} of tenant {:?} is out of order or repeated", t.tenant)));
+            }
+            last_key = Some(key.as_ref());
+            check_object(o).map_err(|e| corrupt(format!("object {key:?}: {e}")))?;
+        }
+    }
+    for t in tenants {
+        let tenant = t.tenant.into_owned();
+        for (key, o) in t.objects {
+            objects.insert((tenant.clone(), key.into_owned()), o.into_owned());
+        }
+    }
+    let state = ReplayState { segments, objects, policies, last_seq: w.last_seq };
+    Ok(SnapshotMetadata { state, batch_id: w.batch_id, producer_view: w.producer_view })
 }

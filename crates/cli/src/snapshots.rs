@@ -1,0 +1,95 @@
+//! `crescent master`'s snapshot options: `--snapshot-dir DIR` or `--snapshot-s3 s3://bucket/prefix` (endpoint
+//! and credentials from flags or the usual AWS environment variables), `--snapshot-interval`,
+//! `--snapshot-retain`; the same under `[server]` as `snapshot_dir`, `snapshot_s3`, `snapshot_s3_endpoint`,
+//! `snapshot_interval`, `snapshot_retain`. Flags over the file.
+
+use crate::config::FileConfig;
+use anyhow::{Context, Result, anyhow};
+use crescent_master::ha::SnapshotOptions;
+use crescent_master::snapshot::store::{LocalDirStore, S3Options, S3Store, SnapshotStore};
+use std::sync::Arc;
+
+/// Snapshot flags of `crescent master`.
+#[derive(clap::Args, Debug, Default)]
+pub struct SnapshotArgs {
+    /// Keep snapshots in this local directory.
+    #[arg(
+        long,
+        value_name = "DIR",
+        help = "Snapshot the master's metadata into DIR (needs an oplog: --data-dir or --etcd); a restart restores the newest usable snapshot plus the log after it, and the log is compacted below the snapshots kept"
+    )]
+    pub snapshot_dir: Option<std::path::PathBuf>,
+    /// Keep snapshots in S3.
+    #[arg(
+        long,
+        value_name = "s3://BUCKET[/PREFIX]",
+        help = "Snapshot into an S3 bucket (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, or the flags)"
+    )]
+    pub snapshot_s3: Option<String>,
+    /// S3-compatible endpoint.
+    #[arg(
+        long,
+        value_name = "URL",
+        help = "S3-compatible endpoint for --snapshot-s3, e.g. http://127.0.0.1:9000 (default: AWS, or AWS_ENDPOINT)"
+    )]
+    pub snapshot_s3_endpoint: Option<String>,
+    /// S3 region.
+    #[arg(long, value_name = "REGION", help = "S3 region for --snapshot-s3 (default: AWS_DEFAULT_REGION)")]
+    pub snapshot_s3_region: Option<String>,
+    /// Time between snapshots.
+    #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, help = "Time between snapshots, e.g. 30s, 10m (default 10m; one is written only when the log moved)")]
+    pub snapshot_interval: Option<std::time::Duration>,
+    /// Snapshots kept.
+    #[arg(long, value_name = "N", help = "Snapshots kept (default 2, at least 1)")]
+    pub snapshot_retain: Option<usize>,
+}
+
+/// The snapshot options of `a` and `[server]` (`None`: no snapshots). Snapshots need an oplog (`has_oplog`).
+pub fn snapshot_options(a: &SnapshotArgs, file: &FileConfig, has_oplog: bool) -> Result<Option<SnapshotOptions>> {
+    let f = &file.server;
+    let from_flags = a.snapshot_dir.is_some() || a.snapshot_s3.is_some();
+    let (dir, s3) = if from_flags {
+        (a.snapshot_dir.clone(), a.snapshot_s3.clone())
+    } else {
+        (f.snapshot_dir.clone().map(std::path::PathBuf::from), f.snapshot_s3.clone())
+    };
+    let store: Arc<dyn SnapshotStore> = match (dir, s3) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("--snapshot-dir and --snapshot-s3 are two places for one snapshot set: give one")
+        }
+        (None, None) => {
+            if a.snapshot_interval.is_some() || a.snapshot_retain.is_some() {
+                anyhow::bail!("--snapshot-interval/--snapshot-retain need --snapshot-dir or --snapshot-s3");
+            }
+            return Ok(None);
+        }
+        (Some(dir), None) => {
+            Arc::new(LocalDirStore::new(&dir).with_context(|| format!("snapshot directory {}", dir.display()))?)
+        }
+        (None, Some(url)) => {
+            let o = S3Options {
+                url: url.clone(),
+                endpoint: a.snapshot_s3_endpoint.clone().or_else(|| f.snapshot_s3_endpoint.clone()),
+                region: a.snapshot_s3_region.clone().or_else(|| f.snapshot_s3_region.clone()),
+                ..S3Options::default()
+            };
+            Arc::new(S3Store::new(&o).with_context(|| format!("snapshot store {url}"))?)
+        }
+    };
+    if !has_oplog {
+        anyhow::bail!("snapshots need an oplog (--data-dir or --etcd): a snapshot is a position in it");
+    }
+    let mut o = SnapshotOptions::new(store);
+    if let Some(i) = a.snapshot_interval {
+        o.interval = i;
+    } else if let Some(i) = &f.snapshot_interval {
+        o.interval = crescent_cli::parse_duration(i).map_err(|e| anyhow!("[server] snapshot_interval: {e}"))?;
+    }
+    if let Some(n) = a.snapshot_retain.or(f.snapshot_retain) {
+        if n == 0 {
+            anyhow::bail!("--snapshot-retain must be at least 1");
+        }
+        o.retain = n;
+    }
+    Ok(Some(o))
+}
