@@ -9,10 +9,9 @@ use crescent_ha::leader::master_view_key;
 use crescent_ha::leader::view::MasterView;
 use crescent_ha::testing::EtcdServer;
 use crescent_proto::{ErrorCode, ReplicateConfig};
-use crescent_testkit::process::run;
+use crescent_testkit::process::{all_durable, health, run};
 use crescent_testkit::{Proc, eventually, pattern};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,27 +35,6 @@ fn value(i: usize) -> Vec<u8> {
 
 fn removed(i: usize) -> bool {
     i % 5 == 2
-}
-
-/// `/health` of the admin server at `addr`, parsed.
-fn health(addr: &str) -> Option<serde_json::Value> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
-}
-
-/// Whether everything the master committed to its oplog is durable.
-fn all_durable(admin: &str) -> bool {
-    health(admin).is_some_and(|h| {
-        let o = &h["oplog"];
-        o["state"] == "accepting"
-            && o["waiting"] == 0
-            && o["durable_seq"].as_u64().map(|d| d + 1) == o["next_seq"].as_u64()
-    })
 }
 
 /// Makes `leader` the leader of [`CLUSTER`] as a new leader would: the old view key goes (its lease ended), a

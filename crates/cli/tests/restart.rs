@@ -6,8 +6,8 @@
 
 use crescent_client::{Client, ClientConfig};
 use crescent_proto::{ErrorCode, ReplicateConfig};
+use crescent_testkit::process::{all_durable, health};
 use crescent_testkit::{Proc, ProcCluster, eventually, pattern};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,27 +16,6 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_crescent"))
-}
-
-/// `/health` of the admin server at `addr`, parsed.
-fn health(addr: &str) -> Option<serde_json::Value> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
-}
-
-/// Whether everything the master committed to its oplog is durable.
-fn all_durable(admin: &str) -> bool {
-    health(admin).is_some_and(|h| {
-        let o = &h["oplog"];
-        o["state"] == "accepting"
-            && o["waiting"] == 0
-            && o["durable_seq"].as_u64().map(|d| d + 1) == o["next_seq"].as_u64()
-    })
 }
 
 fn key(i: usize) -> String {

@@ -145,3 +145,25 @@ pub fn spawn(bin: &Path, master: &str, args: &[&str]) -> std::process::Child {
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
+
+/// `/health` of the admin server at `addr`, parsed; `None` while it does not answer with JSON.
+pub fn health(addr: &str) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;
+    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
+}
+
+/// Whether everything the master whose admin server is at `admin` committed to its oplog is durable.
+pub fn all_durable(admin: &str) -> bool {
+    health(admin).is_some_and(|h| {
+        let o = &h["oplog"];
+        o["state"] == "accepting"
+            && o["waiting"] == 0
+            && o["durable_seq"].as_u64().map(|d| d + 1) == o["next_seq"].as_u64()
+    })
+}
