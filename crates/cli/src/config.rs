@@ -83,6 +83,8 @@ pub struct ServerSection {
     pub frame_budget: Option<String>,
     /// etcd endpoints of the oplog, `host:port` separated by commas (with `cluster_id`).
     pub etcd: Option<String>,
+    /// Leader lease TTL in seconds of a `crescent master` candidate (with `etcd`).
+    pub leader_lease_ttl: Option<u64>,
     /// The oplog's namespace.
     pub cluster_id: Option<String>,
     /// Directory of the embedded oplog store.

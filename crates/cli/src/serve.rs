@@ -69,12 +69,21 @@ pub struct MasterArgs {
     placement: Option<PlacementPolicy>,
     #[command(flatten)]
     limits: LimitArgs,
-    /// etcd endpoints of the oplog (with --cluster-id).
+    /// etcd endpoints of the oplog and of leader election (with --cluster-id).
     #[arg(long, value_name = "HOST:PORT[,HOST:PORT…]", help = dflt(
-        "Keep the oplog in etcd (endpoints separated by commas; needs --cluster-id): every mutation is logged, and          a restarted master replays the log before it serves",
+        "Run as one of the cluster's master candidates, with the oplog in etcd (endpoints separated by commas; \
+         needs --cluster-id): the candidate holding the leader lease serves, the others follow the log as hot \
+         standbys and take over when it goes. `crescent up` only keeps its oplog there",
         "no oplog",
     ))]
     etcd: Option<String>,
+    /// Leader lease TTL in seconds (with --etcd).
+    #[arg(long, value_name = "SECONDS", help = dflt(
+        "Leader lease TTL in seconds (with --etcd; at least 2): a leader that cannot renew stops serving within \
+         it, and a standby takes over after it",
+        DEFAULT_LEADER_LEASE_TTL,
+    ))]
+    leader_lease_ttl: Option<u64>,
     /// The oplog's namespace in etcd.
     #[arg(long, value_name = "ID", help = dflt(
         "The cluster's oplog namespace (`[A-Za-z0-9_.-]`, up to 128 bytes)",
@@ -83,7 +92,8 @@ pub struct MasterArgs {
     cluster_id: Option<String>,
     /// Keep the oplog in an embedded store in this directory.
     #[arg(long, value_name = "DIR", help = dflt(
-        "Keep the oplog in an embedded store (one file) in DIR, created if absent: a master restarted on the same          DIR replays it before it serves",
+        "Keep the oplog in an embedded store (one file) in DIR, created if absent: a master restarted on the same \
+         DIR replays it before it serves",
         "no oplog",
     ))]
     data_dir: Option<std::path::PathBuf>,
@@ -216,6 +226,9 @@ impl UpArgs {
     }
 }
 
+/// The leader lease TTL of a candidate, in seconds (the original's).
+const DEFAULT_LEADER_LEASE_TTL: u64 = 5;
+
 /// A flag's help line with its default, e.g. `Segments to host [default: 1]`.
 fn dflt(help: &str, default: impl std::fmt::Display) -> String {
     format!("{help} [default: {default}]")
@@ -292,7 +305,16 @@ struct Started {
     admin: Option<SocketAddr>,
 }
 
-async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
+/// A master's settings: flags over `[server]` over defaults.
+struct Settings {
+    config: MasterConfig,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    poll: Duration,
+    limits: RpcLimits,
+}
+
+fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Settings> {
     let config = master_config(a, file)?;
     let listen = addr(a.listen.as_deref().or(file.server.listen.as_deref()).unwrap_or(DEFAULT_MASTER))?;
     let admin = match a.admin.as_deref().or(file.server.admin.as_deref()) {
@@ -300,11 +322,16 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         None => SocketAddr::new(listen.ip(), if listen.port() == 0 { 0 } else { DEFAULT_ADMIN_PORT }),
     };
     let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
-    let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let mut limits = rpc_limits(&a.limits, file)?;
     if combined {
         limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     }
+    Ok(Settings { config, listen, admin, poll, limits })
+}
+
+async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
+    let Settings { config, listen, admin, poll, limits } = master_settings(a, file, combined)?;
+    let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let oplog = oplog_options(a, file).await?;
     let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some())?;
     let server = MasterServer::builder(config.clone())
@@ -397,15 +424,76 @@ fn print_ready(v: serde_json::Value) {
     println!("{v}");
 }
 
-/// `crescent master`.
+/// `crescent master`: a lone master, or (with etcd) one of the cluster's candidates.
 pub async fn master(a: MasterArgs, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
+    if a.etcd.is_some() || (a.data_dir.is_none() && file.server.etcd.is_some()) {
+        return candidate(a, file, stop).await;
+    }
     let m = start_master(&a, file, false).await?;
     print_ready(serde_json::json!({ "master": m.advertised.to_string(), "admin": m.admin.map(|a| a.to_string()) }));
     stop.await;
     tracing::info!("master stopping");
     m.server.shutdown().await;
     tracing::info!("master stopped");
+    Ok(())
+}
+
+/// How long `crescent master --etcd` waits for its first role before it reports itself ready as a standby.
+const FIRST_ROLE_WAIT: Duration = Duration::from_secs(10);
+
+/// `crescent master --etcd …`: a candidate. Ready once it leads or knows another leader.
+async fn candidate(a: MasterArgs, file: &FileConfig, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+    use crescent_ha::leader::{EtcdCoordinator, EtcdCoordinatorConfig};
+    use crescent_master::server::CandidateOptions;
+    let oplog = oplog_options(&a, file).await?.ok_or_else(|| anyhow!("a candidate needs --etcd"))?;
+    let endpoints = a.etcd.clone().or_else(|| file.server.etcd.clone()).unwrap_or_default();
+    let endpoints: Vec<String> =
+        endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+    let ttl = a.leader_lease_ttl.or(file.server.leader_lease_ttl).unwrap_or(DEFAULT_LEADER_LEASE_TTL);
+    let mut coord = EtcdCoordinatorConfig::new(endpoints.clone(), oplog.cluster.clone());
+    coord.ttl = Duration::from_secs(ttl);
+    let coordinator = EtcdCoordinator::connect(coord)
+        .await
+        .with_context(|| format!("leader election in etcd at {}", endpoints.join(",")))?;
+    let mut options = CandidateOptions::new(std::sync::Arc::new(coordinator));
+    options.advertise = a.advertise.clone().or_else(|| file.server.advertise.clone());
+    let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, true)?;
+    let s = master_settings(&a, file, false)?;
+    let cluster = oplog.cluster.clone();
+    let server = MasterServer::builder(s.config.clone())
+        .rpc_addr(s.listen)
+        .admin_addr(Some(s.admin))
+        .poll_window(s.poll)
+        .limits(s.limits)
+        .oplog(Some(oplog))
+        .snapshots(snapshots)
+        .start_candidate(options)
+        .await?;
+    tracing::info!(
+        "master candidate of cluster {cluster} listening on {} (advertised as {}), admin {}, lease {ttl} s; {:?}",
+        server.rpc_addr(),
+        server.advertised(),
+        server.admin_addr().map_or("off".to_owned(), |a| a.to_string()),
+        s.config,
+    );
+    let mut status = server.subscribe();
+    let _ = tokio::time::timeout(
+        FIRST_ROLE_WAIT,
+        status.wait_for(|st| st.is_leader() || (st.leader.is_some() && st.view_version > 0)),
+    )
+    .await;
+    let role = server.status().role();
+    print_ready(serde_json::json!({
+        "master": server.advertised().to_string(),
+        "admin": server.admin_advertised().map(|a| a.to_string()),
+        "role": role,
+        "cluster": cluster,
+    }));
+    stop.await;
+    tracing::info!("master candidate stopping");
+    server.shutdown().await;
+    tracing::info!("master candidate stopped");
     Ok(())
 }
 

@@ -122,5 +122,5 @@ async fn a_master_on_etcd_survives_kill9_with_every_object() {
     let etcd = crescent_ha::testing::EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
     let endpoint = etcd.endpoint();
     let endpoint = endpoint.trim_start_matches("http://").to_owned();
-    survives_kill9(&["--etcd", &endpoint, "--cluster-id", "restart-test"]).await;
+    survives_kill9(&["--etcd", &endpoint, "--cluster-id", "restart-test", "--leader-lease-ttl", "2"]).await;
 }

@@ -141,6 +141,8 @@ impl Stats {
 struct State {
     accepting: bool,
     stopping: bool,
+    /// `stop` has returned: nothing more becomes durable.
+    ended: bool,
     terminal: Option<StorageError>,
     last_error: Option<StorageError>,
     failed_attempts: u64,
@@ -167,6 +169,8 @@ struct Shared {
     wake: Notify,
     /// Interrupts a retry back-off on stop.
     stop: Notify,
+    /// Wakes [`OrderedOpLogWriter::wait_durable`] callers: the prefix advanced, or the writer ended.
+    durable_changed: Notify,
     storage: OpLogBatchStorage,
     limits: BatchLimits,
     view: u64,
@@ -228,6 +232,7 @@ impl OrderedOpLogWriter {
             // A prefix at the end of the sequence space can never be continued.
             accepting: next_seq.is_some() && initial.batch_id < u64::MAX,
             stopping: false,
+            ended: false,
             reserved: 0,
             terminal: None,
             last_error: None,
@@ -247,6 +252,7 @@ impl OrderedOpLogWriter {
             state: Mutex::new(state),
             wake: Notify::new(),
             stop: Notify::new(),
+            durable_changed: Notify::new(),
             storage,
             limits,
             view,
@@ -342,6 +348,39 @@ impl OrderedOpLogWriter {
         Ok(seq)
     }
 
+    /// The last sequence number assigned (0: none yet): once it is durable, every mutation made so far is.
+    pub fn last_committed(&self) -> u64 {
+        self.shared.state.lock().next_seq.saturating_sub(1)
+    }
+
+    /// Waits until every entry up to `seq` is durable. Fails when the writer stopped for good (fenced by a newer
+    /// producer, or a fatal backend error), stopped with `seq` not durable, or `timeout` passed first: the caller
+    /// must then not report those entries' mutations as done.
+    pub async fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<(), WriterError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let changed = self.shared.durable_changed.notified();
+            tokio::pin!(changed);
+            // Registered before the state is read, so an advance in between is not missed.
+            changed.as_mut().enable();
+            {
+                let s = self.shared.state.lock();
+                if s.durable.last_seq >= seq {
+                    return Ok(());
+                }
+                if let Some(t) = &s.terminal {
+                    return Err(WriterError::Terminal(t.clone()));
+                }
+                if s.ended {
+                    return Err(WriterError::Unavailable);
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(WriterError::Unavailable);
+            }
+        }
+    }
+
     /// Releases a reservation without a sequence number (same as dropping it).
     pub fn abort(&self, reservation: Reservation) {
         drop(reservation);
@@ -410,6 +449,8 @@ impl OrderedOpLogWriter {
                 tracing::error!(error = %e, "oplog callback task failed");
             }
         }
+        self.shared.state.lock().ended = true;
+        self.shared.durable_changed.notify_waiters();
     }
 }
 
@@ -470,9 +511,12 @@ fn seal(shared: &Shared, s: &mut State) -> Option<Result<(OpLogBatchRecord, Dura
 
 fn enter_terminal(shared: &Shared, e: StorageError) {
     tracing::error!(error = %e, "oplog writer stopped for good");
-    let mut s = shared.state.lock();
-    s.accepting = false;
-    s.terminal = Some(e);
+    {
+        let mut s = shared.state.lock();
+        s.accepting = false;
+        s.terminal = Some(e);
+    }
+    shared.durable_changed.notify_waiters();
 }
 
 async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<CallbackBatch>) {
@@ -561,6 +605,8 @@ fn mark_durable(shared: &Shared, prefix: DurablePrefix, entries: usize, bytes: u
         s.in_flight_since = None;
         s.in_flight_commits.clear();
     }
+    drop(s);
+    shared.durable_changed.notify_waiters();
 }
 
 /// Legacy mode: writes a sealed batch's entries one txn each, in order; each entry's callback is queued as soon

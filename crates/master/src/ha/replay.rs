@@ -262,19 +262,12 @@ pub async fn open_with_snapshots(
     snapshots: Option<&SnapshotOptions>,
     svc: &MasterService,
 ) -> Result<(Arc<OpLog>, OpenReport, Option<SnapshotterHandle>), OpenError> {
-    let storage = OpLogBatchStorage::new(
-        options.kv.clone(),
-        &options.cluster,
-        StorageConfig { max_batch_entries: MASTER_MAX_BATCH_ENTRIES },
-    )?;
+    let storage = master_storage(options)?;
     let prefix = storage.init_durable_prefix().await?;
     let (state, baseline) = restore_state(snapshots.map(|s| &*s.store), &storage, prefix).await?;
-    let restored = svc.restore_replayed(&state).map_err(OpenError::Restore)?;
     let view = storage.read_producer_view().await?.map_or(1, |v| v.saturating_add(1));
     storage.claim_producer_view(view).await?;
-    let log = Arc::new(OpLog::new(OrderedOpLogWriter::new(storage.clone(), view, prefix, options.writer)));
-    log.start();
-    svc.attach_oplog(log.clone());
+    let (log, restored, snapshotter) = start_writing(&storage, options, snapshots, svc, state, prefix, view)?;
     let report = OpenReport { prefix, view, objects: restored.0, segments: restored.1, snapshot: baseline.position };
     tracing::info!(
         cluster = %options.cluster, batch = prefix.batch_id, seq = prefix.last_seq, view,
@@ -282,7 +275,37 @@ pub async fn open_with_snapshots(
         "oplog replayed: {} objects on {} segments (disconnected until their nodes remount)",
         report.objects, report.segments
     );
-    // The snapshotter takes the restored state over: it follows the log from exactly the prefix replayed.
-    let snapshotter = snapshots.map(|o| Snapshotter::new(storage.clone(), o.clone(), state, prefix).spawn());
     Ok((log, report, snapshotter))
+}
+
+/// What [`start_writing`] started: the oplog handle, `(objects, segments)` restored, and the snapshotter.
+pub type Started = (Arc<OpLog>, (usize, usize), Option<SnapshotterHandle>);
+
+/// The storage of `options`' log, with the master's batch size.
+pub fn master_storage(options: &OpLogOptions) -> Result<OpLogBatchStorage, OpenError> {
+    Ok(OpLogBatchStorage::new(
+        options.kv.clone(),
+        &options.cluster,
+        StorageConfig { max_batch_entries: MASTER_MAX_BATCH_ENTRIES },
+    )?)
+}
+
+/// Makes `svc` (fresh, not serving yet) the producer of `storage`'s log under `view` (already claimed): restores
+/// `state` (the log up to `prefix`) into it, attaches a started writer continuing `prefix`, and starts a
+/// snapshotter that follows the log from there (it takes the state over).
+pub fn start_writing(
+    storage: &OpLogBatchStorage,
+    options: &OpLogOptions,
+    snapshots: Option<&SnapshotOptions>,
+    svc: &MasterService,
+    state: ReplayState,
+    prefix: DurablePrefix,
+    view: u64,
+) -> Result<Started, OpenError> {
+    let restored = svc.restore_replayed(&state).map_err(OpenError::Restore)?;
+    let log = Arc::new(OpLog::new(OrderedOpLogWriter::new(storage.clone(), view, prefix, options.writer)));
+    log.start();
+    svc.attach_oplog(log.clone());
+    let snapshotter = snapshots.map(|o| Snapshotter::new(storage.clone(), o.clone(), state, prefix).spawn());
+    Ok((log, restored, snapshotter))
 }

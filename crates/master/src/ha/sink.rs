@@ -134,6 +134,17 @@ impl OpLog {
         self.commit_failures.load(Ordering::Relaxed)
     }
 
+    /// The last sequence committed (0: none): once it is durable, every mutation made so far is.
+    pub fn last_committed(&self) -> u64 {
+        self.writer.last_committed()
+    }
+
+    /// Waits until everything up to `seq` is durable; fails (the writer fenced, stopped, or `timeout` passed)
+    /// when it may never be, so the mutations behind it must not be acknowledged.
+    pub async fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<(), WriterError> {
+        self.writer.wait_durable(seq, timeout).await
+    }
+
     /// Starts the writer's tasks on the current runtime.
     pub fn start(&self) {
         self.writer.start();

@@ -6,6 +6,8 @@
 //! under a status saying what kind it is (400 bad input, 404 no such tenant, 409 not empty or single-tenant).
 
 use super::rpc::RpcMetrics;
+use super::target::Target;
+use crate::ha::HaStatus;
 use crate::metadata::{LockClass, lock_stats};
 use crate::service::MasterService;
 use axum::Router;
@@ -29,12 +31,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Clone)]
 struct AdminState {
-    svc: Arc<MasterService>,
+    target: Target,
     rpc: Arc<RpcMetrics>,
 }
 
+impl AdminState {
+    /// The service to answer from, or (a standby) the not-leader refusal as a 503.
+    fn svc(&self) -> Result<Arc<MasterService>, Response> {
+        self.target.route().map(|s| Arc::clone(&s)).map_err(refused)
+    }
+}
+
 /// The admin routes.
-pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
+pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
@@ -43,7 +52,7 @@ pub fn admin_router(svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> Router {
         .route("/tenants", get(list_tenants))
         .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
         .route("/local-ssd", get(local_ssd))
-        .with_state(AdminState { svc, rpc })
+        .with_state(AdminState { target, rpc })
 }
 
 /// The admin port's connection cap: scrapers and operators, a few at a time. At the cap a newcomer closes the
@@ -65,9 +74,9 @@ pub struct AdminServer(crescent_net::ServerHandle);
 impl AdminServer {
     /// Binds and serves the admin routes on the current runtime, on the accept loop every server runs (see
     /// `crescent_net::accept`), at most [`ADMIN_MAX_CONNECTIONS`] connections at once.
-    pub async fn start(addr: SocketAddr, svc: Arc<MasterService>, rpc: Arc<RpcMetrics>) -> std::io::Result<Self> {
+    pub async fn start(addr: SocketAddr, target: Target, rpc: Arc<RpcMetrics>) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let app = admin_router(svc, rpc.clone());
+        let app = admin_router(target, rpc.clone());
         let handle =
             crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, _, stop| {
                 serve_http(stream, app.clone(), stop)
@@ -170,8 +179,9 @@ fn per_op(
     registry.register(names[1], help[1], failures);
 }
 
-/// Renders the Prometheus text exposition of the service and server counters.
-pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
+/// The exposition of what there is: the servers' counters always, the service's while it serves, a
+/// candidate's HA status.
+fn render(svc: Option<&MasterService>, rpc: &RpcMetrics, ha: Option<&HaStatus>) -> String {
     let mut r = Registry::with_prefix("crescent_master");
     per_op(
         &mut r,
@@ -179,56 +189,84 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
         ["RPC requests per operation", "RPC requests that failed, per operation"],
         rpc.snapshot(),
     );
+    counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
+    counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
+    accept_loops(&mut r, &rpc.servers());
+    if let Some(ha) = ha {
+        ha_figures(&mut r, ha);
+    }
+    if let Some(svc) = svc {
+        service_figures(&mut r, svc);
+    }
+    let mut out = String::new();
+    if encode(&mut out, &r).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// A candidate's HA status as `crescent_master_ha_*` series.
+fn ha_figures(r: &mut Registry, ha: &HaStatus) {
+    gauge(r, "ha_leader", "1 while this master leads, 0 as a standby", u64::from(ha.is_leader()));
+    gauge(
+        r,
+        "ha_state",
+        "HA state: 0 bootstrapping, 1 following, 2 retrying, 3 promoting, 4 leading, 5 failed, 6 stopped",
+        ha.state.code(),
+    );
+    gauge(r, "ha_applied_seq", "Last oplog sequence applied (standby) or durable (leader)", ha.applied_seq);
+    gauge(r, "ha_durable_seq", "Last durable oplog sequence seen", ha.durable_seq);
+    gauge(r, "ha_lag_entries", "Durable oplog entries not applied yet", ha.lag);
+    gauge(r, "ha_view_version", "View version of the current leader", ha.view_version);
+    counter(r, "ha_promotions", "Times this master became the leader", ha.promotions);
+    counter(r, "ha_failed_promotions", "Promotions that did not complete", ha.failed_promotions);
+    counter(r, "ha_step_downs", "Times this master stopped leading", ha.step_downs);
+}
+
+/// The service's series.
+fn service_figures(r: &mut Registry, svc: &MasterService) {
     let m = svc.metrics();
     let per_key =
         m.per_key().map(|(op, c)| (op, c.requests.load(Ordering::Relaxed), c.failures.load(Ordering::Relaxed)));
     per_op(
-        &mut r,
+        r,
         ["key_operations", "key_failures"],
         ["Keys handled per operation (a batch counts each key)", "Keys that failed, per operation"],
         per_key,
     );
-    counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
-    counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
-    accept_loops(&mut r, &rpc.servers());
-    counter(&mut r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
-    counter(&mut r, "evicted_bytes", "Replica bytes evicted", m.evicted_bytes.load(Ordering::Relaxed));
+    counter(r, "evicted_objects", "Objects evicted", m.evicted_objects.load(Ordering::Relaxed));
+    counter(r, "evicted_bytes", "Replica bytes evicted", m.evicted_bytes.load(Ordering::Relaxed));
     counter(
-        &mut r,
+        r,
         "evicted_nof_objects",
         "Objects evicted from NoF segments",
         m.evicted_nof_objects.load(Ordering::Relaxed),
     );
-    counter(&mut r, "evicted_nof_bytes", "NoF replica bytes evicted", m.evicted_nof_bytes.load(Ordering::Relaxed));
-    counter(&mut r, "eviction_runs", "Eviction rounds", m.eviction_runs.load(Ordering::Relaxed));
+    counter(r, "evicted_nof_bytes", "NoF replica bytes evicted", m.evicted_nof_bytes.load(Ordering::Relaxed));
+    counter(r, "eviction_runs", "Eviction rounds", m.eviction_runs.load(Ordering::Relaxed));
     counter(
-        &mut r,
+        r,
         "partial_placements",
         "Writes placed on fewer replicas than asked",
         m.partial_placements.load(Ordering::Relaxed),
     );
-    counter(&mut r, "tenant_quota_rejects", "Writes refused for quota", m.tenant_quota_rejects.load(Ordering::Relaxed));
+    counter(r, "tenant_quota_rejects", "Writes refused for quota", m.tenant_quota_rejects.load(Ordering::Relaxed));
+    counter(r, "expired_clients", "Clients expired by the liveness monitor", m.expired_clients.load(Ordering::Relaxed));
+    counter(r, "background_ticks", "Background loop iterations", m.background_ticks.load(Ordering::Relaxed));
     counter(
-        &mut r,
-        "expired_clients",
-        "Clients expired by the liveness monitor",
-        m.expired_clients.load(Ordering::Relaxed),
-    );
-    counter(&mut r, "background_ticks", "Background loop iterations", m.background_ticks.load(Ordering::Relaxed));
-    counter(
-        &mut r,
+        r,
         "nof_unmounted_segments",
         "NoF segments unmounted after their target failed its heartbeat probes",
         m.nof_unmounted_segments.load(Ordering::Relaxed),
     );
-    gauge(&mut r, "keys", "Objects stored", svc.key_count(None) as u64);
-    gauge(&mut r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
+    gauge(r, "keys", "Objects stored", svc.key_count(None) as u64);
+    gauge(r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
     let (listing, waiting) = super::lister::load();
-    gauge(&mut r, "key_listings_running", "Key listings scanning the index now (they take turns)", listing as u64);
-    gauge(&mut r, "key_listings_waiting", "Key listings waiting their turn", waiting as u64);
+    gauge(r, "key_listings_running", "Key listings scanning the index now (they take turns)", listing as u64);
+    gauge(r, "key_listings_waiting", "Key listings waiting their turn", waiting as u64);
     let usage = svc.pool().usage(SegmentKind::Memory);
-    gauge(&mut r, "memory_capacity_bytes", "Mounted memory capacity", usage.capacity);
-    gauge(&mut r, "memory_used_bytes", "Memory used by replicas", usage.used);
+    gauge(r, "memory_capacity_bytes", "Mounted memory capacity", usage.capacity);
+    gauge(r, "memory_used_bytes", "Memory used by replicas", usage.used);
     let cap = Family::<Labels, Gauge<u64, AtomicU64>>::default();
     let used = Family::<Labels, Gauge<u64, AtomicU64>>::default();
     for s in svc.pool().segments() {
@@ -251,33 +289,29 @@ pub fn render_metrics(svc: &MasterService, rpc: &RpcMetrics) -> String {
     if let Some(log) = svc.oplog() {
         let st = log.status();
         gauge(
-            &mut r,
+            r,
             "oplog_state",
             "Oplog writer: 0 accepting, 1 retrying, 2 stopped, fenced or terminal",
             oplog_state(&st).1,
         );
-        gauge(&mut r, "oplog_durable_seq", "Last durable oplog sequence number", st.durable.last_seq);
-        gauge(&mut r, "oplog_durable_batch", "Batch id of the durable prefix", st.durable.batch_id);
-        gauge(&mut r, "oplog_next_seq", "Sequence number the next entry gets", st.next_seq);
-        gauge(&mut r, "oplog_waiting_entries", "Oplog entries reserved or waiting to be sealed", st.waiting as u64);
-        counter(&mut r, "oplog_failed_writes", "Oplog batch writes that failed (and were retried)", st.failed_attempts);
+        gauge(r, "oplog_durable_seq", "Last durable oplog sequence number", st.durable.last_seq);
+        gauge(r, "oplog_durable_batch", "Batch id of the durable prefix", st.durable.batch_id);
+        gauge(r, "oplog_next_seq", "Sequence number the next entry gets", st.next_seq);
+        gauge(r, "oplog_waiting_entries", "Oplog entries reserved or waiting to be sealed", st.waiting as u64);
+        counter(r, "oplog_failed_writes", "Oplog batch writes that failed (and were retried)", st.failed_attempts);
         counter(
-            &mut r,
+            r,
             "oplog_admission_failures",
             "Mutations refused because the oplog was not accepting",
             log.admission_failures(),
         );
-        writer_figures(&mut r, &log.metrics());
+        writer_figures(r, &log.metrics());
     }
-    let mut out = String::new();
-    if encode(&mut out, &r).is_err() {
-        out.clear();
-    }
-    out
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    let body = render_metrics(&s.svc, &s.rpc);
+    let ha = s.target.elected().map(|e| e.status());
+    let body = render(s.svc().ok().as_deref(), &s.rpc, ha.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
@@ -353,7 +387,14 @@ fn oplog_state(st: &crescent_ha::oplog::WriterStatus) -> (&'static str, u64) {
 }
 
 async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
-    let oplog = s.svc.oplog().map(|log| {
+    let ha = s.target.elected().map(|e| e.status());
+    let role = ha.as_ref().map_or("master", HaStatus::role);
+    let mut body = serde_json::json!({ "status": "ok", "role": role });
+    if let Some(ha) = &ha {
+        body["ha"] = serde_json::to_value(ha).unwrap_or_default();
+    }
+    let Ok(svc) = s.svc() else { return Json(body) };
+    let oplog = svc.oplog().map(|log| {
         let st = log.status();
         serde_json::json!({
             "state": oplog_state(&st).0,
@@ -368,19 +409,16 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
             "admission_failures": log.admission_failures(),
         })
     });
-    Json(serde_json::json!({
-        "status": "ok",
-        "role": "master",
-        "segments": s.svc.pool().len(),
-        "keys": s.svc.key_count(None),
-        "active_clients": s.svc.active_clients(),
-        "oplog": oplog,
-    }))
+    body["segments"] = svc.pool().len().into();
+    body["keys"] = svc.key_count(None).into();
+    body["active_clients"] = svc.active_clients().into();
+    body["oplog"] = oplog.unwrap_or(serde_json::Value::Null);
+    Json(body)
 }
 
-async fn segments(State(s): State<AdminState>) -> Json<serde_json::Value> {
+async fn segments(State(s): State<AdminState>) -> Result<Json<serde_json::Value>, Response> {
     let list: Vec<serde_json::Value> = s
-        .svc
+        .svc()?
         .pool()
         .segments()
         .into_iter()
@@ -398,7 +436,7 @@ async fn segments(State(s): State<AdminState>) -> Json<serde_json::Value> {
             })
         })
         .collect();
-    Json(serde_json::json!({ "segments": list }))
+    Ok(Json(serde_json::json!({ "segments": list })))
 }
 
 #[derive(Deserialize)]
@@ -419,7 +457,7 @@ struct KeysQuery {
 async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Result<Response, Response> {
     let limit = q.limit.unwrap_or(10_000).min(1_000_000) as u32;
     let req = MasterRequest::ListKeysPage { tenant: q.tenant, prefix: q.prefix, after: q.cursor, limit };
-    let svc = s.svc.clone();
+    let svc = s.svc()?;
     let reply = match super::lister::run(move || super::rpc::dispatch(&svc, &req)).await {
         Ok(reply) => reply,
         Err(ErrorCode::UnavailableInCurrentStatus) => return Err(busy()),
@@ -510,12 +548,21 @@ fn bad_request(message: String) -> Response {
 }
 
 /// Runs `req` as its RPC would run, off the async workers (a tenant removal may wait briefly for the writes
-/// it drains).
-async fn run(svc: &Arc<MasterService>, req: MasterRequest) -> Result<MasterResponse, Response> {
-    let svc = svc.clone();
+/// it drains); a candidate answers once what the answer depends on is durable, as its RPCs do.
+async fn run(s: &AdminState, req: MasterRequest) -> Result<MasterResponse, Response> {
+    let svc = s.svc()?;
+    let log = svc.oplog().filter(|_| s.target.durable_replies()).cloned();
     let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
         .await
         .unwrap_or_else(|e| Err(ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() }));
+    if let Some(log) = log
+        && let Err(e) = log.wait_durable(log.last_committed(), std::time::Duration::from_secs(10)).await
+    {
+        return Err(refused(ErrorFrame {
+            code: ErrorCode::PersistentFail,
+            message: format!("the change may not be durable: {e}"),
+        }));
+    }
     reply.map_err(refused)
 }
 
@@ -525,7 +572,7 @@ fn unexpected(r: &MasterResponse) -> Response {
 }
 
 async fn list_tenants(State(s): State<AdminState>) -> Result<Response, Response> {
-    match run(&s.svc, MasterRequest::ListTenants).await? {
+    match run(&s, MasterRequest::ListTenants).await? {
         // Through a struct, so each tenant's fields keep their declared order.
         MasterResponse::Tenants(tenants) => Ok(Json(TenantListing { tenants }).into_response()),
         other => Err(unexpected(&other)),
@@ -564,9 +611,9 @@ async fn set_tenant_quota(
             return Err(bad_request("no quota: give ?quota=SIZE (e.g. 10GiB) or a body {\"quota_bytes\": N}".into()));
         }
     };
-    run(&s.svc, MasterRequest::SetTenantQuota { tenant: tenant.clone(), bytes }).await?;
+    run(&s, MasterRequest::SetTenantQuota { tenant: tenant.clone(), bytes }).await?;
     let id = crescent_proto::TenantId::new(&tenant).map_err(|e| bad_request(e.to_string()))?;
-    match run(&s.svc, MasterRequest::ListTenants).await? {
+    match run(&s, MasterRequest::ListTenants).await? {
         MasterResponse::Tenants(all) => match all.into_iter().find(|t| t.tenant == id.as_str()) {
             Some(t) => Ok(Json(t).into_response()),
             // Removed again in between.
@@ -581,12 +628,12 @@ async fn set_tenant_quota(
 
 /// `DELETE /tenants/{tenant}`: 204 once removed.
 async fn remove_tenant(State(s): State<AdminState>, Path(tenant): Path<String>) -> Result<Response, Response> {
-    run(&s.svc, MasterRequest::RemoveTenant { tenant }).await?;
+    run(&s, MasterRequest::RemoveTenant { tenant }).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn local_ssd(State(s): State<AdminState>) -> Result<Response, Response> {
-    match run(&s.svc, MasterRequest::LocalSsdStatus { client: None }).await? {
+    match run(&s, MasterRequest::LocalSsdStatus { client: None }).await? {
         MasterResponse::LocalSsd(all) => {
             let list: Vec<serde_json::Value> = all
                 .iter()
@@ -618,7 +665,7 @@ mod tests {
         use crescent_ha::oplog::{OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, WriterConfig};
         let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
         let rpc = RpcMetrics::default();
-        assert!(!render_metrics(&svc, &rpc).contains("oplog"), "no oplog, no series");
+        assert!(!render(Some(&svc), &rpc, None).contains("oplog"), "no oplog, no series");
         let kv = std::sync::Arc::new(crescent_ha::kv::MemoryKv::new());
         let storage = OpLogBatchStorage::new(kv, "t", StorageConfig::default()).unwrap();
         let prefix = storage.init_durable_prefix().await.unwrap();
@@ -631,7 +678,7 @@ mod tests {
         )));
         svc.attach_oplog(log.clone());
         svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
-        let text = render_metrics(&svc, &rpc);
+        let text = render(Some(&svc), &rpc, None);
         for line in [
             "crescent_master_oplog_state 0",
             "crescent_master_oplog_durable_seq 0",
@@ -648,7 +695,7 @@ mod tests {
         })
         .await;
         assert!(durable, "the mount's entry became durable");
-        let text = render_metrics(&svc, &rpc);
+        let text = render(Some(&svc), &rpc, None);
         for line in [
             "crescent_master_oplog_durable_writes_total 1",
             "crescent_master_oplog_durable_entries_total 1",
@@ -661,7 +708,7 @@ mod tests {
         }
         assert!(text.contains("crescent_master_oplog_commit_to_durable_microseconds{quantile=\"0.99\"}"), "{text}");
         log.stop().await;
-        assert!(render_metrics(&svc, &rpc).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+        assert!(render(Some(&svc), &rpc, None).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
     }
 
     #[test]
@@ -676,7 +723,7 @@ mod tests {
         let rpc = RpcMetrics::default();
         rpc.record(MasterOp::PutStart, false);
         rpc.record(MasterOp::GetReplicaList, true);
-        let text = render_metrics(&svc, &rpc);
+        let text = render(Some(&svc), &rpc, None);
         for line in [
             r#"crescent_master_requests_total{op="put_start"} 1"#,
             r#"crescent_master_failures_total{op="get_replica_list"} 1"#,
@@ -719,7 +766,7 @@ mod tests {
         }
         assert_eq!(due.len(), 1, "probed within an interval");
         assert!(svc.record_nof_probe(nof.id, false));
-        let text = render_metrics(&svc, &RpcMetrics::default());
+        let text = render(Some(&svc), &RpcMetrics::default(), None);
         let line = "crescent_master_nof_unmounted_segments_total 1";
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
@@ -749,7 +796,7 @@ mod tests {
             svc.put_end(w, "", k, None).unwrap();
         }
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let admin = AdminServer::start(any, svc.clone(), Arc::new(RpcMetrics::default())).await.unwrap();
+        let admin = AdminServer::start(any, Target::Fixed(svc.clone()), Arc::new(RpcMetrics::default())).await.unwrap();
         let addr = admin.local_addr();
         let _turn = super::super::lister::TEST_TURNS.lock().await;
         // Another listing holds the listing thread.

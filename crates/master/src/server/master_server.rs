@@ -2,8 +2,10 @@
 //! admin HTTP — used alike by `crescent master`, `crescent up`, tests and benchmarks.
 
 use super::admin::AdminServer;
+use super::candidate::{CandidateOptions, CandidateServer, TermConfig};
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
+use super::target::Target;
 use crate::clock::{Clock, SystemClock};
 use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
@@ -35,6 +37,9 @@ pub enum StartError {
     /// The oplog could not be replayed or opened for writing.
     #[error("oplog: {0}")]
     OpLog(#[from] crate::ha::OpenError),
+    /// A candidate was asked for without an oplog to follow and write.
+    #[error("a master candidate needs an oplog")]
+    NoOpLog,
 }
 
 /// How to run a master; [`MasterServerBuilder::start`] runs it on the current tokio runtime.
@@ -112,6 +117,24 @@ impl MasterServerBuilder {
         self
     }
 
+    /// Starts a candidate (issue 15 §2) on the current tokio runtime: its servers at once, a hot standby
+    /// following the oplog (needs [`MasterServerBuilder::oplog`]), and a leader — a fresh service restored
+    /// from the log — whenever it wins the lease through `ha`'s coordinator.
+    pub async fn start_candidate(self, ha: CandidateOptions) -> Result<CandidateServer, StartError> {
+        let Some(oplog) = self.oplog else { return Err(StartError::NoOpLog) };
+        // The configuration is checked now, not at the first promotion.
+        MasterService::new(self.config.clone(), self.clock.clone()).map_err(StartError::Config)?;
+        let term = TermConfig {
+            config: self.config,
+            clock: self.clock,
+            oplog,
+            snapshots: self.snapshots,
+            background: self.background,
+            nof_prober: self.nof_prober,
+        };
+        CandidateServer::start(term, ha, self.rpc, self.admin, self.poll_window, self.limits).await
+    }
+
     /// Starts the service and its servers on the current tokio runtime.
     pub async fn start(self) -> Result<MasterServer, StartError> {
         let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
@@ -126,9 +149,10 @@ impl MasterServerBuilder {
         };
         let metrics = Arc::new(RpcMetrics::default());
         let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
-        let rpc = RpcServer::bind(self.rpc, svc.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
+        let target = Target::Fixed(svc.clone());
+        let rpc = RpcServer::bind(self.rpc, target.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
         let admin = match self.admin {
-            Some(addr) => Some(AdminServer::start(addr, svc.clone(), metrics).await.map_err(bind("admin", addr))?),
+            Some(addr) => Some(AdminServer::start(addr, target, metrics).await.map_err(bind("admin", addr))?),
             None => None,
         };
         // Started once every listener is bound, so a failed start has no thread to join.

@@ -8,6 +8,8 @@
 //! frame once started, and the replies owed, must be done within the deadline or the connection is closed;
 //! the connections are capped (`crescent_net::accept`).
 
+use super::target::Target;
+use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
@@ -271,7 +273,7 @@ impl Default for RpcLimits {
 /// A bound, not yet running, RPC server.
 pub struct RpcServer {
     listener: TcpListener,
-    svc: Arc<MasterService>,
+    target: Target,
     metrics: Arc<RpcMetrics>,
     /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
@@ -301,7 +303,7 @@ impl RpcServerHandle {
 
 impl RpcServer {
     /// Binds `addr` (port 0 picks a free port).
-    pub async fn bind(addr: SocketAddr, svc: Arc<MasterService>, metrics: Arc<RpcMetrics>) -> std::io::Result<Self> {
+    pub async fn bind(addr: SocketAddr, target: Target, metrics: Arc<RpcMetrics>) -> std::io::Result<Self> {
         let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
@@ -310,7 +312,7 @@ impl RpcServer {
             // while the accept loop makes room for them, rather than having its SYNs dropped and retried a
             // second later.
             listener: socket.listen(1024)?,
-            svc,
+            target,
             metrics,
             poll_window: poll::DEFAULT_POLL_WINDOW,
             limits: RpcLimits::default(),
@@ -336,9 +338,9 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let RpcServer { listener, svc, metrics, poll_window, limits } = self;
+        let RpcServer { listener, target, metrics, poll_window, limits } = self;
         let shared = Arc::new(Shared {
-            svc,
+            target,
             metrics: metrics.clone(),
             gate: &poll::PROCESS_GATE,
             poll_window,
@@ -367,7 +369,7 @@ impl RpcServer {
 
 /// What every connection of a server shares.
 struct Shared {
-    svc: Arc<MasterService>,
+    target: Target,
     metrics: Arc<RpcMetrics>,
     gate: &'static PollGate,
     poll_window: Duration,
@@ -423,11 +425,36 @@ fn timed_out(what: &str, limit: Duration) -> WireError {
     WireError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} not done within {limit:?}")))
 }
 
+/// What the queued replies of a candidate's connection wait for before they are written: the oplog sequence
+/// they depend on (everything committed when they were answered) becoming durable.
+type Owed = Option<(Arc<OpLog>, u64)>;
+
+/// Notes that the reply just queued depends on everything `svc`'s oplog has committed (candidates only).
+fn owe(owed: &mut Owed, svc: &MasterService, shared: &Shared) {
+    if !shared.target.durable_replies() {
+        return;
+    }
+    if let Some(log) = svc.oplog() {
+        let seq = log.last_committed();
+        match owed {
+            Some((l, s)) if Arc::ptr_eq(l, log) => *s = (*s).max(seq),
+            _ => *owed = Some((log.clone(), seq)),
+        }
+    }
+}
+
 /// Writes the queued replies (within the deadline: a peer that does not take its replies is closed), and
-/// releases a buffer that grew for a large reply.
-async fn flush(stream: &mut TcpStream, out: &mut BytesMut, shared: &Shared) -> Result<(), WireError> {
+/// releases a buffer that grew for a large reply. A candidate's replies first wait until what they depend on
+/// is durable; if it cannot become durable (the writer was fenced or stopped), the connection is closed
+/// without them: an acknowledged mutation a failover could lose would be a lie, an unanswered one is honest.
+async fn flush(stream: &mut TcpStream, out: &mut BytesMut, owed: &mut Owed, shared: &Shared) -> Result<(), WireError> {
     if out.is_empty() {
         return Ok(());
+    }
+    if let Some((log, seq)) = owed.take()
+        && let Err(e) = log.wait_durable(seq, shared.frame_timeout).await
+    {
+        return Err(WireError::Io(std::io::Error::other(format!("replies not sent: seq {seq} not durable ({e})"))));
     }
     tokio::time::timeout(shared.frame_timeout, stream.write_all(out))
         .await
@@ -441,7 +468,7 @@ async fn flush(stream: &mut TcpStream, out: &mut BytesMut, shared: &Shared) -> R
 }
 
 async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Result<(), WireError> {
-    let Shared { svc, metrics, gate, poll_window, frame_timeout, budget, .. } = shared;
+    let Shared { target, metrics, gate, poll_window, frame_timeout, budget, .. } = shared;
     stream.set_nodelay(true)?;
     let mut stopping = shutdown.clone().stopping();
     // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
@@ -467,9 +494,10 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
     let mut out = BytesMut::new();
     let mut codec = FrameCodec::new(Limits::CONTROL);
     let mut adaptive = Adaptive::default();
+    let mut owed: Owed = None;
     loop {
         if shutdown.is_stopping() {
-            return flush(&mut stream, &mut out, shared).await;
+            return flush(&mut stream, &mut out, &mut owed, shared).await;
         }
         // A buffered request is served at once, its reply queued behind the previous ones: a client that
         // pipelines gets a burst of replies in one write. Otherwise flush, then poll briefly (the client's
@@ -478,7 +506,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         let request = match inbound.ready(&stream) {
             Ok(Ready::Frame(request)) => request,
             Ok(Ready::Empty) => {
-                flush(&mut stream, &mut out, shared).await?;
+                flush(&mut stream, &mut out, &mut owed, shared).await?;
                 adaptive.poll(gate, &stream, *poll_window);
                 shutdown.idle();
                 let woke = tokio::select! {
@@ -490,11 +518,11 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
                 woke?;
                 continue;
             }
-            Ok(Ready::Closed) => return flush(&mut stream, &mut out, shared).await,
+            Ok(Ready::Closed) => return flush(&mut stream, &mut out, &mut owed, shared).await,
             // A frame has started: all of it must come within the deadline (the replies owed go out first,
             // the peer may wait for them before sending the rest).
             Ok(Ready::Partial) => {
-                flush(&mut stream, &mut out, shared).await?;
+                flush(&mut stream, &mut out, &mut owed, shared).await?;
                 match tokio::time::timeout(*frame_timeout, inbound.rest(&stream, budget)).await {
                     Ok(Ok(request)) => request,
                     Ok(Err(WireError::Io(e))) => return Err(WireError::Io(e)),
@@ -522,28 +550,35 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let reply = if is_listing(&body) {
-            // A listing visits the whole index and may wait its turn: on the listing thread, so it holds no
-            // worker on any runtime (inside `crescent up` the master's only thread is the node's too).
-            let svc = svc.clone();
-            super::lister::run(move || dispatch(&svc, &body)).await.unwrap_or_else(|code| {
-                let message = if code == ErrorCode::UnavailableInCurrentStatus {
-                    super::lister::busy_message()
+        let reply = match target.route() {
+            Err(refusal) => Err(refusal),
+            Ok(svc) => {
+                let reply = if is_listing(&body) {
+                    // A listing visits the whole index and may wait its turn: on the listing thread, so it holds
+                    // no worker on any runtime (inside `crescent up` the master's only thread is the node's too).
+                    let svc = Arc::clone(&svc);
+                    super::lister::run(move || dispatch(&svc, &body)).await.unwrap_or_else(|code| {
+                        let message = if code == ErrorCode::UnavailableInCurrentStatus {
+                            super::lister::busy_message()
+                        } else {
+                            "the key listing failed".into()
+                        };
+                        Err(ErrorFrame { code, message })
+                    })
+                } else if multi_thread && may_block(&svc, &body) {
+                    tokio::task::block_in_place(|| dispatch(&svc, &body))
                 } else {
-                    "the key listing failed".into()
+                    dispatch(&svc, &body)
                 };
-                Err(ErrorFrame { code, message })
-            })
-        } else if multi_thread && may_block(svc, &body) {
-            tokio::task::block_in_place(|| dispatch(svc, &body))
-        } else {
-            dispatch(svc, &body)
+                owe(&mut owed, &svc, shared);
+                reply
+            }
         };
         let (frame, failed) = reply_frame(id, op, &reply)?;
         metrics.record(op, failed);
         codec.encode(frame, &mut out)?;
         if out.len() >= MAX_PENDING_REPLIES {
-            flush(&mut stream, &mut out, shared).await?;
+            flush(&mut stream, &mut out, &mut owed, shared).await?;
         }
     }
 }
