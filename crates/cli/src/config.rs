@@ -23,6 +23,7 @@ max_connections = 2000
 frame_timeout_ms = 5000
 frame_budget = "64MiB"
 cluster_id = "prod-1"
+leader_lease_ttl = 3
 data_dir = "/var/lib/crescent"
 snapshot_dir = "/var/lib/crescent/snapshots"
 snapshot_interval = "10m"

@@ -294,6 +294,27 @@ async fn the_cluster_recovers_by_itself_after_etcd_restarts() {
     log_has_no_gap(&etcd).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_every_candidate_finds_the_leader_among_them() {
+    let etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
+    let endpoint = etcd.endpoint().trim_start_matches("http://").to_owned();
+    let mut masters: Vec<Proc> = (0..2).map(|_| candidate(&endpoint)).collect();
+    let admins: Vec<Option<String>> = masters.iter().map(|m| Some(m.field("admin"))).collect();
+    let l = leader(&admins).await;
+    // The standby first: it refuses as not the leader, and the client goes on to the next address.
+    let list = format!("{},{}", masters[1 - l].field("master"), masters[l].field("master"));
+    let _node = node(&list);
+    let client = Client::new(ClientConfig::new(list).with_request_timeout(Duration::from_secs(20)));
+    client.put("k", b"v").await.unwrap();
+    assert_eq!(client.get("k").await.unwrap(), b"v");
+    masters[l].kill9();
+    let alive: Vec<Option<String>> = vec![admins[1 - l].clone()];
+    leader(&alive).await;
+    let put = eventually(WAIT, || async { client.put("k2", b"v2").await.is_ok() }).await;
+    assert!(put, "no put through the promoted standby");
+    assert_eq!(client.get("k2").await.unwrap(), b"v2");
+}
+
 /// Failover time: kill -9 of the leader → the first successful put through the new one, over 5 trials (the
 /// killed master is restarted as a standby before the next). Run by hand:
 /// `cargo test --release -p crescent-cli --test failover -- --ignored --nocapture failover_time`.

@@ -604,14 +604,30 @@ impl MasterConnection {
         let slot = self.slot(req);
         let first = self.preferred.load(Ordering::Relaxed) % n;
         let mut failures = Vec::new();
+        // A standby's refusal: with no leader among the addresses, the clearest answer (retry later).
+        let mut not_leader = None;
         for k in 0..n {
             let i = (first + k) % n;
             let deadline = Instant::now() + self.timeout;
             match self.attempt(req, slot, &addrs[i], deadline, std::future::pending()).await {
                 Ok(frame) => {
-                    self.preferred.store(i, Ordering::Relaxed);
                     let reply: MasterReply = frame.decode::<MasterReply>()?.body;
-                    return reply.map_err(ClientError::Refused);
+                    match reply {
+                        // A standby of a list of candidates: the leader is another address (it did nothing).
+                        Err(e) if n > 1 && refused_as_not_leader(&e) => {
+                            tracing::debug!(addr = %addrs[i], refusal = %e.message, "not the leader: trying the next");
+                            failures.push((i, e.message.clone(), false));
+                            not_leader = Some(e);
+                        }
+                        reply => {
+                            self.preferred.store(i, Ordering::Relaxed);
+                            return reply.map_err(ClientError::Refused);
+                        }
+                    }
+                }
+                Err(Failed::Final(ClientError::Refused(e))) if n > 1 && refused_as_not_leader(&e) => {
+                    failures.push((i, e.message.clone(), false));
+                    not_leader = Some(e);
                 }
                 Err(Failed::Final(e)) => return Err(e),
                 Err(Failed::TimedOut { .. } | Failed::Superseded) => {
@@ -624,7 +640,10 @@ impl MasterConnection {
                 }
             }
         }
-        Err(unreachable(addrs, failures))
+        match not_leader {
+            Some(e) => Err(ClientError::Refused(e)),
+            None => Err(unreachable(addrs, failures)),
+        }
     }
 
     /// [`MasterConnection::call`] to the leader `follower` names, within one request timeout in all.

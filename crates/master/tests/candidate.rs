@@ -9,9 +9,12 @@ use crescent_ha::leader::LocalCoordinator;
 use crescent_ha::oplog::{
     FollowerConfig, OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, StorageError, WriterConfig, WriterError,
 };
-use crescent_master::ha::{HaState, HaStatus, MasterEntry, OpLogOptions, ReplayState, master_writer_config};
+use crescent_master::ha::{
+    HaState, HaStatus, MasterEntry, OpLogOptions, ReplayState, SnapshotOptions, master_writer_config,
+};
 use crescent_master::server::{CandidateOptions, CandidateServer, MasterServer, NOT_LEADER};
 use crescent_master::service::{MasterConfig, MasterService};
+use crescent_master::snapshot::store::LocalDirStore;
 use crescent_proto::{ClientId, ReplicateConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,10 +31,20 @@ fn options(coordinator: &LocalCoordinator) -> CandidateOptions {
 }
 
 async fn candidate(kv: &Arc<dyn HaKvBackend>, coordinator: &LocalCoordinator) -> CandidateServer {
+    candidate_with(kv, coordinator, None).await
+}
+
+async fn candidate_with(
+    kv: &Arc<dyn HaKvBackend>,
+    coordinator: &LocalCoordinator,
+    snapshots: Option<SnapshotOptions>,
+) -> CandidateServer {
     let oplog = OpLogOptions { kv: kv.clone(), cluster: CLUSTER.into(), writer: master_writer_config() };
     MasterServer::builder(MasterConfig::default())
         .background(false)
         .oplog(Some(oplog))
+        .snapshots(snapshots)
+        .admin_addr(Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))))
         .start_candidate(options(coordinator))
         .await
         .unwrap()
@@ -151,6 +164,51 @@ async fn a_standby_refuses_requests_naming_the_leader() {
     assert_eq!(refusal.code, NOT_LEADER);
     assert!(crescent_ha::leader::watch::is_not_leader(&refusal.message), "{}", refusal.message);
     assert!(refusal.message.contains(&a.advertised().to_string()), "names the leader: {}", refusal.message);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_bootstraps_from_the_newest_snapshot_over_a_compacted_log() {
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let coord = LocalCoordinator::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(LocalDirStore::new(dir.path().join("snapshots")).unwrap());
+    let snaps = SnapshotOptions { interval: Duration::from_millis(50), retain: 1, ..SnapshotOptions::new(store) };
+    let a = candidate_with(&kv, &coord, Some(snaps.clone())).await;
+    until(&a, "a leads", HaStatus::is_leader).await;
+    let svc_a = a.service().unwrap();
+    let node = ClientId::random();
+    let mut s = crescent_testkit::segment_on("seg", 64 * MIB, "host");
+    s.endpoint = "127.0.0.1:9300".into();
+    svc_a.mount_segment(node, s).unwrap();
+    let writer = ClientId::random();
+    let storage = OpLogBatchStorage::new(kv.clone(), CLUSTER, StorageConfig::default()).unwrap();
+    // Rounds of writes until a snapshot let the log's first batches be compacted away.
+    let mut i = 0;
+    let compacted = crescent_testkit::eventually(WAIT, || {
+        for _ in 0..20 {
+            put(&svc_a, writer, &format!("k{i}"), 4096);
+            i += 1;
+        }
+        let storage = storage.clone();
+        async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
+    })
+    .await;
+    assert!(compacted, "the log was never compacted");
+    let seq = durable(&svc_a).await;
+    let admin = a.admin_addr().unwrap().to_string();
+    let h = crescent_testkit::process::health(&admin).unwrap();
+    assert!(h["snapshots"]["written"].as_u64().unwrap() >= 1, "/health shows the snapshots: {h}");
+    assert!(h["snapshots"]["last"]["last_seq"].as_u64().unwrap() > 0, "{h}");
+
+    // The log alone can no longer rebuild the state: the standby starts from the snapshot.
+    let b = candidate_with(&kv, &coord, Some(snaps)).await;
+    until(&b, "b follows from the snapshot", |s| s.state == HaState::Following && s.applied_seq >= seq).await;
+    let want = without_pins(svc_a.metadata_view());
+    coord.depose();
+    until(&b, "b leads", HaStatus::is_leader).await;
+    assert_eq!(without_pins(b.service().unwrap().metadata_view()), want);
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -7,7 +7,7 @@
 
 use super::rpc::RpcMetrics;
 use super::target::Target;
-use crate::ha::HaStatus;
+use crate::ha::{HaStatus, SnapshotterStatus};
 use crate::metadata::{LockClass, lock_stats};
 use crate::service::MasterService;
 use axum::Router;
@@ -33,17 +33,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 struct AdminState {
     target: Target,
     rpc: Arc<RpcMetrics>,
+    snapshots: SnapshotSlot,
+}
+
+/// Where `/health` and `/metrics` find the snapshotter's status: set by whoever runs one (a master for its
+/// life, a candidate for each term it leads), empty otherwise. A leaf lock, held only to clone the receiver.
+#[derive(Clone, Default)]
+pub struct SnapshotSlot(Arc<parking_lot::Mutex<Option<tokio::sync::watch::Receiver<SnapshotterStatus>>>>);
+
+impl SnapshotSlot {
+    /// Shows `status` (or nothing).
+    pub fn set(&self, status: Option<tokio::sync::watch::Receiver<SnapshotterStatus>>) {
+        *self.0.lock() = status;
+    }
+
+    /// The snapshotter's status now, if one runs.
+    pub fn status(&self) -> Option<SnapshotterStatus> {
+        let rx = self.0.lock().clone()?;
+        let status = rx.borrow().clone();
+        Some(status)
+    }
 }
 
 impl AdminState {
-    /// The service to answer from, or (a standby) the not-leader refusal as a 503.
-    fn svc(&self) -> Result<Arc<MasterService>, Response> {
-        self.target.route().map(|s| Arc::clone(&s)).map_err(refused)
+    /// The service to answer from, or (a standby) the not-leader refusal (a 503 through [`refused`]).
+    fn svc(&self) -> Result<Arc<MasterService>, ErrorFrame> {
+        self.target.route().map(|s| Arc::clone(&s))
     }
 }
 
 /// The admin routes.
-pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>) -> Router {
+pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>, snapshots: SnapshotSlot) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
@@ -52,7 +72,7 @@ pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>) -> Router {
         .route("/tenants", get(list_tenants))
         .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
         .route("/local-ssd", get(local_ssd))
-        .with_state(AdminState { target, rpc })
+        .with_state(AdminState { target, rpc, snapshots })
 }
 
 /// The admin port's connection cap: scrapers and operators, a few at a time. At the cap a newcomer closes the
@@ -74,9 +94,14 @@ pub struct AdminServer(crescent_net::ServerHandle);
 impl AdminServer {
     /// Binds and serves the admin routes on the current runtime, on the accept loop every server runs (see
     /// `crescent_net::accept`), at most [`ADMIN_MAX_CONNECTIONS`] connections at once.
-    pub async fn start(addr: SocketAddr, target: Target, rpc: Arc<RpcMetrics>) -> std::io::Result<Self> {
+    pub async fn start(
+        addr: SocketAddr,
+        target: Target,
+        rpc: Arc<RpcMetrics>,
+        snapshots: SnapshotSlot,
+    ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let app = admin_router(target, rpc.clone());
+        let app = admin_router(target, rpc.clone(), snapshots);
         let handle =
             crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, _, stop| {
                 serve_http(stream, app.clone(), stop)
@@ -181,7 +206,12 @@ fn per_op(
 
 /// The exposition of what there is: the servers' counters always, the service's while it serves, a
 /// candidate's HA status.
-fn render(svc: Option<&MasterService>, rpc: &RpcMetrics, ha: Option<&HaStatus>) -> String {
+fn render(
+    svc: Option<&MasterService>,
+    rpc: &RpcMetrics,
+    ha: Option<&HaStatus>,
+    snapshots: Option<&SnapshotterStatus>,
+) -> String {
     let mut r = Registry::with_prefix("crescent_master");
     per_op(
         &mut r,
@@ -194,6 +224,9 @@ fn render(svc: Option<&MasterService>, rpc: &RpcMetrics, ha: Option<&HaStatus>) 
     accept_loops(&mut r, &rpc.servers());
     if let Some(ha) = ha {
         ha_figures(&mut r, ha);
+    }
+    if let Some(st) = snapshots {
+        snapshot_figures(&mut r, st);
     }
     if let Some(svc) = svc {
         service_figures(&mut r, svc);
@@ -221,6 +254,39 @@ fn ha_figures(r: &mut Registry, ha: &HaStatus) {
     counter(r, "ha_promotions", "Times this master became the leader", ha.promotions);
     counter(r, "ha_failed_promotions", "Promotions that did not complete", ha.failed_promotions);
     counter(r, "ha_step_downs", "Times this master stopped leading", ha.step_downs);
+}
+
+/// The snapshotter's status as `crescent_master_snapshot*` series.
+fn snapshot_figures(r: &mut Registry, st: &SnapshotterStatus) {
+    counter(r, "snapshots_written", "Snapshots published", st.written);
+    counter(r, "snapshot_failures", "Snapshot attempts that failed", st.failures);
+    counter(r, "snapshot_compacted_batches", "Oplog batches deleted below the retained snapshots", st.compacted);
+    let last = st.last.as_ref();
+    gauge(r, "snapshot_last_seq", "Last oplog sequence the newest snapshot includes", last.map_or(0, |m| m.last_seq));
+    gauge(r, "snapshot_last_bytes", "Size of the newest snapshot", last.map_or(0, |m| m.data_size));
+    gauge(
+        r,
+        "snapshot_last_created_ms",
+        "When the newest snapshot was written (ms since the Unix epoch)",
+        last.map_or(0, |m| m.created_ms),
+    );
+}
+
+/// `/health`'s `snapshots` object.
+fn snapshot_health(st: &SnapshotterStatus) -> serde_json::Value {
+    serde_json::json!({
+        "written": st.written,
+        "failures": st.failures,
+        "last_error": st.last_error,
+        "compacted_batches": st.compacted,
+        "last": st.last.as_ref().map(|m| serde_json::json!({
+            "id": m.id,
+            "batch_id": m.batch_id,
+            "last_seq": m.last_seq,
+            "bytes": m.data_size,
+            "created_ms": m.created_ms,
+        })),
+    })
 }
 
 /// The service's series.
@@ -311,7 +377,7 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
 
 async fn metrics(State(s): State<AdminState>) -> Response {
     let ha = s.target.elected().map(|e| e.status());
-    let body = render(s.svc().ok().as_deref(), &s.rpc, ha.as_ref());
+    let body = render(s.svc().ok().as_deref(), &s.rpc, ha.as_ref(), s.snapshots.status().as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
@@ -393,6 +459,9 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
     if let Some(ha) = &ha {
         body["ha"] = serde_json::to_value(ha).unwrap_or_default();
     }
+    if let Some(st) = s.snapshots.status() {
+        body["snapshots"] = snapshot_health(&st);
+    }
     let Ok(svc) = s.svc() else { return Json(body) };
     let oplog = svc.oplog().map(|log| {
         let st = log.status();
@@ -418,7 +487,8 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
 
 async fn segments(State(s): State<AdminState>) -> Result<Json<serde_json::Value>, Response> {
     let list: Vec<serde_json::Value> = s
-        .svc()?
+        .svc()
+        .map_err(refused)?
         .pool()
         .segments()
         .into_iter()
@@ -457,7 +527,7 @@ struct KeysQuery {
 async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Result<Response, Response> {
     let limit = q.limit.unwrap_or(10_000).min(1_000_000) as u32;
     let req = MasterRequest::ListKeysPage { tenant: q.tenant, prefix: q.prefix, after: q.cursor, limit };
-    let svc = s.svc()?;
+    let svc = s.svc().map_err(refused)?;
     let reply = match super::lister::run(move || super::rpc::dispatch(&svc, &req)).await {
         Ok(reply) => reply,
         Err(ErrorCode::UnavailableInCurrentStatus) => return Err(busy()),
@@ -550,7 +620,7 @@ fn bad_request(message: String) -> Response {
 /// Runs `req` as its RPC would run, off the async workers (a tenant removal may wait briefly for the writes
 /// it drains); a candidate answers once what the answer depends on is durable, as its RPCs do.
 async fn run(s: &AdminState, req: MasterRequest) -> Result<MasterResponse, Response> {
-    let svc = s.svc()?;
+    let svc = s.svc().map_err(refused)?;
     let log = svc.oplog().filter(|_| s.target.durable_replies()).cloned();
     let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
         .await
@@ -665,7 +735,7 @@ mod tests {
         use crescent_ha::oplog::{OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, WriterConfig};
         let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
         let rpc = RpcMetrics::default();
-        assert!(!render(Some(&svc), &rpc, None).contains("oplog"), "no oplog, no series");
+        assert!(!render(Some(&svc), &rpc, None, None).contains("oplog"), "no oplog, no series");
         let kv = std::sync::Arc::new(crescent_ha::kv::MemoryKv::new());
         let storage = OpLogBatchStorage::new(kv, "t", StorageConfig::default()).unwrap();
         let prefix = storage.init_durable_prefix().await.unwrap();
@@ -678,7 +748,7 @@ mod tests {
         )));
         svc.attach_oplog(log.clone());
         svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
-        let text = render(Some(&svc), &rpc, None);
+        let text = render(Some(&svc), &rpc, None, None);
         for line in [
             "crescent_master_oplog_state 0",
             "crescent_master_oplog_durable_seq 0",
@@ -695,7 +765,7 @@ mod tests {
         })
         .await;
         assert!(durable, "the mount's entry became durable");
-        let text = render(Some(&svc), &rpc, None);
+        let text = render(Some(&svc), &rpc, None, None);
         for line in [
             "crescent_master_oplog_durable_writes_total 1",
             "crescent_master_oplog_durable_entries_total 1",
@@ -708,7 +778,7 @@ mod tests {
         }
         assert!(text.contains("crescent_master_oplog_commit_to_durable_microseconds{quantile=\"0.99\"}"), "{text}");
         log.stop().await;
-        assert!(render(Some(&svc), &rpc, None).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+        assert!(render(Some(&svc), &rpc, None, None).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
     }
 
     #[test]
@@ -723,7 +793,7 @@ mod tests {
         let rpc = RpcMetrics::default();
         rpc.record(MasterOp::PutStart, false);
         rpc.record(MasterOp::GetReplicaList, true);
-        let text = render(Some(&svc), &rpc, None);
+        let text = render(Some(&svc), &rpc, None, None);
         for line in [
             r#"crescent_master_requests_total{op="put_start"} 1"#,
             r#"crescent_master_failures_total{op="get_replica_list"} 1"#,
@@ -766,7 +836,7 @@ mod tests {
         }
         assert_eq!(due.len(), 1, "probed within an interval");
         assert!(svc.record_nof_probe(nof.id, false));
-        let text = render(Some(&svc), &RpcMetrics::default(), None);
+        let text = render(Some(&svc), &RpcMetrics::default(), None, None);
         let line = "crescent_master_nof_unmounted_segments_total 1";
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
@@ -796,7 +866,14 @@ mod tests {
             svc.put_end(w, "", k, None).unwrap();
         }
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let admin = AdminServer::start(any, Target::Fixed(svc.clone()), Arc::new(RpcMetrics::default())).await.unwrap();
+        let admin = AdminServer::start(
+            any,
+            Target::Fixed(svc.clone()),
+            Arc::new(RpcMetrics::default()),
+            SnapshotSlot::default(),
+        )
+        .await
+        .unwrap();
         let addr = admin.local_addr();
         let _turn = super::super::lister::TEST_TURNS.lock().await;
         // Another listing holds the listing thread.

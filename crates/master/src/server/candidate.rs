@@ -10,7 +10,7 @@
 //! down, and the loop bootstraps a standby again from the log — the term's state is never reused, so nothing
 //! the deposed term did without making it durable survives.
 
-use super::admin::AdminServer;
+use super::admin::{AdminServer, SnapshotSlot};
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use super::target::{Elected, Target};
@@ -151,8 +151,11 @@ impl CandidateServer {
         let bound = rpc.local_addr().map_err(bind("rpc", rpc_addr))?;
         let advertise = options.advertise.as_deref();
         let advertised = crescent_net::advertise::advertised(bound, advertise).map_err(bind("rpc", rpc_addr))?;
+        let snapshots = SnapshotSlot::default();
         let admin = match admin_addr {
-            Some(addr) => Some(AdminServer::start(addr, target, metrics).await.map_err(bind("admin", addr))?),
+            Some(addr) => {
+                Some(AdminServer::start(addr, target, metrics, snapshots.clone()).await.map_err(bind("admin", addr))?)
+            }
             None => None,
         };
         let admin_advertised = match &admin {
@@ -169,6 +172,7 @@ impl CandidateServer {
             options,
             storage,
             elected: elected.clone(),
+            snapshots,
             leader: advertised.to_string(),
             admin: admin_advertised.map(|a| a.to_string()),
         };
@@ -237,6 +241,8 @@ struct RoleLoop {
     options: CandidateOptions,
     storage: OpLogBatchStorage,
     elected: Arc<Elected>,
+    /// Where the admin server shows the current term's snapshotter.
+    snapshots: SnapshotSlot,
     /// The addresses this candidate publishes.
     leader: String,
     admin: Option<String>,
@@ -245,7 +251,7 @@ struct RoleLoop {
 /// How a standby period ended.
 enum Standby {
     /// Won the lease; the follower's reader and state to promote.
-    Won(LeaderSession, crescent_ha::oplog::OpLogStandbyReader, crate::ha::ReplayState),
+    Won(Box<(LeaderSession, crescent_ha::oplog::OpLogStandbyReader, crate::ha::ReplayState)>),
     /// The follower failed closed: bootstrap again.
     Failed,
     /// Asked to stop.
@@ -259,7 +265,7 @@ impl RoleLoop {
                 break;
             }
             let (session, reader, mut state) = match self.standby(&mut stop).await {
-                Standby::Won(s, r, st) => (s, r, st),
+                Standby::Won(won) => *won,
                 Standby::Failed => {
                     if sleep_or_stop(self.options.retry, &mut stop).await {
                         break;
@@ -310,6 +316,7 @@ impl RoleLoop {
                     continue;
                 }
             };
+            self.snapshots.set(term.snapshotter.as_ref().map(SnapshotterHandle::subscribe));
             self.elected.lead(term.svc.clone(), session.guard().clone());
             self.set(|s| {
                 s.state = HaState::Leading;
@@ -326,6 +333,7 @@ impl RoleLoop {
             let stopping = self.serve(&term, &session, &mut stop).await;
             // Serving stops before anything is torn down: no request sees a half-stopped term.
             self.elected.step_down();
+            self.snapshots.set(None);
             if !stopping {
                 tracing::warn!(view, "stepped down: no longer the leader");
             }
@@ -417,7 +425,7 @@ impl RoleLoop {
             return Standby::Stop;
         }
         match (outcome, exit.result) {
-            (Some(session), Ok(())) => Standby::Won(session, exit.reader, exit.applier),
+            (Some(session), Ok(())) => Standby::Won(Box::new((session, exit.reader, exit.applier))),
             (_, Err(e)) => {
                 tracing::error!(error = %e, "standby reader failed closed: bootstrapping again");
                 self.set(|s| {

@@ -1,7 +1,7 @@
 //! [`MasterServer`]: the one way to run a master — its service, background loop, NoF heartbeat, RPC server and
 //! admin HTTP — used alike by `crescent master`, `crescent up`, tests and benchmarks.
 
-use super::admin::AdminServer;
+use super::admin::{AdminServer, SnapshotSlot};
 use super::candidate::{CandidateOptions, CandidateServer, TermConfig};
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
@@ -152,7 +152,11 @@ impl MasterServerBuilder {
         let target = Target::Fixed(svc.clone());
         let rpc = RpcServer::bind(self.rpc, target.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
         let admin = match self.admin {
-            Some(addr) => Some(AdminServer::start(addr, target, metrics).await.map_err(bind("admin", addr))?),
+            Some(addr) => {
+                let slot = SnapshotSlot::default();
+                slot.set(snapshotter.as_ref().map(SnapshotterHandle::subscribe));
+                Some(AdminServer::start(addr, target, metrics, slot).await.map_err(bind("admin", addr))?)
+            }
             None => None,
         };
         // Started once every listener is bound, so a failed start has no thread to join.

@@ -12,7 +12,7 @@ mod nof_heartbeat;
 mod rpc;
 mod target;
 
-pub use admin::{ADMIN_HEADER_DEADLINE, ADMIN_MAX_CONNECTIONS, AdminServer, admin_router};
+pub use admin::{ADMIN_HEADER_DEADLINE, ADMIN_MAX_CONNECTIONS, AdminServer, SnapshotSlot, admin_router};
 pub use candidate::{CandidateOptions, CandidateServer};
 pub use master_server::{MasterServer, MasterServerBuilder, StartError};
 pub use nof_heartbeat::{NOF_HEARTBEAT_TICK, NofProber, TransferProber};
