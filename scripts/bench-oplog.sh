@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Master mutation throughput with the oplog off, on the embedded backend (--data-dir) and on a real etcd, in one
-# run: three masters (each with one storage node for placement), `crescent bench --phases master-put` against each
+# run: three masters (each with one storage node for placement; the etcd one is an HA candidate, so its replies
+# wait until the log holds what they depend on), `crescent bench --phases master-put` against each
 # in turn, single-key and batch 128, then the ratios to "off". Release build. Needs etcd (apt install etcd-server).
 #   scripts/bench-oplog.sh [SECONDS_PER_PHASE] [CONCURRENCY]
 set -euo pipefail

@@ -16,10 +16,12 @@ use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use super::target::{Elected, Target};
 use crate::clock::Clock;
 use crate::ha::role::{self, HaState, HaStatus};
-use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle, master_storage, start_writing};
+use crate::ha::{OpLog, OpLogOptions, ReplayState, SnapshotOptions, SnapshotterHandle, master_storage, start_writing};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_ha::leader::{Campaign, LeaderCoordinator, LeaderSession};
-use crescent_ha::oplog::{FollowerConfig, FollowerState, OpLogBatchStorage, StandbyFollower};
+use crescent_ha::oplog::{
+    DurablePrefix, FollowerConfig, FollowerState, OpLogBatchStorage, OpLogStandbyReader, StandbyFollower,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -251,7 +253,7 @@ struct RoleLoop {
 /// How a standby period ended.
 enum Standby {
     /// Won the lease; the follower's reader and state to promote.
-    Won(Box<(LeaderSession, crescent_ha::oplog::OpLogStandbyReader, crate::ha::ReplayState)>),
+    Won(Box<(LeaderSession, OpLogStandbyReader, ReplayState)>),
     /// The follower failed closed: bootstrap again.
     Failed,
     /// Asked to stop.
@@ -264,7 +266,7 @@ impl RoleLoop {
             if *stop.borrow() {
                 break;
             }
-            let (session, reader, mut state) = match self.standby(&mut stop).await {
+            let (session, reader, state) = match self.standby(&mut stop).await {
                 Standby::Won(won) => *won,
                 Standby::Failed => {
                     if sleep_or_stop(self.options.retry, &mut stop).await {
@@ -274,37 +276,11 @@ impl RoleLoop {
                 }
                 Standby::Stop => break,
             };
-            let mut reader = reader;
-            self.set(|s| s.state = HaState::Promoting);
             let view = session.view().version;
-            let promoted = role::promote(
-                &self.storage,
-                view,
-                &mut reader,
-                &mut state,
-                self.options.catch_up_deadline,
-                session.guard(),
-            )
-            .await;
-            let prefix = match promoted {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::error!(error = %e, view, "promotion failed: staying a standby");
-                    self.set(|s| {
-                        s.failed_promotions += 1;
-                        s.last_error = Some(e.to_string());
-                    });
-                    session.release().await;
-                    if sleep_or_stop(self.options.retry, &mut stop).await {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            let term = match self.start_term(state, prefix, view) {
+            let (term, prefix) = match self.promote(&session, reader, state).await {
                 Ok(t) => t,
                 Err(e) => {
-                    tracing::error!(error = %e, view, "could not start serving after promotion");
+                    tracing::error!(error = %e, view, "promotion failed: staying a standby");
                     self.set(|s| {
                         s.failed_promotions += 1;
                         s.last_error = Some(e);
@@ -354,6 +330,23 @@ impl RoleLoop {
 
     fn set(&self, f: impl FnOnce(&mut HaStatus)) {
         self.elected.update(f);
+    }
+
+    /// Promotes the standby's `state` under `session` and starts a term on it.
+    async fn promote(
+        &self,
+        session: &LeaderSession,
+        mut reader: OpLogStandbyReader,
+        mut state: ReplayState,
+    ) -> Result<(Term, DurablePrefix), String> {
+        self.set(|s| s.state = HaState::Promoting);
+        let view = session.view().version;
+        let deadline = self.options.catch_up_deadline;
+        let prefix = role::promote(&self.storage, view, &mut reader, &mut state, deadline, session.guard())
+            .await
+            .map_err(|e| e.to_string())?;
+        let term = self.start_term(state, prefix, view)?;
+        Ok((term, prefix))
     }
 
     /// A standby period: bootstrap, follow the log, campaign whenever no master leads.
@@ -476,12 +469,7 @@ impl RoleLoop {
     }
 
     /// A fresh service restored from `state` (the log up to `prefix`), producing under `view`.
-    fn start_term(
-        &self,
-        state: crate::ha::ReplayState,
-        prefix: crescent_ha::oplog::DurablePrefix,
-        view: u64,
-    ) -> Result<Term, String> {
+    fn start_term(&self, state: ReplayState, prefix: DurablePrefix, view: u64) -> Result<Term, String> {
         let t = &self.term;
         let svc = Arc::new(MasterService::new(t.config.clone(), t.clock.clone()).map_err(|c| c.to_string())?);
         let (log, (objects, segments), snapshotter) =

@@ -443,6 +443,30 @@ fn owe(owed: &mut Owed, svc: &MasterService, shared: &Shared) {
     }
 }
 
+/// Waits until what the queued replies depend on is durable; if it cannot become durable, the replies are
+/// dropped unsent.
+async fn settle(out: &mut BytesMut, owed: &mut Owed, shared: &Shared) -> Result<(), WireError> {
+    if let Some((log, seq)) = owed.take()
+        && let Err(e) = log.wait_durable(seq, shared.frame_timeout).await
+    {
+        out.clear();
+        return Err(WireError::Io(std::io::Error::other(format!("replies not sent: seq {seq} not durable ({e})"))));
+    }
+    Ok(())
+}
+
+/// [`refuse`] once the queued replies are settled (a candidate's unconfirmed replies are dropped, not sent).
+async fn refuse_settled(
+    stream: &mut TcpStream,
+    out: &mut BytesMut,
+    owed: &mut Owed,
+    shared: &Shared,
+    e: WireError,
+) -> WireError {
+    let _ = settle(out, owed, shared).await;
+    refuse(stream, out, &shared.metrics, e).await
+}
+
 /// Writes the queued replies (within the deadline: a peer that does not take its replies is closed), and
 /// releases a buffer that grew for a large reply. A candidate's replies first wait until what they depend on
 /// is durable; if it cannot become durable (the writer was fenced or stopped), the connection is closed
@@ -451,11 +475,7 @@ async fn flush(stream: &mut TcpStream, out: &mut BytesMut, owed: &mut Owed, shar
     if out.is_empty() {
         return Ok(());
     }
-    if let Some((log, seq)) = owed.take()
-        && let Err(e) = log.wait_durable(seq, shared.frame_timeout).await
-    {
-        return Err(WireError::Io(std::io::Error::other(format!("replies not sent: seq {seq} not durable ({e})"))));
-    }
+    settle(out, owed, shared).await?;
     tokio::time::timeout(shared.frame_timeout, stream.write_all(out))
         .await
         .map_err(|_| timed_out("replies taken", shared.frame_timeout))??;
@@ -526,20 +546,20 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
                 match tokio::time::timeout(*frame_timeout, inbound.rest(&stream, budget)).await {
                     Ok(Ok(request)) => request,
                     Ok(Err(WireError::Io(e))) => return Err(WireError::Io(e)),
-                    Ok(Err(e)) => return Err(refuse(&mut stream, &out, metrics, e).await),
+                    Ok(Err(e)) => return Err(refuse_settled(&mut stream, &mut out, &mut owed, shared, e).await),
                     Err(_) => return Err(timed_out("frame", *frame_timeout)),
                 }
             }
             Err(WireError::Io(e)) => return Err(WireError::Io(e)),
-            Err(e) => return Err(refuse(&mut stream, &out, metrics, e).await),
+            Err(e) => return Err(refuse_settled(&mut stream, &mut out, &mut owed, shared, e).await),
         };
         let Envelope { id, body } = match request.frame.decode::<MasterRequest>() {
             Ok(env) => env,
-            Err(e) => return Err(refuse(&mut stream, &out, metrics, e).await),
+            Err(e) => return Err(refuse_settled(&mut stream, &mut out, &mut owed, shared, e).await),
         };
         if id == 0 {
             let e = WireError::Malformed("request id 0 is reserved for the hello");
-            return Err(refuse(&mut stream, &out, metrics, e).await);
+            return Err(refuse_settled(&mut stream, &mut out, &mut owed, shared, e).await);
         }
         // A connection that has sent requests is among the last closed to make room at the cap (even when its
         // first came pipelined behind its hello, without a wait).
