@@ -429,9 +429,30 @@ fn timed_out(what: &str, limit: Duration) -> WireError {
 /// they depend on (everything committed when they were answered) becoming durable.
 type Owed = Option<(Arc<OpLog>, u64)>;
 
-/// Notes that the reply just queued depends on everything `svc`'s oplog has committed (candidates only).
-fn owe(owed: &mut Owed, svc: &MasterService, shared: &Shared) {
-    if !shared.target.durable_replies() {
+/// Requests whose acknowledgement a candidate holds until the log holds them: removals of every kind and
+/// tenant or segment teardown, whose loss in a failover would bring back what the caller was told is gone. Puts
+/// are acknowledged at once, as the original does (a put acknowledged in the last milliseconds before a leader
+/// dies may be missing after the failover: a cache miss, never stale data); reads never wait.
+fn holds_until_durable(req: &MasterRequest) -> bool {
+    use MasterRequest as R;
+    matches!(
+        req,
+        R::Remove { .. }
+            | R::BatchRemove { .. }
+            | R::RemoveAll { .. }
+            | R::RemoveByRegex { .. }
+            | R::RemoveGroup { .. }
+            | R::RemoveTenant { .. }
+            | R::SetTenantQuota { .. }
+            | R::UnmountSegment { .. }
+            | R::GracefulUnmount { .. }
+    )
+}
+
+/// Notes that the reply just queued depends on everything `svc`'s oplog has committed (a candidate's
+/// removal-type requests only, see [`holds_until_durable`]).
+fn owe(owed: &mut Owed, svc: &MasterService, hold: bool, shared: &Shared) {
+    if !hold || !shared.target.durable_replies() {
         return;
     }
     if let Some(log) = svc.oplog() {
@@ -570,6 +591,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        let hold = holds_until_durable(&body);
         let reply = match target.route() {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
@@ -590,7 +612,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
                 } else {
                     dispatch(&svc, &body)
                 };
-                owe(&mut owed, &svc, shared);
+                owe(&mut owed, &svc, hold, shared);
                 reply
             }
         };

@@ -69,8 +69,8 @@ impl Target {
         }
     }
 
-    /// Whether replies wait until what they depend on is durable: a candidate's do, so nothing it
-    /// acknowledged is lost when another master takes over.
+    /// Whether removal-type replies wait until the log holds them: a candidate's do, so nothing it said is
+    /// gone comes back when another master takes over.
     pub fn durable_replies(&self) -> bool {
         matches!(self, Target::Elected(_))
     }
