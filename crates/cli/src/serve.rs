@@ -424,11 +424,12 @@ fn print_ready(v: serde_json::Value) {
     println!("{v}");
 }
 
-/// `crescent master`: a lone master, or (with etcd) one of the cluster's candidates.
+/// `crescent master`: with an oplog a candidate — one of the cluster's with etcd, the only one (an in-process
+/// coordinator) with a data directory —, without one a lone master.
 pub async fn master(a: MasterArgs, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
-    if a.etcd.is_some() || (a.data_dir.is_none() && file.server.etcd.is_some()) {
-        return candidate(a, file, stop).await;
+    if let Some(oplog) = oplog_options(&a, file).await? {
+        return candidate(a, file, oplog, stop).await;
     }
     let m = start_master(&a, file, false).await?;
     print_ready(serde_json::json!({ "master": m.advertised.to_string(), "admin": m.admin.map(|a| a.to_string()) }));
@@ -443,20 +444,36 @@ pub async fn master(a: MasterArgs, file: &FileConfig) -> Result<()> {
 const FIRST_ROLE_WAIT: Duration = Duration::from_secs(10);
 
 /// `crescent master --etcd …`: a candidate. Ready once it leads or knows another leader.
-async fn candidate(a: MasterArgs, file: &FileConfig, stop: impl std::future::Future<Output = ()>) -> Result<()> {
-    use crescent_ha::leader::{EtcdCoordinator, EtcdCoordinatorConfig};
+async fn candidate(
+    a: MasterArgs,
+    file: &FileConfig,
+    oplog: crescent_master::ha::OpLogOptions,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    use crescent_ha::leader::{EtcdCoordinator, EtcdCoordinatorConfig, LeaderCoordinator, LocalCoordinator};
     use crescent_master::server::CandidateOptions;
-    let oplog = oplog_options(&a, file).await?.ok_or_else(|| anyhow!("a candidate needs --etcd"))?;
-    let endpoints = a.etcd.clone().or_else(|| file.server.etcd.clone()).unwrap_or_default();
-    let endpoints: Vec<String> =
-        endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+    // The flags choose the backend as a whole (see `oplog_options`): the file's etcd only without --data-dir.
+    let etcd = a.etcd.clone().or_else(|| a.data_dir.is_none().then(|| file.server.etcd.clone()).flatten());
     let ttl = a.leader_lease_ttl.or(file.server.leader_lease_ttl).unwrap_or(DEFAULT_LEADER_LEASE_TTL);
-    let mut coord = EtcdCoordinatorConfig::new(endpoints.clone(), oplog.cluster.clone());
-    coord.ttl = Duration::from_secs(ttl);
-    let coordinator = EtcdCoordinator::connect(coord)
-        .await
-        .with_context(|| format!("leader election in etcd at {}", endpoints.join(",")))?;
-    let mut options = CandidateOptions::new(std::sync::Arc::new(coordinator));
+    let coordinator: std::sync::Arc<dyn LeaderCoordinator> = match etcd {
+        Some(endpoints) => {
+            let endpoints: Vec<String> =
+                endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+            let mut coord = EtcdCoordinatorConfig::new(endpoints.clone(), oplog.cluster.clone());
+            coord.ttl = Duration::from_secs(ttl);
+            let c = EtcdCoordinator::connect(coord)
+                .await
+                .with_context(|| format!("leader election in etcd at {}", endpoints.join(",")))?;
+            std::sync::Arc::new(c)
+        }
+        // The embedded mode: this master is the only candidate; its views count on from the log's producer view.
+        None => {
+            let storage = crescent_master::ha::master_storage(&oplog)?;
+            let after = storage.read_producer_view().await.context("reading the oplog's producer view")?;
+            std::sync::Arc::new(LocalCoordinator::new(after.unwrap_or(0)))
+        }
+    };
+    let mut options = CandidateOptions::new(coordinator);
     options.advertise = a.advertise.clone().or_else(|| file.server.advertise.clone());
     let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, true)?;
     let s = master_settings(&a, file, false)?;
@@ -471,10 +488,11 @@ async fn candidate(a: MasterArgs, file: &FileConfig, stop: impl std::future::Fut
         .start_candidate(options)
         .await?;
     tracing::info!(
-        "master candidate of cluster {cluster} listening on {} (advertised as {}), admin {}, lease {ttl} s; {:?}",
+        "master candidate of cluster {cluster} listening on {} (advertised as {}), admin {}, leadership {}; {:?}",
         server.rpc_addr(),
         server.advertised(),
         server.admin_addr().map_or("off".to_owned(), |a| a.to_string()),
+        server.status().coordinator,
         s.config,
     );
     let mut status = server.subscribe();

@@ -61,6 +61,8 @@ async fn survives_kill9_with(oplog: &[&str], snapshots: Option<&Path>) {
     if let Some(dir) = snapshots {
         let two = eventually(WAIT, || async { snapshots_in(dir).len() >= 2 }).await;
         assert!(two, "two snapshots were never published: {:?}", snapshots_in(dir));
+        let h = health(&admin).unwrap();
+        assert!(h["snapshots"]["written"].as_u64().is_some_and(|n| n >= 2), "/health shows the snapshots: {h}");
     }
     for i in (0..OBJECTS).filter(|i| removed(*i)) {
         client.remove(&key(i), true).await.unwrap();
@@ -95,6 +97,9 @@ async fn survives_kill9_with(oplog: &[&str], snapshots: Option<&Path>) {
         assert_eq!(client.get(&k).await.unwrap(), value(i));
     }
     let h = health(&admin).unwrap();
+    // With an oplog a master is a candidate (the only one of an in-process coordinator with --data-dir).
+    assert_eq!(h["role"], "leader", "{h}");
+    assert_eq!(h["ha"]["promotions"], 1, "{h}");
     assert_eq!(h["keys"].as_u64(), Some((OBJECTS - (0..OBJECTS).filter(|i| removed(*i)).count() + 50) as u64));
 }
 
