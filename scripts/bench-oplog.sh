@@ -16,6 +16,8 @@ work=$(mktemp -d /tmp/crescent-bench-oplog.XXXXXX)
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Servers started by `start` (in a command substitution's subshell) leave their pid in a file.
+    for f in "$work"/*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$work"
 }
@@ -27,7 +29,7 @@ start() {
     local field=$1 name=$2
     shift 2
     "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err" &
-    pids+=($!)
+    echo $! >"$work/$name.pid"
     for _ in $(seq 1 600); do
         if [ -s "$work/$name.out" ]; then
             python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])" "$work/$name.out" "$field"
@@ -57,13 +59,19 @@ for m in off embedded etcd; do
 done
 
 echo "master-put, ${secs}s per phase, concurrency $conc, $(nproc) CPUs, $(git rev-parse --short HEAD)"
-printf '%-10s %-7s %14s %10s %10s %10s\n' oplog batch "keys/s" p50 p99 "vs off"
+# The master's CPU time per key (utime + stime from /proc, in clock ticks): what the oplog costs the master,
+# unlike keys/s robust to other load on the machine.
+ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/m-$1.pid")/stat"; }
+hz=$(getconf CLK_TCK)
+printf '%-10s %-7s %14s %10s %10s %10s %14s\n' oplog batch "keys/s" p50 p99 "vs off" "master µs/key"
 declare -A base
 for batch in 1 128; do
     for m in off embedded etcd; do
         json="$work/$m-$batch.json"
+        t0=$(ticks "$m")
         "$bin" bench --master "${master[$m]}" --phases master-put --batch "$batch" --concurrency "$conc" \
             --duration "$secs" --value-size 4KiB --json "$json" >/dev/null
+        t1=$(ticks "$m")
         read -r rate p50 p99 errors < <(python3 -c '
 import json, sys
 p = json.loads(open(sys.argv[1]).readline())
@@ -71,6 +79,7 @@ print("%.0f %sus %sus %s" % (p["keys_per_s"], p["p50_us"], p["p99_us"], p["error
         [ "$errors" = 0 ] || echo "warning: $errors errors against the $m master" >&2
         [ "$m" = off ] && base[$batch]=$rate
         ratio=$(python3 -c "print(f'{$rate / ${base[$batch]}:.2f}')")
-        printf '%-10s %-7s %14s %10s %10s %10s\n' "$m" "$batch" "$rate" "$p50" "$p99" "$ratio"
+        cpu=$(python3 -c "print(f'{($t1 - $t0) * 1e6 / $hz / ($rate * $secs):.2f}')")
+        printf '%-10s %-7s %14s %10s %10s %10s %14s\n' "$m" "$batch" "$rate" "$p50" "$p99" "$ratio" "$cpu"
     done
 done
