@@ -6,7 +6,7 @@
 //!   the same bytes (a put is acknowledged at once, as the original does: one acknowledged in the last
 //!   milliseconds may be missing, never wrong), the log has no sequence gap, and the old leader, restarted,
 //!   rejoins as a standby that follows the new one.
-//! - `SIGSTOP` of the leader past its lease: another takes over; after `SIGCONT` the old leader serves nothing
+//! - `SIGSTOP` of the leader past its lease (same cluster shape): another takes over; after `SIGCONT` the old leader serves nothing
 //!   and the write it was sent while stopped is refused.
 //! - etcd restarted under the cluster: it recovers by itself.
 //! - `failover_time` (ignored; run by hand): kill -9 → first successful put through the new leader, 5 trials.
@@ -264,10 +264,10 @@ async fn a_leader_stopped_past_its_lease_is_replaced_and_serves_nothing_after() 
     let etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
     let endpoint = etcd.endpoint().trim_start_matches("http://").to_owned();
     let address = format!("etcd://{endpoint}/{CLUSTER}");
-    let masters: Vec<Proc> = (0..2).map(|_| candidate(&endpoint)).collect();
+    let masters: Vec<Proc> = (0..3).map(|_| candidate(&endpoint)).collect();
     let admins: Vec<Option<String>> = masters.iter().map(|m| Some(m.field("admin"))).collect();
     let old = leader(&admins).await;
-    let _node = node(&address);
+    let _nodes = [node(&address), node(&address)];
     let client = Client::new(ClientConfig::new(address.clone()).with_request_timeout(Duration::from_secs(20)));
     let load = Load::start(client.clone(), "stop");
     load.progresses(100, "before SIGSTOP").await;
@@ -302,10 +302,10 @@ async fn the_cluster_recovers_by_itself_after_etcd_restarts() {
     let mut etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
     let endpoint = etcd.endpoint().trim_start_matches("http://").to_owned();
     let address = format!("etcd://{endpoint}/{CLUSTER}");
-    let masters: Vec<Proc> = (0..2).map(|_| candidate(&endpoint)).collect();
+    let masters: Vec<Proc> = (0..3).map(|_| candidate(&endpoint)).collect();
     let admins: Vec<Option<String>> = masters.iter().map(|m| Some(m.field("admin"))).collect();
     leader(&admins).await;
-    let _node = node(&address);
+    let _nodes = [node(&address), node(&address)];
     let client = Client::new(ClientConfig::new(address.clone()).with_request_timeout(Duration::from_secs(20)));
     client.put("before-outage", b"kept").await.unwrap();
     let l = leader(&admins).await;
