@@ -28,31 +28,16 @@ use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "failover-test";
 const WAIT: Duration = Duration::from_secs(60);
-/// The candidates' lease TTL (s): short, so a takeover comes quickly.
+/// The candidates' lease TTL (s) `crescent_testkit::process::candidate` gives them.
 const TTL: &str = "2";
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_crescent"))
 }
 
-/// A candidate process of [`CLUSTER`].
+/// A candidate process of [`CLUSTER`] (lease TTL [`TTL`]).
 fn candidate(endpoint: &str) -> Proc {
-    Proc::start(
-        bin(),
-        &[
-            "master",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--etcd",
-            endpoint,
-            "--cluster-id",
-            CLUSTER,
-            "--leader-lease-ttl",
-            TTL,
-        ],
-    )
+    crescent_testkit::process::candidate(bin(), endpoint, CLUSTER)
 }
 
 fn node(address: &str) -> Proc {

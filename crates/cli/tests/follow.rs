@@ -42,20 +42,7 @@ async fn leads(admin: &str) -> u64 {
 }
 
 fn master(endpoint: &str) -> Proc {
-    let args = [
-        "master",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--etcd",
-        endpoint,
-        "--cluster-id",
-        CLUSTER,
-        "--leader-lease-ttl",
-        "2",
-    ];
-    Proc::start(bin(), &args)
+    crescent_testkit::process::candidate(bin(), endpoint, CLUSTER)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
