@@ -222,6 +222,8 @@ pub struct Global {
     pub client: ClientSection,
     /// `--request-timeout`, else `[client] request_timeout`, else the client's default.
     pub request_timeout: Option<std::time::Duration>,
+    /// What the client proves to an authenticating cluster (from the environment; see the binary's `auth`).
+    pub credential: Option<crescent_net::auth::CredentialSource>,
 }
 
 impl Global {
@@ -232,6 +234,7 @@ impl Global {
             tenant: tenant.clone().or_else(|| file.tenant.clone()).unwrap_or_default(),
             client: file.client.clone(),
             request_timeout: file.client.request_timeout.as_deref().and_then(|t| crate::parse_duration(t).ok()),
+            credential: None,
         }
     }
 
@@ -258,7 +261,7 @@ impl Global {
         if let Some(t) = self.request_timeout {
             c = c.with_request_timeout(t);
         }
-        c
+        c.with_credential(self.credential.clone())
     }
 }
 

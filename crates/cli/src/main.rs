@@ -9,9 +9,10 @@
 //! `RUST_LOG`, `--log-format json`).
 //!
 //! Modules: `serve` (`up`, `master`, `node`), `ops` (`put`, `get`, `rm`, `ls`, `stat`), `admin` (`tenant`,
-//! `ssd`), `bench`, `demo`, and, from the library part, `config` (the TOML file).
+//! `ssd`), `auth` (the cluster secret, credentials, `credential`, `secret`, the loopback rule), `bench`, `demo`, and, from the library part, `config` (the TOML file).
 
 mod admin;
+mod auth;
 mod bench;
 mod demo;
 mod ops;
@@ -161,6 +162,10 @@ enum Command {
     /// Client-local SSD registrations.
     #[command(subcommand)]
     Ssd(admin::SsdCommand),
+    /// Print the credential of a principal (admin, node, tenant:NAME), derived from the cluster secret.
+    Credential(auth::CredentialArgs),
+    /// Print a new random cluster secret (save it to a file of mode 600 for --secret-file).
+    Secret,
     /// Replay a KV-cache workload through the master core in-process.
     Demo(demo::DemoArgs),
     /// Print a shell completion script to stdout (e.g. `crescent completions bash > /etc/bash_completion.d/crescent`).
@@ -186,7 +191,12 @@ impl Command {
             | Command::Bench { to, .. } => client(to),
             Command::Tenant(t) => (t.master(), None),
             Command::Ssd(s) => (s.master(), None),
-            Command::Up(_) | Command::Master(_) | Command::Demo(_) | Command::Completions { .. } => (None, None),
+            Command::Up(_)
+            | Command::Master(_)
+            | Command::Demo(_)
+            | Command::Completions { .. }
+            | Command::Credential(_)
+            | Command::Secret => (None, None),
         }
     }
 
@@ -321,8 +331,19 @@ fn main() -> ExitCode {
     if let Some(t) = cli.command.request_timeout() {
         global.request_timeout = Some(t);
     }
+    if role == Role::Client {
+        match auth::client_credential() {
+            Ok(c) => global.credential = c,
+            Err(e) => {
+                eprintln!("INVALID_PARAMS: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     match cli.command {
         Command::Demo(a) => return report(demo::run(a)),
+        Command::Credential(a) => return report(auth::credential(&a)),
+        Command::Secret => return report(auth::secret()),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "crescent", &mut std::io::stdout());
             return ExitCode::SUCCESS;
@@ -350,7 +371,9 @@ fn main() -> ExitCode {
             Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
             Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
             Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
-            Command::Demo(_) | Command::Completions { .. } => ExitCode::SUCCESS,
+            Command::Demo(_) | Command::Completions { .. } | Command::Credential(_) | Command::Secret => {
+                ExitCode::SUCCESS
+            }
         }
     })
 }

@@ -27,7 +27,7 @@ pub struct MasterArgs {
     ))]
     advertise: Option<String>,
     /// Admin HTTP listen address.
-    #[arg(long, help = dflt("Admin HTTP listen address", format!("the listen IP, port {DEFAULT_ADMIN_PORT} (0 with --listen port 0)")))]
+    #[arg(long, help = dflt("Admin HTTP listen address", format!("127.0.0.1, port {DEFAULT_ADMIN_PORT} (0 with --listen port 0)")))]
     admin: Option<String>,
     /// Read lease in ms.
     #[arg(long, help = dflt("Read lease in ms", MasterConfig::default().lease_ttl_ms))]
@@ -99,6 +99,8 @@ pub struct MasterArgs {
     data_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     snapshots: crate::snapshots::SnapshotArgs,
+    #[command(flatten)]
+    auth: crate::auth::SecretArgs,
 }
 
 /// Where the master's oplog lives: `--etcd` (with `--cluster-id`), `--data-dir`, or neither (none); flags over
@@ -203,6 +205,8 @@ pub struct NodeArgs {
     shutdown_grace_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    auth: crate::auth::SecretArgs,
 }
 
 /// `up` flags: the master's, plus the embedded node's segments.
@@ -312,6 +316,8 @@ struct Settings {
     admin: SocketAddr,
     poll: Duration,
     limits: RpcLimits,
+    /// The cluster secret(s), if the cluster authenticates.
+    keyring: Option<std::sync::Arc<crescent_net::auth::Keyring>>,
 }
 
 fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Settings> {
@@ -319,18 +325,22 @@ fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<
     let listen = addr(a.listen.as_deref().or(file.server.listen.as_deref()).unwrap_or(DEFAULT_MASTER))?;
     let admin = match a.admin.as_deref().or(file.server.admin.as_deref()) {
         Some(s) => addr(s)?,
-        None => SocketAddr::new(listen.ip(), if listen.port() == 0 { 0 } else { DEFAULT_ADMIN_PORT }),
+        // Loopback unless asked: its read routes are open to scrapers (issue 17).
+        None => SocketAddr::from(([127, 0, 0, 1], if listen.port() == 0 { 0 } else { DEFAULT_ADMIN_PORT })),
     };
     let poll = file.server.poll_us.map_or(default_poll(combined), Duration::from_micros);
     let mut limits = rpc_limits(&a.limits, file)?;
     if combined {
         limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     }
-    Ok(Settings { config, listen, admin, poll, limits })
+    let keyring = a.auth.keyring()?;
+    a.auth.guard(keyring.as_deref(), &[("rpc", listen), ("admin", admin)])?;
+    crate::auth::reload_on_hangup(keyring.clone(), "master")?;
+    Ok(Settings { config, listen, admin, poll, limits, keyring })
 }
 
 async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
-    let Settings { config, listen, admin, poll, limits } = master_settings(a, file, combined)?;
+    let Settings { config, listen, admin, poll, limits, keyring } = master_settings(a, file, combined)?;
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let oplog = oplog_options(a, file).await?;
     let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some())?;
@@ -341,6 +351,7 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         .limits(limits)
         .oplog(oplog)
         .snapshots(snapshots)
+        .keyring(keyring)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
@@ -385,6 +396,9 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     if let Some(ms) = a.limits.frame_timeout_ms.or(n.frame_timeout_ms) {
         c.frame_timeout = Duration::from_millis(ms);
     }
+    c.keyring = a.auth.keyring()?;
+    a.auth.guard(c.keyring.as_deref(), &[("data plane", c.listen)])?;
+    crate::auth::reload_on_hangup(c.keyring.clone(), "node")?;
     Ok(c)
 }
 
@@ -485,6 +499,7 @@ async fn candidate(
         .limits(s.limits)
         .oplog(Some(oplog))
         .snapshots(snapshots)
+        .keyring(s.keyring)
         .start_candidate(options)
         .await?;
     tracing::info!(
@@ -556,6 +571,7 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
         segments: a.segments,
         shutdown_grace_ms: None,
         limits: LimitArgs::default(),
+        auth: a.master.auth.clone(),
     };
     let listen = SocketAddr::new(m.server.rpc_addr().ip(), 0);
     let mut config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;

@@ -135,7 +135,7 @@ fn node_args<'a>(master: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 fn a_node_on_an_unspecified_address_advertises_one_others_can_reach() {
     let m = master();
     let addr = m.field("master");
-    let node = Proc::start(bin(), &node_args(&addr, &["--listen", "0.0.0.0:0"]));
+    let node = Proc::start(bin(), &node_args(&addr, &["--listen", "0.0.0.0:0", "--insecure"]));
     let endpoint: SocketAddr = node.field("node").parse().unwrap();
     assert!(!endpoint.ip().is_unspecified() && endpoint.port() != 0, "{endpoint}");
     assert_eq!(round_trip(&addr, "k"), endpoint.to_string(), "the master knows the node by its advertised address");
@@ -143,7 +143,8 @@ fn a_node_on_an_unspecified_address_advertises_one_others_can_reach() {
     // A master of its own: the killed node's segment stays registered until its TTL runs out.
     let m = master();
     let addr = m.field("master");
-    let node = Proc::start(bin(), &node_args(&addr, &["--listen", "0.0.0.0:0", "--advertise", "127.0.0.1"]));
+    let node =
+        Proc::start(bin(), &node_args(&addr, &["--listen", "0.0.0.0:0", "--advertise", "127.0.0.1", "--insecure"]));
     let endpoint: SocketAddr = node.field("node").parse().unwrap();
     assert_eq!(endpoint.ip().to_string(), "127.0.0.1");
     assert_ne!(endpoint.port(), 0);
@@ -152,11 +153,13 @@ fn a_node_on_an_unspecified_address_advertises_one_others_can_reach() {
 
 #[test]
 fn a_master_on_an_unspecified_address_advertises_a_concrete_one() {
-    let m =
-        Proc::start(bin(), &["master", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0", "--advertise", "127.0.0.1"]);
+    let m = Proc::start(
+        bin(),
+        &["master", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0", "--advertise", "127.0.0.1", "--insecure"],
+    );
     let addr: SocketAddr = m.field("master").parse().unwrap();
     assert_eq!(addr.ip().to_string(), "127.0.0.1");
-    let m = Proc::start(bin(), &["master", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0"]);
+    let m = Proc::start(bin(), &["master", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0", "--insecure"]);
     let addr: SocketAddr = m.field("master").parse().unwrap();
     assert!(!addr.ip().is_unspecified(), "{addr}");
 }

@@ -14,6 +14,7 @@
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
+use crescent_net::auth::CredentialSource;
 use crescent_net::poll::InFlight;
 use crescent_proto::batch;
 use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
@@ -55,6 +56,9 @@ pub struct ClientConfig {
     /// How long a request polls for its master reply before parking its thread (0 = never). A short poll
     /// avoids a sleeping CPU's wake-up on the reply path (tens of µs on VMs) at the cost of that CPU time.
     pub poll_window: Duration,
+    /// What the client proves to the master (and, through `transfer.credential`, to storage nodes) in a cluster
+    /// that authenticates; set both with [`ClientConfig::with_credential`].
+    pub credential: Option<CredentialSource>,
 }
 
 impl ClientConfig {
@@ -73,7 +77,15 @@ impl ClientConfig {
             },
             host_id: None,
             poll_window: Duration::from_micros(50),
+            credential: None,
         }
+    }
+
+    /// Proves `credential` to the master and to storage nodes (`None`: a cluster without authentication).
+    pub fn with_credential(mut self, credential: Option<CredentialSource>) -> Self {
+        self.transfer.credential = credential.clone();
+        self.credential = credential;
+        self
     }
 
     /// Bounds every master request (per master address tried) and every data-plane exchange (connecting to
@@ -350,6 +362,7 @@ impl Client {
             config.request_timeout,
         )
         .with_poll_window(config.poll_window)
+        .with_credential(config.credential.clone())
         .with_in_flight(inflight.clone());
         let transfer = TransferClient::with_in_flight(config.transfer.clone(), local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);

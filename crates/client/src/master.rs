@@ -23,6 +23,7 @@ use crate::error::ClientError;
 use bytes::Bytes;
 use crescent_ha::leader::watch::{FollowerConfig, ViewFollower, is_not_leader};
 use crescent_ha::leader::{MasterAddress, MasterView};
+use crescent_net::auth::{Credential, CredentialSource};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
@@ -197,6 +198,8 @@ pub struct MasterConnection {
     preferred: AtomicUsize,
     client: ClientId,
     role: PeerRole,
+    /// What each connection's hello proves, for a master that authenticates its peers.
+    credential: Option<CredentialSource>,
     /// How long one attempt at one address may take, dialling included.
     timeout: Duration,
     poll_window: Duration,
@@ -326,12 +329,18 @@ fn invalid(message: String) -> ClientError {
 }
 
 /// A connection to `addr`.
-async fn dial(addr: &str, role: PeerRole, client: ClientId, poll_window: Duration) -> Result<Arc<Conn>, ClientError> {
+async fn dial(
+    addr: &str,
+    role: PeerRole,
+    client: ClientId,
+    credential: Option<&Credential>,
+    poll_window: Duration,
+) -> Result<Arc<Conn>, ClientError> {
     // The caller bounds the whole dial (connect and hello) by its attempt's deadline.
     let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason, timed_out: false };
     let mut stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
     stream.set_nodelay(true).map_err(WireError::Io)?;
-    match hello::open(&mut stream, role, Some(client)).await {
+    match hello::open(&mut stream, role, Some(client), credential).await {
         Err(HandshakeError::Timeout) => return Err(ClientError::Timeout),
         Ok(_) => {}
         Err(HandshakeError::Refused(refusal)) => {
@@ -340,6 +349,11 @@ async fn dial(addr: &str, role: PeerRole, client: ClientId, poll_window: Duratio
         }
         Err(HandshakeError::Protocol(e)) => return Err(e.into()),
         Err(HandshakeError::Io(e)) => return Err(WireError::Io(e).into()),
+        // Only a server reports this; kept total.
+        Err(HandshakeError::Unauthenticated(why)) => {
+            let message = why.to_string();
+            return Err(ClientError::Refused(ErrorFrame { code: ErrorCode::AuthenticationFailed, message }));
+        }
     }
     let (rd, wr) = stream.into_split();
     let sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
@@ -440,6 +454,7 @@ impl MasterConnection {
             preferred: AtomicUsize::new(0),
             client,
             role,
+            credential: None,
             timeout,
             poll_window: Duration::ZERO,
             inflight: Arc::default(),
@@ -447,6 +462,12 @@ impl MasterConnection {
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Proves `credential` in every connection's hello (a master with a keyring refuses peers without one).
+    pub fn with_credential(mut self, credential: Option<CredentialSource>) -> Self {
+        self.credential = credential;
+        self
     }
 
     /// Poll up to `window` for a reply before parking (0 = never poll; see `Conn::wait`).
@@ -504,7 +525,8 @@ impl MasterConnection {
         if let Some(c) = slot.as_ref().filter(|c| &*c.addr == addr && c.reusable()) {
             return Ok(c.clone());
         }
-        let conn = dial(addr, self.role, self.client, self.poll_window).await?;
+        let credential = self.credential.as_ref().map(CredentialSource::current);
+        let conn = dial(addr, self.role, self.client, credential.as_ref(), self.poll_window).await?;
         *slot = Some(conn.clone());
         Ok(conn)
     }

@@ -6,11 +6,14 @@
 //! Each side reads exactly the hello frame and nothing after it, so requests a client pipelines behind its
 //! hello stay in the socket for the connection's own reader.
 
+use crate::auth::{self, AuthFailure, Credential, Keyring};
 use crate::frame::{self, ShapeError};
-use crescent_proto::ClientId;
 use crescent_proto::wire::{
-    Envelope, ErrorFrame, Head, Hello, HelloAck, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, WireError,
+    AuthAck, AuthHello, AuthReply, Envelope, ErrorFrame, FRAME_PREFIX, Hello, HelloAck, HelloProof, HelloReply, Limits,
+    MAX_HELLO_FRAME, PeerRole, WireError, frame_prefix,
 };
+use crescent_proto::{ClientId, ErrorCode, Principal};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::io;
 use std::time::Duration;
@@ -28,51 +31,122 @@ pub enum HandshakeError {
     /// The other side broke the protocol (a server answered such a client with a refusal before closing).
     #[error(transparent)]
     Protocol(WireError),
-    /// The server refused this client.
+    /// The server refused this client (or, with `AUTHENTICATION_FAILED`, did not prove itself to it).
     #[error("refused: {}: {}", .0.code, .0.message)]
     Refused(ErrorFrame),
+    /// Server side: the peer did not authenticate; it has been told why and the connection closed.
+    #[error("{0}")]
+    Unauthenticated(AuthFailure),
     /// The hello did not complete in time.
     #[error("hello timed out")]
     Timeout,
 }
 
-/// Client side: sends this build's hello for `role` (and `client`, if it has an identity) and reads the
-/// server's answer. The caller bounds the wait (connecting usually has a deadline of its own).
+/// A peer the server admitted: its hello and, when the server authenticates, the principal it proved.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The peer's hello.
+    pub hello: Hello,
+    /// Who it proved it is (`None` on a server without a keyring).
+    pub principal: Option<Principal>,
+}
+
+/// Client side: sends this build's hello for `role` (and `client`, if it has an identity), proves `credential`
+/// when it has one, and reads the server's answer. A client with a credential refuses a server that does not
+/// prove it holds the cluster secret. The caller bounds the wait (connecting usually has a deadline of its own).
 pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     role: PeerRole,
     client: Option<ClientId>,
+    credential: Option<&Credential>,
 ) -> Result<HelloAck, HandshakeError> {
-    let hello = Head::encode(0, &Hello::new(role, client), 0).map_err(HandshakeError::Protocol)?;
-    io.write_all(hello.as_bytes()).await?;
+    let mut hello = Hello::new(role, client);
+    if let Some(cred) = credential {
+        hello.auth = Some(AuthHello { principal: cred.principal().to_string(), nonce: auth::nonce()? });
+    }
+    let frame = encode(&hello)?;
+    io.write_all(&frame).await?;
     io.flush().await?;
-    match read_hello_frame::<_, HelloReply>(io).await? {
-        Some(Ok(ack)) => Ok(ack),
-        Some(Err(refusal)) => Err(HandshakeError::Refused(refusal)),
+    let ack = match read_hello_frame::<_, HelloReply>(io).await? {
+        Some((Ok(ack), _)) => ack,
+        Some((Err(refusal), _)) => return Err(HandshakeError::Refused(refusal)),
+        None => return Err(HandshakeError::Io(io::ErrorKind::UnexpectedEof.into())),
+    };
+    let Some(cred) = credential else { return Ok(ack) };
+    let Some(challenge) = ack.challenge else {
+        return Err(unproven("the server does not authenticate (it runs without a cluster secret)"));
+    };
+    let transcript = auth::transcript(&frame[FRAME_PREFIX..], &challenge);
+    io.write_all(&encode(&HelloProof { mac: cred.client_mac(&transcript) })?).await?;
+    io.flush().await?;
+    match read_hello_frame::<_, AuthReply>(io).await? {
+        Some((Ok(AuthAck { mac }), _)) if cred.verify_server(&transcript, &mac) => Ok(ack),
+        Some((Ok(_), _)) => Err(unproven("the server's proof is wrong: it does not hold this cluster's secret")),
+        Some((Err(refusal), _)) => Err(HandshakeError::Refused(refusal)),
         None => Err(HandshakeError::Io(io::ErrorKind::UnexpectedEof.into())),
     }
 }
 
-/// Server side: reads a new connection's hello and answers it with `limits`, all within `deadline`; `Ok(None)` when
-/// the peer left without sending a byte. A hello that breaks the protocol (too large, undecodable, wrong magic
-/// or version) is returned as [`HandshakeError::Protocol`] with nothing written yet, so the server can count
-/// it before the peer learns of it; the server then answers it with [`refuse`].
+fn unproven(why: &str) -> HandshakeError {
+    HandshakeError::Refused(ErrorFrame { code: ErrorCode::AuthenticationFailed, message: why.to_owned() })
+}
+
+/// Server side: reads a new connection's hello and answers it with `limits`, all within `deadline`; `Ok(None)`
+/// when the peer left without sending a byte. With a keyring the peer must prove a credential of it: one that
+/// does not is refused (`AUTHENTICATION_FAILED`, the connection closed) and returned as
+/// [`HandshakeError::Unauthenticated`]. A hello that breaks the protocol (too large, undecodable, wrong magic or
+/// version) is returned as [`HandshakeError::Protocol`] with nothing written yet, so the server can count it
+/// before the peer learns of it; the server then answers it with [`refuse`].
 pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     limits: Limits,
     deadline: Duration,
-) -> Result<Option<Hello>, HandshakeError> {
+    keyring: Option<&Keyring>,
+) -> Result<Option<Admitted>, HandshakeError> {
     let handshake = async {
-        let Some(hello) = read_hello_frame::<_, Hello>(io).await? else {
+        let Some((hello, header)) = read_hello_frame::<_, Hello>(io).await? else {
             return Ok(None);
         };
-        let ack = hello.negotiate(limits).map_err(HandshakeError::Protocol)?;
-        let reply = Head::encode(0, &HelloReply::Ok(ack), 0).map_err(HandshakeError::Protocol)?;
-        io.write_all(reply.as_bytes()).await?;
+        let mut ack = hello.negotiate(limits).map_err(HandshakeError::Protocol)?;
+        let Some(ring) = keyring else {
+            io.write_all(&encode(&HelloReply::Ok(ack))?).await?;
+            io.flush().await?;
+            return Ok(Some(Admitted { hello, principal: None }));
+        };
+        let principal = match admit_principal(&hello) {
+            Ok(p) => p,
+            Err(why) => return Err(refuse_auth(io, why).await),
+        };
+        let challenge = auth::nonce()?;
+        ack.challenge = Some(challenge);
+        io.write_all(&encode(&HelloReply::Ok(ack))?).await?;
         io.flush().await?;
-        Ok(Some(hello))
+        let Some((HelloProof { mac }, _)) = read_hello_frame::<_, HelloProof>(io).await? else {
+            return Err(HandshakeError::Io(io::ErrorKind::UnexpectedEof.into()));
+        };
+        let transcript = auth::transcript(&header, &challenge);
+        let Some(proof) = auth::verify_client(ring, &principal, &transcript, &mac) else {
+            return Err(refuse_auth(io, AuthFailure::BadProof(principal)).await);
+        };
+        io.write_all(&encode(&AuthReply::Ok(AuthAck { mac: proof.0 }))?).await?;
+        io.flush().await?;
+        Ok(Some(Admitted { hello, principal: Some(principal) }))
     };
     tokio::time::timeout(deadline, handshake).await.map_err(|_| HandshakeError::Timeout)?
+}
+
+/// The principal a hello claims, if it claims a valid one.
+fn admit_principal(hello: &Hello) -> Result<Principal, AuthFailure> {
+    let claim = hello.auth.as_ref().ok_or(AuthFailure::Missing)?;
+    claim.principal.parse().map_err(|_| AuthFailure::BadPrincipal(claim.principal.chars().take(64).collect()))
+}
+
+/// Tells the peer why it is not admitted and closes; the failure is what the server counts.
+async fn refuse_auth<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, why: AuthFailure) -> HandshakeError {
+    // `HelloReply` and `AuthReply` encode their `Err` alike, so this answers whichever the peer awaits.
+    let reply: HelloReply = Err(ErrorFrame { code: ErrorCode::AuthenticationFailed, message: why.to_string() });
+    frame::refuse(io, &[], &reply).await;
+    HandshakeError::Unauthenticated(why)
 }
 
 /// Server side: answers a hello that broke the protocol with why, and closes the connection gracefully.
@@ -81,9 +155,23 @@ pub async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, e: &WireError
     frame::refuse(io, &[], &reply).await;
 }
 
-/// Reads one hello-sized frame with no payload and decodes its body; `Ok(None)` on a clean end of stream
-/// before its first byte.
-async fn read_hello_frame<S: AsyncRead + Unpin, T: DeserializeOwned>(io: &mut S) -> Result<Option<T>, HandshakeError> {
+/// A hello-stage frame (request id 0, no payload): prefix and header.
+fn encode<T: Serialize>(body: &T) -> Result<Vec<u8>, HandshakeError> {
+    let header = postcard::to_stdvec(&Envelope { id: 0, body })
+        .map_err(|e| HandshakeError::Protocol(WireError::Decode(e.to_string())))?;
+    if FRAME_PREFIX + header.len() > MAX_HELLO_FRAME {
+        return Err(HandshakeError::Protocol(WireError::Malformed("hello too large")));
+    }
+    let mut frame = frame_prefix(header.len(), 0).map_err(HandshakeError::Protocol)?.to_vec();
+    frame.extend_from_slice(&header);
+    Ok(frame)
+}
+
+/// Reads one hello-sized frame with no payload and decodes its body (returned with the header's bytes, which
+/// the authenticated hello MACs); `Ok(None)` on a clean end of stream before its first byte.
+async fn read_hello_frame<S: AsyncRead + Unpin, T: DeserializeOwned>(
+    io: &mut S,
+) -> Result<Option<(T, Vec<u8>)>, HandshakeError> {
     let mut first = [0u8; 1];
     if io.read(&mut first).await? == 0 {
         return Ok(None);
@@ -104,13 +192,13 @@ async fn read_hello_frame<S: AsyncRead + Unpin, T: DeserializeOwned>(io: &mut S)
     if env.id != 0 {
         return Err(HandshakeError::Protocol(WireError::Malformed("a hello travels under request id 0")));
     }
-    Ok(Some(env.body))
+    Ok(Some((env.body, header)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crescent_proto::ErrorCode;
+    use crescent_proto::{ErrorCode, TenantId};
 
     #[tokio::test]
     async fn a_client_and_a_server_agree_and_pipelined_bytes_stay_unread() {
@@ -118,14 +206,15 @@ mod tests {
         let id = ClientId::random();
         let (ack, hello) = tokio::join!(
             async {
-                let ack = open(&mut client, PeerRole::Node, Some(id)).await.unwrap();
+                let ack = open(&mut client, PeerRole::Node, Some(id), None).await.unwrap();
                 client.write_all(b"next").await.unwrap();
                 ack
             },
-            answer(&mut server, Limits::DATA, Duration::from_secs(10))
+            answer(&mut server, Limits::DATA, Duration::from_secs(10), None)
         );
-        let hello = hello.unwrap().unwrap();
-        assert_eq!((hello.role, hello.client_id), (PeerRole::Node, Some(id)));
+        let admitted = hello.unwrap().unwrap();
+        assert_eq!((admitted.hello.role, admitted.hello.client_id), (PeerRole::Node, Some(id)));
+        assert_eq!(admitted.principal, None);
         assert_eq!(ack.limits, Limits::DATA);
         let mut next = [0u8; 4];
         server.read_exact(&mut next).await.unwrap();
@@ -137,25 +226,120 @@ mod tests {
         // Wrong magic: the client is told why.
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let bad = Hello { magic: *b"HTTP", ..Hello::new(PeerRole::Client, None) };
-        client.write_all(Head::encode(0, &bad, 0).unwrap().as_bytes()).await.unwrap();
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10)).await;
+        client.write_all(&encode(&bad).unwrap()).await.unwrap();
+        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await;
         let Err(HandshakeError::Protocol(e)) = served else { panic!("{served:?}") };
         let (_, reply) = tokio::join!(refuse(&mut server, &e), async move {
-            read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap()
+            read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap().0
         });
         assert_eq!(reply.unwrap_err().code, ErrorCode::InvalidParams);
         // A frame announced beyond the hello limit is refused on its length alone.
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         client.write_all(&(16u32 << 20).to_be_bytes()).await.unwrap();
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10)).await;
+        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await;
         assert!(matches!(served, Err(HandshakeError::Protocol(WireError::FrameTooLarge { .. }))), "{served:?}");
         // A peer that connects and says nothing.
         let (_client, mut server) = tokio::io::duplex(1 << 16);
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_millis(20)).await;
+        let served = answer(&mut server, Limits::CONTROL, Duration::from_millis(20), None).await;
         assert!(matches!(served, Err(HandshakeError::Timeout)), "{served:?}");
         // A peer that leaves at once.
         let (client, mut server) = tokio::io::duplex(1 << 16);
         drop(client);
-        assert!(answer(&mut server, Limits::CONTROL, Duration::from_secs(10)).await.unwrap().is_none());
+        assert!(answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await.unwrap().is_none());
+    }
+
+    fn ring(secret: &str) -> Keyring {
+        Keyring::parse(secret).unwrap()
+    }
+
+    /// Runs one handshake: the client's outcome and the server's.
+    async fn handshake(
+        cred: Option<&Credential>,
+        server_ring: Option<&Keyring>,
+    ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
+        let (mut client, mut server) = tokio::io::duplex(1 << 16);
+        let id = ClientId::random();
+        tokio::join!(
+            open(&mut client, PeerRole::Client, Some(id), cred),
+            answer(&mut server, Limits::CONTROL, Duration::from_secs(10), server_ring)
+        )
+    }
+
+    fn refused_code<T: std::fmt::Debug>(r: Result<T, HandshakeError>) -> ErrorCode {
+        match r {
+            Err(HandshakeError::Refused(f)) => f.code,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_credential_of_the_cluster_is_proven_both_ways_and_names_its_principal() {
+        let secrets = ring("a cluster secret of some length");
+        let tenant = Principal::Tenant(TenantId::new("a").unwrap());
+        let cred = secrets.credential(tenant.clone());
+        let (client, server) = handshake(Some(&cred), Some(&secrets)).await;
+        client.unwrap();
+        assert_eq!(server.unwrap().unwrap().principal, Some(tenant));
+    }
+
+    #[tokio::test]
+    async fn peers_without_a_valid_credential_are_refused_and_told_why() {
+        let secrets = ring("a cluster secret of some length");
+        // No credential at all.
+        let (client, server) = handshake(None, Some(&secrets)).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::Missing))), "{server:?}");
+        // A credential of another cluster: the proof fails.
+        let foreign = ring("another cluster's secret!").credential(Principal::Admin);
+        let (client, server) = handshake(Some(&foreign), Some(&secrets)).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::BadProof(Principal::Admin)))));
+        // A server without the secret cannot pose as the cluster: the client refuses it.
+        let cred = secrets.credential(Principal::Node);
+        let (client, server) = handshake(Some(&cred), None).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(server.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_recorded_proof_does_not_open_another_connection() {
+        // An eavesdropper replays a legitimate client's hello and proof bytes: the server's fresh nonce makes
+        // the old proof wrong.
+        let secrets = ring("a cluster secret of some length");
+        let cred = secrets.credential(Principal::Admin);
+        let (mut client, mut server) = tokio::io::duplex(1 << 16);
+        let hello = Hello {
+            auth: Some(AuthHello { principal: "admin".into(), nonce: [1; 32] }),
+            ..Hello::new(PeerRole::Client, None)
+        };
+        let hello_frame = encode(&hello).unwrap();
+        let served =
+            tokio::spawn(
+                async move { answer(&mut server, Limits::CONTROL, Duration::from_secs(10), Some(&secrets)).await },
+            );
+        client.write_all(&hello_frame).await.unwrap();
+        let (reply, _) = read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap();
+        let first = reply.unwrap().challenge.unwrap();
+        // Pretend the recorded session saw another nonce: its proof is for that one.
+        let recorded = cred.client_mac(&auth::transcript(&hello_frame[FRAME_PREFIX..], &[9; 32]));
+        assert_ne!(first, [9; 32]);
+        client.write_all(&encode(&HelloProof { mac: recorded }).unwrap()).await.unwrap();
+        let (reply, _) = read_hello_frame::<_, AuthReply>(&mut client).await.unwrap().unwrap();
+        assert_eq!(reply.unwrap_err().code, ErrorCode::AuthenticationFailed);
+        assert!(matches!(served.await.unwrap(), Err(HandshakeError::Unauthenticated(AuthFailure::BadProof(_)))));
+    }
+
+    #[tokio::test]
+    async fn during_a_rotation_credentials_of_both_secrets_are_admitted() {
+        let old = ring("the old secret of the cluster");
+        let new = ring("the new secret of the cluster");
+        let both = ring("the new secret of the cluster\nthe old secret of the cluster");
+        for cred in [old.credential(Principal::Node), new.credential(Principal::Node)] {
+            let (client, server) = handshake(Some(&cred), Some(&both)).await;
+            client.unwrap();
+            assert_eq!(server.unwrap().unwrap().principal, Some(Principal::Node));
+        }
+        let (client, _) = handshake(Some(&old.credential(Principal::Node)), Some(&new)).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed, "once retired, the old one is refused");
     }
 }

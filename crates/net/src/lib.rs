@@ -5,7 +5,10 @@
 //!   longest-idle connection to make room or refuses a newcomer, exponential back-off on accept errors with
 //!   rate-limited warnings, connections told to stop and drained on shutdown) and the [`ServerHandle`] that
 //!   stops it.
-//! * [`hello`]: the hello handshake, client side ([`hello::open`]) and server side ([`hello::answer`]).
+//! * [`hello`]: the hello handshake, client side ([`hello::open`]) and server side ([`hello::answer`]), with the
+//!   challenge-response of [`auth`] when the server holds a keyring.
+//! * [`auth`]: the cluster secret ([`auth::Keyring`], two during a rotation), the per-principal credentials
+//!   derived from it, the handshake's MACs, and the rate-limited count of failed authentications.
 //! * [`frame`]: reading frames in steps (prefix checked against the limit first, header, payload wherever it
 //!   belongs), vectored writes, and [`frame::refuse`], the last frame of a connection that broke the protocol.
 //! * [`inbound`]: whole frames a server reads without letting a peer pin its memory (a small allowance per
@@ -19,6 +22,7 @@
 
 pub mod accept;
 pub mod advertise;
+pub mod auth;
 pub mod frame;
 pub mod hello;
 pub mod inbound;

@@ -6,9 +6,12 @@
 
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
+use crescent_net::auth::{CredentialSource, Keyring};
 use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::{Batch, PeerRole};
-use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
+use crescent_proto::{
+    ClientId, ClientStatus, MasterRequest, MasterResponse, Principal, SegmentId, SegmentKind, SegmentSpec,
+};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,6 +55,9 @@ pub struct NodeConfig {
     pub max_connections: usize,
     /// How long a peer may take over its hello, over the rest of a frame it started, and to take a reply.
     pub frame_timeout: Duration,
+    /// The cluster secret(s): the node proves the `node` credential to the master and admits on its data port
+    /// only peers that prove a credential of the cluster. `None`: a cluster without authentication.
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -88,6 +94,7 @@ impl NodeConfig {
             master_retry: None,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
             frame_timeout: crescent_transfer::DEFAULT_SERVER_IO_TIMEOUT,
+            keyring: None,
         }
     }
 }
@@ -204,7 +211,8 @@ impl StorageNode {
             .map_err(crescent_proto::wire::WireError::Io)?
             .with_poll_window(config.poll_window)
             .with_max_connections(config.max_connections)
-            .with_io_timeout(config.frame_timeout);
+            .with_io_timeout(config.frame_timeout)
+            .with_keyring(config.keyring.clone());
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
             .map_err(crescent_proto::wire::WireError::Io)?;
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
@@ -234,7 +242,11 @@ impl StorageNode {
         }
         let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
         let id = ClientId::random();
-        let master = Arc::new(MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout));
+        let credential = config.keyring.clone().map(|k| CredentialSource::Derived(k, Principal::Node));
+        let master = Arc::new(
+            MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout)
+                .with_credential(credential),
+        );
         mount_retrying(&master, &config.master, id, &specs, config.master_retry).await?;
         tracing::info!(
             "mounted {} segment{} of {} at master {} as {endpoint} (host {host})",

@@ -115,6 +115,8 @@ error_codes! {
     TenantQuotaExceeded = -1700 => "TENANT_QUOTA_EXCEEDED",
     TenantNotRegistered = -1701 => "TENANT_NOT_REGISTERED",
     TenantNotEmpty = -1702 => "TENANT_NOT_EMPTY",
+    AuthenticationFailed = -1800 => "AUTHENTICATION_FAILED",
+    PermissionDenied = -1801 => "PERMISSION_DENIED",
 }
 
 /// A numeric code that names no [`ErrorCode`].

@@ -4,12 +4,13 @@
 //! definition. The crate holds no behaviour beyond validation: a value of one of these types is always valid
 //! (constructors check, deserialisation re-checks), so code that receives one never re-validates it.
 //!
-//! Module map: [`wire`] (frames, the hello, limits, error frames, wire keys and batches), [`rpc`] (master
+//! Module map: [`auth`] (principals), [`wire`] (frames, the hello, limits, error frames, wire keys and batches), [`rpc`] (master
 //! requests and replies, [`MasterOp`]), [`transfer`] (data-plane requests and replies), [`error`] ([`ErrorCode`]),
 //! [`batch`] (the per-item contract of batch calls), [`ids`] (client and segment ids), [`key`] (object keys),
 //! [`tenant`] (tenant ids), [`segment`] (what a node mounts), [`replica`] (where an object's bytes live),
 //! [`config`] (per-write options). Socket handling is `crescent-net`'s.
 
+pub mod auth;
 pub mod batch;
 pub mod config;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod tenant;
 pub mod transfer;
 pub mod wire;
 
+pub use auth::{Principal, PrincipalError};
 pub use config::{ObjectDataType, ReplicateConfig, SoftPinAction};
 pub use error::{ErrorCode, ErrorCodeUnknown};
 pub use ids::{ClientId, SegmentId};

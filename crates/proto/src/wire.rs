@@ -23,9 +23,9 @@ use tokio_util::codec::{Decoder, Encoder};
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 2;
-/// The oldest version this build accepts.
-pub const MIN_PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
+/// The oldest version this build accepts (3 added authentication to the hello).
+pub const MIN_PROTOCOL_VERSION: u16 = 3;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
 /// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).
@@ -306,7 +306,39 @@ pub struct Hello {
     pub role: PeerRole,
     /// The connecting client, if it has an identity.
     pub client_id: Option<ClientId>,
+    /// The principal the peer will prove it speaks for, when it has a credential.
+    pub auth: Option<AuthHello>,
 }
+
+/// Size of the nonces and MACs of the authenticated hello (HMAC-SHA256).
+pub const AUTH_LEN: usize = 32;
+
+/// The client's half of an authenticated hello: who it claims to be and its fresh nonce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthHello {
+    /// The principal's text form (`admin`, `node`, `tenant:NAME`).
+    pub principal: String,
+    /// Random per connection, so the server's proof cannot be replayed to another client.
+    pub nonce: [u8; AUTH_LEN],
+}
+
+/// The client's proof (request id 0, after a [`HelloAck`] with a challenge): HMAC of the handshake under its
+/// credential's key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloProof {
+    /// The MAC.
+    pub mac: [u8; AUTH_LEN],
+}
+
+/// The server's answer to a [`HelloProof`]: its own proof that it holds the cluster's secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthAck {
+    /// The server's MAC of the handshake.
+    pub mac: [u8; AUTH_LEN],
+}
+
+/// The reply to a [`HelloProof`] (request id 0): the server's proof, or why authentication failed.
+pub type AuthReply = Result<AuthAck, ErrorFrame>;
 
 impl Hello {
     /// This build's hello.
@@ -318,6 +350,7 @@ impl Hello {
             capabilities: caps::ALL,
             role,
             client_id,
+            auth: None,
         }
     }
 
@@ -330,7 +363,7 @@ impl Hello {
         if version < self.min_version.max(MIN_PROTOCOL_VERSION) {
             return Err(WireError::Version(self.version));
         }
-        Ok(HelloAck { version, capabilities: self.capabilities & caps::ALL, limits })
+        Ok(HelloAck { version, capabilities: self.capabilities & caps::ALL, limits, challenge: None })
     }
 }
 
@@ -343,6 +376,8 @@ pub struct HelloAck {
     pub capabilities: u64,
     /// The server's limits.
     pub limits: Limits,
+    /// The server's nonce when it authenticates peers: the client answers with a [`HelloProof`].
+    pub challenge: Option<[u8; AUTH_LEN]>,
 }
 
 /// The reply to a [`Hello`] (request id 0): the negotiated parameters or why the connection is refused.

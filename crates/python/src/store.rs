@@ -10,9 +10,10 @@ use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{Registered, Span};
 use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
+use crescent_net::auth::{Credential, CredentialSource, Keyring};
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
-use crescent_proto::{ErrorCode, MasterRequest, MasterResponse};
+use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, TenantId};
 use crescent_transfer::SegmentRegistry;
 use futures_util::future::join_all;
 use parking_lot::{Mutex, RwLock};
@@ -109,6 +110,8 @@ struct SetupArgs {
     protocol: String,
     master_server_addr: String,
     tenant_id: String,
+    /// `PRINCIPAL:KEYHEX` from `setup`'s extras (else the environment's, see [`auth`]).
+    credential: Option<String>,
 }
 
 /// A bytes-like value from Python: borrowed when it is `bytes` (immutable), copied otherwise.
@@ -228,6 +231,7 @@ fn dict_args(d: &Bound<'_, PyDict>) -> PyResult<Option<SetupArgs>> {
         protocol: get("protocol")?.unwrap_or_else(|| "tcp".into()),
         master_server_addr: get("master_server_addr")?.unwrap_or_else(|| "127.0.0.1:50051".into()),
         tenant_id: "default".into(),
+        credential: get("credential")?,
     }))
 }
 
@@ -279,6 +283,38 @@ fn master_address(s: &str) -> Result<String, i64> {
     }
 }
 
+/// What the store proves to an authenticating cluster, and the keyring its hosted segment admits peers with:
+/// the credential from `setup` (`credential="PRINCIPAL:KEYHEX"`), else `CRESCENT_CREDENTIAL_FILE` /
+/// `CRESCENT_CREDENTIAL`, else `tenant:<tenant_id>` derived from a cluster secret in `CRESCENT_SECRET_FILE` /
+/// `CRESCENT_SECRET`. A hosted segment needs the secret itself (its server verifies every peer's credential).
+fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Option<Arc<Keyring>>), i64> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::error!("setup: {what}: {e}");
+        INVALID
+    };
+    let keyring = Keyring::from_env().map_err(|e| bad("the cluster secret", &e))?.map(Arc::new);
+    let given = match &args.credential {
+        Some(text) => Some(Credential::parse(text).map_err(|e| bad("credential", &e))?),
+        None => Credential::from_env().map_err(|e| bad("the credential from the environment", &e))?,
+    };
+    let credential = match (given, &keyring) {
+        (Some(c), _) => Some(c.into()),
+        (None, Some(ring)) => {
+            let tenant = TenantId::new(tenant).map_err(|e| bad("tenant", &e))?;
+            Some(CredentialSource::Derived(ring.clone(), Principal::Tenant(tenant)))
+        }
+        (None, None) => None,
+    };
+    if credential.is_some() && keyring.is_none() && args.global_segment_size > 0 {
+        tracing::error!(
+            "setup: hosting a segment (global_segment_size > 0) in an authenticated cluster needs the cluster secret \
+             (CRESCENT_SECRET_FILE): its server verifies every peer"
+        );
+        return Err(INVALID);
+    }
+    Ok((credential, keyring))
+}
+
 /// Sets a store up: its runtime, its segment (hosted like a storage node's) and its client.
 fn start(args: &SetupArgs) -> Result<Live, i64> {
     match args.protocol.to_ascii_lowercase().as_str() {
@@ -290,6 +326,8 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         }
     }
     let master = master_address(&args.master_server_addr)?;
+    let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
+    let (credential, keyring) = auth(args, &tenant)?;
     let (host, port) = split_host(args.local_hostname.trim());
     let ip = (host.as_str(), 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip());
     let Some(ip) = ip else {
@@ -329,6 +367,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.listen = SocketAddr::new(ip, port);
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
+        nc.keyring = keyring.clone();
         let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
@@ -344,8 +383,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         }
     };
     let segment = node.as_ref().map(|n| n.endpoint().to_string());
-    let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
-    let mut config = ClientConfig::new(master.clone());
+    let mut config = ClientConfig::new(master.clone()).with_credential(credential);
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
     let client = Client::with_local_segments(config, registry);
@@ -464,7 +502,7 @@ impl Store {
     #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None,
         protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false,
         ssd_offload_path=String::new(), tenant_id=String::from("default"), enable_client_http_server=false,
-        client_http_port=9300))]
+        client_http_port=9300, credential=None))]
     #[allow(clippy::too_many_arguments)]
     fn setup(
         &self,
@@ -482,6 +520,7 @@ impl Store {
         tenant_id: String,
         enable_client_http_server: bool,
         client_http_port: u16,
+        credential: Option<String>,
     ) -> PyResult<i64> {
         let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
             match dict_args(d)? {
@@ -503,6 +542,7 @@ impl Store {
                 protocol,
                 master_server_addr: master,
                 tenant_id,
+                credential,
             }
         };
         if engine.is_some_and(|e| !e.is_none()) {

@@ -20,6 +20,7 @@ use crate::error::{TransferError, io_error};
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use bytes::{Bytes, BytesMut};
+use crescent_net::auth::CredentialSource;
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
@@ -42,7 +43,7 @@ use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 /// Client-side data-plane settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct TransferConfig {
     /// Most sockets (and concurrent requests) per peer endpoint.
     pub lanes_per_peer: usize,
@@ -64,6 +65,8 @@ pub struct TransferConfig {
     /// on the reply path, which on VMs costs more than a small transfer itself. Reads larger than
     /// 1 MiB never poll (see `POLL_READ_MAX`).
     pub poll_window: Duration,
+    /// What this client proves in each lane's hello, for storage nodes that authenticate their peers.
+    pub credential: Option<CredentialSource>,
 }
 
 impl Default for TransferConfig {
@@ -75,6 +78,7 @@ impl Default for TransferConfig {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
             poll_window: Duration::from_micros(50),
+            credential: None,
         }
     }
 }
@@ -466,10 +470,12 @@ impl Peer {
                 None => break,
             }
         }
-        let lane =
-            timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config.poll_window))
-                .await
-                .map_err(|_| TransferError::Timeout)??;
+        let lane = timeout(
+            config.connect_timeout,
+            Lane::connect(&self.endpoint, self.open.clone(), config.poll_window, config.credential.as_ref()),
+        )
+        .await
+        .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
     }
 }
@@ -526,7 +532,12 @@ struct Lane {
 }
 
 impl Lane {
-    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, poll_window: Duration) -> Result<Lane, TransferError> {
+    async fn connect(
+        endpoint: &str,
+        open: Arc<AtomicUsize>,
+        poll_window: Duration,
+        credential: Option<&CredentialSource>,
+    ) -> Result<Lane, TransferError> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
         let mut stream = None;
         for addr in tokio::net::lookup_host(endpoint).await? {
@@ -551,12 +562,14 @@ impl Lane {
             clean: false,
             _open: OpenLane(open),
         };
-        match hello::open(&mut lane.io, PeerRole::Client, None).await {
+        let credential = credential.map(CredentialSource::current);
+        match hello::open(&mut lane.io, PeerRole::Client, None, credential.as_ref()).await {
             Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
             Err(HandshakeError::Refused(refusal)) => return Err(TransferError::Refused(refusal.code)),
             Err(HandshakeError::Protocol(e)) => return Err(e.into()),
             Err(HandshakeError::Io(e)) => return Err(io_error(e)),
             Err(HandshakeError::Timeout) => return Err(TransferError::Timeout),
+            Err(HandshakeError::Unauthenticated(why)) => return Err(io_error(io::Error::other(why.to_string()))),
         }
         lane.clean = true;
         Ok(lane)

@@ -24,6 +24,7 @@ use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
+use crescent_net::auth::{AuthFailures, Keyring};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
@@ -59,6 +60,7 @@ struct Counters {
     accepted: AtomicU64,
     open: AtomicUsize,
     malformed: AtomicU64,
+    auth_failures: AuthFailures,
 }
 
 /// A snapshot of a server's counters.
@@ -76,6 +78,8 @@ pub struct ServerStats {
     pub shed: u64,
     /// Newcomers refused at the cap because every connection was busy.
     pub refused: u64,
+    /// Peers refused for not proving a credential of the cluster (see [`TransferServer::with_keyring`]).
+    pub auth_failures: u64,
 }
 
 /// A bound, not yet running, transfer server.
@@ -89,6 +93,8 @@ pub struct TransferServer {
     poll_window: Duration,
     /// Most connections served at once (see `crescent_net::accept`).
     max_connections: usize,
+    /// The cluster secret(s) every peer must prove a credential of in its hello; `None`: anyone may talk.
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl TransferServer {
@@ -112,7 +118,15 @@ impl TransferServer {
             io_timeout: DEFAULT_SERVER_IO_TIMEOUT,
             poll_window: Duration::ZERO,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
+            keyring: None,
         })
+    }
+
+    /// Requires every peer to prove, in its hello, a credential derived from `keyring` (any principal: what a
+    /// peer may touch is the master's to say); `None` (the default) admits anyone.
+    pub fn with_keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
+        self.keyring = keyring;
+        self
     }
 
     /// Sets the deadline for finishing a frame once started (and for the hello); idle connections never time out.
@@ -146,14 +160,15 @@ impl TransferServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
-        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, .. } = self;
+        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, keyring, .. } = self;
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let inner =
             crescent_net::accept::spawn("transfer", listener, max_connections, move |stream, peer, shutdown| {
                 c.accepted.fetch_add(1, Ordering::Relaxed);
                 let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-                serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone())
+                let auth = keyring.clone();
+                serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone(), auth)
             })?;
         Ok(TransferServerHandle { inner, counters })
     }
@@ -183,6 +198,7 @@ impl TransferServerHandle {
             max_connections: accept.max_connections,
             shed: accept.shed,
             refused: accept.refused,
+            auth_failures: self.counters.auth_failures.total(),
         }
     }
 
@@ -201,6 +217,7 @@ impl Drop for OpenGuard {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -209,6 +226,7 @@ async fn serve_connection(
     idle: Idle,
     shutdown: Shutdown,
     counters: Arc<Counters>,
+    keyring: Option<Arc<Keyring>>,
 ) {
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(counters.clone());
@@ -216,7 +234,7 @@ async fn serve_connection(
         tracing::debug!(%peer, error = %e, "socket setup failed");
         return;
     }
-    match Connection::new(stream, segments, io_timeout, idle, shutdown, counters).run().await {
+    match Connection::new(stream, peer, segments, io_timeout, idle, shutdown, counters, keyring).run().await {
         Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
         Err(Close::Io(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: i/o error"),
@@ -261,6 +279,10 @@ struct Connection {
     /// The same, as a future an idle wait selects on (made once per connection).
     stopping: Stopping,
     counters: Arc<Counters>,
+    /// Who is at the other end (for the log of a failed authentication).
+    peer: SocketAddr,
+    /// What the hello must prove (see [`TransferServer::with_keyring`]).
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
@@ -273,13 +295,16 @@ struct Idle {
 }
 
 impl Connection {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         stream: TcpStream,
+        peer: SocketAddr,
         segments: SegmentRegistry,
         io_timeout: Duration,
         idle: Idle,
         shutdown: Shutdown,
         counters: Arc<Counters>,
+        keyring: Option<Arc<Keyring>>,
     ) -> Self {
         Connection {
             io: BufReader::with_capacity(READ_BUFFER, stream),
@@ -292,6 +317,8 @@ impl Connection {
             stopping: shutdown.clone().stopping(),
             shutdown,
             counters,
+            peer,
+            keyring,
         }
     }
 
@@ -299,13 +326,17 @@ impl Connection {
         // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
         let hello = tokio::select! {
             biased;
-            hello = hello::answer(&mut self.io, Limits::DATA, self.io_timeout) => hello,
+            hello = hello::answer(&mut self.io, Limits::DATA, self.io_timeout, self.keyring.as_deref()) => hello,
             () = &mut self.stopping => return Ok(()),
         };
         self.shutdown.busy();
         match hello {
             Ok(Some(_)) => {}
             Ok(None) => return Ok(()),
+            Err(HandshakeError::Unauthenticated(why)) => {
+                self.counters.auth_failures.record("transfer", Some(self.peer), &why);
+                return Ok(());
+            }
             Err(HandshakeError::Protocol(e)) => {
                 // Counted before the peer can see the refusal.
                 self.counters.malformed.fetch_add(1, Ordering::Relaxed);
@@ -503,10 +534,18 @@ mod tests {
     async fn connection(segments: SegmentRegistry) -> (Connection, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (stream, _) = listener.accept().await.unwrap();
+        let (stream, from) = listener.accept().await.unwrap();
         let idle = Idle { gate: &poll::PROCESS_GATE, poll_window: Duration::ZERO, adaptive: Adaptive::default() };
-        let conn =
-            Connection::new(stream, segments, DEFAULT_SERVER_IO_TIMEOUT, idle, Shutdown::default(), Arc::default());
+        let conn = Connection::new(
+            stream,
+            from,
+            segments,
+            DEFAULT_SERVER_IO_TIMEOUT,
+            idle,
+            Shutdown::default(),
+            Arc::default(),
+            None,
+        );
         (conn, peer)
     }
 

@@ -158,7 +158,8 @@ async fn a_silent_server_times_out() {
         let (mut s, _) = listener.accept().await.unwrap();
         let (hello, _) = common::recv::<Hello>(&mut s).await.unwrap();
         assert_eq!(hello.body.version, PROTOCOL_VERSION);
-        let ack: HelloReply = Ok(HelloAck { version: PROTOCOL_VERSION, capabilities: 0, limits: Limits::DATA });
+        let ack: HelloReply =
+            Ok(HelloAck { version: PROTOCOL_VERSION, capabilities: 0, limits: Limits::DATA, challenge: None });
         common::send(&mut s, 0, &ack, &[]).await;
         let _ = hold_rx.await;
         drop(s);
@@ -264,7 +265,8 @@ async fn a_peer_dying_mid_batch_fails_the_unanswered_ranges_only() {
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let (hello, _) = recv::<Hello>(&mut s).await.unwrap();
-        let ack: HelloReply = Ok(HelloAck { version: PROTOCOL_VERSION, limits: Limits::DATA, capabilities: 0 });
+        let ack: HelloReply =
+            Ok(HelloAck { version: PROTOCOL_VERSION, limits: Limits::DATA, capabilities: 0, challenge: None });
         assert_eq!(hello.id, 0);
         send(&mut s, 0, &ack, &[]).await;
         let (first, _) = recv::<TransferRequest>(&mut s).await.unwrap();

@@ -4,6 +4,8 @@
 //! `{"quota_bytes": N}`, `DELETE /tenants/{tenant}`) and `GET /local-ssd`. The tenant and local SSD routes run
 //! the same requests as the RPCs (so they answer the same messages); a refusal is a JSON `{code, message}`
 //! under a status saying what kind it is (400 bad input, 404 no such tenant, 409 not empty or single-tenant).
+//! With a keyring, the mutating routes need the admin credential as a bearer token (401 otherwise, counted as a
+//! failed authentication); the others stay open to scrapers, so the server binds loopback by default.
 
 use super::rpc::RpcMetrics;
 use super::target::Target;
@@ -13,11 +15,12 @@ use crate::service::MasterService;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
+use crescent_net::auth::{AuthFailure, Keyring};
 use crescent_proto::wire::ErrorFrame;
-use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse, SegmentKind};
+use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse, Principal, SegmentKind};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,6 +37,8 @@ struct AdminState {
     target: Target,
     rpc: Arc<RpcMetrics>,
     snapshots: SnapshotSlot,
+    /// With a keyring, mutating routes need `Authorization: Bearer <admin credential's key>`.
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// Where `/health` and `/metrics` find the snapshotter's status: set by whoever runs one (a master for its
@@ -55,7 +60,33 @@ impl SnapshotSlot {
     }
 }
 
+/// A mutating request without the admin credential (answered 401 with a JSON body saying what is needed).
+struct Unauthorized;
+
+impl From<Unauthorized> for Response {
+    fn from(_: Unauthorized) -> Response {
+        let body = serde_json::json!({
+            "code": ErrorCode::AuthenticationFailed.name(),
+            "message": "this endpoint needs the admin credential: Authorization: Bearer <key> (`crescent credential admin` prints it)",
+        });
+        (StatusCode::UNAUTHORIZED, Json(body)).into_response()
+    }
+}
+
 impl AdminState {
+    /// `Ok` when the request may change state: no keyring, or the admin credential as its bearer token.
+    fn require_admin(&self, headers: &HeaderMap) -> Result<(), Unauthorized> {
+        let Some(ring) = &self.keyring else { return Ok(()) };
+        let token =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if token.is_some_and(|t| ring.verify_token(&Principal::Admin, t)) {
+            return Ok(());
+        }
+        let why = if token.is_some() { AuthFailure::BadProof(Principal::Admin) } else { AuthFailure::Missing };
+        self.rpc.auth_failures.record("admin http", None, &why);
+        Err(Unauthorized)
+    }
+
     /// The service to answer from, or (a standby) the not-leader refusal (a 503 through [`refused`]).
     fn svc(&self) -> Result<Arc<MasterService>, ErrorFrame> {
         self.target.route().map(|s| Arc::clone(&s))
@@ -63,7 +94,12 @@ impl AdminState {
 }
 
 /// The admin routes.
-pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>, snapshots: SnapshotSlot) -> Router {
+pub fn admin_router(
+    target: Target,
+    rpc: Arc<RpcMetrics>,
+    snapshots: SnapshotSlot,
+    keyring: Option<Arc<Keyring>>,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
@@ -72,7 +108,7 @@ pub fn admin_router(target: Target, rpc: Arc<RpcMetrics>, snapshots: SnapshotSlo
         .route("/tenants", get(list_tenants))
         .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
         .route("/local-ssd", get(local_ssd))
-        .with_state(AdminState { target, rpc, snapshots })
+        .with_state(AdminState { target, rpc, snapshots, keyring })
 }
 
 /// The admin port's connection cap: scrapers and operators, a few at a time. At the cap a newcomer closes the
@@ -99,9 +135,10 @@ impl AdminServer {
         target: Target,
         rpc: Arc<RpcMetrics>,
         snapshots: SnapshotSlot,
+        keyring: Option<Arc<Keyring>>,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let app = admin_router(target, rpc.clone(), snapshots);
+        let app = admin_router(target, rpc.clone(), snapshots, keyring);
         let handle =
             crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, _, stop| {
                 serve_http(stream, app.clone(), stop)
@@ -220,6 +257,13 @@ fn render(
         rpc.snapshot(),
     );
     counter(&mut r, "malformed_frames", "Frames refused as malformed", rpc.malformed_frames.load(Ordering::Relaxed));
+    counter(&mut r, "auth_failures", "Peers refused for failing authentication", rpc.auth_failures.total());
+    counter(
+        &mut r,
+        "permission_denied",
+        "Requests refused beyond their principal's scope",
+        rpc.denied.load(Ordering::Relaxed),
+    );
     counter(&mut r, "connections", "RPC connections accepted", rpc.connections.load(Ordering::Relaxed));
     accept_loops(&mut r, &rpc.servers());
     if let Some(ha) = ha {
@@ -666,8 +710,10 @@ async fn set_tenant_quota(
     State(s): State<AdminState>,
     Path(tenant): Path<String>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Response> {
+    s.require_admin(&headers)?;
     let body = body.trim_ascii();
     let bytes = match (q.get("quota"), body.is_empty()) {
         (Some(size), true) => crescent_proto::human::parse_bytes(size).map_err(bad_request)?,
@@ -697,7 +743,12 @@ async fn set_tenant_quota(
 }
 
 /// `DELETE /tenants/{tenant}`: 204 once removed.
-async fn remove_tenant(State(s): State<AdminState>, Path(tenant): Path<String>) -> Result<Response, Response> {
+async fn remove_tenant(
+    State(s): State<AdminState>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Response> {
+    s.require_admin(&headers)?;
     run(&s, MasterRequest::RemoveTenant { tenant }).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -871,6 +922,7 @@ mod tests {
             Target::Fixed(svc.clone()),
             Arc::new(RpcMetrics::default()),
             SnapshotSlot::default(),
+            None,
         )
         .await
         .unwrap();

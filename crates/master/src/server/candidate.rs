@@ -22,6 +22,7 @@ use crescent_ha::leader::{Campaign, LeaderCoordinator, LeaderSession};
 use crescent_ha::oplog::{
     DurablePrefix, FollowerConfig, FollowerState, OpLogBatchStorage, OpLogStandbyReader, StandbyFollower,
 };
+use crescent_net::auth::Keyring;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +75,7 @@ pub(super) struct TermConfig {
     pub snapshots: Option<SnapshotOptions>,
     pub background: bool,
     pub nof_prober: Option<Arc<dyn NofProber>>,
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 /// One term as leader: what runs while this candidate leads, torn down when it stops.
@@ -155,9 +157,11 @@ impl CandidateServer {
         let advertised = crescent_net::advertise::advertised(bound, advertise).map_err(bind("rpc", rpc_addr))?;
         let snapshots = SnapshotSlot::default();
         let admin = match admin_addr {
-            Some(addr) => {
-                Some(AdminServer::start(addr, target, metrics, snapshots.clone()).await.map_err(bind("admin", addr))?)
-            }
+            Some(addr) => Some(
+                AdminServer::start(addr, target, metrics, snapshots.clone(), term.keyring.clone())
+                    .await
+                    .map_err(bind("admin", addr))?,
+            ),
             None => None,
         };
         let admin_advertised = match &admin {
@@ -167,7 +171,12 @@ impl CandidateServer {
             ),
             None => None,
         };
-        let rpc = rpc.with_poll_window(poll_window).with_limits(limits).spawn().map_err(bind("rpc", rpc_addr))?;
+        let rpc = rpc
+            .with_poll_window(poll_window)
+            .with_limits(limits)
+            .with_keyring(term.keyring.clone())
+            .spawn()
+            .map_err(bind("rpc", rpc_addr))?;
         let (stop, stopped) = watch::channel(false);
         let role = RoleLoop {
             term,
@@ -479,7 +488,8 @@ impl RoleLoop {
         let background = if t.background { Some(svc.spawn_background().map_err(|e| e.to_string())?) } else { None };
         let nof_heartbeat = t.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
-            let prober = t.nof_prober.clone().unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
+            let prober =
+                t.nof_prober.clone().unwrap_or_else(|| Arc::new(TransferProber::new(timeout, t.keyring.as_ref())));
             NofHeartbeat::spawn(svc.clone(), prober)
         });
         Ok(Term { svc, log, snapshotter, background, nof_heartbeat })

@@ -9,6 +9,7 @@ use super::target::Target;
 use crate::clock::{Clock, SystemClock};
 use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
+use crescent_net::auth::Keyring;
 use crescent_proto::ErrorCode;
 use std::io;
 use std::net::SocketAddr;
@@ -54,9 +55,18 @@ pub struct MasterServerBuilder {
     nof_prober: Option<Arc<dyn NofProber>>,
     oplog: Option<OpLogOptions>,
     snapshots: Option<SnapshotOptions>,
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl MasterServerBuilder {
+    /// The cluster secret(s) (default `None`: no authentication). With a keyring every RPC peer proves a
+    /// credential derived from it and is held to its principal's scope (`server::authz`), the admin HTTP's
+    /// mutating routes need the admin credential, and the NoF heartbeat proves the admin credential to nodes.
+    pub fn keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
+        self.keyring = keyring;
+        self
+    }
+
     /// Where and how often to snapshot (default `None`). Needs an oplog: a restart then restores the newest
     /// usable snapshot plus the log after it, and a snapshotter follows the log.
     pub fn snapshots(mut self, options: Option<SnapshotOptions>) -> Self {
@@ -131,6 +141,7 @@ impl MasterServerBuilder {
             snapshots: self.snapshots,
             background: self.background,
             nof_prober: self.nof_prober,
+            keyring: self.keyring,
         };
         CandidateServer::start(term, ha, self.rpc, self.admin, self.poll_window, self.limits).await
     }
@@ -155,18 +166,24 @@ impl MasterServerBuilder {
             Some(addr) => {
                 let slot = SnapshotSlot::default();
                 slot.set(snapshotter.as_ref().map(SnapshotterHandle::subscribe));
-                Some(AdminServer::start(addr, target, metrics, slot).await.map_err(bind("admin", addr))?)
+                let keyring = self.keyring.clone();
+                Some(AdminServer::start(addr, target, metrics, slot, keyring).await.map_err(bind("admin", addr))?)
             }
             None => None,
         };
         // Started once every listener is bound, so a failed start has no thread to join.
         let background =
             if self.background { Some(svc.spawn_background().map_err(StartError::Background)?) } else { None };
-        let rpc =
-            rpc.with_poll_window(self.poll_window).with_limits(self.limits).spawn().map_err(bind("rpc", self.rpc))?;
+        let rpc = rpc
+            .with_poll_window(self.poll_window)
+            .with_limits(self.limits)
+            .with_keyring(self.keyring.clone())
+            .spawn()
+            .map_err(bind("rpc", self.rpc))?;
         let nof_heartbeat = self.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
-            let prober = self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout)));
+            let prober =
+                self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout, self.keyring.as_ref())));
             NofHeartbeat::spawn(svc.clone(), prober)
         });
         Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog, snapshotter })
@@ -209,6 +226,7 @@ impl MasterServer {
             nof_prober: None,
             oplog: None,
             snapshots: None,
+            keyring: None,
         }
     }
 

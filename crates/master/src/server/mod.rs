@@ -4,6 +4,7 @@
 //! messages 1:1 into service calls; no business logic lives here.
 
 mod admin;
+pub mod authz;
 mod candidate;
 mod explain;
 mod lister;

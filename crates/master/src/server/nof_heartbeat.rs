@@ -4,7 +4,8 @@
 //! segment whose target keeps failing). The schedule and the counting live in the service; only the I/O is here.
 
 use crate::service::{MasterService, NofProbe};
-use crescent_proto::SegmentId;
+use crescent_net::auth::{CredentialSource, Keyring};
+use crescent_proto::{Principal, SegmentId};
 use crescent_transfer::{SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -31,9 +32,11 @@ pub struct TransferProber {
 }
 
 impl TransferProber {
-    /// A prober whose connects and exchanges give up after `timeout`, one connection per target.
-    pub fn new(timeout: Duration) -> Self {
+    /// A prober whose connects and exchanges give up after `timeout`, one connection per target; with the
+    /// cluster's keyring it proves the admin credential to nodes that authenticate.
+    pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>) -> Self {
         let config = TransferConfig {
+            credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Admin)),
             lanes_per_peer: 1,
             connect_timeout: timeout,
             io_timeout: timeout,

@@ -8,11 +8,13 @@
 //! frame once started, and the replies owed, must be done within the deadline or the connection is closed;
 //! the connections are capped (`crescent_net::accept`).
 
+use super::authz::{self, Caller};
 use super::target::Target;
 use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
+use crescent_net::auth::Keyring;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
@@ -36,6 +38,10 @@ pub struct RpcMetrics {
     pub malformed_frames: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Failed authentications (hellos refused `AUTHENTICATION_FAILED`), logged at a rate.
+    pub auth_failures: crescent_net::auth::AuthFailures,
+    /// Requests refused `PERMISSION_DENIED` (an authenticated principal asked beyond its scope).
+    pub denied: AtomicU64,
     /// The accept loops of the process's servers (`rpc`, `admin`), by name, for `/metrics`. A leaf lock.
     servers: parking_lot::Mutex<Vec<(&'static str, crescent_net::AcceptCounters)>>,
 }
@@ -47,6 +53,8 @@ impl Default for RpcMetrics {
             failures: MasterOp::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             malformed_frames: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            auth_failures: Default::default(),
+            denied: AtomicU64::new(0),
             servers: parking_lot::Mutex::default(),
         }
     }
@@ -278,6 +286,8 @@ pub struct RpcServer {
     /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
     limits: RpcLimits,
+    /// What every peer must prove a credential of (see [`RpcServer::with_keyring`]).
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// A running RPC server; dropping it stops accepting and closes every connection.
@@ -316,7 +326,15 @@ impl RpcServer {
             metrics,
             poll_window: poll::DEFAULT_POLL_WINDOW,
             limits: RpcLimits::default(),
+            keyring: None,
         })
+    }
+
+    /// Requires every peer to prove a credential of `keyring` in its hello, and limits each to its principal's
+    /// scope (`server::authz`).
+    pub fn with_keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
+        self.keyring = keyring;
+        self
     }
 
     /// Sets how long an idle connection polls for its next request before parking; zero never polls.
@@ -338,7 +356,7 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let RpcServer { listener, target, metrics, poll_window, limits } = self;
+        let RpcServer { listener, target, metrics, poll_window, limits, keyring } = self;
         let shared = Arc::new(Shared {
             target,
             metrics: metrics.clone(),
@@ -347,6 +365,7 @@ impl RpcServer {
             frame_timeout: limits.frame_timeout,
             budget: FrameBudget::new(limits.frame_budget.max(Limits::CONTROL.max_frame as usize)),
             trim: Arc::default(),
+            keyring,
         });
         let handle = crescent_net::accept::spawn(
             "master rpc",
@@ -356,7 +375,7 @@ impl RpcServer {
                 shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
                 let shared = shared.clone();
                 async move {
-                    if let Err(e) = serve(stream, &shared, shutdown).await {
+                    if let Err(e) = serve(stream, peer, &shared, shutdown).await {
                         tracing::debug!(%peer, error = %e, "connection closed");
                     }
                 }
@@ -376,6 +395,8 @@ struct Shared {
     frame_timeout: Duration,
     budget: FrameBudget,
     trim: Arc<Trim>,
+    /// The cluster secret(s) peers must prove a credential of; `None`: no authentication.
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// Replies queued while pipelined requests are buffered are written once they reach this many bytes.
@@ -508,19 +529,25 @@ async fn flush(stream: &mut TcpStream, out: &mut BytesMut, owed: &mut Owed, shar
     Ok(())
 }
 
-async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Result<(), WireError> {
-    let Shared { target, metrics, gate, poll_window, frame_timeout, budget, .. } = shared;
+async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: Shutdown) -> Result<(), WireError> {
+    let Shared { target, metrics, gate, poll_window, frame_timeout, budget, keyring, .. } = shared;
     stream.set_nodelay(true)?;
     let mut stopping = shutdown.clone().stopping();
     // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
     let hello = tokio::select! {
         biased;
-        hello = hello::answer(&mut stream, Limits::CONTROL, *frame_timeout) => hello,
+        hello = hello::answer(&mut stream, Limits::CONTROL, *frame_timeout, keyring.as_deref()) => hello,
         () = &mut stopping => return Ok(()),
     };
-    match hello {
-        Ok(Some(_)) => {}
+    let caller = match hello {
+        Ok(Some(admitted)) => {
+            admitted.principal.map(|principal| Caller { principal, client: admitted.hello.client_id })
+        }
         Ok(None) => return Ok(()),
+        Err(HandshakeError::Unauthenticated(why)) => {
+            metrics.auth_failures.record("master rpc", Some(peer), &why);
+            return Ok(());
+        }
         Err(HandshakeError::Protocol(e)) => {
             metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
             hello::refuse(&mut stream, &e).await;
@@ -529,7 +556,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         Err(HandshakeError::Io(e)) => return Err(WireError::Io(e)),
         Err(HandshakeError::Timeout) => return Err(timed_out("hello", *frame_timeout)),
         Err(e) => return Err(WireError::Io(std::io::Error::other(e))),
-    }
+    };
     shutdown.busy();
     let mut inbound = Inbound::new(Limits::CONTROL);
     let mut out = BytesMut::new();
@@ -592,7 +619,11 @@ async fn serve(mut stream: TcpStream, shared: &Shared, shutdown: Shutdown) -> Re
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         let hold = holds_until_durable(&body);
-        let reply = match target.route() {
+        let allowed = caller.as_ref().map_or(Ok(()), |c| authz::authorize(c, &body));
+        if allowed.is_err() {
+            metrics.denied.fetch_add(1, Ordering::Relaxed);
+        }
+        let reply = match allowed.and_then(|()| target.route()) {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
                 let reply = if is_listing(&body) {

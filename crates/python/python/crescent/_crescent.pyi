@@ -157,12 +157,17 @@ class MooncakeDistributedStore:
         tenant_id: str = "default",
         enable_client_http_server: bool = False,
         client_http_port: int = 9300,
+        credential: Optional[str] = None,
     ) -> int:
         """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
         ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``).
         ``master_server_addr`` is ``host:port`` or ``etcd://HOST:PORT[,…]/CLUSTER`` (also the original's
         ``etcd://h1:p;h2:p``, cluster from ``CRESCENT_CLUSTER_ID`` or ``MC_STORE_CLUSTER_ID``): the store then
-        follows the cluster's leader. 0 or a negative code."""
+        follows the cluster's leader. In a cluster with a secret, ``credential`` (``"PRINCIPAL:KEYHEX"``, as
+        ``crescent credential`` prints it; also a ``"credential"`` key of the dict form) is what the store
+        proves, else ``CRESCENT_CREDENTIAL_FILE`` / ``CRESCENT_CREDENTIAL``, else ``tenant:<tenant_id>`` derived
+        from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET`` (which a store hosting a segment needs). 0 or a
+        negative code."""
     def close(self, /) -> int:
         """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
     def health_check(self) -> int:

@@ -1,0 +1,357 @@
+//! Issue 17, as an attacker on loopback would try it against a `crescent up` started with a cluster secret:
+//! unauthenticated peers on either plane, tenants reaching for each other's objects, a node credential acting
+//! as a client, an unmount in another client's name, the admin HTTP without the admin credential; and a
+//! secret rotated under load without a failed request.
+
+use bytes::Bytes;
+use crescent_client::{Client, ClientConfig, ClientError};
+use crescent_net::auth::{Credential, CredentialSource, Keyring};
+use crescent_proto::transfer::TransferRequest;
+use crescent_proto::wire::{Envelope, ErrorFrame, Frame, Head, Hello, HelloReply, PeerRole};
+use crescent_proto::{ClientId, ErrorCode, MasterRequest, ReplicaLocation, SegmentId};
+use crescent_testkit::{Proc, eventually};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const S1: &str = "the first secret of this test cluster";
+const S2: &str = "the second secret of this test cluster";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_crescent"))
+}
+
+/// A secret file (mode 600) holding `text`.
+fn write_secret(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+struct Cluster {
+    up: Proc,
+    secret: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        write_secret(&secret, S1);
+        let s = secret.to_str().unwrap();
+        let up = Proc::start(
+            bin(),
+            &[
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--secret-file",
+                s,
+                "--multi-tenant",
+                "--segment-size",
+                "16MiB",
+                "--prefault",
+                "false",
+            ],
+        );
+        Self { up, secret, _dir: dir }
+    }
+
+    fn master(&self) -> String {
+        self.up.field("master")
+    }
+
+    fn credential(&self, principal: &str, secret: &str) -> Credential {
+        Keyring::parse(secret).unwrap().credential(principal.parse().unwrap())
+    }
+
+    fn client(&self, principal: &str, tenant: &str) -> Client {
+        self.client_with(Some(self.credential(principal, S1)), tenant)
+    }
+
+    fn client_with(&self, credential: Option<Credential>, tenant: &str) -> Client {
+        let mut c = ClientConfig::new(self.master()).with_credential(credential.map(CredentialSource::from));
+        c.tenant = tenant.into();
+        Client::new(c.with_request_timeout(Duration::from_secs(5)))
+    }
+
+    fn metric(&self, name: &str) -> u64 {
+        let text = http(&self.up.field("admin"), "GET", "/metrics", None).1;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("crescent_master_{name}_total ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+}
+
+/// A call's error code (`OK` for a success).
+fn code<T>(r: Result<T, ClientError>) -> ErrorCode {
+    r.map_or_else(|e| e.code(), |_| ErrorCode::Ok)
+}
+
+/// A blocking HTTP/1.0 request: (status, body).
+fn http(addr: &str, method: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = bearer.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n{auth}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Where `key`'s first replica lives.
+async fn replica_of(c: &Client, key: &str) -> (String, SegmentId, u64, u64) {
+    let stat = c.stat(key).await.unwrap();
+    match &stat.replicas[0].location {
+        ReplicaLocation::Memory { segment_id, offset, length, endpoint } => {
+            (endpoint.to_string(), *segment_id, *offset, *length)
+        }
+        other => panic!("unexpected replica {other:?}"),
+    }
+}
+
+/// Sends a hello without credential and then `request` (with `payload`) on a raw socket, as a script would;
+/// returns the hello's refusal.
+async fn raw_attempt(addr: &str, request: &TransferRequest, payload: &[u8]) -> ErrorFrame {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let hello = Head::encode(0, &Hello::new(PeerRole::Client, None), 0).unwrap();
+    let req = Head::encode(1, request, payload.len()).unwrap();
+    // Pipelined behind the hello, as an attacker who does not wait for an answer would.
+    let mut bytes = hello.as_bytes().to_vec();
+    bytes.extend_from_slice(req.as_bytes());
+    bytes.extend_from_slice(payload);
+    let _ = s.write_all(&bytes).await;
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, s.read_to_end(&mut reply)).await;
+    assert!(reply.len() > 8, "the server said nothing");
+    let frame = Frame { header: Bytes::copy_from_slice(&reply[8..]), payload: Bytes::new() };
+    let env: Envelope<HelloReply> = frame.decode().unwrap();
+    assert_eq!(env.id, 0);
+    let refusal = env.body.unwrap_err();
+    // Nothing after the refusal: the request got no answer of its own.
+    let len = u32::from_be_bytes(reply[..4].try_into().unwrap()) as usize;
+    assert_eq!(reply.len(), 4 + len, "only the refusal came back, no reply to the request");
+    refusal
+}
+
+#[tokio::test]
+async fn unauthenticated_peers_are_refused_on_both_planes_and_the_victims_bytes_are_unchanged() {
+    let c = Cluster::start();
+    let admin = c.client("admin", "");
+    admin.set_tenant_quota("v", 8 << 20).await.unwrap();
+    let victim = c.client("tenant:v", "v");
+    let value: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    victim.put("victim", &value).await.unwrap();
+    let (endpoint, segment, offset, length) = replica_of(&victim, "victim").await;
+
+    // A raw WRITE at the victim's offset, and a raw READ of it: refused at the hello.
+    let write = TransferRequest::Write { segment, offset };
+    let refusal = raw_attempt(&endpoint, &write, &vec![0xEE; length as usize]).await;
+    assert_eq!(refusal.code, ErrorCode::AuthenticationFailed, "{}", refusal.message);
+    let read = TransferRequest::Read { segment, offset, length };
+    assert_eq!(raw_attempt(&endpoint, &read, &[]).await.code, ErrorCode::AuthenticationFailed);
+
+    // The master likewise: no credential, or one of another cluster.
+    let e = c.client_with(None, "v").get("victim").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::AuthenticationFailed, "{e}");
+    let foreign = c.credential("tenant:v", "a secret of some other cluster");
+    let e = c.client_with(Some(foreign), "v").get("victim").await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::AuthenticationFailed, "{e}");
+    assert!(c.metric("auth_failures") >= 2, "the master counts its refusals");
+
+    assert_eq!(victim.get("victim").await.unwrap(), value, "the victim's bytes are unchanged");
+}
+
+#[tokio::test]
+async fn a_tenant_reaches_its_own_objects_only() {
+    let c = Cluster::start();
+    let admin = c.client("admin", "");
+    for t in ["a", "b"] {
+        admin.set_tenant_quota(t, 8 << 20).await.unwrap();
+    }
+    let b = c.client("tenant:b", "b");
+    b.put("secret-b", b"bbbb").await.unwrap();
+    let a = c.client("tenant:a", "a");
+    a.put("mine", b"aaaa").await.unwrap();
+    assert_eq!(a.get("mine").await.unwrap(), b"aaaa");
+
+    // Tenant a's credential with tenant b's name.
+    let a_as_b = c.client_with(Some(c.credential("tenant:a", S1)), "b");
+    assert_eq!(code(a_as_b.get("secret-b").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a_as_b.stat("secret-b").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a_as_b.list_keys("", 10).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a_as_b.put("planted", b"x").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a_as_b.remove("secret-b", true).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a_as_b.remove_all(true).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(a.set_tenant_quota("a", 1 << 30).await), ErrorCode::PermissionDenied, "admin only");
+    assert_eq!(code(a.list_tenants().await), ErrorCode::PermissionDenied);
+
+    assert_eq!(b.get("secret-b").await.unwrap(), b"bbbb", "b's object survived");
+    assert_eq!(b.list_keys("", 10).await.unwrap(), vec!["secret-b".to_owned()], "nothing planted");
+    assert!(c.metric("permission_denied") >= 8);
+}
+
+#[tokio::test]
+async fn a_node_credential_serves_segments_but_is_no_client_and_unmounts_only_its_own() {
+    use crescent_client::master::MasterConnection;
+    let c = Cluster::start();
+    let admin = c.client("admin", "");
+    admin.set_tenant_quota("t", 8 << 20).await.unwrap();
+    let t = c.client("tenant:t", "t");
+    t.put("k", b"value").await.unwrap();
+    let (_, segment, _, _) = replica_of(&t, "k").await;
+
+    let conn = |principal: &str| {
+        MasterConnection::new(&c.master(), ClientId::random(), PeerRole::Node, 1, DEADLINE)
+            .with_credential(Some(c.credential(principal, S1).into()))
+    };
+    let node = conn("node");
+    let me = ClientId::random();
+    // Requests in another client's name (the up's node owns the segment): refused before anything happens.
+    let unmount = MasterRequest::UnmountSegment { client: me, segment };
+    assert_eq!(code(node.call(&unmount).await), ErrorCode::PermissionDenied);
+    let get = MasterRequest::GetReplicaList { tenant: "t".into(), key: crescent_proto::wire::WireKey::Key("k".into()) };
+    assert_eq!(code(node.call(&get).await), ErrorCode::PermissionDenied, "a node reads no object");
+    // A tenant's client in another client's name.
+    let tenant = conn("tenant:t");
+    assert_eq!(code(tenant.call(&unmount).await), ErrorCode::PermissionDenied);
+
+    assert_eq!(t.get("k").await.unwrap(), b"value", "the segment and its object are still there");
+}
+
+#[tokio::test]
+async fn the_admin_http_changes_state_only_with_the_admin_credential() {
+    let c = Cluster::start();
+    let addr = c.up.field("admin");
+    let put = |bearer: Option<&str>| http(&addr, "PUT", "/tenants/x?quota=1MiB", bearer);
+    assert_eq!(put(None).0, 401);
+    let tenant_key = c.credential("tenant:x", S1).token();
+    assert_eq!(put(Some(&tenant_key)).0, 401, "a tenant's key is not the admin's");
+    let admin_key = c.credential("admin", S1).token();
+    assert_eq!(put(Some(&admin_key)).0, 200);
+    assert_eq!(http(&addr, "DELETE", "/tenants/x", None).0, 401);
+    assert_eq!(http(&addr, "GET", "/tenants", None).0, 200, "reads stay open to scrapers");
+    assert!(c.metric("auth_failures") >= 3);
+}
+
+#[tokio::test]
+async fn a_secret_rotated_under_load_loses_no_request() {
+    let c = Arc::new(Cluster::start());
+    let admin = c.client("admin", "");
+    admin.set_tenant_quota("load", 64 << 20).await.unwrap();
+    // The load: each round a fresh client (new connections, so every round authenticates anew) puts and
+    // reads back one object; which secret its credential derives from is switched mid-run.
+    let use_new = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (c, use_new, stop, done) = (c.clone(), use_new.clone(), stop.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let secret = if use_new.load(Ordering::Relaxed) { S2 } else { S1 };
+                let client = c.client_with(Some(c.credential("tenant:load", secret)), "load");
+                let key = format!("k{}", i % 64);
+                let value = i.to_le_bytes();
+                let r = async {
+                    client.put(&key, &value).await.or_else(|e| match e.code() {
+                        ErrorCode::ObjectAlreadyExists => Ok(()),
+                        _ => Err(e),
+                    })?;
+                    client.get(&key).await.map(|_| ())
+                }
+                .await;
+                if let Err(e) = r {
+                    failures.push(format!("round {i} ({secret:?}): {e}"));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            failures
+        })
+    };
+    let rounds_past = |n: u64| {
+        let done = done.clone();
+        async move {
+            let start = done.load(Ordering::Relaxed);
+            assert!(
+                eventually(DEADLINE, || {
+                    let d = done.clone();
+                    async move { d.load(Ordering::Relaxed) >= start + n }
+                })
+                .await
+            );
+        }
+    };
+    rounds_past(20).await;
+    // 1. Both secrets valid (old still current), every server reloads.
+    write_secret(&c.secret, &format!("{S1}\n{S2}"));
+    hang_up(&c.up);
+    let new_cred = c.credential("tenant:load", S2);
+    assert!(
+        eventually(DEADLINE, || {
+            let cl = c.client_with(Some(new_cred.clone()), "load");
+            async move { cl.list_keys("", 1).await.is_ok() }
+        })
+        .await,
+        "the new secret is accepted once reloaded"
+    );
+    rounds_past(20).await;
+    // 2. Clients move to the new credentials.
+    use_new.store(true, Ordering::Relaxed);
+    rounds_past(20).await;
+    // 3. Only the new secret is left.
+    write_secret(&c.secret, S2);
+    hang_up(&c.up);
+    let old_cred = c.credential("tenant:load", S1);
+    assert!(
+        eventually(DEADLINE, || {
+            let cl = c.client_with(Some(old_cred.clone()), "load");
+            async move { cl.list_keys("", 1).await.map_err(|e| e.code()) == Err(ErrorCode::AuthenticationFailed) }
+        })
+        .await,
+        "the old secret is refused once retired"
+    );
+    rounds_past(20).await;
+    stop.store(true, Ordering::Relaxed);
+    let failures = load.await.unwrap();
+    assert!(failures.is_empty(), "{} requests failed during the rotation: {failures:?}", failures.len());
+    // The node's own master connection follows too: a new segment client still gets replicas.
+    let fresh = c.client_with(Some(c.credential("tenant:load", S2)), "load");
+    fresh.put("after", b"rotation").await.unwrap();
+    assert_eq!(fresh.get("after").await.unwrap(), b"rotation");
+}
+
+/// SIGHUP: the servers reload their secret file.
+fn hang_up(p: &Proc) {
+    let pid = rustix::process::Pid::from_raw(p.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+}
+
+#[test]
+fn an_unauthenticated_server_refuses_a_public_address_unless_insecure() {
+    let out = std::process::Command::new(bin())
+        .args(["master", "--listen", "0.0.0.0:0", "--admin", "127.0.0.1:0"])
+        .env_remove("CRESCENT_SECRET")
+        .env_remove("CRESCENT_SECRET_FILE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without authentication") && err.contains("--insecure"), "{err}");
+    let out = std::process::Command::new(bin())
+        .args(["node", "--master", "127.0.0.1:1", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--insecure"));
+}

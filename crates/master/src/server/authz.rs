@@ -1,0 +1,152 @@
+//! What an authenticated principal may ask of the master (one rule, used by the RPC server and the admin HTTP).
+//!
+//! * `admin`: everything: tenant administration, every tenant's objects, any client's segments.
+//! * `node`: its own segments and local SSD (mount, remount, unmount, ping, status, unreachable reports); no
+//!   object operation.
+//! * `tenant:T`: what a node may, plus the objects of tenant `T` alone (an engine's client hosts segments too).
+//!
+//! A request that names a client (`client: ClientId`) must name the one the connection's hello proved, unless
+//! the principal is `admin`: otherwise a tenant could ping, remount or unmount in another client's name.
+
+use crescent_proto::wire::ErrorFrame;
+use crescent_proto::{ClientId, ErrorCode, MasterRequest, Principal, TenantId};
+
+/// Who a connection is, once its hello is done (none on a master without a keyring).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The proven principal.
+    pub principal: Principal,
+    /// The client id the hello named (bound into its MAC).
+    pub client: Option<ClientId>,
+}
+
+/// `Ok` when `caller` may send `req`; otherwise `PERMISSION_DENIED` saying why.
+pub fn authorize(caller: &Caller, req: &MasterRequest) -> Result<(), ErrorFrame> {
+    use MasterRequest as R;
+    let tenant_of = match &caller.principal {
+        Principal::Admin => return Ok(()),
+        Principal::Node => None,
+        Principal::Tenant(t) => Some(t),
+    };
+    let objects = |tenant: &str| match tenant_of {
+        None => Err(denied(caller, "a storage node's credential is not a client's: no object operations")),
+        Some(mine) => match TenantId::new(tenant) {
+            Ok(t) if &t == mine => Ok(()),
+            Ok(t) => Err(denied(caller, &format!("tenant {:?} is not this credential's", t.as_str()))),
+            Err(_) => Err(denied(caller, &format!("tenant {tenant:?} is not this credential's"))),
+        },
+    };
+    let own = |client: &ClientId| {
+        if caller.client.as_ref() == Some(client) {
+            Ok(())
+        } else {
+            Err(denied(caller, &format!("client {client} is not the one this connection authenticated")))
+        }
+    };
+    match req {
+        R::ClusterInfo | R::SegmentStatus { .. } | R::LocalSsdStatus { .. } => Ok(()),
+        R::Ping { client }
+        | R::MountSegment { client, .. }
+        | R::RemountSegments { client, .. }
+        | R::UnmountSegment { client, .. }
+        | R::GracefulUnmount { client, .. }
+        | R::ReportUnreachable { client, .. }
+        | R::RegisterLocalSsd { client, .. }
+        | R::UnregisterLocalSsd { client }
+        | R::ReportLocalSsd { client, .. }
+        | R::SetLocalSsdOffloading { client, .. } => own(client),
+        R::PutStart { client, tenant, .. }
+        | R::PutEnd { client, tenant, .. }
+        | R::PutRevoke { client, tenant, .. }
+        | R::UpsertStart { client, tenant, .. }
+        | R::BatchPutStart { client, tenant, .. }
+        | R::BatchPutEnd { client, tenant, .. }
+        | R::BatchPutRevoke { client, tenant, .. } => own(client).and_then(|()| objects(tenant)),
+        R::GetReplicaList { tenant, .. }
+        | R::Stat { tenant, .. }
+        | R::ReleaseLeases { tenant, .. }
+        | R::BatchGetReplicaList { tenant, .. }
+        | R::ExistKey { tenant, .. }
+        | R::BatchExistKey { tenant, .. }
+        | R::Remove { tenant, .. }
+        | R::BatchRemove { tenant, .. }
+        | R::RemoveByRegex { tenant, .. }
+        | R::ListKeys { tenant, .. }
+        | R::RemoveGroup { tenant, .. }
+        | R::ListKeysPage { tenant, .. }
+        | R::RemoveAll { tenant: Some(tenant), .. } => objects(tenant),
+        R::RemoveAll { tenant: None, .. } => Err(denied(caller, "removing every tenant's objects needs admin")),
+        R::ListTenants | R::SetTenantQuota { .. } | R::RemoveTenant { .. } => {
+            Err(denied(caller, "tenant administration needs the admin credential"))
+        }
+    }
+}
+
+fn denied(caller: &Caller, why: &str) -> ErrorFrame {
+    ErrorFrame {
+        code: ErrorCode::PermissionDenied,
+        message: format!("permission denied for {}: {why}", caller.principal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crescent_proto::wire::{Batch, WireKey};
+    use crescent_proto::{ReplicateConfig, SegmentId};
+
+    fn caller(p: &str, client: ClientId) -> Caller {
+        Caller { principal: p.parse().unwrap(), client: Some(client) }
+    }
+
+    fn code(r: Result<(), ErrorFrame>) -> ErrorCode {
+        r.map_or_else(|e| e.code, |()| ErrorCode::Ok)
+    }
+
+    #[test]
+    fn each_principal_gets_its_own_and_nothing_else() {
+        let me = ClientId::random();
+        let other = ClientId::random();
+        let key = || WireKey::Key("k".into());
+        let put = |client, tenant: &str| MasterRequest::PutStart {
+            client,
+            tenant: tenant.into(),
+            key: key(),
+            size: 1,
+            config: ReplicateConfig::default(),
+        };
+        let get = |tenant: &str| MasterRequest::GetReplicaList { tenant: tenant.into(), key: key() };
+        let unmount = |client| MasterRequest::UnmountSegment { client, segment: SegmentId::random() };
+        let quota = MasterRequest::SetTenantQuota { tenant: "a".into(), bytes: 1 };
+        let wipe = MasterRequest::RemoveAll { tenant: None, force: true };
+
+        let a = caller("tenant:a", me);
+        assert_eq!(code(authorize(&a, &put(me, "a"))), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &get("a"))), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &get("b"))), ErrorCode::PermissionDenied, "another tenant's object");
+        assert_eq!(code(authorize(&a, &put(other, "a"))), ErrorCode::PermissionDenied, "in another's name");
+        assert_eq!(code(authorize(&a, &unmount(me))), ErrorCode::Ok, "its own segment");
+        assert_eq!(code(authorize(&a, &unmount(other))), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&a, &quota)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&a, &wipe)), ErrorCode::PermissionDenied);
+        let own_wipe = MasterRequest::RemoveAll { tenant: Some("a".into()), force: false };
+        assert_eq!(code(authorize(&a, &own_wipe)), ErrorCode::Ok);
+        let default = caller("tenant:default", me);
+        assert_eq!(code(authorize(&default, &get(""))), ErrorCode::Ok, "\"\" is the default tenant");
+
+        let node = caller("node", me);
+        assert_eq!(code(authorize(&node, &MasterRequest::Ping { client: me })), ErrorCode::Ok);
+        assert_eq!(code(authorize(&node, &unmount(me))), ErrorCode::Ok);
+        assert_eq!(code(authorize(&node, &get("a"))), ErrorCode::PermissionDenied, "a node reads no object");
+        assert_eq!(code(authorize(&node, &put(me, "a"))), ErrorCode::PermissionDenied);
+        let batch = MasterRequest::BatchRemove { tenant: "a".into(), keys: Batch(vec![key()]), force: false };
+        assert_eq!(code(authorize(&node, &batch)), ErrorCode::PermissionDenied);
+
+        let admin = caller("admin", me);
+        for r in [put(other, "b"), get("b"), unmount(other), quota, wipe] {
+            assert_eq!(code(authorize(&admin, &r)), ErrorCode::Ok, "{r:?}");
+        }
+        let e = authorize(&a, &get("b")).unwrap_err();
+        assert!(e.message.contains("tenant:a") && e.message.contains("\"b\""), "{}", e.message);
+    }
+}

@@ -1,0 +1,71 @@
+//! Who a connection speaks for: the [`Principal`] a peer names in its hello and proves with its credential.
+//!
+//! A principal's text form is what credentials and the hello carry: `admin`, `node`, or `tenant:NAME`. What
+//! each may do is the master's rule (its `server::authz`); this module only names them.
+
+use crate::tenant::{TenantId, TenantIdError};
+use std::fmt;
+use std::str::FromStr;
+
+/// Who an authenticated peer is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// Tenant and segment administration, and everything a client may do in every tenant.
+    Admin,
+    /// A storage node: mounts and serves its own segments; no object operations.
+    Node,
+    /// A client of one tenant: objects of that tenant only (and segments it hosts itself).
+    Tenant(TenantId),
+}
+
+/// A principal's text that names none.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrincipalError {
+    /// Not `admin`, `node` or `tenant:NAME`.
+    #[error("unknown principal {0:?}: expected admin, node or tenant:NAME")]
+    Unknown(String),
+    /// `tenant:` with an invalid tenant id.
+    #[error("invalid tenant in principal: {0}")]
+    Tenant(#[from] TenantIdError),
+}
+
+impl FromStr for Principal {
+    type Err = PrincipalError;
+
+    fn from_str(s: &str) -> Result<Self, PrincipalError> {
+        match s {
+            "admin" => Ok(Self::Admin),
+            "node" => Ok(Self::Node),
+            _ => match s.strip_prefix("tenant:") {
+                // `tenant:` alone is the default tenant, as an empty tenant is everywhere else.
+                Some(t) => Ok(Self::Tenant(TenantId::new(t)?)),
+                None => Err(PrincipalError::Unknown(s.chars().take(64).collect())),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Admin => f.write_str("admin"),
+            Self::Node => f.write_str("node"),
+            Self::Tenant(t) => write!(f, "tenant:{t}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn principals_round_trip_through_text_and_bad_ones_say_why() {
+        for p in ["admin", "node", "tenant:a", "tenant:default"] {
+            assert_eq!(p.parse::<Principal>().unwrap().to_string(), p);
+        }
+        assert_eq!("tenant:".parse::<Principal>().unwrap(), Principal::Tenant(TenantId::default_tenant()));
+        assert!(matches!("root".parse::<Principal>(), Err(PrincipalError::Unknown(_))));
+        assert!(matches!("tenant:_sys".parse::<Principal>(), Err(PrincipalError::Tenant(_))));
+    }
+}

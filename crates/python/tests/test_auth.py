@@ -1,0 +1,85 @@
+"""A store in a cluster with a secret (issue 17): credentials from setup's extras or the environment."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import Master, MiB, crescent_bin
+from mooncake.store import MooncakeDistributedStore
+
+SECRET = "a cluster secret for the python tests"
+AUTHENTICATION_FAILED = -1800
+PERMISSION_DENIED = -1801
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    path = tmp_path_factory.mktemp("auth") / "secret"
+    path.write_text(SECRET)
+    path.chmod(0o600)
+    m = Master("--secret-file", str(path), "--multi-tenant")
+    yield m.addr, str(path)
+    m.stop()
+
+
+def credential(principal: str, secret_file: str) -> str:
+    out = subprocess.run(
+        [crescent_bin(), "credential", principal, "--secret-file", secret_file],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip()
+
+
+def admin_quota(addr: str, secret_file: str, tenant: str) -> None:
+    env = dict(os.environ, CRESCENT_SECRET_FILE=secret_file)
+    subprocess.run([crescent_bin(), "tenant", "set-quota", tenant, "64MiB", "--master", addr],
+                   check=True, capture_output=True, env=env)
+
+
+def test_a_store_without_a_credential_is_refused(secured, monkeypatch):
+    addr, _ = secured
+    for var in ("CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE", "CRESCENT_SECRET", "CRESCENT_SECRET_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr) == AUTHENTICATION_FAILED
+
+
+def test_a_credential_from_setup_or_the_environment_reaches_its_tenant_only(secured, monkeypatch):
+    addr, secret_file = secured
+    for t in ("a", "b"):
+        admin_quota(addr, secret_file, t)
+    for var in ("CRESCENT_SECRET", "CRESCENT_SECRET_FILE", "CRESCENT_CREDENTIAL_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    cred_a = credential("tenant:a", secret_file)
+    a = MooncakeDistributedStore()
+    assert a.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="a", credential=cred_a) == 0
+    assert a.put("k", b"from a") == 0
+    assert a.get("k") == b"from a"
+    a.close()
+
+    # The same credential from the environment, used for tenant b: every call is refused.
+    monkeypatch.setenv("CRESCENT_CREDENTIAL", cred_a)
+    b = MooncakeDistributedStore()
+    assert b.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="b") == 0
+    assert b.put("k", b"planted") == PERMISSION_DENIED
+    assert b.is_exist("k") < 0
+    b.close()
+
+
+def test_a_store_hosting_a_segment_derives_its_credential_from_the_secret(secured, monkeypatch):
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "c")
+    monkeypatch.delenv("CRESCENT_CREDENTIAL", raising=False)
+    monkeypatch.delenv("CRESCENT_CREDENTIAL_FILE", raising=False)
+    # Without the secret a hosted segment could not check its peers: refused at setup.
+    s = MooncakeDistributedStore()
+    cred = credential("tenant:c", secret_file)
+    assert s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="c",
+                   credential=cred) < 0
+    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
+    assert s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="c") == 0
+    value = os.urandom(256 * 1024)
+    assert s.put("big", value) == 0
+    assert s.get("big") == value
+    s.close()
