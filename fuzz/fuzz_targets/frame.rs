@@ -73,7 +73,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let mut all = vec![4u8, 0xf0, 0, 0, 0, 0, 0, 0, 0];
     all.extend_from_slice(&wire);
     out.push(all);
-    let read = TransferRequest::Read { segment: SegmentId::random(), offset: 4096, length: 1 << 20 };
+    let read = TransferRequest::Read { segment: SegmentId::random(), offset: 4096, length: 1 << 20, grant: None };
     let mut data = vec![3u8, 0x77, 0, 0, 0, 0, 0, 0, 0];
     data.extend_from_slice(Head::encode(7, &read, 3).unwrap().as_bytes());
     data.extend_from_slice(b"xyz");

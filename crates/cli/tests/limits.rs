@@ -385,6 +385,7 @@ async fn the_master_refuses_a_hello_with_a_payload_and_requests_under_id_0_like_
                 segment: crescent_proto::SegmentId::random(),
                 offset: 0,
                 length: 1,
+                grant: None,
             };
             frame_bytes(0, &read, &[])
         };

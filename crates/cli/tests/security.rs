@@ -3,6 +3,8 @@
 //! as a client, an unmount in another client's name, the admin HTTP without the admin credential; and a
 //! secret rotated under load without a failed request.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use bytes::Bytes;
 use crescent_client::{Client, ClientConfig, ClientError};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
@@ -153,10 +155,10 @@ async fn unauthenticated_peers_are_refused_on_both_planes_and_the_victims_bytes_
     let (endpoint, segment, offset, length) = replica_of(&victim, "victim").await;
 
     // A raw WRITE at the victim's offset, and a raw READ of it: refused at the hello.
-    let write = TransferRequest::Write { segment, offset };
+    let write = TransferRequest::Write { segment, offset, grant: None };
     let refusal = raw_attempt(&endpoint, &write, &vec![0xEE; length as usize]).await;
     assert_eq!(refusal.code, ErrorCode::AuthenticationFailed, "{}", refusal.message);
-    let read = TransferRequest::Read { segment, offset, length };
+    let read = TransferRequest::Read { segment, offset, length, grant: None };
     assert_eq!(raw_attempt(&endpoint, &read, &[]).await.code, ErrorCode::AuthenticationFailed);
 
     // The master likewise: no credential, or one of another cluster.
@@ -168,6 +170,113 @@ async fn unauthenticated_peers_are_refused_on_both_planes_and_the_victims_bytes_
     assert!(c.metric("auth_failures") >= 2, "the master counts its refusals");
 
     assert_eq!(victim.get("victim").await.unwrap(), value, "the victim's bytes are unchanged");
+}
+
+/// A refused transfer's code.
+fn refused<T: std::fmt::Debug>(r: Result<T, crescent_transfer::TransferError>) -> ErrorCode {
+    match r {
+        Err(crescent_transfer::TransferError::Refused(code)) => code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it() {
+    use crescent_client::master::MasterConnection;
+    use crescent_net::grant::{Bearer, GrantOp, unix_ms};
+    use crescent_proto::rpc::MasterResponse;
+    use crescent_proto::wire::WireKey;
+    use crescent_transfer::{Place, SegmentRegistry, TransferClient, TransferConfig};
+
+    let c = Cluster::start();
+    let admin = c.client("admin", "");
+    for t in ["a", "v"] {
+        admin.set_tenant_quota(t, 8 << 20).await.unwrap();
+    }
+    let victim = c.client("tenant:v", "v");
+    let value: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    victim.put("victim", &value).await.unwrap();
+    let (endpoint, segment, offset, length) = replica_of(&victim, "victim").await;
+
+    // The attacker: a tenant of its own, with a real credential, a master connection and a data-plane client
+    // under one client id, as a client library would have.
+    let me = ClientId::random();
+    let cred = c.credential("tenant:a", S1);
+    let master = MasterConnection::new(&c.master(), me, PeerRole::Client, 1, DEADLINE)
+        .with_credential(Some(cred.clone().into()));
+    let data = |id: ClientId, cred: &Credential| {
+        let config = TransferConfig {
+            credential: Some(cred.clone().into()),
+            client_id: Some(id),
+            io_timeout: DEADLINE,
+            ..TransferConfig::default()
+        };
+        TransferClient::new(config, SegmentRegistry::default())
+    };
+    let t = data(me, &cred);
+    // Its own put: the master grants exactly the 4 KiB it allocated.
+    let key = || WireKey::Key("mine".into());
+    let start =
+        MasterRequest::PutStart { client: me, tenant: "a".into(), key: key(), size: 4096, config: Default::default() };
+    let Ok(MasterResponse::Replicas(mine)) = master.call(&start).await else { panic!("put start failed") };
+    let (mine_seg, mine_off) = match &mine[0].location {
+        ReplicaLocation::Memory { segment_id, offset, .. } => (*segment_id, *offset),
+        other => panic!("unexpected replica {other:?}"),
+    };
+    let write_grant = mine[0].grant.expect("a put's replicas carry write grants");
+    assert_eq!((write_grant.offset, write_grant.length), (mine_off, 4096));
+    t.write(&endpoint, Place::new(mine_seg, Some(write_grant)), mine_off, Bytes::from(vec![7u8; 4096])).await.unwrap();
+
+    let junk = Bytes::from(vec![0xEE; length as usize]);
+    // No grant at all.
+    assert_eq!(refused(t.write(&endpoint, segment, offset, junk.clone()).await), ErrorCode::PermissionDenied);
+    assert_eq!(refused(t.read(&endpoint, segment, offset, length).await), ErrorCode::PermissionDenied);
+    // Its own grant, used on the victim's range.
+    let at_victim = Place::new(segment, Some(write_grant));
+    assert_eq!(refused(t.write(&endpoint, at_victim, offset, junk.clone()).await), ErrorCode::PermissionDenied);
+    // A grant altered to cover the victim's range.
+    let widened = crescent_proto::transfer::Grant { offset, length, ..write_grant };
+    let forged = Place::new(segment, Some(widened));
+    assert_eq!(refused(t.write(&endpoint, forged, offset, junk.clone()).await), ErrorCode::PermissionDenied);
+    // Its grant replayed by another client id of the same tenant, and by another tenant's credential.
+    let other = data(ClientId::random(), &cred);
+    let own = Place::new(mine_seg, Some(write_grant));
+    let four_k = Bytes::from(vec![1u8; 4096]);
+    assert_eq!(refused(other.write(&endpoint, own, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    let b = data(me, &c.credential("tenant:b", S1));
+    assert_eq!(refused(b.write(&endpoint, own, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    // A write grant does not read, and a read grant does not write.
+    assert_eq!(refused(t.read(&endpoint, own, mine_off, 4096).await), ErrorCode::PermissionDenied);
+    let end = MasterRequest::PutEnd { client: me, tenant: "a".into(), key: key(), checksum: None };
+    master.call(&end).await.unwrap();
+    let get = MasterRequest::GetReplicaList { tenant: "a".into(), key: key() };
+    let Ok(MasterResponse::ReplicaList(list)) = master.call(&get).await else { panic!("get failed") };
+    let read_grant = list.replicas[0].grant.expect("a replica list carries read grants");
+    let readable = Place::new(mine_seg, Some(read_grant));
+    assert_eq!(t.read(&endpoint, readable, mine_off, 4096).await.unwrap(), vec![7u8; 4096]);
+    assert_eq!(refused(t.write(&endpoint, readable, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    // Its read grant on the victim's range.
+    let peek = Place::new(segment, Some(read_grant));
+    assert_eq!(refused(t.read(&endpoint, peek, offset, length).await), ErrorCode::PermissionDenied);
+    // An expired grant, correctly sealed (the test holds the secret): refused as expired.
+    let ring = Keyring::parse(S1).unwrap();
+    let bearer = Bearer::new("tenant:a".parse().unwrap(), Some(me));
+    let stale = ring.seal_grant(GrantOp::Write, &mine_seg, &bearer, mine_off, 4096, unix_ms() - 1);
+    let expired = Place::new(mine_seg, Some(stale));
+    assert_eq!(refused(t.write(&endpoint, expired, mine_off, four_k).await), ErrorCode::GrantExpired);
+
+    assert_eq!(victim.get("victim").await.unwrap(), value, "the victim's bytes are unchanged");
+    assert_eq!(t.read(&endpoint, readable, mine_off, 4096).await.unwrap(), vec![7u8; 4096], "and its own too");
+    // Batches go through grants as well.
+    let a = c.client("tenant:a", "a");
+    let items: Vec<(String, Vec<u8>)> = (0..8).map(|i| (format!("batch-{i}"), vec![i as u8; 3000])).collect();
+    let refs: Vec<(&str, &[u8])> = items.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    assert!(a.batch_put_from(&refs, &Default::default()).await.iter().all(Result::is_ok));
+    let mut bufs = vec![vec![0u8; 3000]; 8];
+    let mut reads: Vec<(&str, &mut [u8])> =
+        items.iter().zip(bufs.iter_mut()).map(|((k, _), b)| (k.as_str(), b.as_mut_slice())).collect();
+    assert!(a.batch_get_into(&mut reads).await.iter().all(|r| r.as_ref().is_ok_and(|n| *n == 3000)));
+    assert!(bufs.iter().enumerate().all(|(i, b)| b.iter().all(|x| *x == i as u8)));
 }
 
 #[tokio::test]

@@ -22,7 +22,7 @@ use crescent_proto::{
     ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest, MasterResponse,
     ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
 };
-use crescent_transfer::{BatchRead, BatchWrite, SegmentRegistry, TransferClient, TransferConfig};
+use crescent_transfer::{BatchRead, BatchWrite, Place, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -331,12 +331,13 @@ fn fit<'b>(list: &GetReplicaListResponse, buf: &'b mut [u8]) -> Result<&'b mut [
     }
 }
 
-/// Replica location for the data plane: `(endpoint, segment, offset, length)`.
-fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64)> {
+/// Replica location for the data plane: `(endpoint, segment, offset, length, place)`, the place carrying the
+/// master's grant for the range.
+fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64, Place)> {
     match &d.location {
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
         | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
-            Some((endpoint, *segment_id, *offset, *length))
+            Some((endpoint, *segment_id, *offset, *length, Place::new(*segment_id, d.grant)))
         }
         ReplicaLocation::LocalDisk { .. } => None,
     }
@@ -364,7 +365,9 @@ impl Client {
         .with_poll_window(config.poll_window)
         .with_credential(config.credential.clone())
         .with_in_flight(inflight.clone());
-        let transfer = TransferClient::with_in_flight(config.transfer.clone(), local.clone(), inflight);
+        // The data plane's hello names this client: the master seals its grants for it.
+        let transfer_config = TransferConfig { client_id: Some(id), ..config.transfer.clone() };
+        let transfer = TransferClient::with_in_flight(transfer_config, local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }
     }
@@ -509,14 +512,14 @@ impl Client {
         replicas: &[ReplicaDescriptor],
     ) -> Result<Option<u32>, (ClientError, Vec<crescent_proto::SegmentId>)> {
         let writes = replicas.iter().enumerate().map(|(i, d)| async move {
-            let Some((endpoint, segment, offset, _)) = address(d) else {
+            let Some((endpoint, segment, offset, _, place)) = address(d) else {
                 return Err((ClientError::Code(ErrorCode::InvalidReplica), None));
             };
             let t = &self.inner.transfer;
             match value {
-                Value::Owned(b) => t.write(endpoint, segment, offset, b.clone()).await.map(|()| None),
-                Value::Borrowed(s) if i == 0 => t.write_from_checksummed(endpoint, segment, offset, s).await.map(Some),
-                Value::Borrowed(s) => t.write_from(endpoint, segment, offset, s).await.map(|()| None),
+                Value::Owned(b) => t.write(endpoint, place, offset, b.clone()).await.map(|()| None),
+                Value::Borrowed(s) if i == 0 => t.write_from_checksummed(endpoint, place, offset, s).await.map(Some),
+                Value::Borrowed(s) => t.write_from(endpoint, place, offset, s).await.map(|()| None),
             }
             .map_err(|e| (ClientError::from(e), Some(segment)))
         });
@@ -652,10 +655,10 @@ impl Client {
         for (i, ((_, data), start)) in items.iter().zip(starts).enumerate() {
             for d in start.iter().flatten() {
                 match address(d) {
-                    Some((endpoint, segment, offset, _)) => {
+                    Some((endpoint, segment, offset, _, place)) => {
                         let (idx, writes) = by_peer.entry(endpoint).or_default();
                         idx.push(i);
-                        writes.push(BatchWrite { segment, offset, data });
+                        writes.push(BatchWrite { segment, grant: place.grant, offset, data });
                     }
                     None => written[i].fail(ErrorCode::InvalidReplica.into()),
                 }
@@ -751,7 +754,7 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         for d in self.ranked(list) {
-            let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            let Some((endpoint, segment, offset, _, place)) = address(d) else { continue };
             if let Some(e) = unreached.skip(endpoint) {
                 last = e;
                 continue;
@@ -759,7 +762,7 @@ impl Client {
             if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
                 return Err(lease_expired(key, list));
             }
-            match self.inner.transfer.read_checksummed(endpoint, segment, offset, list.size).await {
+            match self.inner.transfer.read_checksummed(endpoint, place, offset, list.size).await {
                 Ok((bytes, crc)) => {
                     self.verify(key, list, started, u64::from(crc))?;
                     return Ok(Vec::from(bytes));
@@ -814,7 +817,7 @@ impl Client {
             .replicas
             .iter()
             .filter_map(|d| {
-                let (endpoint, segment, _, _) = address(d)?;
+                let (endpoint, segment, _, _, _) = address(d)?;
                 let rank = if self.inner.local.get(&segment).is_some() {
                     0
                 } else if host.is_some_and(|h| endpoint.rsplit_once(':').is_some_and(|(ip, _)| ip == h)) {
@@ -841,7 +844,7 @@ impl Client {
     ) -> Result<(), ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         for d in self.ranked(list) {
-            let Some((endpoint, segment, offset, _)) = address(d) else { continue };
+            let Some((endpoint, segment, offset, _, place)) = address(d) else { continue };
             if let Some(e) = unreached.skip(endpoint) {
                 last = e;
                 continue;
@@ -850,7 +853,7 @@ impl Client {
             if started.elapsed() > Duration::from_millis(list.lease_ttl_ms) {
                 return Err(lease_expired(key, list));
             }
-            match self.inner.transfer.read_into_checksummed(endpoint, segment, offset, buf).await {
+            match self.inner.transfer.read_into_checksummed(endpoint, place, offset, buf).await {
                 Ok(crc) => return self.verify(key, list, started, u64::from(crc)),
                 Err(e) => {
                     last = e.into();
@@ -932,8 +935,9 @@ impl Client {
             };
             let first = self.ranked(list).into_iter().filter_map(address).find(|a| unreached.skip(a.0).is_none());
             match first {
-                Some((endpoint, segment, offset, _)) if self.inner.local.get(&segment).is_none() => {
-                    by_peer.entry(endpoint).or_default().push((i, BatchRead { segment, offset, buf }));
+                Some((endpoint, segment, offset, _, place)) if self.inner.local.get(&segment).is_none() => {
+                    let read = BatchRead { segment, grant: place.grant, offset, buf };
+                    by_peer.entry(endpoint).or_default().push((i, read));
                 }
                 _ => single.push((i, *key, list, buf)),
             }

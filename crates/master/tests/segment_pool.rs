@@ -351,7 +351,7 @@ fn cxl_mounts_need_a_window_and_bind_to_it() {
     s.kind = SegmentKind::Cxl;
     assert_eq!(p.mount(ClientId::random(), s.clone()).unwrap_err().code(), ErrorCode::UnavailableInCurrentMode);
 
-    let p = SegmentPool::new(PoolConfig { cxl_window: Some(64 * MIB) }).unwrap();
+    let p = SegmentPool::new(PoolConfig { cxl_window: Some(64 * MIB), ..Default::default() }).unwrap();
     let c = ClientId::random();
     let mut t = s.clone();
     t.id = SegmentId::random();
@@ -470,7 +470,7 @@ fn inconsistent_snapshot_views_are_rejected_and_change_nothing() {
         assert!(q.is_empty());
     }
     // A view of a CXL pool cannot be restored where CXL is off.
-    let cxl = SegmentPool::new(PoolConfig { cxl_window: Some(MIB) }).unwrap();
+    let cxl = SegmentPool::new(PoolConfig { cxl_window: Some(MIB), ..Default::default() }).unwrap();
     assert_eq!(q.restore(cxl.snapshot_view()).unwrap_err(), PoolError::CxlDisabled);
     assert_eq!(q.restore(view).unwrap(), 3);
 }
@@ -495,7 +495,7 @@ fn a_suspect_segment_is_restored_suspect_and_its_owner_clears_it() {
 
 #[test]
 fn cxl_snapshot_round_trips_bindings() {
-    let cfg = PoolConfig { cxl_window: Some(64 * MIB) };
+    let cfg = PoolConfig { cxl_window: Some(64 * MIB), ..Default::default() };
     let p = SegmentPool::new(cfg.clone()).unwrap();
     let c = ClientId::random();
     let mut s = spec("cxl", 64 * MIB);
@@ -510,4 +510,46 @@ fn cxl_snapshot_round_trips_bindings() {
     assert_eq!(q.finish_restore(), 0);
     drop(r);
     assert_eq!(q.segment(s.id).unwrap().usage.used, 0);
+}
+
+// Write hold (issue 17 §2): space freed while a write grant for it may be live is not handed out again.
+#[test]
+fn space_freed_within_the_write_hold_is_reused_only_after_it() {
+    use crescent_master::clock::ManualClock;
+    use crescent_master::segment_pool::WriteHold;
+    use std::time::Duration;
+    let clock = ManualClock::new(Timestamp(1_000));
+    let hold = WriteHold { clock: clock.clone(), window: Duration::from_secs(10) };
+    let p = SegmentPool::new(PoolConfig { write_hold: Some(hold), ..Default::default() }).unwrap();
+    let s = spec("a", 4 * MIB);
+    p.mount(ClientId::random(), s.clone()).unwrap();
+
+    // The whole segment, freed 1 s after allocation: held, so nothing fits until 10 s after the allocation.
+    let first = place_on(&p, "a", 4 * MIB).unwrap();
+    let first_offset = first.offset();
+    clock.advance(Duration::from_secs(1));
+    drop(first);
+    let usage = p.segment(s.id).unwrap().usage;
+    assert_eq!(usage.used, 4 * MIB, "held space counts as used");
+    assert_eq!(place_on(&p, "a", MIB).unwrap_err(), ErrorCode::NoAvailableHandle, "nothing free while held");
+    clock.advance(Duration::from_millis(8_999));
+    assert!(place_on(&p, "a", MIB).is_err(), "still 1 ms to go");
+    clock.advance(Duration::from_millis(1));
+    let again = place_on(&p, "a", 4 * MIB).unwrap();
+    assert_eq!(again.offset(), first_offset, "released at the hold's end");
+
+    // A buffer freed after its hold is reusable at once.
+    clock.advance(Duration::from_secs(10));
+    drop(again);
+    assert_eq!(p.segment(s.id).unwrap().usage.used, 0);
+    assert!(place_on(&p, "a", 4 * MIB).is_ok());
+}
+
+#[test]
+fn without_a_write_hold_freed_space_is_reused_at_once() {
+    let p = pool();
+    let s = spec("a", 4 * MIB);
+    p.mount(ClientId::random(), s).unwrap();
+    drop(place_on(&p, "a", 4 * MIB).unwrap());
+    assert!(place_on(&p, "a", 4 * MIB).is_ok());
 }

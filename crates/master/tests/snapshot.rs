@@ -109,7 +109,7 @@ fn the_encoding_is_pinned() {
     let empty = snapshot::encode(&MasterSnapshotView::default());
     assert_eq!(hex(&empty), "43534e500200c74b674800000000");
     // One region with one allocation, a CXL-less pool, one LocalSSD client.
-    let p = SegmentPool::new(PoolConfig { cxl_window: None }).unwrap();
+    let p = SegmentPool::new(PoolConfig { cxl_window: None, ..Default::default() }).unwrap();
     let client = ClientId::from_u64_pair(1, 2);
     let spec = SegmentSpec {
         id: SegmentId::from_u64_pair(3, 4),

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -44,6 +44,7 @@ pub const MAX_SECRETS: usize = 2;
 const PRINCIPAL_LABEL: &[u8] = b"crescent/principal/v1\0";
 const CLIENT_LABEL: &[u8] = b"crescent/hello/client/v1\0";
 const SERVER_LABEL: &[u8] = b"crescent/hello/server/v1\0";
+const GRANT_LABEL: &[u8] = b"crescent/grant/v1\0";
 
 /// Why a secret or a credential could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -79,12 +80,48 @@ type Key = Zeroizing<[u8; AUTH_LEN]>;
 pub struct Keyring {
     /// The first derives credentials; every one verifies. Replaced whole by a reload (a leaf lock, held only
     /// to clone the `Arc`).
-    secrets: RwLock<Arc<Secrets>>,
+    secrets: RwLock<Arc<KeySet>>,
     /// The file it was loaded from, if any (what a reload reads again).
     source: Option<PathBuf>,
 }
 
 type Secrets = Vec<Zeroizing<Vec<u8>>>;
+
+/// The valid secrets and what is derived from them once per load.
+struct KeySet {
+    secrets: Secrets,
+    /// One keyed HMAC state per secret, same order, for sealing and checking data-plane grants
+    /// (`crate::grant`): cloned per use, so a check costs the message's compressions only.
+    grant_keys: Vec<HmacSha256>,
+    /// Grant keys of secrets a reload retired, still accepted (never used to seal) until the instant given:
+    /// grants sealed just before a rotation by a master that reloaded later than this process stay good for
+    /// the transfer in flight ([`GRANT_GRACE`]). Handshakes with a retired secret fail at once.
+    retired: Vec<(HmacSha256, Instant)>,
+}
+
+impl KeySet {
+    fn new(secrets: Secrets) -> Self {
+        Self { grant_keys: secrets.iter().map(|s| grant_key(s)).collect(), secrets, retired: Vec::new() }
+    }
+
+    /// The key set after a reload from `self` to `fresh`: secrets no longer listed keep their grant key for
+    /// `grace` from `now` (those retired earlier keep their own deadline).
+    fn reloaded(&self, fresh: Secrets, now: Instant, grace: Duration) -> Self {
+        let mut next = Self::new(fresh);
+        let gone = self.secrets.iter().filter(|s| !next.secrets.contains(s)).map(|s| (grant_key(s), now + grace));
+        let still = self.retired.iter().filter(|(_, until)| *until > now).cloned();
+        next.retired = gone.chain(still).collect();
+        next
+    }
+}
+
+fn grant_key(secret: &[u8]) -> HmacSha256 {
+    mac_with(&derive_raw(secret, GRANT_LABEL)[..])
+}
+
+/// How long a retired secret's grant key still verifies grants after a reload (never handshakes): longer than
+/// any transfer takes from its grant to its last stripe.
+pub const GRANT_GRACE: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for Keyring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -96,13 +133,13 @@ impl Keyring {
     /// A keyring from the text of a secret file: one secret per line (surrounding whitespace ignored, blank
     /// lines and `#` comments skipped), the first current, an optional second also accepted.
     pub fn parse(text: &str) -> Result<Self, AuthConfigError> {
-        Ok(Self { secrets: RwLock::new(Arc::new(parse_secrets(text)?)), source: None })
+        Ok(Self { secrets: RwLock::new(Arc::new(KeySet::new(parse_secrets(text)?))), source: None })
     }
 
     /// The keyring in a secret file (which [`Keyring::reload`] reads again).
     pub fn load(path: &Path) -> Result<Self, AuthConfigError> {
         let secrets = parse_secrets(&read_secret_file(path)?)?;
-        Ok(Self { secrets: RwLock::new(Arc::new(secrets)), source: Some(path.to_owned()) })
+        Ok(Self { secrets: RwLock::new(Arc::new(KeySet::new(secrets))), source: Some(path.to_owned()) })
     }
 
     /// The keyring the environment names: [`SECRET_FILE_ENV`], else [`SECRET_ENV`], else none.
@@ -121,29 +158,44 @@ impl Keyring {
     /// file that no longer parses, keeps its secrets (and the error says why).
     pub fn reload(&self) -> Result<usize, AuthConfigError> {
         let Some(path) = &self.source else { return Err(AuthConfigError::NoFile) };
-        let fresh = parse_secrets(&read_secret_file(path)?)?;
+        self.replace(parse_secrets(&read_secret_file(path)?)?, GRANT_GRACE)
+    }
+
+    /// Makes `text`'s secrets the valid ones, as a reload of a file holding it would; the secrets it drops
+    /// keep verifying grants for `grace` (see [`GRANT_GRACE`]).
+    pub fn replace_with(&self, text: &str, grace: Duration) -> Result<usize, AuthConfigError> {
+        self.replace(parse_secrets(text)?, grace)
+    }
+
+    fn replace(&self, fresh: Secrets, grace: Duration) -> Result<usize, AuthConfigError> {
         let n = fresh.len();
-        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh);
+        let mut current = self.secrets.write().unwrap_or_else(PoisonError::into_inner);
+        *current = Arc::new(current.reloaded(fresh, Instant::now(), grace));
         Ok(n)
     }
 
-    fn snapshot(&self) -> Arc<Secrets> {
+    fn snapshot(&self) -> Arc<KeySet> {
         self.secrets.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The grant keys of the valid secrets, current first (see `crate::grant`).
+    pub(crate) fn grant_keys(&self) -> GrantKeys {
+        GrantKeys(self.snapshot())
     }
 
     /// How many secrets are valid now (2 during a rotation).
     pub fn len(&self) -> usize {
-        self.snapshot().len()
+        self.snapshot().secrets.len()
     }
 
     /// Always false: a keyring holds at least one secret.
     pub fn is_empty(&self) -> bool {
-        self.snapshot().is_empty()
+        self.snapshot().secrets.is_empty()
     }
 
     /// The credential of `principal`, derived from the current secret.
     pub fn credential(&self, principal: Principal) -> Credential {
-        let key = derive(&self.snapshot()[0], &principal);
+        let key = derive(&self.snapshot().secrets[0], &principal);
         Credential { principal, key }
     }
 
@@ -159,7 +211,24 @@ impl Keyring {
 
     /// The keys `principal` may hold now, current first.
     fn keys(&self, principal: &Principal) -> Vec<Key> {
-        self.snapshot().iter().map(|s| derive(s, principal)).collect()
+        self.snapshot().secrets.iter().map(|s| derive(s, principal)).collect()
+    }
+}
+
+/// The grant keys of one moment (a reload does not change them under a caller).
+pub(crate) struct GrantKeys(Arc<KeySet>);
+
+impl GrantKeys {
+    /// The key that seals: the current secret's (a keyring always holds one).
+    pub(crate) fn sealing(&self) -> &HmacSha256 {
+        &self.0.grant_keys[0]
+    }
+
+    /// Every key that verifies now: the valid secrets', then retired ones still in their grace.
+    pub(crate) fn verifying(&self) -> impl Iterator<Item = &HmacSha256> {
+        let now = Instant::now();
+        let retired = self.0.retired.iter().filter(move |(_, until)| *until > now).map(|(k, _)| k);
+        self.0.grant_keys.iter().chain(retired)
     }
 }
 
@@ -227,6 +296,11 @@ fn derive(secret: &[u8], principal: &Principal) -> Key {
     mac.update(PRINCIPAL_LABEL);
     mac.update(principal.to_string().as_bytes());
     Zeroizing::new(mac.finalize().into_bytes().into())
+}
+
+/// `HMAC(secret, label)`: a key for one purpose, so no derived key can stand in for another.
+fn derive_raw(secret: &[u8], label: &[u8]) -> Key {
+    Zeroizing::new(mac_with(secret).chain_update(label).finalize().into_bytes().into())
 }
 
 fn mac_with(key: &[u8]) -> HmacSha256 {

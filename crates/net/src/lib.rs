@@ -24,6 +24,7 @@ pub mod accept;
 pub mod advertise;
 pub mod auth;
 pub mod frame;
+pub mod grant;
 pub mod hello;
 pub mod inbound;
 pub mod poll;

@@ -117,6 +117,7 @@ error_codes! {
     TenantNotEmpty = -1702 => "TENANT_NOT_EMPTY",
     AuthenticationFailed = -1800 => "AUTHENTICATION_FAILED",
     PermissionDenied = -1801 => "PERMISSION_DENIED",
+    GrantExpired = -1802 => "GRANT_EXPIRED",
 }
 
 /// A numeric code that names no [`ErrorCode`].
@@ -168,7 +169,7 @@ mod tests {
 
     #[test]
     fn values_match_the_reference() {
-        assert_eq!(ErrorCode::ALL.len(), 72);
+        assert_eq!(ErrorCode::ALL.len(), 75);
         assert_eq!(ErrorCode::Ok.as_i32(), 0);
         assert_eq!(ErrorCode::InternalError.as_i32(), -1);
         assert_eq!(ErrorCode::NoAvailableHandle.as_i32(), -200);

@@ -1,6 +1,7 @@
 //! Where an object's bytes live.
 
 use crate::ids::{ClientId, SegmentId};
+use crate::transfer::Grant;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -87,6 +88,9 @@ pub struct ReplicaDescriptor {
     pub location: ReplicaLocation,
     /// Write state.
     pub status: ReplicaStatus,
+    /// The data-plane grant for this range, sealed by the master for the client it answered (write grants in
+    /// put replies, read grants in replica lists) when the cluster authenticates; `None` otherwise.
+    pub grant: Option<Grant>,
 }
 
 #[cfg(test)]
@@ -104,6 +108,7 @@ mod tests {
                 endpoint: Arc::from("127.0.0.1:1"),
             },
             status: ReplicaStatus::Processing,
+            grant: None,
         };
         let bytes = postcard::to_stdvec(&d).unwrap();
         assert_eq!(postcard::from_bytes::<ReplicaDescriptor>(&bytes).unwrap(), d);

@@ -14,6 +14,8 @@ pub enum TransferRequest {
         segment: SegmentId,
         /// Byte offset inside it.
         offset: u64,
+        /// The master's write grant for a range holding this one (required by nodes that authenticate).
+        grant: Option<Grant>,
     },
     /// Read `length` bytes at `offset` of `segment`; the reply carries them as its payload.
     Read {
@@ -23,7 +25,37 @@ pub enum TransferRequest {
         offset: u64,
         /// Bytes wanted.
         length: u64,
+        /// The master's read grant for a range holding this one (required by nodes that authenticate).
+        grant: Option<Grant>,
     },
+}
+
+/// Bytes of a grant's tag (a truncated HMAC-SHA256).
+pub const GRANT_TAG_LEN: usize = 16;
+
+/// A capability the master sealed: its holder may read or write (the request says which) `[offset, offset +
+/// length)` of the request's segment until `expires_ms` (Unix ms), on the connection of the client it was sealed
+/// for. Nodes check the tag; the master seals it (`crescent_net::grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Grant {
+    /// Start of the granted range.
+    pub offset: u64,
+    /// Bytes granted.
+    pub length: u64,
+    /// When the grant ends, in Unix milliseconds.
+    pub expires_ms: u64,
+    /// The seal over the operation, segment, client, range and expiry.
+    pub tag: [u8; GRANT_TAG_LEN],
+}
+
+impl Grant {
+    /// Whether `[offset, offset + length)` lies inside the granted range.
+    pub fn covers(&self, offset: u64, length: u64) -> bool {
+        let (Some(end), Some(granted_end)) = (offset.checked_add(length), self.offset.checked_add(self.length)) else {
+            return false;
+        };
+        offset >= self.offset && end <= granted_end
+    }
 }
 
 /// A data-plane reply.

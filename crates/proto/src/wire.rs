@@ -196,8 +196,8 @@ impl FrameShape {
     }
 }
 
-/// Room for a frame prefix and a small header (a data-plane request header is at most ~50 bytes).
-pub const HEAD_CAP: usize = 128;
+/// Room for a frame prefix and a small header (a data-plane request header is at most ~110 bytes with its grant).
+pub const HEAD_CAP: usize = 192;
 
 /// A frame's prefix and header encoded on the stack, for frames whose payload is written from elsewhere
 /// (segment or caller memory) in the same vectored write.
@@ -537,9 +537,16 @@ mod tests {
     #[test]
     fn heads_fit_the_largest_data_request_and_announce_their_payload() {
         let id = crate::SegmentId::random();
-        let req = crate::transfer::TransferRequest::Read { segment: id, offset: u64::MAX, length: u64::MAX };
+        let grant =
+            crate::transfer::Grant { offset: u64::MAX, length: u64::MAX, expires_ms: u64::MAX, tag: [0xff; 16] };
+        let req = crate::transfer::TransferRequest::Read {
+            segment: id,
+            offset: u64::MAX,
+            length: u64::MAX,
+            grant: Some(grant),
+        };
         let head = Head::encode(u64::MAX, &req, 1 << 26).unwrap();
-        assert!(head.as_bytes().len() <= HEAD_CAP / 2);
+        assert!(head.as_bytes().len() <= HEAD_CAP * 3 / 4, "{}", head.as_bytes().len());
         let len = u32::from_be_bytes(head.as_bytes()[..4].try_into().unwrap());
         let body = FrameShape::check_len(len, usize::MAX).unwrap();
         let header_len = u32::from_be_bytes(head.as_bytes()[4..8].try_into().unwrap());

@@ -24,9 +24,9 @@ use crescent_net::auth::CredentialSource;
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
-use crescent_proto::SegmentId;
-use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
+use crescent_proto::{ClientId, SegmentId};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -67,6 +67,9 @@ pub struct TransferConfig {
     pub poll_window: Duration,
     /// What this client proves in each lane's hello, for storage nodes that authenticate their peers.
     pub credential: Option<CredentialSource>,
+    /// The client id each lane's hello names: the master seals grants for it, and a node honours them only on
+    /// a connection that named it.
+    pub client_id: Option<ClientId>,
 }
 
 impl Default for TransferConfig {
@@ -79,7 +82,31 @@ impl Default for TransferConfig {
             io_timeout: Duration::from_secs(30),
             poll_window: Duration::from_micros(50),
             credential: None,
+            client_id: None,
         }
+    }
+}
+
+/// Where a transfer goes: a segment, and the master's grant for the range when the cluster authenticates (a
+/// bare [`SegmentId`] converts to a place without one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// The segment.
+    pub segment: SegmentId,
+    /// The grant covering the transfer's range (every stripe carries it; the node checks each lies inside).
+    pub grant: Option<Grant>,
+}
+
+impl Place {
+    /// A place in `segment` under `grant`.
+    pub fn new(segment: SegmentId, grant: Option<Grant>) -> Self {
+        Self { segment, grant }
+    }
+}
+
+impl From<SegmentId> for Place {
+    fn from(segment: SegmentId) -> Self {
+        Self { segment, grant: None }
     }
 }
 
@@ -135,11 +162,12 @@ impl TransferClient {
     pub async fn write(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         data: Bytes,
     ) -> Result<(), TransferError> {
-        if let Some(mem) = self.inner.local.get(&segment) {
+        let place = place.into();
+        if let Some(mem) = self.inner.local.get(&place.segment) {
             return mem.write_at(offset, &data);
         }
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
@@ -147,7 +175,7 @@ impl TransferClient {
         let stripe = self.write_stripe_bytes();
         let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &op, segment, offset, &data, false).await.map(|_| ());
+            return self.write_stripe(&peer, &op, place, offset, &data, false).await.map(|_| ());
         }
         // Write stripes run as tasks: on the sending side the kernel does the copy and (over loopback) much of the
         // TCP work, so one task sending every stripe would cap a large write at one core. The `JoinSet` aborts the
@@ -158,7 +186,7 @@ impl TransferClient {
             let chunk = data.slice(at..(at + stripe).min(data.len()));
             let (client, peer, op) = (self.clone(), peer.clone(), op.clone());
             let offset = offset + at as u64;
-            stripes.spawn(async move { client.write_stripe(&peer, &op, segment, offset, &chunk, false).await });
+            stripes.spawn(async move { client.write_stripe(&peer, &op, place, offset, &chunk, false).await });
         }
         let mut result = Ok(());
         while let Some(joined) = stripes.join_next().await {
@@ -176,11 +204,11 @@ impl TransferClient {
     pub async fn write_from(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         data: &[u8],
     ) -> Result<(), TransferError> {
-        self.write_striped(endpoint, segment, offset, data, false).await.map(|_| ())
+        self.write_striped(endpoint, place.into(), offset, data, false).await.map(|_| ())
     }
 
     /// [`TransferClient::write_from`] that also returns the crc32c of `data`, summed piece by piece right after
@@ -189,23 +217,23 @@ impl TransferClient {
     pub async fn write_from_checksummed(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         data: &[u8],
     ) -> Result<u32, TransferError> {
-        self.write_striped(endpoint, segment, offset, data, true).await
+        self.write_striped(endpoint, place.into(), offset, data, true).await
     }
 
     /// Writes `data`, striped over the peer's lanes from this task; returns its crc32c if `checksum` (else 0).
     async fn write_striped(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: Place,
         offset: u64,
         data: &[u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
-        if let Some(mem) = self.inner.local.get(&segment) {
+        if let Some(mem) = self.inner.local.get(&place.segment) {
             mem.write_at(offset, data)?;
             return Ok(if checksum { crc32c::crc32c(data) } else { 0 });
         }
@@ -214,10 +242,10 @@ impl TransferClient {
         let stripe = self.write_stripe_bytes();
         let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &op, segment, offset, data, checksum).await;
+            return self.write_stripe(&peer, &op, place, offset, data, checksum).await;
         }
         let stripes = data.chunks(stripe).enumerate().map(|(i, chunk)| {
-            let write = self.write_stripe(&peer, &op, segment, offset + (i * stripe) as u64, chunk, checksum);
+            let write = self.write_stripe(&peer, &op, place, offset + (i * stripe) as u64, chunk, checksum);
             async move { write.await.map(|crc| (crc, chunk.len() as u64)) }
         });
         joined_checksum(join_all(stripes).await)
@@ -228,12 +256,12 @@ impl TransferClient {
     pub async fn read(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         length: u64,
     ) -> Result<Bytes, TransferError> {
         let mut buf = Self::owned_buffer(offset, length)?;
-        self.read_into(endpoint, segment, offset, &mut buf).await?;
+        self.read_into(endpoint, place, offset, &mut buf).await?;
         Ok(buf.freeze())
     }
 
@@ -242,12 +270,12 @@ impl TransferClient {
     pub async fn read_checksummed(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         length: u64,
     ) -> Result<(Bytes, u32), TransferError> {
         let mut buf = Self::owned_buffer(offset, length)?;
-        let crc = self.read_into_checksummed(endpoint, segment, offset, &mut buf).await?;
+        let crc = self.read_into_checksummed(endpoint, place, offset, &mut buf).await?;
         Ok((buf.freeze(), crc))
     }
 
@@ -262,11 +290,11 @@ impl TransferClient {
     pub async fn read_into(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<(), TransferError> {
-        self.read_striped(endpoint, segment, offset, buf, false).await.map(|_| ())
+        self.read_striped(endpoint, place.into(), offset, buf, false).await.map(|_| ())
     }
 
     /// [`TransferClient::read_into`] that also returns the crc32c of the bytes read. Each piece is summed as it
@@ -275,23 +303,23 @@ impl TransferClient {
     pub async fn read_into_checksummed(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: impl Into<Place>,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<u32, TransferError> {
-        self.read_striped(endpoint, segment, offset, buf, true).await
+        self.read_striped(endpoint, place.into(), offset, buf, true).await
     }
 
     /// Reads into `buf`, striped over the peer's lanes; returns the crc32c of the bytes if `checksum` (else 0).
     async fn read_striped(
         &self,
         endpoint: &str,
-        segment: SegmentId,
+        place: Place,
         offset: u64,
         buf: &mut [u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
-        if let Some(mem) = self.inner.local.get(&segment) {
+        if let Some(mem) = self.inner.local.get(&place.segment) {
             mem.read_at(offset, buf)?;
             return Ok(if checksum { crc32c::crc32c(buf) } else { 0 });
         }
@@ -300,13 +328,13 @@ impl TransferClient {
         let stripe = self.stripe();
         let op = self.op().polling_if(polls_for(buf.len()));
         if buf.len() <= stripe {
-            return self.read_stripe(&peer, &op, segment, offset, buf, checksum).await;
+            return self.read_stripe(&peer, &op, place, offset, buf, checksum).await;
         }
         // `chunks_mut` splits the buffer into disjoint stripes, each filled by its own concurrent exchange (all
         // polled by this task: no spawning, and the borrows of `buf` stay local).
         let stripes = buf.chunks_mut(stripe).enumerate().map(|(i, chunk)| {
             let len = chunk.len() as u64;
-            let read = self.read_stripe(&peer, &op, segment, offset + (i * stripe) as u64, chunk, checksum);
+            let read = self.read_stripe(&peer, &op, place, offset + (i * stripe) as u64, chunk, checksum);
             async move { read.await.map(|crc| (crc, len)) }
         });
         joined_checksum(join_all(stripes).await)
@@ -351,13 +379,13 @@ impl TransferClient {
         &self,
         peer: &Peer,
         op: &Op,
-        segment: SegmentId,
+        place: Place,
         offset: u64,
         data: &[u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
         let Some(mut guard) = self.stripe_lane(peer, op).await? else { return Ok(0) };
-        let exchange = guard.lane()?.write(segment, offset, data, checksum);
+        let exchange = guard.lane()?.write(place, offset, data, checksum);
         op.settle(timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout)))
     }
 
@@ -366,13 +394,13 @@ impl TransferClient {
         &self,
         peer: &Peer,
         op: &Op,
-        segment: SegmentId,
+        place: Place,
         offset: u64,
         buf: &mut [u8],
         checksum: bool,
     ) -> Result<u32, TransferError> {
         let Some(mut guard) = self.stripe_lane(peer, op).await? else { return Ok(0) };
-        let exchange = guard.lane()?.read(segment, offset, buf, checksum);
+        let exchange = guard.lane()?.read(place, offset, buf, checksum);
         op.settle(timeout(self.inner.config.io_timeout, exchange).await.unwrap_or(Err(TransferError::Timeout)))
     }
 
@@ -470,12 +498,9 @@ impl Peer {
                 None => break,
             }
         }
-        let lane = timeout(
-            config.connect_timeout,
-            Lane::connect(&self.endpoint, self.open.clone(), config.poll_window, config.credential.as_ref()),
-        )
-        .await
-        .map_err(|_| TransferError::Timeout)??;
+        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config))
+            .await
+            .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
     }
 }
@@ -532,12 +557,8 @@ struct Lane {
 }
 
 impl Lane {
-    async fn connect(
-        endpoint: &str,
-        open: Arc<AtomicUsize>,
-        poll_window: Duration,
-        credential: Option<&CredentialSource>,
-    ) -> Result<Lane, TransferError> {
+    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, config: &TransferConfig) -> Result<Lane, TransferError> {
+        let poll_window = config.poll_window;
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
         let mut stream = None;
         for addr in tokio::net::lookup_host(endpoint).await? {
@@ -562,8 +583,8 @@ impl Lane {
             clean: false,
             _open: OpenLane(open),
         };
-        let credential = credential.map(CredentialSource::current);
-        match hello::open(&mut lane.io, PeerRole::Client, None, credential.as_ref()).await {
+        let credential = config.credential.as_ref().map(CredentialSource::current);
+        match hello::open(&mut lane.io, PeerRole::Client, config.client_id, credential.as_ref()).await {
             Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
             Err(HandshakeError::Refused(refusal)) => return Err(TransferError::Refused(refusal.code)),
             Err(HandshakeError::Protocol(e)) => return Err(e.into()),
@@ -592,16 +613,11 @@ impl Lane {
     }
 
     /// One WRITE exchange of `data`; returns its crc32c, summed as it is sent, if `checksum`.
-    async fn write(
-        &mut self,
-        segment: SegmentId,
-        offset: u64,
-        data: &[u8],
-        checksum: bool,
-    ) -> Result<u32, TransferError> {
+    async fn write(&mut self, place: Place, offset: u64, data: &[u8], checksum: bool) -> Result<u32, TransferError> {
         self.clean = false;
         let id = self.next_id();
-        let head = Head::encode(id, &TransferRequest::Write { segment, offset }, data.len())?;
+        let req = TransferRequest::Write { segment: place.segment, offset, grant: place.grant };
+        let head = Head::encode(id, &req, data.len())?;
         self.check_size(head.as_bytes().len() + data.len())?;
         // Header and payload in vectored writes, the payload straight from the caller's buffer.
         let crc = if checksum {
@@ -624,16 +640,12 @@ impl Lane {
     }
 
     /// One READ exchange into `buf`; returns the crc32c of the bytes, summed as they land, if `checksum`.
-    async fn read(
-        &mut self,
-        segment: SegmentId,
-        offset: u64,
-        buf: &mut [u8],
-        checksum: bool,
-    ) -> Result<u32, TransferError> {
+    async fn read(&mut self, place: Place, offset: u64, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
         self.clean = false;
         let id = self.next_id();
-        let head = Head::encode(id, &TransferRequest::Read { segment, offset, length: buf.len() as u64 }, 0)?;
+        let req =
+            TransferRequest::Read { segment: place.segment, offset, length: buf.len() as u64, grant: place.grant };
+        let head = Head::encode(id, &req, 0)?;
         self.check_size(head.as_bytes().len() + buf.len())?;
         self.send(&mut [IoSlice::new(head.as_bytes())]).await?;
         match self.response(id).await? {

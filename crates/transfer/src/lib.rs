@@ -27,7 +27,7 @@ mod net;
 mod registry;
 mod server;
 
-pub use client::{BatchRead, BatchWrite, TransferClient, TransferConfig};
+pub use client::{BatchRead, BatchWrite, Place, TransferClient, TransferConfig};
 pub use error::TransferError;
 pub use memory::{SegmentMemory, SegmentMut, SegmentRef};
 pub use registry::SegmentRegistry;

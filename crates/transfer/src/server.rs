@@ -26,10 +26,11 @@ use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use crescent_net::auth::{AuthFailures, Keyring};
 use crescent_net::frame::{self as frames, ShapeError};
+use crescent_net::grant::{self, Bearer, GrantOp};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
-use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use std::io::{self, IoSlice};
@@ -61,6 +62,7 @@ struct Counters {
     open: AtomicUsize,
     malformed: AtomicU64,
     auth_failures: AuthFailures,
+    grant_refusals: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -80,6 +82,9 @@ pub struct ServerStats {
     pub refused: u64,
     /// Peers refused for not proving a credential of the cluster (see [`TransferServer::with_keyring`]).
     pub auth_failures: u64,
+    /// Transfers refused for want of a valid grant covering them (missing, forged, expired, out of range, or
+    /// another bearer's).
+    pub grant_refusals: u64,
 }
 
 /// A bound, not yet running, transfer server.
@@ -199,6 +204,7 @@ impl TransferServerHandle {
             shed: accept.shed,
             refused: accept.refused,
             auth_failures: self.counters.auth_failures.total(),
+            grant_refusals: self.counters.grant_refusals.load(Ordering::Relaxed),
         }
     }
 
@@ -281,8 +287,10 @@ struct Connection {
     counters: Arc<Counters>,
     /// Who is at the other end (for the log of a failed authentication).
     peer: SocketAddr,
-    /// What the hello must prove (see [`TransferServer::with_keyring`]).
+    /// What the hello must prove (see [`TransferServer::with_keyring`]); with it every transfer needs a grant.
     keyring: Option<Arc<Keyring>>,
+    /// Who the hello proved the peer is: the bearer its grants must name (set with a keyring only).
+    bearer: Option<Bearer>,
 }
 
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
@@ -319,6 +327,7 @@ impl Connection {
             counters,
             peer,
             keyring,
+            bearer: None,
         }
     }
 
@@ -331,7 +340,9 @@ impl Connection {
         };
         self.shutdown.busy();
         match hello {
-            Ok(Some(_)) => {}
+            Ok(Some(admitted)) => {
+                self.bearer = admitted.principal.map(|p| Bearer::new(p, admitted.hello.client_id));
+            }
             Ok(None) => return Ok(()),
             Err(HandshakeError::Unauthenticated(why)) => {
                 self.counters.auth_failures.record("transfer", Some(self.peer), &why);
@@ -420,9 +431,18 @@ impl Connection {
             return Ok(Step::Refuse(WireError::Malformed("request id 0 is reserved for the hello")));
         }
         match body {
-            TransferRequest::Write { segment, offset } => self.write(id, segment, offset, shape.payload_len).await?,
-            TransferRequest::Read { segment, offset, length } if shape.payload_len == 0 => {
-                self.read(id, segment, offset, length).await?
+            TransferRequest::Write { segment, offset, grant } => {
+                let len = shape.payload_len;
+                match self.check_grant(GrantOp::Write, &segment, grant.as_ref(), offset, len as u64) {
+                    Ok(()) => self.write(id, segment, offset, len).await?,
+                    Err(code) => self.refuse_write(id, len, code).await?,
+                }
+            }
+            TransferRequest::Read { segment, offset, length, grant } if shape.payload_len == 0 => {
+                match self.check_grant(GrantOp::Read, &segment, grant.as_ref(), offset, length) {
+                    Ok(()) => self.read(id, segment, offset, length).await?,
+                    Err(code) => self.queue(id, &TransferResponse::Error(code))?,
+                }
             }
             TransferRequest::Read { .. } => {
                 frames::skip(&mut self.io, shape.payload_len).await?;
@@ -430,6 +450,23 @@ impl Connection {
             }
         }
         Ok(Step::Continue)
+    }
+
+    /// With a keyring, whether the peer holds a grant for this transfer (one HMAC, no round trip).
+    fn check_grant(
+        &self,
+        op: GrantOp,
+        segment: &SegmentId,
+        grant: Option<&Grant>,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), ErrorCode> {
+        let (Some(ring), Some(bearer)) = (&self.keyring, &self.bearer) else { return Ok(()) };
+        ring.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
+            self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %self.peer, ?op, %segment, offset, length, %why, "transfer refused");
+            why.code()
+        })
     }
 
     fn segment(&self, segment: &SegmentId) -> Result<Arc<SegmentMemory>, ErrorCode> {

@@ -127,7 +127,7 @@ async fn hostile_frames_close_only_their_own_connection() {
 
     // 10. Request id 0 (reserved for the hello).
     let mut s = raw_connect(n.addr).await;
-    send(&mut s, 0, &TransferRequest::Read { segment: n.segment, offset: 0, length: 1 }, &[]).await;
+    send(&mut s, 0, &TransferRequest::Read { segment: n.segment, offset: 0, length: 1, grant: None }, &[]).await;
     assert_eq!(expect_error_frame(&mut s).await.code, ErrorCode::InvalidParams);
     hostile += 1;
 
@@ -142,8 +142,11 @@ async fn hostile_frames_close_only_their_own_connection() {
     // read overlapping it would rightly be refused as busy meanwhile).
     let mut s = raw_connect(n.addr).await;
     let offset = 3 * MIB as u64;
-    let header =
-        postcard::to_stdvec(&Envelope { id: 1, body: TransferRequest::Write { segment: n.segment, offset } }).unwrap();
+    let header = postcard::to_stdvec(&Envelope {
+        id: 1,
+        body: TransferRequest::Write { segment: n.segment, offset, grant: None },
+    })
+    .unwrap();
     let mut partial = crescent_proto::wire::frame_prefix(header.len(), 1 << 20).unwrap().to_vec();
     partial.extend_from_slice(&header);
     partial.extend_from_slice(&[7u8; 1000]);
@@ -181,7 +184,8 @@ async fn stalled_frames_and_silent_peers_are_cut_off_after_the_io_timeout() {
     let mut idle = raw_connect(server.local_addr()).await;
     assert!(closed(&mut silent).await);
     assert!(closed(&mut stalled).await);
-    send(&mut idle, 1, &TransferRequest::Read { segment: SegmentId::random(), offset: 0, length: 1 }, &[]).await;
+    send(&mut idle, 1, &TransferRequest::Read { segment: SegmentId::random(), offset: 0, length: 1, grant: None }, &[])
+        .await;
     let (env, _) = recv::<TransferResponse>(&mut idle).await.unwrap();
     assert_eq!(env.body, TransferResponse::Error(ErrorCode::SegmentNotFound));
     assert_eq!(server.stats().malformed, 0);

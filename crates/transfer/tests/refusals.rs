@@ -60,13 +60,17 @@ async fn raw_requests_are_validated_and_pipelined_replies_come_in_order() {
     let seg = n.segment;
     let data = pattern(3000, 3);
     // Five requests back to back, before reading any reply.
-    send(&mut s, 1, &TransferRequest::Write { segment: seg, offset: 10 }, &data).await;
-    send(&mut s, 2, &TransferRequest::Read { segment: seg, offset: u64::MAX - 5, length: 100 }, &[]).await;
-    send(&mut s, 3, &TransferRequest::Write { segment: seg, offset: u64::MAX - 1 }, &data).await;
-    send(&mut s, 4, &TransferRequest::Read { segment: seg, offset: 0, length: MAX_TRANSFER + 1 }, &[]).await;
-    send(&mut s, 5, &TransferRequest::Read { segment: seg, offset: 10, length: data.len() as u64 }, &[]).await;
-    send(&mut s, 6, &TransferRequest::Read { segment: seg, offset: 0, length: 1 }, b"unexpected payload").await;
-    send(&mut s, 7, &TransferRequest::Read { segment: SegmentId::random(), offset: 0, length: 1 }, &[]).await;
+    send(&mut s, 1, &TransferRequest::Write { segment: seg, offset: 10, grant: None }, &data).await;
+    send(&mut s, 2, &TransferRequest::Read { segment: seg, offset: u64::MAX - 5, length: 100, grant: None }, &[]).await;
+    send(&mut s, 3, &TransferRequest::Write { segment: seg, offset: u64::MAX - 1, grant: None }, &data).await;
+    send(&mut s, 4, &TransferRequest::Read { segment: seg, offset: 0, length: MAX_TRANSFER + 1, grant: None }, &[])
+        .await;
+    send(&mut s, 5, &TransferRequest::Read { segment: seg, offset: 10, length: data.len() as u64, grant: None }, &[])
+        .await;
+    send(&mut s, 6, &TransferRequest::Read { segment: seg, offset: 0, length: 1, grant: None }, b"unexpected payload")
+        .await;
+    send(&mut s, 7, &TransferRequest::Read { segment: SegmentId::random(), offset: 0, length: 1, grant: None }, &[])
+        .await;
     let expected = [
         TransferResponse::Written,
         TransferResponse::Error(ErrorCode::InvalidParams),

@@ -196,11 +196,14 @@ async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
     let sizes = [1, 4 * KIB, 100, 700 * KIB, 4 * KIB, 64 * KIB];
     let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();
     let offsets: Vec<u64> = (0..sizes.len() as u64).map(|i| i * MIB as u64 + 3).collect();
-    let mut writes: Vec<BatchWrite<'_>> =
-        data.iter().zip(&offsets).map(|(d, &offset)| BatchWrite { segment: n.segment, offset, data: d }).collect();
+    let mut writes: Vec<BatchWrite<'_>> = data
+        .iter()
+        .zip(&offsets)
+        .map(|(d, &offset)| BatchWrite { segment: n.segment, grant: None, offset, data: d })
+        .collect();
     let past_end = pattern(10, 1);
-    writes.insert(2, BatchWrite { segment: n.segment, offset: 32 * MIB as u64 - 5, data: &past_end });
-    writes.insert(4, BatchWrite { segment: SegmentId::random(), offset: 0, data: &past_end });
+    writes.insert(2, BatchWrite { segment: n.segment, grant: None, offset: 32 * MIB as u64 - 5, data: &past_end });
+    writes.insert(4, BatchWrite { segment: SegmentId::random(), grant: None, offset: 0, data: &past_end });
     let written = c.write_batch(&n.endpoint, &writes).await;
     assert_eq!(written.len(), writes.len());
     for (i, r) in written.iter().enumerate() {
@@ -216,9 +219,12 @@ async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
 
     let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
     let mut past = vec![0u8; 10];
-    let mut reads: Vec<BatchRead<'_>> =
-        bufs.iter_mut().zip(&offsets).map(|(buf, &offset)| BatchRead { segment: n.segment, offset, buf }).collect();
-    reads.insert(1, BatchRead { segment: n.segment, offset: 32 * MIB as u64 - 5, buf: &mut past });
+    let mut reads: Vec<BatchRead<'_>> = bufs
+        .iter_mut()
+        .zip(&offsets)
+        .map(|(buf, &offset)| BatchRead { segment: n.segment, grant: None, offset, buf })
+        .collect();
+    reads.insert(1, BatchRead { segment: n.segment, grant: None, offset: 32 * MIB as u64 - 5, buf: &mut past });
     let crcs = c.read_batch_checksummed(&n.endpoint, &mut reads).await;
     drop(reads);
     assert!(matches!(crcs[1], Err(TransferError::Refused(_))), "{:?}", crcs[1]);
@@ -233,7 +239,7 @@ async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
     let again = c
         .read_batch_checksummed(
             &n.endpoint,
-            &mut [BatchRead { segment: n.segment, offset: offsets[0], buf: &mut [0u8; 1] }],
+            &mut [BatchRead { segment: n.segment, grant: None, offset: offsets[0], buf: &mut [0u8; 1] }],
         )
         .await;
     assert!(again[0].is_ok());
@@ -247,8 +253,9 @@ async fn a_batch_to_a_dead_peer_fails_every_range() {
     drop(closed);
     let c = client(256 * KIB as u64, 2);
     let data = pattern(100, 3);
-    let writes: Vec<BatchWrite<'_>> =
-        (0..5).map(|i| BatchWrite { segment: SegmentId::random(), offset: i * 100, data: &data }).collect();
+    let writes: Vec<BatchWrite<'_>> = (0..5)
+        .map(|i| BatchWrite { segment: SegmentId::random(), grant: None, offset: i * 100, data: &data })
+        .collect();
     let r = c.write_batch(&endpoint, &writes).await;
     assert_eq!(r.len(), 5);
     assert!(r.iter().all(Result::is_err), "{r:?}");
@@ -276,8 +283,11 @@ async fn a_peer_dying_mid_batch_fails_the_unanswered_ranges_only() {
     let c = client(256 * KIB as u64, 1);
     let segment = SegmentId::random();
     let mut bufs = [[0u8; 100]; 4];
-    let mut reads: Vec<BatchRead<'_>> =
-        bufs.iter_mut().enumerate().map(|(i, buf)| BatchRead { segment, offset: i as u64 * 100, buf }).collect();
+    let mut reads: Vec<BatchRead<'_>> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, buf)| BatchRead { segment, grant: None, offset: i as u64 * 100, buf })
+        .collect();
     let r = c.read_batch_checksummed(&endpoint, &mut reads).await;
     fake.await.unwrap();
     drop(reads);

@@ -91,7 +91,7 @@ impl Replica {
 
     /// The wire descriptor, `None` if the segment is gone.
     pub fn descriptor(&self) -> Option<ReplicaDescriptor> {
-        Some(ReplicaDescriptor { id: self.id, location: self.buffer.location()?, status: self.status })
+        Some(ReplicaDescriptor { id: self.id, location: self.buffer.location()?, status: self.status, grant: None })
     }
 }
 

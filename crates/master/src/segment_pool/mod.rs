@@ -23,7 +23,7 @@ mod view;
 pub use catalog::SegmentCatalog;
 pub use driver::{CxlDriver, OwnAllocatorDriver, PreparedRegion, RegionAllocState, RegionDriver, RegionDriverRegistry};
 pub use index::PlacementIndex;
-pub use resource::{AllocatedBuffer, RegionResource, RegionUsage};
+pub use resource::{AllocatedBuffer, RegionResource, RegionUsage, WriteHold};
 pub use view::{RegionReadView, SegmentPoolSnapshotView};
 
 use crate::alloc::{AllocError, Allocation};
@@ -96,6 +96,9 @@ impl PoolError {
 pub struct PoolConfig {
     /// Bytes of the CXL device window; `None` disables CXL mounts.
     pub cxl_window: Option<u64>,
+    /// Keeps space freed soon after its allocation out of reuse (a master sealing write grants); `None`: freed
+    /// space is reusable at once.
+    pub write_hold: Option<WriteHold>,
 }
 
 /// What a mount did.
@@ -315,6 +318,7 @@ impl SegmentPool {
             return Ok(MountOutcome::AlreadyMounted);
         }
         let prepared = st.drivers.driver(spec.kind)?.prepare_open(&spec)?;
+        prepared.resource.hold_writes(self.config.write_hold.as_ref());
         st.validate_new(&spec, &[])?;
         st.commit_and_publish(client, spec, SegmentStatus::Ok, None, prepared)?;
         Ok(MountOutcome::Mounted)
@@ -353,6 +357,7 @@ impl SegmentPool {
         let mut prepared = Vec::with_capacity(fresh.len());
         for (i, spec) in fresh.iter().enumerate() {
             let p = st.drivers.driver(spec.kind)?.prepare_open(spec)?;
+            p.resource.hold_writes(self.config.write_hold.as_ref());
             st.validate_new(spec, &fresh[..i])?;
             prepared.push(p);
         }

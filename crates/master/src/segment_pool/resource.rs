@@ -6,12 +6,32 @@
 //! already removed the region from the placement index no allocation can reach it.
 
 use crate::alloc::{AllocError, Allocation, OffsetAllocator};
+use crate::clock::{Clock, Timestamp};
 use crescent_proto::{ReplicaLocation, SegmentId, SegmentKind};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+/// Keeps space freed soon after its allocation out of reuse until `window` after the allocation. A master that
+/// seals data-plane write grants sets it (to the grants' life plus clock slack): a writer whose grant is still
+/// valid could otherwise write into the next object given that space, if its own object was removed, evicted or
+/// revoked early. Held space counts as used until released.
+#[derive(Clone)]
+pub struct WriteHold {
+    /// The master's clock.
+    pub clock: Arc<dyn Clock>,
+    /// How long after its allocation a buffer's space stays out of reuse.
+    pub window: Duration,
+}
+
+impl fmt::Debug for WriteHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteHold").field("window", &self.window).finish_non_exhaustive()
+    }
+}
 
 /// Space accounting of one region, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,6 +84,41 @@ pub struct RegionResource {
     /// when the node pings (under the pool write lock). Readers are not handed replicas here meanwhile.
     reachable: AtomicBool,
     target: AllocationTarget,
+    /// Set once, before the region is published, on a pool with a write hold.
+    hold: OnceLock<WriteHold>,
+    /// With a hold: the region's recent allocations and the space held. Never locked together with the
+    /// allocation target's locks (due space is taken out first, then released).
+    holding: Mutex<Holding>,
+    /// The earliest release time of held space (`u64::MAX`: none), so callers skip the lock while none is due.
+    next_due: AtomicU64,
+}
+
+/// What a region with a write hold tracks: kept here rather than in each buffer, so a replica stays as small
+/// without authentication as with it (the hold costs a map entry per allocation of the last window).
+#[derive(Debug, Default)]
+struct Holding {
+    /// When each allocation of the last hold window was made, by offset.
+    born: HashMap<u64, Timestamp>,
+    /// The same in allocation order, to forget them once their window is over.
+    order: VecDeque<(Timestamp, u64)>,
+    /// Freed allocations still in their hold, with when each may be released.
+    held: Vec<(Timestamp, Allocation)>,
+}
+
+impl Holding {
+    /// Forgets allocations whose window is over at `now`.
+    fn forget_old(&mut self, now: Timestamp, window: Duration) {
+        while let Some(&(born, offset)) = self.order.front() {
+            if born.saturating_add(window) > now {
+                break;
+            }
+            self.order.pop_front();
+            // The offset may have been allocated again since: only this allocation's entry goes.
+            if self.born.get(&offset) == Some(&born) {
+                self.born.remove(&offset);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for RegionResource {
@@ -95,7 +150,75 @@ impl RegionResource {
             live: AtomicBool::new(true),
             reachable: AtomicBool::new(true),
             target,
+            hold: OnceLock::new(),
+            holding: Mutex::new(Holding::default()),
+            next_due: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Makes the region keep freed space in `hold` (a prepared region, before it is published).
+    pub(crate) fn hold_writes(&self, hold: Option<&WriteHold>) {
+        if let Some(h) = hold {
+            // Set once per region; a second call finds it set and changes nothing.
+            let _ = self.hold.set(h.clone());
+        }
+    }
+
+    /// Notes an allocation made (or, restored, re-bound) now: its hold counts from now.
+    fn note_birth(&self, alloc: &Allocation) {
+        let Some(h) = self.hold.get() else { return };
+        let now = h.clock.now();
+        let mut holding = self.holding.lock();
+        holding.forget_old(now, h.window);
+        holding.born.insert(alloc.offset(), now);
+        holding.order.push_back((now, alloc.offset()));
+    }
+
+    /// Releases the held allocations whose hold has ended.
+    fn reap(&self) {
+        let Some(h) = self.hold.get() else { return };
+        let now = h.clock.now();
+        if now.0 < self.next_due.load(Ordering::Acquire) {
+            return;
+        }
+        let due: Vec<Allocation> = {
+            let mut holding = self.holding.lock();
+            let mut due = Vec::new();
+            holding.held.retain(|(until, a)| {
+                let keep = *until > now;
+                if !keep {
+                    due.push(*a);
+                }
+                keep
+            });
+            let next = holding.held.iter().map(|(u, _)| u.0).min().unwrap_or(u64::MAX);
+            self.next_due.store(next, Ordering::Release);
+            due
+        };
+        for a in &due {
+            self.release(a);
+        }
+    }
+
+    /// Bytes held out of reuse now (freed, their hold not over).
+    pub fn held_bytes(&self) -> u64 {
+        self.holding.lock().held.iter().map(|(_, a)| a.size()).sum()
+    }
+
+    /// Returns a dropped buffer's space, or holds it while its allocation's window lasts.
+    fn release_held(&self, alloc: &Allocation) {
+        if let Some(h) = self.hold.get().filter(|_| self.is_live()) {
+            let now = h.clock.now();
+            let mut holding = self.holding.lock();
+            holding.forget_old(now, h.window);
+            if let Some(born) = holding.born.remove(&alloc.offset()) {
+                let until = born.saturating_add(h.window);
+                holding.held.push((until, *alloc));
+                self.next_due.fetch_min(until.0, Ordering::AcqRel);
+                return;
+            }
+        }
+        self.release(alloc);
     }
 
     /// The segment this resource backs.
@@ -138,6 +261,7 @@ impl RegionResource {
 
     /// Allocates `size` bytes. Only the placement executor calls this, with the pool's shared lock held.
     pub(crate) fn allocate(self: &Arc<Self>, size: u64) -> Result<AllocatedBuffer, AllocError> {
+        self.reap();
         let alloc = match &self.target {
             AllocationTarget::Own(a) => a.lock().allocate(size)?,
             AllocationTarget::CxlBinding { window, live } => {
@@ -148,6 +272,7 @@ impl RegionResource {
                 a
             }
         };
+        self.note_birth(&alloc);
         Ok(AllocatedBuffer { region: Arc::downgrade(self), alloc })
     }
 
@@ -181,8 +306,9 @@ impl RegionResource {
         }
     }
 
-    /// Current accounting.
+    /// Current accounting (held space counts as used).
     pub fn usage(&self) -> RegionUsage {
+        self.reap();
         match &self.target {
             AllocationTarget::Own(a) => {
                 let a = a.lock();
@@ -215,6 +341,7 @@ impl RegionResource {
     /// Live allocations as `(offset, bytes occupied)` in address order (what allocation-failure eviction needs
     /// to find a hole it can widen); `None` for a CXL binding, whose space lies in a shared window.
     pub(crate) fn occupancy(&self) -> Option<Vec<(u64, u64)>> {
+        self.reap();
         match &self.target {
             AllocationTarget::Own(a) => {
                 Some(a.lock().snapshot().allocations.iter().map(|x| (x.offset, x.consumed)).collect())
@@ -225,6 +352,7 @@ impl RegionResource {
 
     /// A quick O(1) "could `size` fit" check that never takes a wrong "no" for the normal path.
     pub(crate) fn can_fit(&self, size: u64) -> bool {
+        self.reap();
         match &self.target {
             AllocationTarget::Own(a) => a.lock().can_fit(size),
             AllocationTarget::CxlBinding { window, .. } => window.lock().can_fit(size),
@@ -244,7 +372,12 @@ pub struct AllocatedBuffer {
 }
 
 impl AllocatedBuffer {
+    /// A buffer over an existing allocation (restore), born now: write grants for it from before a failover
+    /// may still be valid.
     pub(crate) fn from_parts(region: Weak<RegionResource>, alloc: Allocation) -> Self {
+        if let Some(r) = region.upgrade() {
+            r.note_birth(&alloc);
+        }
         Self { region, alloc }
     }
 
@@ -298,7 +431,7 @@ impl AllocatedBuffer {
 impl Drop for AllocatedBuffer {
     fn drop(&mut self) {
         if let Some(region) = self.region.upgrade() {
-            region.release(&self.alloc);
+            region.release_held(&self.alloc);
         }
     }
 }

@@ -127,11 +127,19 @@ impl MasterServerBuilder {
         self
     }
 
+    /// A master that authenticates seals data-plane grants, so it holds freed space for their life.
+    fn hold_for_grants(&mut self) {
+        if self.keyring.is_some() {
+            super::grants::hold_for_grants(&mut self.config);
+        }
+    }
+
     /// Starts a candidate (issue 15 §2) on the current tokio runtime: its servers at once, a hot standby
     /// following the oplog (needs [`MasterServerBuilder::oplog`]), and a leader — a fresh service restored
     /// from the log — whenever it wins the lease through `ha`'s coordinator.
-    pub async fn start_candidate(self, ha: CandidateOptions) -> Result<CandidateServer, StartError> {
-        let Some(oplog) = self.oplog else { return Err(StartError::NoOpLog) };
+    pub async fn start_candidate(mut self, ha: CandidateOptions) -> Result<CandidateServer, StartError> {
+        let Some(oplog) = self.oplog.take() else { return Err(StartError::NoOpLog) };
+        self.hold_for_grants();
         // The configuration is checked now, not at the first promotion.
         MasterService::new(self.config.clone(), self.clock.clone()).map_err(StartError::Config)?;
         let term = TermConfig {
@@ -147,7 +155,8 @@ impl MasterServerBuilder {
     }
 
     /// Starts the service and its servers on the current tokio runtime.
-    pub async fn start(self) -> Result<MasterServer, StartError> {
+    pub async fn start(mut self) -> Result<MasterServer, StartError> {
+        self.hold_for_grants();
         let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
         // Replayed before any listener exists: nothing is served from a half-rebuilt state.
         let (oplog, snapshotter) = match &self.oplog {

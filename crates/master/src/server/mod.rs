@@ -7,6 +7,7 @@ mod admin;
 pub mod authz;
 mod candidate;
 mod explain;
+pub mod grants;
 mod lister;
 mod master_server;
 mod nof_heartbeat;

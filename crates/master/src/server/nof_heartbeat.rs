@@ -5,8 +5,9 @@
 
 use crate::service::{MasterService, NofProbe};
 use crescent_net::auth::{CredentialSource, Keyring};
-use crescent_proto::{Principal, SegmentId};
-use crescent_transfer::{SegmentRegistry, TransferClient, TransferConfig};
+use crescent_net::grant::{Bearer, GrantOp};
+use crescent_proto::{ClientId, Principal, SegmentId};
+use crescent_transfer::{Place, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,14 +30,20 @@ pub trait NofProber: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct TransferProber {
     client: TransferClient,
+    /// With a keyring: the probe's own read grants (for the admin bearer its hello proves).
+    grants: Option<Arc<Keyring>>,
+    /// The probe's client id (what its hello names and its grants are sealed for).
+    id: ClientId,
 }
 
 impl TransferProber {
     /// A prober whose connects and exchanges give up after `timeout`, one connection per target; with the
     /// cluster's keyring it proves the admin credential to nodes that authenticate.
     pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>) -> Self {
+        let id = ClientId::random();
         let config = TransferConfig {
             credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Admin)),
+            client_id: Some(id),
             lanes_per_peer: 1,
             connect_timeout: timeout,
             io_timeout: timeout,
@@ -44,15 +51,19 @@ impl TransferProber {
             poll_window: Duration::ZERO,
             ..TransferConfig::default()
         };
-        Self { client: TransferClient::new(config, SegmentRegistry::default()) }
+        Self { client: TransferClient::new(config, SegmentRegistry::default()), grants: keyring.cloned(), id }
     }
 }
 
 impl NofProber for TransferProber {
     fn probe(&self, endpoint: &str, segment: SegmentId) -> BoxFuture<'static, bool> {
         let (client, endpoint) = (self.client.clone(), endpoint.to_owned());
+        let grant = self.grants.as_ref().map(|ring| {
+            let bearer = Bearer::new(Principal::Admin, Some(self.id));
+            ring.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, self.client.config().io_timeout * 2)
+        });
         Box::pin(async move {
-            match client.read(&endpoint, segment, 0, 1).await {
+            match client.read(&endpoint, Place::new(segment, grant), 0, 1).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::debug!(%segment, %endpoint, error = %e, "NoF probe failed");

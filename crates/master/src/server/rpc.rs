@@ -15,6 +15,7 @@ use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::Keyring;
+use crescent_net::grant::Bearer;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
@@ -558,6 +559,8 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
         Err(e) => return Err(WireError::Io(std::io::Error::other(e))),
     };
     shutdown.busy();
+    // The bearer the data-plane grants in this connection's replies name.
+    let bearer = caller.as_ref().map(|c| Bearer::new(c.principal.clone(), c.client));
     let mut inbound = Inbound::new(Limits::CONTROL);
     let mut out = BytesMut::new();
     let mut codec = FrameCodec::new(Limits::CONTROL);
@@ -626,7 +629,7 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
         let reply = match allowed.and_then(|()| target.route()) {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
-                let reply = if is_listing(&body) {
+                let mut reply = if is_listing(&body) {
                     // A listing visits the whole index and may wait its turn: on the listing thread, so it holds
                     // no worker on any runtime (inside `crescent up` the master's only thread is the node's too).
                     let svc = Arc::clone(&svc);
@@ -644,6 +647,10 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
                     dispatch(&svc, &body)
                 };
                 owe(&mut owed, &svc, hold, shared);
+                if let (Some(ring), Some(bearer)) = (keyring, &bearer) {
+                    let window = Duration::from_millis(svc.config().grant_write_window_ms);
+                    super::grants::seal(ring, bearer, window, &mut reply);
+                }
                 reply
             }
         };

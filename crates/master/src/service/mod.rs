@@ -28,7 +28,7 @@ use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};
 use crate::local_ssd::LocalSsdManager;
 use crate::metadata::{QuotaAccount, QuotaPolicies, TenantOp, TenantRegistry, TenantState, Tier};
 use crate::placement::{PlacementPolicy, Placer};
-use crate::segment_pool::{PoolConfig, SegmentPool};
+use crate::segment_pool::{PoolConfig, SegmentPool, WriteHold};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -79,6 +79,12 @@ pub struct MasterConfig {
     pub nof_probe_timeout_ms: u64,
     /// A NoF segment is unmounted after this many consecutive failed probes.
     pub nof_heartbeat_failures: u32,
+    /// How long a put's data-plane write grants live (ms), when the master seals grants (an authenticating
+    /// cluster): a put's transfers must start within it.
+    pub grant_write_window_ms: u64,
+    /// Space freed within this long of its allocation is kept out of reuse until then (ms; 0 = off). Set, to the
+    /// write-grant window plus clock slack, by a master that seals grants (see `segment_pool::WriteHold`).
+    pub write_hold_ms: u64,
 }
 
 impl Default for MasterConfig {
@@ -101,6 +107,8 @@ impl Default for MasterConfig {
             nof_heartbeat_interval_ms: 10_000,
             nof_probe_timeout_ms: 1_000,
             nof_heartbeat_failures: 3,
+            grant_write_window_ms: 10_000,
+            write_hold_ms: 0,
         }
     }
 }
@@ -235,7 +243,9 @@ pub struct EvictionStep {
 impl MasterService {
     /// A master with the given config and clock.
     pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
-        let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window }).map_err(|e| e.code())?;
+        let write_hold = (config.write_hold_ms > 0)
+            .then(|| WriteHold { clock: clock.clone(), window: Duration::from_millis(config.write_hold_ms) });
+        let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?;
         let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
             placement: Placer::new(config.placement_policy),

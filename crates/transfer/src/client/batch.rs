@@ -9,10 +9,10 @@
 //! run; an I/O or protocol failure fails the range it hit and, with `Closed`, every later range of that run
 //! (the lane is then dropped, as in single transfers).
 
-use super::{Lane, LaneGuard, Peer, TransferClient};
+use super::{Lane, LaneGuard, Peer, Place, TransferClient};
 use crate::error::TransferError;
 use crescent_proto::SegmentId;
-use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Head, WireError};
 use futures_util::future::join_all;
 use std::io::IoSlice;
@@ -26,6 +26,8 @@ const MAX_RUN: usize = 128;
 pub struct BatchRead<'a> {
     /// The segment holding the range.
     pub segment: SegmentId,
+    /// The master's read grant covering the range (see [`Place`]).
+    pub grant: Option<Grant>,
     /// Where the range starts in the segment.
     pub offset: u64,
     /// Receives the bytes.
@@ -37,6 +39,8 @@ pub struct BatchRead<'a> {
 pub struct BatchWrite<'a> {
     /// The destination segment.
     pub segment: SegmentId,
+    /// The master's write grant covering the range (see [`Place`]).
+    pub grant: Option<Grant>,
     /// Where the range starts in the segment.
     pub offset: u64,
     /// The bytes to write.
@@ -70,7 +74,10 @@ impl TransferClient {
         let (_inflight, alone) = self.inner.inflight.enter();
         let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run, alone));
         let striped = singles.into_iter().map(|(i, item)| async move {
-            vec![(i, self.read_into_checksummed(endpoint, item.segment, item.offset, item.buf).await)]
+            vec![(
+                i,
+                self.read_into_checksummed(endpoint, Place::new(item.segment, item.grant), item.offset, item.buf).await,
+            )]
         });
         let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
         for (i, r) in pipelined.into_iter().chain(striped).flatten() {
@@ -92,9 +99,9 @@ impl TransferClient {
         let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
         let (_inflight, alone) = self.inner.inflight.enter();
         let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
-        let striped = singles
-            .into_iter()
-            .map(|(i, w)| async move { vec![(i, self.write_from(endpoint, w.segment, w.offset, w.data).await)] });
+        let striped = singles.into_iter().map(|(i, w)| async move {
+            vec![(i, self.write_from(endpoint, Place::new(w.segment, w.grant), w.offset, w.data).await)]
+        });
         let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
         let mut out: Vec<Option<Result<(), TransferError>>> = Vec::new();
         out.resize_with(items.len(), || None);
@@ -220,8 +227,12 @@ impl Lane {
         let mut requests = Vec::with_capacity(run.len() * 48);
         for (_, item) in run.iter() {
             let id = self.next_id();
-            let read =
-                TransferRequest::Read { segment: item.segment, offset: item.offset, length: item.buf.len() as u64 };
+            let read = TransferRequest::Read {
+                segment: item.segment,
+                offset: item.offset,
+                length: item.buf.len() as u64,
+                grant: item.grant,
+            };
             let head = match Head::encode(id, &read, 0) {
                 Ok(h) => h,
                 Err(e) => return fail_all(run.iter().map(|(i, _)| *i), e.into()),
@@ -263,7 +274,7 @@ impl Lane {
             let id = self.next_id();
             let head = match Head::encode(
                 id,
-                &TransferRequest::Write { segment: w.segment, offset: w.offset },
+                &TransferRequest::Write { segment: w.segment, offset: w.offset, grant: w.grant },
                 w.data.len(),
             ) {
                 Ok(h) => h,

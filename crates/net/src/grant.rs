@@ -1,0 +1,274 @@
+//! Data-plane grants: the capabilities a master seals and storage nodes check.
+//!
+//! Authentication says who a peer is; a grant says which bytes it may touch. For every put the master seals a
+//! write grant for each replica range it allocated, and for every get a read grant for each range the lease
+//! covers: `(operation, segment, offset, length, expiry, bearer)` under `HMAC-SHA256(grant key, …)`, truncated
+//! to 128 bits. The grant key is derived from the cluster secret (`HMAC(secret, "crescent/grant/v1")`), so the
+//! master and the nodes share it without a message, a rotation's two secrets give two valid grant keys, and
+//! checking a grant costs one HMAC on the node (no round trip to the master). A node moves bytes only for a
+//! request whose range lies inside its grant's, on a connection whose hello proved the grant's bearer (the same
+//! principal and client id), before the grant expires. Expiry is wall-clock Unix milliseconds (master and nodes are assumed NTP-synchronised;
+//! [`SKEW_MS`] of slack, at most half the grant's life, is subtracted from what the master promises).
+
+use crate::auth::Keyring;
+use crescent_proto::transfer::{GRANT_TAG_LEN, Grant};
+use crescent_proto::{ClientId, ErrorCode, Principal, SegmentId};
+use hmac::Mac;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What a grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantOp {
+    /// Reading the range (a get under a lease).
+    Read,
+    /// Writing the range (a put's allocated replica).
+    Write,
+}
+
+impl GrantOp {
+    fn byte(self) -> u8 {
+        match self {
+            Self::Read => b'r',
+            Self::Write => b'w',
+        }
+    }
+}
+
+/// How much clock difference between master and nodes a grant tolerates: a grant lives this much shorter than
+/// what it protects (a lease), and a master keeps freed space out of reuse this much longer than its write
+/// grants live.
+pub const SKEW_MS: u64 = 1000;
+
+/// Why a node refused a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GrantRefusal {
+    /// The request carried no grant.
+    #[error("no grant: the master grants every transfer")]
+    Missing,
+    /// The grant has expired.
+    #[error("the grant expired")]
+    Expired,
+    /// The request's range is not inside the grant's.
+    #[error("the range is outside the grant")]
+    OutOfRange,
+    /// The tag does not match: forged, altered, for another segment, operation or client, or sealed with a
+    /// retired key.
+    #[error("the grant is not valid for this transfer")]
+    Invalid,
+}
+
+impl GrantRefusal {
+    /// The wire code: an expired grant can be fetched again, the others are refusals.
+    pub fn code(self) -> ErrorCode {
+        match self {
+            Self::Expired => ErrorCode::GrantExpired,
+            Self::Missing | Self::OutOfRange | Self::Invalid => ErrorCode::PermissionDenied,
+        }
+    }
+}
+
+/// Now as Unix milliseconds (what grant expiries count in).
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Who may use a grant: the principal an authenticated hello proved and the client id it named (bound into that
+/// hello's MAC). A grant seen by another peer is useless to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bearer {
+    /// The client id (a peer that named none is the nil id).
+    pub client: ClientId,
+    /// The proven principal.
+    pub principal: Principal,
+}
+
+impl Bearer {
+    /// The bearer of a hello that proved `principal` and named `client`.
+    pub fn new(principal: Principal, client: Option<ClientId>) -> Self {
+        Self { client: client.unwrap_or(ClientId::from_u64_pair(0, 0)), principal }
+    }
+}
+
+/// What a grant's tag covers: a fixed layout, the principal last (its length is implied by the message's).
+fn message(op: GrantOp, segment: &SegmentId, bearer: &Bearer, grant: (u64, u64, u64)) -> Vec<u8> {
+    let (offset, length, expires_ms) = grant;
+    let principal = bearer.principal.to_string();
+    let mut m = Vec::with_capacity(57 + principal.len());
+    m.push(op.byte());
+    m.extend_from_slice(segment.0.as_bytes());
+    m.extend_from_slice(bearer.client.0.as_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&length.to_be_bytes());
+    m.extend_from_slice(&expires_ms.to_be_bytes());
+    m.extend_from_slice(principal.as_bytes());
+    m
+}
+
+impl Keyring {
+    /// Seals a grant for `bearer` to perform `op` on `[offset, offset + length)` of `segment` until
+    /// `expires_ms` (Unix ms), with the current secret's grant key.
+    pub fn seal_grant(
+        &self,
+        op: GrantOp,
+        segment: &SegmentId,
+        bearer: &Bearer,
+        offset: u64,
+        length: u64,
+        expires_ms: u64,
+    ) -> Grant {
+        let keys = self.grant_keys();
+        let msg = message(op, segment, bearer, (offset, length, expires_ms));
+        let full = keys.sealing().clone().chain_update(msg).finalize().into_bytes();
+        let mut tag = [0u8; GRANT_TAG_LEN];
+        tag.copy_from_slice(&full[..GRANT_TAG_LEN]);
+        Grant { offset, length, expires_ms, tag }
+    }
+
+    /// Seals a grant that lasts `ttl` from now, less the clock-skew slack (at most half of `ttl`).
+    pub fn seal_grant_for(
+        &self,
+        op: GrantOp,
+        segment: &SegmentId,
+        bearer: &Bearer,
+        offset: u64,
+        length: u64,
+        ttl: Duration,
+    ) -> Grant {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let expires = unix_ms().saturating_add(ttl_ms - SKEW_MS.min(ttl_ms / 2));
+        self.seal_grant(op, segment, bearer, offset, length, expires)
+    }
+
+    /// Whether `grant` lets `bearer` perform `op` on `[offset, offset + length)` of `segment` at `now_ms`.
+    /// Constant-time in the tag; every valid key is tried (a grant sealed before a rotation stays good while its
+    /// secret is valid).
+    #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
+    pub fn check_grant(
+        &self,
+        op: GrantOp,
+        segment: &SegmentId,
+        bearer: &Bearer,
+        grant: Option<&Grant>,
+        offset: u64,
+        length: u64,
+        now_ms: u64,
+    ) -> Result<(), GrantRefusal> {
+        let g = grant.ok_or(GrantRefusal::Missing)?;
+        let msg = message(op, segment, bearer, (g.offset, g.length, g.expires_ms));
+        let mut valid = false;
+        for key in self.grant_keys().verifying() {
+            valid |= key.clone().chain_update(&msg).verify_truncated_left(&g.tag).is_ok();
+        }
+        if !valid {
+            return Err(GrantRefusal::Invalid);
+        }
+        if now_ms >= g.expires_ms {
+            return Err(GrantRefusal::Expired);
+        }
+        if !g.covers(offset, length) {
+            return Err(GrantRefusal::OutOfRange);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S1: &str = "0123456789abcdef-first";
+    const S2: &str = "0123456789abcdef-second";
+
+    fn ids() -> (SegmentId, Bearer) {
+        (SegmentId::random(), Bearer::new("tenant:a".parse::<Principal>().unwrap(), Some(ClientId::random())))
+    }
+
+    #[test]
+    fn a_grant_covers_its_range_for_its_bearer_and_operation_only() {
+        let ring = Keyring::parse(S1).unwrap();
+        let (seg, client) = ids();
+        let g = ring.seal_grant(GrantOp::Write, &seg, &client, 4096, 8192, 10_000);
+        let check = |op, seg: &SegmentId, client: &Bearer, off, len, now| {
+            ring.check_grant(op, seg, client, Some(&g), off, len, now)
+        };
+        assert_eq!(check(GrantOp::Write, &seg, &client, 4096, 8192, 9_999), Ok(()));
+        assert_eq!(check(GrantOp::Write, &seg, &client, 4096 + 2048, 2048, 0), Ok(()), "a stripe inside it");
+        assert_eq!(check(GrantOp::Write, &seg, &client, 0, 4096, 0), Err(GrantRefusal::OutOfRange));
+        assert_eq!(check(GrantOp::Write, &seg, &client, 4096, 8193, 0), Err(GrantRefusal::OutOfRange));
+        assert_eq!(check(GrantOp::Write, &seg, &client, u64::MAX, 2, 0), Err(GrantRefusal::OutOfRange));
+        assert_eq!(check(GrantOp::Write, &seg, &client, 4096, 8192, 10_000), Err(GrantRefusal::Expired));
+        assert_eq!(check(GrantOp::Read, &seg, &client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
+        assert_eq!(check(GrantOp::Write, &SegmentId::random(), &client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
+        let other_client = Bearer { client: ClientId::random(), ..client.clone() };
+        assert_eq!(check(GrantOp::Write, &seg, &other_client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
+        let other_principal = Bearer { principal: "tenant:b".parse::<Principal>().unwrap(), ..client.clone() };
+        assert_eq!(check(GrantOp::Write, &seg, &other_principal, 4096, 8192, 0), Err(GrantRefusal::Invalid));
+        let none = ring.check_grant(GrantOp::Write, &seg, &client, None, 4096, 1, 0);
+        assert_eq!(none, Err(GrantRefusal::Missing));
+        assert_eq!(none.unwrap_err().code(), ErrorCode::PermissionDenied);
+        assert_eq!(GrantRefusal::Expired.code(), ErrorCode::GrantExpired);
+    }
+
+    #[test]
+    fn altered_grants_and_foreign_keys_are_refused() {
+        let ring = Keyring::parse(S1).unwrap();
+        let (seg, client) = ids();
+        let g = ring.seal_grant(GrantOp::Read, &seg, &client, 0, 4096, 10_000);
+        for altered in [
+            Grant { length: 1 << 30, ..g },
+            Grant { offset: 1, ..g },
+            Grant { expires_ms: u64::MAX, ..g },
+            Grant { tag: [0; GRANT_TAG_LEN], ..g },
+        ] {
+            let r = ring.check_grant(GrantOp::Read, &seg, &client, Some(&altered), 0, 1, 0);
+            assert_eq!(r, Err(GrantRefusal::Invalid), "{altered:?}");
+        }
+        let other = Keyring::parse(S2).unwrap();
+        assert_eq!(other.check_grant(GrantOp::Read, &seg, &client, Some(&g), 0, 1, 0), Err(GrantRefusal::Invalid));
+    }
+
+    #[test]
+    fn grants_sealed_before_a_rotation_stay_valid_while_their_secret_is() {
+        let (seg, client) = ids();
+        let old = Keyring::parse(S1).unwrap().seal_grant(GrantOp::Read, &seg, &client, 0, 64, 10_000);
+        let rotating = Keyring::parse(&format!("{S2}\n{S1}")).unwrap();
+        assert_eq!(rotating.check_grant(GrantOp::Read, &seg, &client, Some(&old), 0, 64, 0), Ok(()));
+        let new = rotating.seal_grant(GrantOp::Read, &seg, &client, 0, 64, 10_000);
+        let retired = Keyring::parse(S2).unwrap();
+        assert_eq!(retired.check_grant(GrantOp::Read, &seg, &client, Some(&new), 0, 64, 0), Ok(()));
+        assert_eq!(retired.check_grant(GrantOp::Read, &seg, &client, Some(&old), 0, 64, 0), Err(GrantRefusal::Invalid));
+    }
+
+    #[test]
+    fn a_reload_that_retires_a_secret_keeps_its_grants_for_the_grace_only() {
+        let (seg, client) = ids();
+        let ring = Keyring::parse(&format!("{S1}\n{S2}")).unwrap();
+        let sealed = ring.seal_grant(GrantOp::Write, &seg, &client, 0, 64, u64::MAX);
+        let check = |ring: &Keyring| ring.check_grant(GrantOp::Write, &seg, &client, Some(&sealed), 0, 64, 0);
+        // S1 retired: a master that had not reloaded yet may have sealed with it a moment ago.
+        ring.replace_with(S2, Duration::from_secs(30)).unwrap();
+        assert_eq!(check(&ring), Ok(()), "within the grace");
+        let admin = || "admin".parse::<Principal>().unwrap();
+        assert_eq!(ring.credential(admin()).token(), Keyring::parse(S2).unwrap().credential(admin()).token());
+        // A second reload keeps the earlier retiree to its own deadline.
+        ring.replace_with(S2, Duration::ZERO).unwrap();
+        assert_eq!(check(&ring), Ok(()), "the first grace still runs");
+        let ring = Keyring::parse(&format!("{S1}\n{S2}")).unwrap();
+        ring.replace_with(S2, Duration::ZERO).unwrap();
+        assert_eq!(check(&ring), Err(GrantRefusal::Invalid), "after the grace");
+        let new = ring.seal_grant(GrantOp::Write, &seg, &client, 0, 64, u64::MAX);
+        assert_ne!(new.tag, sealed.tag, "seals with the remaining secret");
+    }
+
+    #[test]
+    fn a_grant_for_a_duration_expires_short_of_it_by_the_skew_slack() {
+        let ring = Keyring::parse(S1).unwrap();
+        let (seg, client) = ids();
+        let before = unix_ms();
+        let g = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_secs(5));
+        assert!(g.expires_ms >= before + 5000 - SKEW_MS && g.expires_ms <= unix_ms() + 5000 - SKEW_MS);
+        let before = unix_ms();
+        let short = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_millis(400));
+        assert!(short.expires_ms >= before + 200 && short.expires_ms <= unix_ms() + 200, "short grants keep half");
+    }
+}
