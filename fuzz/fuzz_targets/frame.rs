@@ -11,12 +11,13 @@
 use bytes::{Bytes, BytesMut};
 use crescent_fuzz::{Chunked, block_on, write_seeds};
 use crescent_net::frame::{ShapeError, read_shape, skip};
+use crescent_net::auth::{Keyring, Plane};
 use crescent_net::hello;
 use crescent_proto::transfer::TransferRequest;
 use crescent_proto::wire::{
     FRAME_PREFIX, Frame, FrameCodec, Head, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, frame_prefix,
 };
-use crescent_proto::{ClientId, MasterRequest, SegmentId};
+use crescent_proto::{ClientId, MasterRequest, Principal, SegmentId};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 use tokio_util::codec::{Decoder, Encoder};
@@ -127,12 +128,20 @@ fuzz_target!(init: write_seeds(seeds), |data: &[u8]| {
         }
     });
 
-    // The hello readers, server side and client side, over the same stream.
-    let mut io = Chunked::new(stream, pattern);
-    if let Ok(Some(h)) = block_on(hello::answer(&mut io, Limits::CONTROL, Duration::from_secs(10))) {
-        assert!(h.negotiate(Limits::CONTROL).is_ok(), "answer accepted a hello that does not negotiate");
-        assert!(!io.written.is_empty(), "an accepted hello is answered");
+    // The hello readers, server side (without and with authentication) and client side (without and with a
+    // credential), over the same stream.
+    let ring = Keyring::parse("a fuzzing cluster secret").unwrap();
+    for keyring in [None, Some(&ring)] {
+        let mut io = Chunked::new(stream, pattern);
+        if let Ok(Some(a)) = block_on(hello::answer(&mut io, Plane::Control, Limits::CONTROL, Duration::from_secs(10), keyring)) {
+            assert!(a.hello.negotiate(Limits::CONTROL).is_ok(), "answer accepted a hello that does not negotiate");
+            assert!(!io.written.is_empty(), "an accepted hello is answered");
+            assert_eq!(a.principal.is_some(), keyring.is_some(), "an authenticating server admits only the proven");
+        }
     }
-    let mut io = Chunked::new(stream, pattern);
-    let _ = block_on(hello::open(&mut io, PeerRole::Client, None));
+    let credential = ring.credential(Principal::Admin);
+    for credential in [None, Some(&credential)] {
+        let mut io = Chunked::new(stream, pattern);
+        let _ = block_on(hello::open(&mut io, Plane::Control, PeerRole::Client, None, credential));
+    }
 });

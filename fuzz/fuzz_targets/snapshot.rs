@@ -31,7 +31,7 @@ const CXL_WINDOW: u64 = 64 * MIB;
 const MAX_ALLOCATIONS: usize = 64;
 
 fn config(mode: u8) -> PoolConfig {
-    PoolConfig { cxl_window: (mode & 1 == 1).then_some(CXL_WINDOW) }
+    PoolConfig { cxl_window: (mode & 1 == 1).then_some(CXL_WINDOW), ..Default::default() }
 }
 
 fn spec(name: &str, size: u64, kind: SegmentKind) -> SegmentSpec {

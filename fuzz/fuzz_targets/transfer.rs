@@ -9,17 +9,24 @@
 
 use bytes::Bytes;
 use crescent_fuzz::{reencodes_stably, write_seeds};
-use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::transfer::{GRANT_TAG_LEN, Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, FRAME_PREFIX, Frame, Head, MAX_DATA_HEADER};
 use crescent_proto::{ErrorCode, SegmentId};
 use libfuzzer_sys::fuzz_target;
 
 fn seeds() -> Vec<Vec<u8>> {
     let segment = SegmentId::random();
+    let grant = Some(Grant { offset: 4096, length: 1 << 20, expires_ms: u64::MAX, tag: [7; GRANT_TAG_LEN] });
     let mut out = vec![
-        Frame::encode(1, &TransferRequest::Write { segment, offset: 4096 }, Bytes::new()).unwrap(),
-        Frame::encode(u64::MAX, &TransferRequest::Read { segment, offset: u64::MAX, length: 1 << 26 }, Bytes::new())
-            .unwrap(),
+        Frame::encode(1, &TransferRequest::Write { segment, offset: 4096, grant: None }, Bytes::new()).unwrap(),
+        Frame::encode(5, &TransferRequest::Write { segment, offset: 4096, grant }, Bytes::new()).unwrap(),
+        Frame::encode(6, &TransferRequest::Read { segment, offset: 4096, length: 4096, grant }, Bytes::new()).unwrap(),
+        Frame::encode(
+            u64::MAX,
+            &TransferRequest::Read { segment, offset: u64::MAX, length: 1 << 26, grant: None },
+            Bytes::new(),
+        )
+        .unwrap(),
         Frame::encode(2, &TransferResponse::Written, Bytes::new()).unwrap(),
         Frame::encode(3, &TransferResponse::Data, Bytes::new()).unwrap(),
         Frame::encode(4, &TransferResponse::Error(ErrorCode::InvalidParams), Bytes::new()).unwrap(),

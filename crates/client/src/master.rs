@@ -23,7 +23,7 @@ use crate::error::ClientError;
 use bytes::Bytes;
 use crescent_ha::leader::watch::{FollowerConfig, ViewFollower, is_not_leader};
 use crescent_ha::leader::{MasterAddress, MasterView};
-use crescent_net::auth::{Credential, CredentialSource};
+use crescent_net::auth::{Credential, CredentialSource, Plane};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
@@ -340,7 +340,7 @@ async fn dial(
     let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason, timed_out: false };
     let mut stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
     stream.set_nodelay(true).map_err(WireError::Io)?;
-    match hello::open(&mut stream, role, Some(client), credential).await {
+    match hello::open(&mut stream, Plane::Control, role, Some(client), credential).await {
         Err(HandshakeError::Timeout) => return Err(ClientError::Timeout),
         Ok(_) => {}
         Err(HandshakeError::Refused(refusal)) => {

@@ -92,7 +92,14 @@ async fn fake_master(behaviour: Behaviour, views: Views, next: String) -> (Strin
                     return;
                 }
                 if !matches!(
-                    crescent_net::hello::answer(&mut s, Limits::CONTROL, Duration::from_secs(5), None).await,
+                    crescent_net::hello::answer(
+                        &mut s,
+                        crescent_net::auth::Plane::Control,
+                        Limits::CONTROL,
+                        Duration::from_secs(5),
+                        None
+                    )
+                    .await,
                     Ok(Some(_))
                 ) {
                     return;

@@ -530,13 +530,14 @@ fn space_freed_within_the_write_hold_is_reused_only_after_it() {
     clock.advance(Duration::from_secs(1));
     drop(first);
     let usage = p.segment(s.id).unwrap().usage;
-    assert_eq!(usage.used, 4 * MIB, "held space counts as used");
+    assert_eq!((usage.used, usage.held), (4 * MIB, 4 * MIB), "held space counts as used, and as held");
     assert_eq!(place_on(&p, "a", MIB).unwrap_err(), ErrorCode::NoAvailableHandle, "nothing free while held");
     clock.advance(Duration::from_millis(8_999));
     assert!(place_on(&p, "a", MIB).is_err(), "still 1 ms to go");
     clock.advance(Duration::from_millis(1));
     let again = place_on(&p, "a", 4 * MIB).unwrap();
     assert_eq!(again.offset(), first_offset, "released at the hold's end");
+    assert_eq!(p.segment(s.id).unwrap().usage.held, 0);
 
     // A buffer freed after its hold is reusable at once.
     clock.advance(Duration::from_secs(10));
@@ -552,4 +553,30 @@ fn without_a_write_hold_freed_space_is_reused_at_once() {
     p.mount(ClientId::random(), s).unwrap();
     drop(place_on(&p, "a", 4 * MIB).unwrap());
     assert!(place_on(&p, "a", 4 * MIB).is_ok());
+}
+
+#[test]
+fn a_grant_sealed_for_a_buffer_holds_its_space_until_the_grant_is_over() {
+    use crescent_master::clock::ManualClock;
+    use crescent_master::segment_pool::WriteHold;
+    use std::time::Duration;
+    let clock = ManualClock::new(Timestamp(1_000));
+    let hold = WriteHold { clock: clock.clone(), window: Duration::from_secs(10) };
+    let p = SegmentPool::new(PoolConfig { write_hold: Some(hold), ..Default::default() }).unwrap();
+    let s = spec("a", 4 * MIB);
+    p.mount(ClientId::random(), s.clone()).unwrap();
+    let old = place_on(&p, "a", 4 * MIB).unwrap();
+    // Long after its allocation, a reader is granted the range for 5 s (a lease), then the object goes (a
+    // forced removal, or an upsert in place re-granted for writing): the space waits for the grant.
+    clock.advance(Duration::from_secs(60));
+    p.note_grant(s.id, old.offset(), Duration::from_secs(5));
+    clock.advance(Duration::from_secs(1));
+    drop(old);
+    assert_eq!(p.segment(s.id).unwrap().usage.held, 4 * MIB);
+    clock.advance(Duration::from_millis(3_999));
+    assert!(place_on(&p, "a", MIB).is_err(), "the grant has 1 ms left");
+    clock.advance(Duration::from_millis(1));
+    assert!(place_on(&p, "a", 4 * MIB).is_ok(), "free once the grant is over");
+    // A grant for an unknown segment is ignored.
+    p.note_grant(SegmentId::random(), 0, Duration::from_secs(5));
 }

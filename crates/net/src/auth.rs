@@ -9,7 +9,7 @@
 //!
 //! The hello proves the credential without sending it: the client names its principal and a fresh nonce, the
 //! server answers with its own nonce, and each side sends `HMAC(key, label ‖ SHA256(hello ‖ server nonce))`
-//! under its own label ([`client_mac`], [`server_mac`]); the server's proof shows the client it talks to a
+//! under its own label ([`Credential::client_mac`], [`verify_client`]); the server's proof shows the client it talks to a
 //! holder of the cluster secret. Comparisons are constant-time (`hmac`'s `verify_slice`); keys are zeroed on
 //! drop and never printed (`Debug` redacts them).
 
@@ -392,9 +392,29 @@ fn verify(key: &[u8; AUTH_LEN], label: &[u8], transcript: &[u8; AUTH_LEN], mac: 
     mac_with(key).chain_update(label).chain_update(transcript).verify_slice(mac).is_ok()
 }
 
-/// What both sides MAC: the hello as sent (its encoded frame) and the server's nonce.
-pub fn transcript(hello_frame: &[u8], server_nonce: &[u8; AUTH_LEN]) -> [u8; AUTH_LEN] {
-    Sha256::new().chain_update(hello_frame).chain_update(server_nonce).finalize().into()
+/// Which kind of server a handshake is with. Bound into the transcript, so a hello and its proof made for one
+/// kind are worthless at the other: a storage node (or anything posing as one at an address a client was sent
+/// to) cannot relay a client's handshake to the master and inherit the client's session there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// The master's RPC.
+    Control,
+    /// A storage node's data plane.
+    Data,
+}
+
+impl Plane {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Self::Control => b"crescent/plane/control\0",
+            Self::Data => b"crescent/plane/data\0",
+        }
+    }
+}
+
+/// What both sides MAC: the kind of server, the hello as sent (its encoded frame) and the server's nonce.
+pub fn transcript(plane: Plane, hello_frame: &[u8], server_nonce: &[u8; AUTH_LEN]) -> [u8; AUTH_LEN] {
+    Sha256::new().chain_update(plane.label()).chain_update(hello_frame).chain_update(server_nonce).finalize().into()
 }
 
 /// A fresh random nonce from the operating system.
@@ -554,14 +574,14 @@ mod tests {
         let old = Keyring::parse(S1).unwrap();
         let rotating = Keyring::parse(&format!("{S2}\n{S1}")).unwrap();
         let new = Keyring::parse(S2).unwrap();
-        let t = transcript(b"hello", &[7; AUTH_LEN]);
+        let t = transcript(Plane::Control, b"hello", &[7; AUTH_LEN]);
         let cred = old.credential(Principal::Node);
         let mac = cred.client_mac(&t);
         let proof = verify_client(&rotating, &Principal::Node, &t, &mac).expect("the old secret is still valid");
         assert!(cred.verify_server(&t, &proof.0), "the server proves itself with the key that matched");
         assert!(verify_client(&new, &Principal::Node, &t, &mac).is_none(), "retired: refused");
         assert!(verify_client(&old, &Principal::Admin, &t, &mac).is_none(), "bound to its principal");
-        let other = transcript(b"hello", &[8; AUTH_LEN]);
+        let other = transcript(Plane::Control, b"hello", &[8; AUTH_LEN]);
         assert!(verify_client(&old, &Principal::Node, &other, &mac).is_none(), "bound to the server's nonce");
         assert!(!cred.verify_server(&t, &mac), "a client's MAC is not a server's proof");
     }

@@ -13,8 +13,12 @@
 use crate::auth::Keyring;
 use crescent_proto::transfer::{GRANT_TAG_LEN, Grant};
 use crescent_proto::{ClientId, ErrorCode, Principal, SegmentId};
-use hmac::Mac;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// What a grant allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,28 +84,30 @@ pub struct Bearer {
     pub client: ClientId,
     /// The proven principal.
     pub principal: Principal,
+    /// The principal's text, made once per connection rather than per grant.
+    text: Arc<str>,
 }
 
 impl Bearer {
     /// The bearer of a hello that proved `principal` and named `client`.
     pub fn new(principal: Principal, client: Option<ClientId>) -> Self {
-        Self { client: client.unwrap_or(ClientId::from_u64_pair(0, 0)), principal }
+        let text = Arc::from(principal.to_string());
+        Self { client: client.unwrap_or(ClientId::from_u64_pair(0, 0)), principal, text }
     }
 }
 
-/// What a grant's tag covers: a fixed layout, the principal last (its length is implied by the message's).
-fn message(op: GrantOp, segment: &SegmentId, bearer: &Bearer, grant: (u64, u64, u64)) -> Vec<u8> {
+/// What a grant's tag covers, fed to `mac`: a fixed layout, then the principal (its length is implied).
+fn message(mac: &mut HmacSha256, op: GrantOp, segment: &SegmentId, bearer: &Bearer, grant: (u64, u64, u64)) {
     let (offset, length, expires_ms) = grant;
-    let principal = bearer.principal.to_string();
-    let mut m = Vec::with_capacity(57 + principal.len());
-    m.push(op.byte());
-    m.extend_from_slice(segment.0.as_bytes());
-    m.extend_from_slice(bearer.client.0.as_bytes());
-    m.extend_from_slice(&offset.to_be_bytes());
-    m.extend_from_slice(&length.to_be_bytes());
-    m.extend_from_slice(&expires_ms.to_be_bytes());
-    m.extend_from_slice(principal.as_bytes());
-    m
+    let mut m = [0u8; 57];
+    m[0] = op.byte();
+    m[1..17].copy_from_slice(segment.0.as_bytes());
+    m[17..33].copy_from_slice(bearer.client.0.as_bytes());
+    m[33..41].copy_from_slice(&offset.to_be_bytes());
+    m[41..49].copy_from_slice(&length.to_be_bytes());
+    m[49..57].copy_from_slice(&expires_ms.to_be_bytes());
+    mac.update(&m);
+    mac.update(bearer.text.as_bytes());
 }
 
 impl Keyring {
@@ -116,9 +122,9 @@ impl Keyring {
         length: u64,
         expires_ms: u64,
     ) -> Grant {
-        let keys = self.grant_keys();
-        let msg = message(op, segment, bearer, (offset, length, expires_ms));
-        let full = keys.sealing().clone().chain_update(msg).finalize().into_bytes();
+        let mut mac = self.grant_keys().sealing().clone();
+        message(&mut mac, op, segment, bearer, (offset, length, expires_ms));
+        let full = mac.finalize().into_bytes();
         let mut tag = [0u8; GRANT_TAG_LEN];
         tag.copy_from_slice(&full[..GRANT_TAG_LEN]);
         Grant { offset, length, expires_ms, tag }
@@ -154,10 +160,11 @@ impl Keyring {
         now_ms: u64,
     ) -> Result<(), GrantRefusal> {
         let g = grant.ok_or(GrantRefusal::Missing)?;
-        let msg = message(op, segment, bearer, (g.offset, g.length, g.expires_ms));
         let mut valid = false;
         for key in self.grant_keys().verifying() {
-            valid |= key.clone().chain_update(&msg).verify_truncated_left(&g.tag).is_ok();
+            let mut mac = key.clone();
+            message(&mut mac, op, segment, bearer, (g.offset, g.length, g.expires_ms));
+            valid |= mac.verify_truncated_left(&g.tag).is_ok();
         }
         if !valid {
             return Err(GrantRefusal::Invalid);
@@ -199,9 +206,9 @@ mod tests {
         assert_eq!(check(GrantOp::Write, &seg, &client, 4096, 8192, 10_000), Err(GrantRefusal::Expired));
         assert_eq!(check(GrantOp::Read, &seg, &client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
         assert_eq!(check(GrantOp::Write, &SegmentId::random(), &client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
-        let other_client = Bearer { client: ClientId::random(), ..client.clone() };
+        let other_client = Bearer::new(client.principal.clone(), Some(ClientId::random()));
         assert_eq!(check(GrantOp::Write, &seg, &other_client, 4096, 8192, 0), Err(GrantRefusal::Invalid));
-        let other_principal = Bearer { principal: "tenant:b".parse::<Principal>().unwrap(), ..client.clone() };
+        let other_principal = Bearer::new("tenant:b".parse::<Principal>().unwrap(), Some(client.client));
         assert_eq!(check(GrantOp::Write, &seg, &other_principal, 4096, 8192, 0), Err(GrantRefusal::Invalid));
         let none = ring.check_grant(GrantOp::Write, &seg, &client, None, 4096, 1, 0);
         assert_eq!(none, Err(GrantRefusal::Missing));

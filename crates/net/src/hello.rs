@@ -6,7 +6,7 @@
 //! Each side reads exactly the hello frame and nothing after it, so requests a client pipelines behind its
 //! hello stay in the socket for the connection's own reader.
 
-use crate::auth::{self, AuthFailure, Credential, Keyring};
+use crate::auth::{self, AuthFailure, Credential, Keyring, Plane};
 use crate::frame::{self, ShapeError};
 use crescent_proto::wire::{
     AuthAck, AuthHello, AuthReply, Envelope, ErrorFrame, FRAME_PREFIX, Hello, HelloAck, HelloProof, HelloReply, Limits,
@@ -51,11 +51,12 @@ pub struct Admitted {
     pub principal: Option<Principal>,
 }
 
-/// Client side: sends this build's hello for `role` (and `client`, if it has an identity), proves `credential`
-/// when it has one, and reads the server's answer. A client with a credential refuses a server that does not
+/// Client side: sends this build's hello for `role` (and `client`, if it has an identity) to a server of `plane`,
+/// proves `credential` when it has one, and reads the server's answer. A client with a credential refuses a server that does not
 /// prove it holds the cluster secret. The caller bounds the wait (connecting usually has a deadline of its own).
 pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
+    plane: Plane,
     role: PeerRole,
     client: Option<ClientId>,
     credential: Option<&Credential>,
@@ -76,7 +77,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     let Some(challenge) = ack.challenge else {
         return Err(unproven("the server does not authenticate (it runs without a cluster secret)"));
     };
-    let transcript = auth::transcript(&frame[FRAME_PREFIX..], &challenge);
+    let transcript = auth::transcript(plane, &frame[FRAME_PREFIX..], &challenge);
     io.write_all(&encode(&HelloProof { mac: cred.client_mac(&transcript) })?).await?;
     io.flush().await?;
     match read_hello_frame::<_, AuthReply>(io).await? {
@@ -99,6 +100,7 @@ fn unproven(why: &str) -> HandshakeError {
 /// before the peer learns of it; the server then answers it with [`refuse`].
 pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
+    plane: Plane,
     limits: Limits,
     deadline: Duration,
     keyring: Option<&Keyring>,
@@ -124,7 +126,7 @@ pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
         let Some((HelloProof { mac }, _)) = read_hello_frame::<_, HelloProof>(io).await? else {
             return Err(HandshakeError::Io(io::ErrorKind::UnexpectedEof.into()));
         };
-        let transcript = auth::transcript(&header, &challenge);
+        let transcript = auth::transcript(plane, &header, &challenge);
         let Some(proof) = auth::verify_client(ring, &principal, &transcript, &mac) else {
             return Err(refuse_auth(io, AuthFailure::BadProof(principal)).await);
         };
@@ -206,11 +208,11 @@ mod tests {
         let id = ClientId::random();
         let (ack, hello) = tokio::join!(
             async {
-                let ack = open(&mut client, PeerRole::Node, Some(id), None).await.unwrap();
+                let ack = open(&mut client, Plane::Control, PeerRole::Node, Some(id), None).await.unwrap();
                 client.write_all(b"next").await.unwrap();
                 ack
             },
-            answer(&mut server, Limits::DATA, Duration::from_secs(10), None)
+            answer(&mut server, Plane::Control, Limits::DATA, Duration::from_secs(10), None)
         );
         let admitted = hello.unwrap().unwrap();
         assert_eq!((admitted.hello.role, admitted.hello.client_id), (PeerRole::Node, Some(id)));
@@ -227,7 +229,7 @@ mod tests {
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let bad = Hello { magic: *b"HTTP", ..Hello::new(PeerRole::Client, None) };
         client.write_all(&encode(&bad).unwrap()).await.unwrap();
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await;
+        let served = answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), None).await;
         let Err(HandshakeError::Protocol(e)) = served else { panic!("{served:?}") };
         let (_, reply) = tokio::join!(refuse(&mut server, &e), async move {
             read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap().0
@@ -236,16 +238,21 @@ mod tests {
         // A frame announced beyond the hello limit is refused on its length alone.
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         client.write_all(&(16u32 << 20).to_be_bytes()).await.unwrap();
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await;
+        let served = answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), None).await;
         assert!(matches!(served, Err(HandshakeError::Protocol(WireError::FrameTooLarge { .. }))), "{served:?}");
         // A peer that connects and says nothing.
         let (_client, mut server) = tokio::io::duplex(1 << 16);
-        let served = answer(&mut server, Limits::CONTROL, Duration::from_millis(20), None).await;
+        let served = answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_millis(20), None).await;
         assert!(matches!(served, Err(HandshakeError::Timeout)), "{served:?}");
         // A peer that leaves at once.
         let (client, mut server) = tokio::io::duplex(1 << 16);
         drop(client);
-        assert!(answer(&mut server, Limits::CONTROL, Duration::from_secs(10), None).await.unwrap().is_none());
+        assert!(
+            answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), None)
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 
     fn ring(secret: &str) -> Keyring {
@@ -257,12 +264,36 @@ mod tests {
         cred: Option<&Credential>,
         server_ring: Option<&Keyring>,
     ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
+        handshake_on(Plane::Control, Plane::Control, cred, server_ring).await
+    }
+
+    /// A handshake a client meant for a `to` server, answered by a `by` server.
+    async fn handshake_on(
+        to: Plane,
+        by: Plane,
+        cred: Option<&Credential>,
+        server_ring: Option<&Keyring>,
+    ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let id = ClientId::random();
         tokio::join!(
-            open(&mut client, PeerRole::Client, Some(id), cred),
-            answer(&mut server, Limits::CONTROL, Duration::from_secs(10), server_ring)
+            open(&mut client, to, PeerRole::Client, Some(id), cred),
+            answer(&mut server, by, Limits::CONTROL, Duration::from_secs(10), server_ring)
         )
+    }
+
+    #[tokio::test]
+    async fn a_handshake_meant_for_one_kind_of_server_fails_at_the_other() {
+        // What a relay achieves: a client talking to a storage node (or to whatever took its address) has its
+        // hello and proof passed on to the master. The master's transcript names the control plane: refused.
+        let secrets = ring("a cluster secret of some length");
+        let cred = secrets.credential(Principal::Admin);
+        let (client, server) = handshake_on(Plane::Data, Plane::Control, Some(&cred), Some(&secrets)).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::BadProof(Principal::Admin)))));
+        let (client, server) = handshake_on(Plane::Data, Plane::Data, Some(&cred), Some(&secrets)).await;
+        client.unwrap();
+        assert_eq!(server.unwrap().unwrap().principal, Some(Principal::Admin));
     }
 
     fn refused_code<T: std::fmt::Debug>(r: Result<T, HandshakeError>) -> ErrorCode {
@@ -313,15 +344,14 @@ mod tests {
             ..Hello::new(PeerRole::Client, None)
         };
         let hello_frame = encode(&hello).unwrap();
-        let served =
-            tokio::spawn(
-                async move { answer(&mut server, Limits::CONTROL, Duration::from_secs(10), Some(&secrets)).await },
-            );
+        let served = tokio::spawn(async move {
+            answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), Some(&secrets)).await
+        });
         client.write_all(&hello_frame).await.unwrap();
         let (reply, _) = read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap();
         let first = reply.unwrap().challenge.unwrap();
         // Pretend the recorded session saw another nonce: its proof is for that one.
-        let recorded = cred.client_mac(&auth::transcript(&hello_frame[FRAME_PREFIX..], &[9; 32]));
+        let recorded = cred.client_mac(&auth::transcript(Plane::Control, &hello_frame[FRAME_PREFIX..], &[9; 32]));
         assert_ne!(first, [9; 32]);
         client.write_all(&encode(&HelloProof { mac: recorded }).unwrap()).await.unwrap();
         let (reply, _) = read_hello_frame::<_, AuthReply>(&mut client).await.unwrap().unwrap();

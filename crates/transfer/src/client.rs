@@ -20,7 +20,7 @@ use crate::error::{TransferError, io_error};
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use bytes::{Bytes, BytesMut};
-use crescent_net::auth::CredentialSource;
+use crescent_net::auth::{CredentialSource, Plane};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
@@ -584,7 +584,7 @@ impl Lane {
             _open: OpenLane(open),
         };
         let credential = config.credential.as_ref().map(CredentialSource::current);
-        match hello::open(&mut lane.io, PeerRole::Client, config.client_id, credential.as_ref()).await {
+        match hello::open(&mut lane.io, Plane::Data, PeerRole::Client, config.client_id, credential.as_ref()).await {
             Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
             Err(HandshakeError::Refused(refusal)) => return Err(TransferError::Refused(refusal.code)),
             Err(HandshakeError::Protocol(e)) => return Err(e.into()),

@@ -24,7 +24,7 @@ use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
-use crescent_net::auth::{AuthFailures, Keyring};
+use crescent_net::auth::{AuthFailures, Keyring, Plane};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::grant::{self, Bearer, GrantOp};
 use crescent_net::hello::{self, HandshakeError};
@@ -335,7 +335,7 @@ impl Connection {
         // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
         let hello = tokio::select! {
             biased;
-            hello = hello::answer(&mut self.io, Limits::DATA, self.io_timeout, self.keyring.as_deref()) => hello,
+            hello = hello::answer(&mut self.io, Plane::Data, Limits::DATA, self.io_timeout, self.keyring.as_deref()) => hello,
             () = &mut self.stopping => return Ok(()),
         };
         self.shutdown.busy();
@@ -461,7 +461,9 @@ impl Connection {
         offset: u64,
         length: u64,
     ) -> Result<(), ErrorCode> {
-        let (Some(ring), Some(bearer)) = (&self.keyring, &self.bearer) else { return Ok(()) };
+        let Some(ring) = &self.keyring else { return Ok(()) };
+        // An authenticating server admits only proven peers, so a bearer is always known here.
+        let Some(bearer) = &self.bearer else { return Err(ErrorCode::PermissionDenied) };
         ring.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
             self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = %self.peer, ?op, %segment, offset, length, %why, "transfer refused");

@@ -48,6 +48,8 @@ pub struct RegionUsage {
     pub live_allocations: u64,
     /// Successful allocations ever made in this region (monotonic).
     pub allocations_total: u64,
+    /// Of `used`, bytes already freed but held out of reuse while a write grant may cover them (`WriteHold`).
+    pub held: u64,
 }
 
 impl RegionUsage {
@@ -94,29 +96,40 @@ pub struct RegionResource {
 }
 
 /// What a region with a write hold tracks: kept here rather than in each buffer, so a replica stays as small
-/// without authentication as with it (the hold costs a map entry per allocation of the last window).
+/// without authentication as with it (the hold costs a map entry per allocation or grant of the last window).
 #[derive(Debug, Default)]
 struct Holding {
-    /// When each allocation of the last hold window was made, by offset.
-    born: HashMap<u64, Timestamp>,
-    /// The same in allocation order, to forget them once their window is over.
+    /// Until when each recent allocation's space must stay out of reuse once freed, by offset: its allocation
+    /// plus the window, pushed later by each grant sealed for it (the grant's life plus slack).
+    until: HashMap<u64, Timestamp>,
+    /// The same as recorded (a renewal records anew), to forget entries once they are over.
     order: VecDeque<(Timestamp, u64)>,
     /// Freed allocations still in their hold, with when each may be released.
     held: Vec<(Timestamp, Allocation)>,
 }
 
 impl Holding {
-    /// Forgets allocations whose window is over at `now`.
-    fn forget_old(&mut self, now: Timestamp, window: Duration) {
-        while let Some(&(born, offset)) = self.order.front() {
-            if born.saturating_add(window) > now {
+    /// Forgets entries that are over at `now`.
+    fn forget_old(&mut self, now: Timestamp) {
+        while let Some(&(until, offset)) = self.order.front() {
+            if until > now {
                 break;
             }
             self.order.pop_front();
-            // The offset may have been allocated again since: only this allocation's entry goes.
-            if self.born.get(&offset) == Some(&born) {
-                self.born.remove(&offset);
+            // Renewed or re-allocated since: only an entry still saying this goes.
+            if self.until.get(&offset) == Some(&until) {
+                self.until.remove(&offset);
             }
+        }
+    }
+
+    /// The space at `offset` must be held, once freed, until `until` at least.
+    fn hold_until(&mut self, now: Timestamp, offset: u64, until: Timestamp) {
+        self.forget_old(now);
+        let e = self.until.entry(offset).or_insert(Timestamp(0));
+        if until > *e {
+            *e = until;
+            self.order.push_back((until, offset));
         }
     }
 }
@@ -164,14 +177,19 @@ impl RegionResource {
         }
     }
 
-    /// Notes an allocation made (or, restored, re-bound) now: its hold counts from now.
+    /// Notes an allocation made (or, restored, re-bound) now: its space is held for the window once freed.
     fn note_birth(&self, alloc: &Allocation) {
         let Some(h) = self.hold.get() else { return };
         let now = h.clock.now();
-        let mut holding = self.holding.lock();
-        holding.forget_old(now, h.window);
-        holding.born.insert(alloc.offset(), now);
-        holding.order.push_back((now, alloc.offset()));
+        self.holding.lock().hold_until(now, alloc.offset(), now.saturating_add(h.window));
+    }
+
+    /// Notes a grant sealed now for the allocation at `offset`, valid for at most `life` on any node's clock:
+    /// once freed, its space is held until then.
+    pub fn note_grant(&self, offset: u64, life: Duration) {
+        let Some(h) = self.hold.get() else { return };
+        let now = h.clock.now();
+        self.holding.lock().hold_until(now, offset, now.saturating_add(life));
     }
 
     /// Releases the held allocations whose hold has ended.
@@ -205,14 +223,13 @@ impl RegionResource {
         self.holding.lock().held.iter().map(|(_, a)| a.size()).sum()
     }
 
-    /// Returns a dropped buffer's space, or holds it while its allocation's window lasts.
+    /// Returns a dropped buffer's space, or holds it while its allocation's window or a grant for it lasts.
     fn release_held(&self, alloc: &Allocation) {
         if let Some(h) = self.hold.get().filter(|_| self.is_live()) {
             let now = h.clock.now();
             let mut holding = self.holding.lock();
-            holding.forget_old(now, h.window);
-            if let Some(born) = holding.born.remove(&alloc.offset()) {
-                let until = born.saturating_add(h.window);
+            holding.forget_old(now);
+            if let Some(until) = holding.until.remove(&alloc.offset()).filter(|u| *u > now) {
                 holding.held.push((until, *alloc));
                 self.next_due.fetch_min(until.0, Ordering::AcqRel);
                 return;
@@ -309,6 +326,7 @@ impl RegionResource {
     /// Current accounting (held space counts as used).
     pub fn usage(&self) -> RegionUsage {
         self.reap();
+        let held = if self.hold.get().is_some() { self.held_bytes() } else { 0 };
         match &self.target {
             AllocationTarget::Own(a) => {
                 let a = a.lock();
@@ -319,6 +337,7 @@ impl RegionResource {
                     largest_free: a.largest_free_extent(),
                     live_allocations: a.live_allocations(),
                     allocations_total: a.allocations_total(),
+                    held,
                 }
             }
             AllocationTarget::CxlBinding { window, live } => {
@@ -333,6 +352,7 @@ impl RegionResource {
                     largest_free: window.largest_free_extent().min(self.capacity),
                     live_allocations: live.len() as u64,
                     allocations_total: window.allocations_total(),
+                    held,
                 }
             }
         }

@@ -377,6 +377,8 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
     let usage = svc.pool().usage(SegmentKind::Memory);
     gauge(r, "memory_capacity_bytes", "Mounted memory capacity", usage.capacity);
     gauge(r, "memory_used_bytes", "Memory used by replicas", usage.used);
+    let held = "Of the memory used, bytes freed but held out of reuse while a write grant may still cover them";
+    gauge(r, "memory_held_bytes", held, usage.held);
     let cap = Family::<Labels, Gauge<u64, AtomicU64>>::default();
     let used = Family::<Labels, Gauge<u64, AtomicU64>>::default();
     for s in svc.pool().segments() {

@@ -20,8 +20,10 @@ pub struct Caller {
     pub client: Option<ClientId>,
 }
 
-/// `Ok` when `caller` may send `req`; otherwise `PERMISSION_DENIED` saying why.
-pub fn authorize(caller: &Caller, req: &MasterRequest) -> Result<(), ErrorFrame> {
+/// `Ok` when `caller` may send `req` to a master that is (`multi_tenant`) or is not multi-tenant; otherwise
+/// `PERMISSION_DENIED` saying why. A single-tenant master keeps every object in the default tenant whatever a
+/// request names, so there only `tenant:default` reaches objects.
+pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Result<(), ErrorFrame> {
     use MasterRequest as R;
     let tenant_of = match &caller.principal {
         Principal::Admin => return Ok(()),
@@ -30,6 +32,10 @@ pub fn authorize(caller: &Caller, req: &MasterRequest) -> Result<(), ErrorFrame>
     };
     let objects = |tenant: &str| match tenant_of {
         None => Err(denied(caller, "a storage node's credential is not a client's: no object operations")),
+        Some(mine) if !multi_tenant => match mine.as_str() == TenantId::default_tenant().as_str() {
+            true => Ok(()),
+            false => Err(denied(caller, "this master is not multi-tenant: its objects are tenant default's")),
+        },
         Some(mine) => match TenantId::new(tenant) {
             Ok(t) if &t == mine => Ok(()),
             Ok(t) => Err(denied(caller, &format!("tenant {:?} is not this credential's", t.as_str()))),
@@ -121,32 +127,41 @@ mod tests {
         let wipe = MasterRequest::RemoveAll { tenant: None, force: true };
 
         let a = caller("tenant:a", me);
-        assert_eq!(code(authorize(&a, &put(me, "a"))), ErrorCode::Ok);
-        assert_eq!(code(authorize(&a, &get("a"))), ErrorCode::Ok);
-        assert_eq!(code(authorize(&a, &get("b"))), ErrorCode::PermissionDenied, "another tenant's object");
-        assert_eq!(code(authorize(&a, &put(other, "a"))), ErrorCode::PermissionDenied, "in another's name");
-        assert_eq!(code(authorize(&a, &unmount(me))), ErrorCode::Ok, "its own segment");
-        assert_eq!(code(authorize(&a, &unmount(other))), ErrorCode::PermissionDenied);
-        assert_eq!(code(authorize(&a, &quota)), ErrorCode::PermissionDenied);
-        assert_eq!(code(authorize(&a, &wipe)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&a, &put(me, "a"), true)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &get("a"), true)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &get("b"), true)), ErrorCode::PermissionDenied, "another tenant's object");
+        assert_eq!(code(authorize(&a, &put(other, "a"), true)), ErrorCode::PermissionDenied, "in another's name");
+        assert_eq!(code(authorize(&a, &unmount(me), true)), ErrorCode::Ok, "its own segment");
+        assert_eq!(code(authorize(&a, &unmount(other), true)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&a, &quota, true)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&a, &wipe, true)), ErrorCode::PermissionDenied);
         let own_wipe = MasterRequest::RemoveAll { tenant: Some("a".into()), force: false };
-        assert_eq!(code(authorize(&a, &own_wipe)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &own_wipe, true)), ErrorCode::Ok);
         let default = caller("tenant:default", me);
-        assert_eq!(code(authorize(&default, &get(""))), ErrorCode::Ok, "\"\" is the default tenant");
+        assert_eq!(code(authorize(&default, &get(""), true)), ErrorCode::Ok, "\"\" is the default tenant");
 
         let node = caller("node", me);
-        assert_eq!(code(authorize(&node, &MasterRequest::Ping { client: me })), ErrorCode::Ok);
-        assert_eq!(code(authorize(&node, &unmount(me))), ErrorCode::Ok);
-        assert_eq!(code(authorize(&node, &get("a"))), ErrorCode::PermissionDenied, "a node reads no object");
-        assert_eq!(code(authorize(&node, &put(me, "a"))), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&node, &MasterRequest::Ping { client: me }, true)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&node, &unmount(me), true)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&node, &get("a"), true)), ErrorCode::PermissionDenied, "a node reads no object");
+        assert_eq!(code(authorize(&node, &put(me, "a"), true)), ErrorCode::PermissionDenied);
         let batch = MasterRequest::BatchRemove { tenant: "a".into(), keys: Batch(vec![key()]), force: false };
-        assert_eq!(code(authorize(&node, &batch)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&node, &batch, true)), ErrorCode::PermissionDenied);
 
         let admin = caller("admin", me);
         for r in [put(other, "b"), get("b"), unmount(other), quota, wipe] {
-            assert_eq!(code(authorize(&admin, &r)), ErrorCode::Ok, "{r:?}");
+            assert_eq!(code(authorize(&admin, &r, true)), ErrorCode::Ok, "{r:?}");
         }
-        let e = authorize(&a, &get("b")).unwrap_err();
+        let e = authorize(&a, &get("b"), true).unwrap_err();
         assert!(e.message.contains("tenant:a") && e.message.contains("\"b\""), "{}", e.message);
+
+        // A single-tenant master puts every object in the default tenant, whatever a request names: only
+        // `tenant:default` (and admin) reach objects there.
+        for t in ["a", "b", ""] {
+            assert_eq!(code(authorize(&a, &get(t), false)), ErrorCode::PermissionDenied, "{t:?}");
+            assert_eq!(code(authorize(&default, &get(t), false)), ErrorCode::Ok, "{t:?}");
+        }
+        assert_eq!(code(authorize(&a, &unmount(me), false)), ErrorCode::Ok, "segments are not objects");
+        assert_eq!(code(authorize(&admin, &get("b"), false)), ErrorCode::Ok);
     }
 }

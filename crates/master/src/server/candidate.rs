@@ -333,6 +333,12 @@ impl RoleLoop {
             if stopping {
                 break;
             }
+            // A deposed leader gives the standbys a head start: one that has followed the log (and wakes within
+            // a retry interval of the view emptying) takes over, rather than the master that just lost its lease
+            // winning it back at once.
+            if sleep_or_stop(self.options.retry * 2, &mut stop).await {
+                break;
+            }
         }
         self.set(|s| s.state = HaState::Stopped);
     }

@@ -6,7 +6,7 @@
 //! holds. The service knows nothing of grants: they are sealed here, at the network edge, for the bearer the
 //! connection's hello proved, after the service answered.
 
-use crate::service::MasterConfig;
+use crate::service::{MasterConfig, MasterService};
 use crescent_net::auth::Keyring;
 use crescent_net::grant::{Bearer, GrantOp, SKEW_MS};
 use crescent_proto::rpc::{GetReplicaListResponse, MasterReply, MasterResponse};
@@ -15,26 +15,35 @@ use crescent_proto::{ReplicaDescriptor, ReplicaLocation};
 use std::time::Duration;
 
 /// Seals grants into `reply` (put and get replies; others are left alone) for `bearer`, write grants living
-/// `write_window`.
-pub fn seal(keyring: &Keyring, bearer: &Bearer, write_window: Duration, reply: &mut MasterReply) {
-    let writes = |replicas: &mut Vec<ReplicaDescriptor>| {
-        for r in replicas {
-            r.grant = grant(keyring, GrantOp::Write, bearer, &r.location, write_window);
+/// the service's write window, read grants the lease. Each grant is noted with the pool, which keeps the space
+/// out of reuse until the grant can no longer be honoured (the grant's life plus the clock slack), even if its
+/// object is removed or its lease released before that.
+pub fn seal(svc: &MasterService, keyring: &Keyring, bearer: &Bearer, reply: &mut MasterReply) {
+    let write_window = Duration::from_millis(svc.config().grant_write_window_ms);
+    let mut sealed = |op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration| {
+        r.grant = grant(keyring, op, bearer, &r.location, ttl);
+        if let (Some(g), Some(segment)) = (&r.grant, r.location.segment_id()) {
+            svc.pool().note_grant(segment, g.offset, ttl + Duration::from_millis(SKEW_MS));
         }
     };
-    let reads = |list: &mut GetReplicaListResponse| {
-        let lease = Duration::from_millis(list.lease_ttl_ms);
-        for r in &mut list.replicas {
-            r.grant = grant(keyring, GrantOp::Read, bearer, &r.location, lease);
-        }
+    let writes = |replicas: &mut Vec<ReplicaDescriptor>| {
+        replicas.iter_mut().for_each(|r| sealed(GrantOp::Write, r, write_window));
     };
     match reply {
         Ok(MasterResponse::Replicas(replicas)) => writes(replicas),
         Ok(MasterResponse::BatchReplicas(items)) => items.iter_mut().flatten().for_each(writes),
-        Ok(MasterResponse::ReplicaList(list)) => reads(list),
-        Ok(MasterResponse::BatchReplicaList(items)) => items.iter_mut().flatten().for_each(reads),
+        Ok(MasterResponse::ReplicaList(list)) => reads(list, &mut sealed),
+        Ok(MasterResponse::BatchReplicaList(items)) => {
+            items.iter_mut().flatten().for_each(|list| reads(list, &mut sealed));
+        }
         _ => {}
     }
+}
+
+/// Read grants for a replica list's readable replicas, living the lease.
+fn reads(list: &mut GetReplicaListResponse, sealed: &mut impl FnMut(GrantOp, &mut ReplicaDescriptor, Duration)) {
+    let lease = Duration::from_millis(list.lease_ttl_ms);
+    list.replicas.iter_mut().for_each(|r| sealed(GrantOp::Read, r, lease));
 }
 
 /// A grant for `op` on one replica's range (none for a local-disk replica: no node serves it).

@@ -38,11 +38,12 @@ pub struct TransferProber {
 
 impl TransferProber {
     /// A prober whose connects and exchanges give up after `timeout`, one connection per target; with the
-    /// cluster's keyring it proves the admin credential to nodes that authenticate.
+    /// cluster's keyring it proves a node credential (the least it needs: no rights at the master) to nodes
+    /// that authenticate.
     pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>) -> Self {
         let id = ClientId::random();
         let config = TransferConfig {
-            credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Admin)),
+            credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Node)),
             client_id: Some(id),
             lanes_per_peer: 1,
             connect_timeout: timeout,
@@ -59,7 +60,7 @@ impl NofProber for TransferProber {
     fn probe(&self, endpoint: &str, segment: SegmentId) -> BoxFuture<'static, bool> {
         let (client, endpoint) = (self.client.clone(), endpoint.to_owned());
         let grant = self.grants.as_ref().map(|ring| {
-            let bearer = Bearer::new(Principal::Admin, Some(self.id));
+            let bearer = Bearer::new(Principal::Node, Some(self.id));
             ring.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, self.client.config().io_timeout * 2)
         });
         Box::pin(async move {

@@ -14,7 +14,7 @@ use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
-use crescent_net::auth::Keyring;
+use crescent_net::auth::{Keyring, Plane};
 use crescent_net::grant::Bearer;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
@@ -537,7 +537,7 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
     // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
     let hello = tokio::select! {
         biased;
-        hello = hello::answer(&mut stream, Limits::CONTROL, *frame_timeout, keyring.as_deref()) => hello,
+        hello = hello::answer(&mut stream, Plane::Control, Limits::CONTROL, *frame_timeout, keyring.as_deref()) => hello,
         () = &mut stopping => return Ok(()),
     };
     let caller = match hello {
@@ -622,11 +622,15 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         let hold = holds_until_durable(&body);
-        let allowed = caller.as_ref().map_or(Ok(()), |c| authz::authorize(c, &body));
+        let routed = target.route();
+        let allowed = match (&caller, &routed) {
+            (Some(c), Ok(svc)) => authz::authorize(c, &body, svc.config().enable_multi_tenants),
+            _ => Ok(()),
+        };
         if allowed.is_err() {
             metrics.denied.fetch_add(1, Ordering::Relaxed);
         }
-        let reply = match allowed.and_then(|()| target.route()) {
+        let reply = match routed.and_then(|svc| allowed.map(|()| svc)) {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
                 let mut reply = if is_listing(&body) {
@@ -648,8 +652,7 @@ async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdow
                 };
                 owe(&mut owed, &svc, hold, shared);
                 if let (Some(ring), Some(bearer)) = (keyring, &bearer) {
-                    let window = Duration::from_millis(svc.config().grant_write_window_ms);
-                    super::grants::seal(ring, bearer, window, &mut reply);
+                    super::grants::seal(&svc, ring, bearer, &mut reply);
                 }
                 reply
             }
