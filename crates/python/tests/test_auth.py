@@ -49,22 +49,35 @@ def test_a_credential_from_setup_or_the_environment_reaches_its_tenant_only(secu
     addr, secret_file = secured
     for t in ("a", "b"):
         admin_quota(addr, secret_file, t)
-    for var in ("CRESCENT_SECRET", "CRESCENT_SECRET_FILE", "CRESCENT_CREDENTIAL_FILE"):
+    for var in ("CRESCENT_SECRET", "CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE"):
         monkeypatch.delenv(var, raising=False)
-    cred_a = credential("tenant:a", secret_file)
+    # The secret in the environment lets `a` host its memory (and would make its client tenant:a); the
+    # credential given to `setup` is the one its client proves.
+    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
+    cred_a, cred_b = credential("tenant:a", secret_file), credential("tenant:b", secret_file)
     a = MooncakeDistributedStore()
-    assert a.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="a", credential=cred_a) == 0
+    assert a.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="a",
+                   credential=cred_a) == 0
     assert a.put("k", b"from a") == 0
     assert a.get("k") == b"from a"
-    a.close()
+    # tenant:b's credential given to a store of tenant a: it wins over the secret, and is refused tenant a.
+    wrong = MooncakeDistributedStore()
+    assert wrong.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="a",
+                       credential=cred_b) == 0
+    assert wrong.get("k") != b"from a"
+    assert wrong.put("k2", b"planted") == PERMISSION_DENIED
+    wrong.close()
 
-    # The same credential from the environment, used for tenant b: every call is refused.
+    # A credential from the environment (no secret), used for tenant b: every call is refused.
+    monkeypatch.delenv("CRESCENT_SECRET_FILE")
     monkeypatch.setenv("CRESCENT_CREDENTIAL", cred_a)
     b = MooncakeDistributedStore()
     assert b.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="b") == 0
     assert b.put("k", b"planted") == PERMISSION_DENIED
     assert b.is_exist("k") < 0
     b.close()
+    assert a.get("k") == b"from a", "a's object is untouched"
+    a.close()
 
 
 def test_a_store_hosting_a_segment_derives_its_credential_from_the_secret(secured, monkeypatch):
