@@ -10,6 +10,7 @@ use crescent_master::segment_pool::{
     AllocatedBuffer, MountOutcome, PoolConfig, PoolError, RegionAllocState, SegmentPool, SegmentPoolSnapshotView,
 };
 use crescent_proto::{ClientId, ErrorCode, ReplicaLocation, SegmentId, SegmentKind, SegmentStatus};
+use std::time::Duration;
 
 fn place(pool: &SegmentPool, size: u64, n: usize) -> Result<Vec<AllocatedBuffer>, ErrorCode> {
     let a = Placer::new(Default::default());
@@ -513,16 +514,21 @@ fn cxl_snapshot_round_trips_bindings() {
 }
 
 // Write hold (issue 17 §2): space freed while a write grant for it may be live is not handed out again.
-#[test]
-fn space_freed_within_the_write_hold_is_reused_only_after_it() {
-    use crescent_master::clock::ManualClock;
+
+/// A pool with a 10 s write hold on a manual clock, one 4 MiB segment mounted.
+fn held_pool() -> (SegmentPool, crescent_proto::SegmentSpec, std::sync::Arc<crescent_master::clock::ManualClock>) {
     use crescent_master::segment_pool::WriteHold;
-    use std::time::Duration;
-    let clock = ManualClock::new(Timestamp(1_000));
+    let clock = crescent_master::clock::ManualClock::new(Timestamp(1_000));
     let hold = WriteHold { clock: clock.clone(), window: Duration::from_secs(10) };
     let p = SegmentPool::new(PoolConfig { write_hold: Some(hold), ..Default::default() }).unwrap();
     let s = spec("a", 4 * MIB);
     p.mount(ClientId::random(), s.clone()).unwrap();
+    (p, s, clock)
+}
+
+#[test]
+fn space_freed_within_the_write_hold_is_reused_only_after_it() {
+    let (p, s, clock) = held_pool();
 
     // The whole segment, freed 1 s after allocation: held, so nothing fits until 10 s after the allocation.
     let first = place_on(&p, "a", 4 * MIB).unwrap();
@@ -557,14 +563,7 @@ fn without_a_write_hold_freed_space_is_reused_at_once() {
 
 #[test]
 fn a_grant_sealed_for_a_buffer_holds_its_space_until_the_grant_is_over() {
-    use crescent_master::clock::ManualClock;
-    use crescent_master::segment_pool::WriteHold;
-    use std::time::Duration;
-    let clock = ManualClock::new(Timestamp(1_000));
-    let hold = WriteHold { clock: clock.clone(), window: Duration::from_secs(10) };
-    let p = SegmentPool::new(PoolConfig { write_hold: Some(hold), ..Default::default() }).unwrap();
-    let s = spec("a", 4 * MIB);
-    p.mount(ClientId::random(), s.clone()).unwrap();
+    let (p, s, clock) = held_pool();
     let old = place_on(&p, "a", 4 * MIB).unwrap();
     // Long after its allocation, a reader is granted the range for 5 s (a lease), then the object goes (a
     // forced removal, or an upsert in place re-granted for writing): the space waits for the grant.
