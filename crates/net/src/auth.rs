@@ -144,13 +144,7 @@ impl Keyring {
 
     /// The keyring the environment names: [`SECRET_FILE_ENV`], else [`SECRET_ENV`], else none.
     pub fn from_env() -> Result<Option<Self>, AuthConfigError> {
-        if let Some(path) = std::env::var_os(SECRET_FILE_ENV).filter(|p| !p.is_empty()) {
-            return Self::load(Path::new(&path)).map(Some);
-        }
-        match std::env::var(SECRET_ENV) {
-            Ok(s) if !s.is_empty() => Self::parse(&s).map(Some),
-            _ => Ok(None),
-        }
+        from_env(SECRET_FILE_ENV, SECRET_ENV, Self::load, Self::parse)
     }
 
     /// Reads the secret file again and, if it is valid, makes its secrets the valid ones (new handshakes use
@@ -273,6 +267,23 @@ impl From<Credential> for CredentialSource {
     }
 }
 
+/// What the environment names: the file in `file_var`, else the text of `text_var`, else nothing (an empty
+/// variable counts as unset).
+fn from_env<T>(
+    file_var: &str,
+    text_var: &str,
+    load: impl FnOnce(&Path) -> Result<T, AuthConfigError>,
+    parse: impl FnOnce(&str) -> Result<T, AuthConfigError>,
+) -> Result<Option<T>, AuthConfigError> {
+    if let Some(path) = std::env::var_os(file_var).filter(|p| !p.is_empty()) {
+        return load(Path::new(&path)).map(Some);
+    }
+    match std::env::var(text_var) {
+        Ok(s) if !s.is_empty() => parse(&s).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Reads a secret or credential file, refusing (on Unix) one that others may read: a secret readable by every
 /// local user is no secret.
 fn read_secret_file(path: &Path) -> Result<String, AuthConfigError> {
@@ -341,13 +352,7 @@ impl Credential {
 
     /// The credential the environment names: [`CREDENTIAL_FILE_ENV`], else [`CREDENTIAL_ENV`], else none.
     pub fn from_env() -> Result<Option<Self>, AuthConfigError> {
-        if let Some(path) = std::env::var_os(CREDENTIAL_FILE_ENV).filter(|p| !p.is_empty()) {
-            return Self::load(Path::new(&path)).map(Some);
-        }
-        match std::env::var(CREDENTIAL_ENV) {
-            Ok(s) if !s.is_empty() => Self::parse(&s).map(Some),
-            _ => Ok(None),
-        }
+        from_env(CREDENTIAL_FILE_ENV, CREDENTIAL_ENV, Self::load, Self::parse)
     }
 
     /// Who this credential speaks for.
