@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# What authentication and data-plane grants cost, in one run: two `crescent up` clusters, one without a secret
-# and one with (every connection authenticated, every transfer under a master-sealed grant), and `crescent
-# bench` put and get of 4 KiB, 1 MiB and 4 MiB values against each in turn, alternating off/on ROUNDS times;
-# the table shows the median of the rounds and the on/off ratio. Release build.
-#   scripts/bench-auth.sh [SECONDS_PER_PHASE] [ROUNDS] [CONCURRENCY] [SIZES]
-# SIZES is a comma-separated list (default 4KiB,1MiB,4MiB). Each round runs the two in the other order than the
-# round before, so neither always follows the other.
+# What authentication, data-plane grants and TLS cost, in one run: one `crescent up` cluster per mode and
+# `crescent bench` put and get of 4 KiB, 1 MiB and 4 MiB values against each in turn, ROUNDS times; the table
+# shows the median of the rounds and each mode's ratio to `off`. Release build.
+#   scripts/bench-auth.sh [SECONDS_PER_PHASE] [ROUNDS] [CONCURRENCY] [SIZES] [MODES]
+# SIZES is a comma-separated list (default 4KiB,1MiB,4MiB). MODES (default off,on,tls): `off` no secret, no TLS;
+# `on` a cluster secret (every connection authenticated, every transfer under a master-sealed grant); `tls` the
+# secret and TLS with client certificates on every connection (`crescent certs`). Each round starts with the
+# next mode in turn, so none always follows another.
 set -euo pipefail
 secs=${1:-5}
 rounds=${2:-3}
 conc=${3:-1}
 IFS=, read -r -a sizes <<<"${4:-4KiB,1MiB,4MiB}"
+IFS=, read -r -a modes <<<"${5:-off,on,tls}"
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
 bin=target/release/crescent
@@ -40,46 +42,58 @@ start() {
 }
 
 (umask 077 && "$bin" secret >"$work/secret")
-declare -A master
-master[off]=$(start off up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size 4GiB --prefault false)
-master[on]=$(start on up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size 4GiB --prefault false \
-    --secret-file "$work/secret")
+"$bin" certs "$work/pki" >/dev/null
+# What each mode's servers are given, and its clients' environment.
+declare -A flags envs master
+flags[off]=""
+envs[off]=""
+flags[on]="--secret-file $work/secret"
+envs[on]="CRESCENT_SECRET_FILE=$work/secret"
+flags[tls]="${flags[on]} --tls-cert $work/pki/cert.pem --tls-key $work/pki/key.pem --tls-ca $work/pki/ca.pem \
+    --tls-client-ca $work/pki/ca.pem"
+envs[tls]="${envs[on]} CRESCENT_TLS_CA=$work/pki/ca.pem CRESCENT_TLS_CERT=$work/pki/cert.pem \
+    CRESCENT_TLS_KEY=$work/pki/key.pem"
+for m in "${modes[@]}"; do
+    # shellcheck disable=SC2086 # the flags are words
+    master[$m]=$(start "$m" up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size 4GiB --prefault false ${flags[$m]})
+done
 
 # The server's CPU time (utime + stime of the `up` process, in clock ticks) per key written or read, over both
 # phases: what authentication costs the master and node, unlike throughput robust to other load on the machine.
 ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1.pid")/stat"; }
-echo "crescent bench write,read, ${secs}s per phase, concurrency $conc, median of $rounds alternating rounds," \
+echo "crescent bench write,read, ${secs}s per phase, concurrency $conc, median of $rounds rotating rounds," \
     "$(nproc) CPUs, $(git rev-parse --short HEAD)"
+n=${#modes[@]}
 for size in "${sizes[@]}"; do
     for r in $(seq 1 "$rounds"); do
-        order=(off on)
-        [ $((r % 2)) = 0 ] && order=(on off)
-        for m in "${order[@]}"; do
-            env=()
-            [ "$m" = on ] && env=(CRESCENT_SECRET_FILE="$work/secret")
+        for i in $(seq 0 $((n - 1))); do
+            m=${modes[$(((i + r) % n))]}
             t0=$(ticks "$m")
-            env "${env[@]}" "$bin" bench --master "${master[$m]}" --phases write,read --value-size "$size" \
+            # shellcheck disable=SC2086 # the variables are words
+            env ${envs[$m]} "$bin" bench --master "${master[$m]}" --phases write,read --value-size "$size" \
                 --concurrency "$conc" --duration "$secs" --json "$work/$m-$size-$r.json" >/dev/null
             t1=$(ticks "$m")
             echo "$((t1 - t0))" >"$work/$m-$size-$r.ticks"
             # On the secured cluster, space freed within a write-grant window of its allocation stays held until
             # the window ends (12 s by default, `segment_pool::WriteHold`): the keys this run removed at its end
             # must be free again before the next run sizes its key set to what the cluster holds.
-            [ "$m" = off ] || sleep 13
+            [ -z "${envs[$m]}" ] || sleep 13
         done
     done
 done
-CRESCENT_BENCH_SECS=$secs CRESCENT_CLK_TCK=$(getconf CLK_TCK) python3 - "$work" "$rounds" "${sizes[@]}" <<'EOF'
+CRESCENT_BENCH_SECS=$secs CRESCENT_CLK_TCK=$(getconf CLK_TCK) CRESCENT_MODES=$(IFS=,; echo "${modes[*]}") \
+    python3 - "$work" "$rounds" "${sizes[@]}" <<'EOF'
 import json, os, statistics, sys
 secs, hz = float(os.environ["CRESCENT_BENCH_SECS"]), float(os.environ["CRESCENT_CLK_TCK"])
+modes = os.environ["CRESCENT_MODES"].split(",")
 work, rounds, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+base = modes[0]
 rounds_seen = {}
-print(f"{'value':>6} {'phase':>6} {'off MiB/s':>10} {'on MiB/s':>10} {'on/off':>7} {'off p50':>8} {'on p50':>8} "
-      f"{'off cpu/key':>11} {'on cpu/key':>10} {'errors':>6}")
+print(f"{'value':>6} {'phase':>6} {'mode':>5} {'MiB/s':>9} {'/' + base:>7} {'p50':>8} {'cpu/key':>9} {'errors':>6}")
 for size in sizes:
     for phase in ["write", "read"]:
         got, per_round = {}, {}
-        for m in ["off", "on"]:
+        for m in modes:
             runs, cpu = [], []
             for r in range(1, rounds + 1):
                 both = [json.loads(line) for line in open(f"{work}/{m}-{size}-{r}.json")]
@@ -90,12 +104,12 @@ for size in sizes:
             per_round[m] = [round(p["mib_per_s"], 1) for p in runs]
             got[m] = (statistics.median(p["mib_per_s"] for p in runs), statistics.median(p["p50_us"] for p in runs),
                       sum(p["errors"] for p in runs), statistics.median(cpu))
-        ratio = got["on"][0] / got["off"][0]
         rounds_seen[(size, phase)] = per_round
-        print(f"{size:>6} {phase:>6} {got['off'][0]:>10.1f} {got['on'][0]:>10.1f} {ratio:>7.3f} "
-              f"{got['off'][1]:>7.0f}µ {got['on'][1]:>7.0f}µ {got['off'][3]:>9.1f}µs {got['on'][3]:>8.1f}µs "
-              f"{got['off'][2] + got['on'][2]:>6}")
-print("MiB/s per round (off | on):")
+        for m in modes:
+            ratio = got[m][0] / got[base][0]
+            print(f"{size:>6} {phase:>6} {m:>5} {got[m][0]:>9.1f} {ratio:>7.3f} {got[m][1]:>7.0f}µ "
+                  f"{got[m][3]:>7.1f}µs {got[m][2]:>6}")
+print("MiB/s per round (" + " | ".join(modes) + "):")
 for (size, phase), r in rounds_seen.items():
-    print(f"  {size} {phase}: {r['off']} | {r['on']}")
+    print(f"  {size} {phase}: " + " | ".join(str(r[m]) for m in modes))
 EOF

@@ -6,9 +6,14 @@
 //! Client commands take a credential from `CRESCENT_CREDENTIAL_FILE` or `CRESCENT_CREDENTIAL`
 //! (`PRINCIPAL:KEYHEX`, as `crescent credential` prints it); an operator who holds the secret itself acts as
 //! `admin`. Without a secret a server listens on loopback only unless `--insecure` says otherwise.
+//!
+//! TLS: servers serve `--tls-cert`/`--tls-key` (and require client certificates of `--tls-client-ca`) and
+//! verify the servers they dial against `--tls-ca`; client commands take the same files from `CRESCENT_TLS_*`.
+//! A server that requires client certificates authenticates its peers without a secret.
 
 use anyhow::{Context, Result, bail};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
+use crescent_net::tls::{Tls, TlsClient, TlsFiles};
 use crescent_proto::Principal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,6 +38,26 @@ pub struct SecretArgs {
         ports can read and destroy every object"
     )]
     insecure: bool,
+    /// Certificate chain (PEM) served, and presented to the servers dialled.
+    #[arg(long, value_name = "FILE", env = crescent_net::tls::CERT_ENV, help = "Serve TLS with this \
+        certificate chain (PEM, leaf first; also presented as the client certificate to the servers this process \
+        dials; needs --tls-key) [default: plain TCP]")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `--tls-cert`.
+    #[arg(long, value_name = "FILE", env = crescent_net::tls::KEY_ENV, help = "Private key (PEM) of --tls-cert")]
+    tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) the servers this process dials must chain to.
+    #[arg(long, value_name = "FILE", env = crescent_net::tls::CA_ENV, help = "Dial masters and storage nodes \
+        through TLS, verifying their certificates against these CA certificates (PEM)")]
+    tls_ca: Option<PathBuf>,
+    /// CA certificates (PEM) client certificates must chain to; required when given.
+    #[arg(long, value_name = "FILE", env = crescent_net::tls::CLIENT_CA_ENV, help = "Require every peer to \
+        present a client certificate chaining to these CA certificates (PEM); needs --tls-cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// The name every server's certificate is checked for.
+    #[arg(long, value_name = "NAME", env = crescent_net::tls::SERVER_NAME_ENV, help = "Check every server's \
+        certificate for this name [default: the host of each address dialled]")]
+    tls_server_name: Option<String>,
 }
 
 impl SecretArgs {
@@ -41,11 +66,35 @@ impl SecretArgs {
         keyring(self.secret_file.as_deref())
     }
 
-    /// Refuses to expose `addrs` (what, where) beyond loopback without authentication unless `--insecure`;
-    /// says at start-up how the server is protected.
-    pub fn guard(&self, keyring: Option<&Keyring>, addrs: &[(&str, SocketAddr)]) -> Result<()> {
+    /// The TLS of `--tls-*` (each also from its `CRESCENT_TLS_*` variable).
+    pub fn tls(&self) -> Result<Tls> {
+        let files = TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+            client_ca: self.tls_client_ca.clone(),
+            server_name: self.tls_server_name.clone(),
+        };
+        Ok(Tls::load(&files)?)
+    }
+
+    /// Refuses to expose `addrs` (what, where) beyond loopback without authentication (a cluster secret, or
+    /// TLS client certificates) unless `--insecure`; says at start-up how the server is protected.
+    pub fn guard(&self, keyring: Option<&Keyring>, tls: &Tls, addrs: &[(&str, SocketAddr)]) -> Result<()> {
+        match &tls.server {
+            Some(t) if t.verifies_clients() => tracing::info!("TLS on: peers must present a client certificate"),
+            Some(_) => tracing::info!("TLS on (server certificate only)"),
+            None => {}
+        }
         if let Some(ring) = keyring {
             tracing::info!(secrets = ring.len(), "authentication on: peers must prove a credential of the cluster");
+            return Ok(());
+        }
+        if tls.server.as_ref().is_some_and(|t| t.verifies_clients()) {
+            tracing::warn!(
+                "no cluster secret: TLS client certificates admit peers, but every admitted peer acts as admin \
+                 (no tenant scopes, no data-plane grants)"
+            );
             return Ok(());
         }
         let exposed: Vec<String> =
@@ -103,6 +152,11 @@ pub fn client_credential() -> Result<Option<CredentialSource>> {
     Ok(ring.map(|r| CredentialSource::Derived(Arc::new(r), Principal::Admin)))
 }
 
+/// The TLS client side of a client command: the `CRESCENT_TLS_*` environment (`CRESCENT_TLS_CA` turns it on).
+pub fn client_tls() -> Result<Option<Arc<TlsClient>>> {
+    Ok(Tls::from_env().context("TLS from the environment")?.client)
+}
+
 /// `crescent credential PRINCIPAL`: prints the credential of a principal, derived from the cluster secret.
 #[derive(clap::Args, Debug)]
 pub struct CredentialArgs {
@@ -124,6 +178,44 @@ pub fn credential(a: &CredentialArgs) -> Result<()> {
     Ok(())
 }
 
+/// `crescent certs DIR`: a self-signed cluster CA and one certificate for every process.
+#[derive(clap::Args, Debug)]
+pub struct CertsArgs {
+    /// Directory to write `ca.pem`, `cert.pem` and `key.pem` (mode 600) into.
+    dir: PathBuf,
+    /// A DNS name or IP address the certificate is valid for (repeatable) [default: localhost, 127.0.0.1].
+    #[arg(long = "name", value_name = "NAME")]
+    names: Vec<String>,
+}
+
+/// Writes a CA and a certificate for `a.names` (servers and clients alike) into `a.dir`, and says how to use them.
+pub fn certs(a: &CertsArgs) -> Result<()> {
+    let names = if a.names.is_empty() { vec!["localhost".to_owned(), "127.0.0.1".to_owned()] } else { a.names.clone() };
+    let f = crescent_net::tls::certgen::write(&a.dir, &names)
+        .with_context(|| format!("writing TLS material into {}", a.dir.display()))?;
+    println!(
+        "CA {}; certificate {} and key {} for {}",
+        f.ca.display(),
+        f.cert.display(),
+        f.key.display(),
+        names.join(", ")
+    );
+    println!(
+        "servers: --tls-cert {} --tls-key {} --tls-ca {} [--tls-client-ca {}]",
+        f.cert.display(),
+        f.key.display(),
+        f.ca.display(),
+        f.ca.display()
+    );
+    println!(
+        "clients: CRESCENT_TLS_CA={} [CRESCENT_TLS_CERT={} CRESCENT_TLS_KEY={}]",
+        f.ca.display(),
+        f.cert.display(),
+        f.key.display()
+    );
+    Ok(())
+}
+
 /// `crescent secret`: prints a fresh random cluster secret (256 bits, hex).
 pub fn secret() -> Result<()> {
     let bytes = crescent_net::auth::nonce()?;
@@ -140,12 +232,24 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
         let any: SocketAddr = "0.0.0.0:1".parse().unwrap_or_else(|e| panic!("{e}"));
         let strict = SecretArgs::default();
-        assert!(strict.guard(None, &[("rpc", lo), ("admin", lo)]).is_ok());
-        let e = strict.guard(None, &[("rpc", any), ("admin", lo)]).err().map(|e| e.to_string()).unwrap_or_default();
+        let plain = Tls::default();
+        assert!(strict.guard(None, &plain, &[("rpc", lo), ("admin", lo)]).is_ok());
+        let e =
+            strict.guard(None, &plain, &[("rpc", any), ("admin", lo)]).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("rpc 0.0.0.0:1") && e.contains("--insecure") && !e.contains("admin"), "{e}");
         let insecure = SecretArgs { insecure: true, ..SecretArgs::default() };
-        assert!(insecure.guard(None, &[("rpc", any)]).is_ok());
+        assert!(insecure.guard(None, &Tls::default(), &[("rpc", any)]).is_ok());
         let ring = Keyring::parse("a secret of enough length").unwrap_or_else(|e| panic!("{e}"));
-        assert!(strict.guard(Some(&ring), &[("rpc", any)]).is_ok(), "authenticated: any address");
+        assert!(strict.guard(Some(&ring), &plain, &[("rpc", any)]).is_ok(), "authenticated: any address");
+
+        // TLS with client certificates authenticates; a server certificate alone does not.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let f = crescent_net::tls::certgen::write(dir.path(), &["127.0.0.1".into()]).unwrap_or_else(|e| panic!("{e}"));
+        let server_only = SecretArgs { tls_cert: Some(f.cert), tls_key: Some(f.key), ..SecretArgs::default() };
+        let tls = server_only.tls().unwrap_or_else(|e| panic!("{e}"));
+        assert!(server_only.guard(None, &tls, &[("rpc", any)]).is_err(), "TLS without client certificates");
+        let mutual = SecretArgs { tls_client_ca: Some(f.ca), ..server_only };
+        let tls = mutual.tls().unwrap_or_else(|e| panic!("{e}"));
+        assert!(mutual.guard(None, &tls, &[("rpc", any)]).is_ok(), "client certificates: any address");
     }
 }

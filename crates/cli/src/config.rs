@@ -224,6 +224,8 @@ pub struct Global {
     pub request_timeout: Option<std::time::Duration>,
     /// What the client proves to an authenticating cluster (from the environment; see the binary's `auth`).
     pub credential: Option<crescent_net::auth::CredentialSource>,
+    /// TLS to a cluster that serves it (from the `CRESCENT_TLS_*` environment; see the binary's `auth`).
+    pub tls: Option<std::sync::Arc<crescent_net::tls::TlsClient>>,
 }
 
 impl Global {
@@ -235,6 +237,7 @@ impl Global {
             client: file.client.clone(),
             request_timeout: file.client.request_timeout.as_deref().and_then(|t| crate::parse_duration(t).ok()),
             credential: None,
+            tls: None,
         }
     }
 
@@ -261,7 +264,7 @@ impl Global {
         if let Some(t) = self.request_timeout {
             c = c.with_request_timeout(t);
         }
-        c.with_credential(self.credential.clone())
+        c.with_credential(self.credential.clone()).with_tls(self.tls.clone())
     }
 }
 

@@ -166,6 +166,8 @@ enum Command {
     Credential(auth::CredentialArgs),
     /// Print a new random cluster secret (save it to a file of mode 600 for --secret-file).
     Secret,
+    /// Write a self-signed cluster CA and a certificate for every process (for --tls-* and CRESCENT_TLS_*).
+    Certs(auth::CertsArgs),
     /// Replay a KV-cache workload through the master core in-process.
     Demo(demo::DemoArgs),
     /// Print a shell completion script to stdout (e.g. `crescent completions bash > /etc/bash_completion.d/crescent`).
@@ -196,7 +198,8 @@ impl Command {
             | Command::Demo(_)
             | Command::Completions { .. }
             | Command::Credential(_)
-            | Command::Secret => (None, None),
+            | Command::Secret
+            | Command::Certs(_) => (None, None),
         }
     }
 
@@ -331,9 +334,14 @@ fn main() -> ExitCode {
     if let Some(t) = cli.command.request_timeout() {
         global.request_timeout = Some(t);
     }
-    if role == Role::Client {
-        match auth::client_credential() {
-            Ok(c) => global.credential = c,
+    // Commands that dial a cluster take its credential and TLS from the environment.
+    let offline = matches!(
+        cli.command,
+        Command::Demo(_) | Command::Completions { .. } | Command::Credential(_) | Command::Secret | Command::Certs(_)
+    );
+    if role == Role::Client && !offline {
+        match auth::client_credential().and_then(|c| Ok((c, auth::client_tls()?))) {
+            Ok((c, tls)) => (global.credential, global.tls) = (c, tls),
             Err(e) => {
                 eprintln!("INVALID_PARAMS: {e:#}");
                 return ExitCode::from(2);
@@ -344,6 +352,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => return report(demo::run(a)),
         Command::Credential(a) => return report(auth::credential(&a)),
         Command::Secret => return report(auth::secret()),
+        Command::Certs(a) => return report(auth::certs(&a)),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "crescent", &mut std::io::stdout());
             return ExitCode::SUCCESS;
@@ -371,9 +380,11 @@ fn main() -> ExitCode {
             Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
             Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
             Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
-            Command::Demo(_) | Command::Completions { .. } | Command::Credential(_) | Command::Secret => {
-                ExitCode::SUCCESS
-            }
+            Command::Demo(_)
+            | Command::Completions { .. }
+            | Command::Credential(_)
+            | Command::Secret
+            | Command::Certs(_) => ExitCode::SUCCESS,
         }
     })
 }

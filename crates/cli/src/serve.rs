@@ -5,7 +5,7 @@ use crate::config::{
     DEFAULT_ADMIN_PORT, DEFAULT_MASTER, DEFAULT_MEMFD, DEFAULT_NODE_LISTEN, DEFAULT_PREFAULT, DEFAULT_SEGMENT_SIZE,
     DEFAULT_SEGMENTS, DEFAULT_SHUTDOWN_GRACE_MS, FileConfig,
 };
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use crescent_master::placement::PlacementPolicy;
 use crescent_master::server::{MasterServer, RpcLimits};
 use crescent_master::service::MasterConfig;
@@ -318,6 +318,8 @@ struct Settings {
     limits: RpcLimits,
     /// The cluster secret(s), if the cluster authenticates.
     keyring: Option<std::sync::Arc<crescent_net::auth::Keyring>>,
+    /// TLS, if the master serves it (and dials nodes through it).
+    tls: crescent_net::tls::Tls,
 }
 
 fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Settings> {
@@ -334,13 +336,14 @@ fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<
         limits.max_connections = limits.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     }
     let keyring = a.auth.keyring()?;
-    a.auth.guard(keyring.as_deref(), &[("rpc", listen), ("admin", admin)])?;
+    let tls = a.auth.tls()?;
+    a.auth.guard(keyring.as_deref(), &tls, &[("rpc", listen), ("admin", admin)])?;
     crate::auth::reload_on_hangup(keyring.clone(), "master")?;
-    Ok(Settings { config, listen, admin, poll, limits, keyring })
+    Ok(Settings { config, listen, admin, poll, limits, keyring, tls })
 }
 
 async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
-    let Settings { config, listen, admin, poll, limits, keyring } = master_settings(a, file, combined)?;
+    let Settings { config, listen, admin, poll, limits, keyring, tls } = master_settings(a, file, combined)?;
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let oplog = oplog_options(a, file).await?;
     let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some())?;
@@ -352,6 +355,7 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         .oplog(oplog)
         .snapshots(snapshots)
         .keyring(keyring)
+        .tls(tls)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
@@ -397,7 +401,8 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
         c.frame_timeout = Duration::from_millis(ms);
     }
     c.keyring = a.auth.keyring()?;
-    a.auth.guard(c.keyring.as_deref(), &[("data plane", c.listen)])?;
+    c.tls = a.auth.tls()?;
+    a.auth.guard(c.keyring.as_deref(), &c.tls, &[("data plane", c.listen)])?;
     crate::auth::reload_on_hangup(c.keyring.clone(), "node")?;
     Ok(c)
 }
@@ -500,6 +505,7 @@ async fn candidate(
         .oplog(Some(oplog))
         .snapshots(snapshots)
         .keyring(s.keyring)
+        .tls(s.tls)
         .start_candidate(options)
         .await?;
     tracing::info!(
@@ -564,6 +570,10 @@ fn up_share(fits: usize) -> usize {
 /// `crescent up`: a master and one storage node in this process.
 pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
+    let tls = a.master.auth.tls()?;
+    if tls.server.is_some() && tls.client.is_none() {
+        bail!("TLS on `up` needs --tls-ca too: its storage node dials its master through TLS");
+    }
     let m = start_master(&a.master, file, true).await?;
     let node_args = NodeArgs {
         listen: a.node_listen.clone(),

@@ -16,6 +16,7 @@ use crate::master::MasterConnection;
 use bytes::Bytes;
 use crescent_net::auth::CredentialSource;
 use crescent_net::poll::InFlight;
+use crescent_net::tls::TlsClient;
 use crescent_proto::batch;
 use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
 use crescent_proto::{
@@ -59,6 +60,9 @@ pub struct ClientConfig {
     /// What the client proves to the master (and, through `transfer.credential`, to storage nodes) in a cluster
     /// that authenticates; set both with [`ClientConfig::with_credential`].
     pub credential: Option<CredentialSource>,
+    /// TLS to the master (and, through `transfer.tls`, to storage nodes) in a cluster serving TLS; set both
+    /// with [`ClientConfig::with_tls`].
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 impl ClientConfig {
@@ -78,7 +82,15 @@ impl ClientConfig {
             host_id: None,
             poll_window: Duration::from_micros(50),
             credential: None,
+            tls: None,
         }
+    }
+
+    /// Dials the master and storage nodes through TLS verified by `tls` (`None`: plain TCP).
+    pub fn with_tls(mut self, tls: Option<Arc<TlsClient>>) -> Self {
+        self.transfer.tls = tls.clone();
+        self.tls = tls;
+        self
     }
 
     /// Proves `credential` to the master and to storage nodes (`None`: a cluster without authentication).
@@ -364,6 +376,7 @@ impl Client {
         )
         .with_poll_window(config.poll_window)
         .with_credential(config.credential.clone())
+        .with_tls(config.tls.clone())
         .with_in_flight(inflight.clone());
         // The data plane's hello names this client: the master seals its grants for it.
         let transfer_config = TransferConfig { client_id: Some(id), ..config.transfer.clone() };

@@ -24,9 +24,11 @@ use bytes::Bytes;
 use crescent_ha::leader::watch::{FollowerConfig, ViewFollower, is_not_leader};
 use crescent_ha::leader::{MasterAddress, MasterView};
 use crescent_net::auth::{Credential, CredentialSource, Plane};
+use crescent_net::conn::{ReadHalf, Stream, WriteHalf};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::InFlight;
 use crescent_net::reader::FrameReader;
+use crescent_net::tls::TlsClient;
 use crescent_proto::wire::{ErrorFrame, Frame, FrameCodec, Limits, MAX_BATCH, PeerRole, WireError};
 use crescent_proto::{ClientId, ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse};
 use futures_util::SinkExt;
@@ -36,7 +38,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::codec::FramedWrite;
@@ -44,7 +45,7 @@ use tokio_util::codec::FramedWrite;
 type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Frame, WireError>>>>;
 /// The read half of a connection and the frames buffered from it.
 struct Reader {
-    sock: OwnedReadHalf,
+    sock: ReadHalf,
     frames: FrameReader,
 }
 
@@ -55,7 +56,7 @@ struct Reader {
 struct Conn {
     /// How long a lone waiter polls before parking.
     poll_window: Duration,
-    sink: tokio::sync::Mutex<FramedWrite<OwnedWriteHalf, FrameCodec>>,
+    sink: tokio::sync::Mutex<FramedWrite<WriteHalf, FrameCodec>>,
     stream: tokio::sync::Mutex<Reader>,
     pending: Pending,
     alive: AtomicBool,
@@ -94,7 +95,7 @@ impl Conn {
         if quiet
             && self.pending.lock().is_empty()
             && let Ok(sink) = self.sink.try_lock()
-            && crescent_net::poll::peer_closed(sink.get_ref().as_ref())
+            && crescent_net::poll::peer_closed(sink.get_ref())
         {
             tracing::debug!("the master closed an idle connection: dialling afresh");
             self.alive.store(false, Ordering::Release);
@@ -136,7 +137,6 @@ impl Conn {
                     return r;
                 }
                 let Reader { sock, frames } = &mut *reader;
-                let sock = sock.as_ref();
                 // Lead until our own reply comes, handing the others' on: passing the read half back
                 // after every frame would wake another task per reply.
                 loop {
@@ -145,7 +145,7 @@ impl Conn {
                     // saw at once (see `crescent_net::poll`).
                     if next.is_none()
                         && inflight.count() == 1
-                        && crescent_net::poll::until_readable(sock, self.poll_window)
+                        && crescent_net::poll::until_readable(&sock.socket(), self.poll_window)
                     {
                         next = match frames.read_now(sock) {
                             Ok(_) => frames.buffered().transpose(),
@@ -200,6 +200,8 @@ pub struct MasterConnection {
     role: PeerRole,
     /// What each connection's hello proves, for a master that authenticates its peers.
     credential: Option<CredentialSource>,
+    /// TLS every connection goes through before its hello, for a master serving TLS.
+    tls: Option<Arc<TlsClient>>,
     /// How long one attempt at one address may take, dialling included.
     timeout: Duration,
     poll_window: Duration,
@@ -334,12 +336,18 @@ async fn dial(
     role: PeerRole,
     client: ClientId,
     credential: Option<&Credential>,
+    tls: Option<&TlsClient>,
     poll_window: Duration,
 ) -> Result<Arc<Conn>, ClientError> {
-    // The caller bounds the whole dial (connect and hello) by its attempt's deadline.
+    // The caller bounds the whole dial (connect, TLS and hello) by its attempt's deadline.
     let unreachable = |reason: String| ClientError::Unreachable { addr: addr.to_owned(), reason, timed_out: false };
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
+    let stream = TcpStream::connect(addr).await.map_err(|e| unreachable(crate::error::io_reason(&e)))?;
     stream.set_nodelay(true).map_err(WireError::Io)?;
+    let mut stream = crescent_net::tls::connect(tls, stream, addr).await.map_err(|e| {
+        let reason = format!("TLS: {e}");
+        tracing::warn!(%addr, "{reason}");
+        unreachable(reason)
+    })?;
     match hello::open(&mut stream, Plane::Control, role, Some(client), credential).await {
         Err(HandshakeError::Timeout) => return Err(ClientError::Timeout),
         Ok(_) => {}
@@ -355,7 +363,7 @@ async fn dial(
             return Err(ClientError::Refused(ErrorFrame { code: ErrorCode::AuthenticationFailed, message }));
         }
     }
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split().map_err(WireError::Io)?;
     let sink = FramedWrite::new(wr, FrameCodec::new(Limits::CONTROL));
     let reader = Reader { sock: rd, frames: FrameReader::new(Limits::CONTROL) };
     Ok(Arc::new(Conn {
@@ -455,6 +463,7 @@ impl MasterConnection {
             client,
             role,
             credential: None,
+            tls: None,
             timeout,
             poll_window: Duration::ZERO,
             inflight: Arc::default(),
@@ -462,6 +471,13 @@ impl MasterConnection {
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Takes every connection through a TLS handshake verified by `tls` (a master serving TLS refuses plain
+    /// peers); `None` (the default): plain TCP.
+    pub fn with_tls(mut self, tls: Option<Arc<TlsClient>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Proves `credential` in every connection's hello (a master with a keyring refuses peers without one).
@@ -526,7 +542,8 @@ impl MasterConnection {
             return Ok(c.clone());
         }
         let credential = self.credential.as_ref().map(CredentialSource::current);
-        let conn = dial(addr, self.role, self.client, credential.as_ref(), self.poll_window).await?;
+        let conn =
+            dial(addr, self.role, self.client, credential.as_ref(), self.tls.as_deref(), self.poll_window).await?;
         *slot = Some(conn.clone());
         Ok(conn)
     }

@@ -102,7 +102,7 @@ async fn http_get(addr: SocketAddr, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nof_segment_stays_while_its_target_answers_and_is_unmounted_once_it_stops() {
     let prober = Arc::new(Counting {
-        inner: Some(TransferProber::new(Duration::from_millis(PROBE_TIMEOUT_MS), None)),
+        inner: Some(TransferProber::new(Duration::from_millis(PROBE_TIMEOUT_MS), None, None)),
         ..Counting::default()
     });
     let admin = SocketAddr::from(([127, 0, 0, 1], 0));

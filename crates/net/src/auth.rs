@@ -464,6 +464,9 @@ pub enum AuthFailure {
     /// Its proof was wrong: a wrong or revoked key.
     #[error("authentication failed for {0}: wrong or revoked credential")]
     BadProof(Principal),
+    /// It did not get through the TLS handshake (no TLS, no or a wrong client certificate).
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Failed authentications: counted (for `/metrics`) and logged at most once a second with the count of those

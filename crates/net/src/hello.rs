@@ -182,6 +182,12 @@ async fn read_hello_frame<S: AsyncRead + Unpin, T: DeserializeOwned>(
     let shape = match frame::read_shape(&mut reader, MAX_HELLO_FRAME).await {
         Ok(shape) => shape,
         Err(ShapeError::Io(e)) => return Err(e.into()),
+        // A TLS record (handshake 0x16 or alert 0x15, then version 3.x) reads as a frame of 350+ MB.
+        Err(ShapeError::Wire(WireError::FrameTooLarge { .. })) if matches!(first[0], 0x15 | 0x16) => {
+            return Err(HandshakeError::Protocol(WireError::Malformed(
+                "the peer speaks TLS and this end does not: configure TLS on both (--tls-* / CRESCENT_TLS_*)",
+            )));
+        }
         Err(ShapeError::Wire(e)) => return Err(HandshakeError::Protocol(e)),
     };
     if shape.payload_len != 0 {

@@ -10,12 +10,13 @@
 //! deadline). The master's RPC connections read this way; the data plane reads payloads straight into segment
 //! memory instead.
 
+use crate::conn::Conn;
 use bytes::{BufMut, Bytes, BytesMut};
 use crescent_proto::wire::{FRAME_PREFIX, Frame, FrameCodec, FrameShape, Limits, WireError};
 use memmap2::MmapMut;
 use std::io;
 use std::sync::Arc;
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::Decoder;
 
@@ -121,7 +122,7 @@ impl Inbound {
     /// through tokio's readiness, so a socket it has not reported readable is not read). Only frames within the
     /// allowance complete here; a larger one reports [`Ready::Partial`] and waits for its budget in
     /// [`Inbound::rest`]. A frame that breaks the protocol is refused as soon as its prefix is in.
-    pub fn ready(&mut self, sock: &TcpStream) -> Result<Ready, WireError> {
+    pub fn ready(&mut self, sock: &mut Conn) -> Result<Ready, WireError> {
         if self.large.is_some() {
             return Ok(Ready::Partial);
         }
@@ -144,7 +145,7 @@ impl Inbound {
     /// Reads the rest of the frame that has started, waiting on the socket and, for a frame beyond the
     /// allowance, for its size from `budget` first. Run it under a deadline: a peer that stalls mid-frame holds
     /// the connection, and possibly part of the budget, until then.
-    pub async fn rest(&mut self, sock: &TcpStream, budget: &FrameBudget) -> Result<InboundFrame, WireError> {
+    pub async fn rest(&mut self, sock: &mut Conn, budget: &FrameBudget) -> Result<InboundFrame, WireError> {
         loop {
             if let Some(large) = &mut self.large {
                 if large.filled == large.mem.len() {
@@ -153,11 +154,9 @@ impl Inbound {
                 if self.eof {
                     return Err(mid_frame());
                 }
-                sock.readable().await?;
-                match read_into(sock, &mut large.mem[large.filled..])? {
-                    Some(0) => self.eof = true,
-                    Some(n) => large.filled += n,
-                    None => {}
+                match sock.read(&mut large.mem[large.filled..]).await? {
+                    0 => self.eof = true,
+                    n => large.filled += n,
                 }
                 continue;
             }
@@ -180,8 +179,14 @@ impl Inbound {
                 continue;
             }
             let room = ALLOWANCE.saturating_sub(self.buf.len());
-            sock.readable().await?;
-            self.read_now(sock, room)?;
+            if room == 0 {
+                // Unreachable: a buffer this full holds a whole small frame or moved to a large one.
+                return Err(WireError::Malformed("frame larger than its allowance"));
+            }
+            self.buf.reserve(room);
+            if sock.read_buf(&mut (&mut self.buf).limit(room)).await? == 0 {
+                self.eof = true;
+            }
         }
     }
 
@@ -228,7 +233,7 @@ impl Inbound {
     }
 
     /// Reads up to `room` bytes that the socket holds now, without waiting.
-    fn read_now(&mut self, sock: &TcpStream, room: usize) -> Result<(), WireError> {
+    fn read_now(&mut self, sock: &mut Conn, room: usize) -> Result<(), WireError> {
         if room == 0 || self.eof {
             return Ok(());
         }
@@ -247,18 +252,6 @@ impl Inbound {
     }
 }
 
-/// Reads what `sock` holds now into `dst`: `Some(0)` at end of stream, `None` when nothing was there.
-fn read_into(sock: &TcpStream, dst: &mut [u8]) -> Result<Option<usize>, WireError> {
-    loop {
-        match sock.try_read(dst) {
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(WireError::Io(e)),
-        }
-    }
-}
-
 fn mid_frame() -> WireError {
     WireError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-frame"))
 }
@@ -271,14 +264,8 @@ mod tests {
     use crescent_proto::wire::frame_prefix;
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
 
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        (server, client)
-    }
+    use crate::tls::testing::pair;
 
     fn encoded(id: u64, payload: usize) -> Vec<u8> {
         let frame = Frame::encode(id, &"request", Bytes::from(vec![7u8; payload])).unwrap();
@@ -289,11 +276,11 @@ mod tests {
     }
 
     /// Waits (bounded) until `inbound` reports something other than an empty input.
-    async fn next_ready(inbound: &mut Inbound, sock: &TcpStream) -> Ready {
+    async fn next_ready(inbound: &mut Inbound, sock: &mut Conn) -> Ready {
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 match inbound.ready(sock).unwrap() {
-                    Ready::Empty => sock.readable().await.unwrap(),
+                    Ready::Empty => sock.tcp().readable().await.unwrap(),
                     other => return other,
                 }
             }
@@ -304,23 +291,36 @@ mod tests {
 
     #[tokio::test]
     async fn pipelined_small_frames_come_whole_without_the_budget() {
-        let (server, mut client) = pair().await;
+        for tls in [false, true] {
+            pipelined_small_frames_come_whole_without_the_budget_over(tls).await;
+        }
+    }
+
+    async fn pipelined_small_frames_come_whole_without_the_budget_over(tls: bool) {
+        let (mut server, mut client) = pair(tls).await;
         let mut inbound = Inbound::new(Limits::CONTROL);
         let mut bytes = encoded(1, 10);
         bytes.extend(encoded(2, 20));
         client.write_all(&bytes).await.unwrap();
+        client.flush().await.unwrap();
         for id in [1, 2] {
-            let Ready::Frame(f) = next_ready(&mut inbound, &server).await else { panic!("not whole") };
+            let Ready::Frame(f) = next_ready(&mut inbound, &mut server).await else { panic!("not whole") };
             assert_eq!(f.frame.request_id().unwrap(), id);
             assert!(!f.is_large());
         }
         drop(client);
-        assert!(matches!(next_ready(&mut inbound, &server).await, Ready::Closed));
+        assert!(matches!(next_ready(&mut inbound, &mut server).await, Ready::Closed));
     }
 
     #[tokio::test]
     async fn a_large_frame_waits_for_its_budget_and_returns_it_with_its_buffer() {
-        let (server, mut client) = pair().await;
+        for tls in [false, true] {
+            a_large_frame_waits_for_its_budget_and_returns_it_with_its_buffer_over(tls).await;
+        }
+    }
+
+    async fn a_large_frame_waits_for_its_budget_and_returns_it_with_its_buffer_over(tls: bool) {
+        let (mut server, mut client) = pair(tls).await;
         let budget = FrameBudget::new(3 << 20);
         let mut inbound = Inbound::new(Limits::CONTROL);
         let big = encoded(1, 2 << 20);
@@ -328,35 +328,45 @@ mod tests {
         let other = budget.take(2 << 20).await.unwrap();
         let writer = tokio::spawn(async move {
             client.write_all(&big).await.unwrap();
+            client.flush().await.unwrap();
             client.write_all(&encoded(2, 1)).await.unwrap();
+            client.flush().await.unwrap();
             client
         });
-        assert!(matches!(next_ready(&mut inbound, &server).await, Ready::Partial));
-        let waiting = tokio::time::timeout(Duration::from_millis(100), inbound.rest(&server, &budget)).await;
+        assert!(matches!(next_ready(&mut inbound, &mut server).await, Ready::Partial));
+        let waiting = tokio::time::timeout(Duration::from_millis(100), inbound.rest(&mut server, &budget)).await;
         assert!(waiting.is_err(), "read past the allowance without its budget");
         assert!(inbound.buf.len() <= ALLOWANCE, "buffered {} bytes", inbound.buf.len());
         drop(other);
-        let f = tokio::time::timeout(Duration::from_secs(10), inbound.rest(&server, &budget)).await.unwrap().unwrap();
+        let f =
+            tokio::time::timeout(Duration::from_secs(10), inbound.rest(&mut server, &budget)).await.unwrap().unwrap();
         assert!(f.is_large() && f.frame.payload.len() == 2 << 20);
         // Its share: the frame (prefix, a 9-byte header, 2 MiB), rounded up to a KiB.
         assert_eq!(budget.available(), (3 << 20) - (2 << 20) - 1024, "the frame holds its share");
         assert!(inbound.buf.capacity() <= ALLOWANCE && inbound.large.is_none(), "memory kept for the next frame");
         drop(f);
         assert_eq!(budget.available(), 3 << 20);
-        let Ready::Frame(f) = next_ready(&mut inbound, &server).await else { panic!("not whole") };
+        let Ready::Frame(f) = next_ready(&mut inbound, &mut server).await else { panic!("not whole") };
         assert_eq!(f.frame.request_id().unwrap(), 2);
         drop(writer.await.unwrap());
     }
 
     #[tokio::test]
     async fn oversized_and_truncated_frames_are_errors() {
-        let (server, mut client) = pair().await;
+        for tls in [false, true] {
+            oversized_and_truncated_frames_are_errors_over(tls).await;
+        }
+    }
+
+    async fn oversized_and_truncated_frames_are_errors_over(tls: bool) {
+        let (mut server, mut client) = pair(tls).await;
         let mut inbound = Inbound::new(Limits { max_frame: 1024 });
         client.write_all(&2048u32.to_be_bytes()).await.unwrap();
+        client.flush().await.unwrap();
         let r = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
-                match inbound.ready(&server) {
-                    Ok(Ready::Empty) => server.readable().await.unwrap(),
+                match inbound.ready(&mut server) {
+                    Ok(Ready::Empty) => server.tcp().readable().await.unwrap(),
                     other => return other,
                 }
             }
@@ -365,12 +375,13 @@ mod tests {
         .unwrap();
         assert!(matches!(r, Err(WireError::FrameTooLarge { len: 2048, max: 1024 })), "{r:?}");
 
-        let (server, mut client) = pair().await;
+        let (mut server, mut client) = pair(tls).await;
         let mut inbound = Inbound::new(Limits::CONTROL);
         client.write_all(&encoded(1, 100)[..50]).await.unwrap();
-        assert!(matches!(next_ready(&mut inbound, &server).await, Ready::Partial));
+        client.flush().await.unwrap();
+        assert!(matches!(next_ready(&mut inbound, &mut server).await, Ready::Partial));
         drop(client);
-        let r = inbound.rest(&server, &FrameBudget::new(1 << 20)).await;
+        let r = inbound.rest(&mut server, &FrameBudget::new(1 << 20)).await;
         assert!(matches!(r, Err(WireError::Io(ref e)) if e.kind() == io::ErrorKind::UnexpectedEof), "{r:?}");
     }
 }

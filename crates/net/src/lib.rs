@@ -15,6 +15,8 @@
 //!   connection, larger frames within a budget shared by all, buffers released after a large frame).
 //! * [`poll`]: bounded busy-polling before a waiting end parks, the per-process poll gate, and the idle set a
 //!   runtime polls before it sleeps.
+//! * [`conn`]: [`conn::Conn`], a connection's byte stream, plain TCP or TLS over it.
+//! * [`tls`]: TLS (rustls) for servers and clients, and the files it is loaded from.
 //! * [`advertise`]: the address a server advertises when it listens on an unspecified one.
 //! * [`reader`]: [`reader::FrameReader`], frames read straight from a socket a poll found readable.
 //!
@@ -23,11 +25,13 @@
 pub mod accept;
 pub mod advertise;
 pub mod auth;
+pub mod conn;
 pub mod frame;
 pub mod grant;
 pub mod hello;
 pub mod inbound;
 pub mod poll;
 pub mod reader;
+pub mod tls;
 
 pub use accept::{AcceptCounters, AcceptStats, ServerHandle, Shutdown, Stopping};

@@ -10,12 +10,13 @@
 //! initialised (as tokio's own reads do), so no read zero-fills memory first.
 #![allow(unsafe_code)]
 
+use crate::conn::Stream;
 use bytes::BytesMut;
 use crescent_proto::wire::{Frame, FrameCodec, Limits, WireError};
 use std::io;
 use std::os::fd::AsFd;
+use tokio::io::AsyncReadExt;
 use tokio::io::Interest;
-use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 /// Bytes reserved in the buffer before each read (a control-plane frame is usually far smaller).
@@ -41,15 +42,20 @@ impl FrameReader {
         self.codec.decode(&mut self.buf)
     }
 
-    /// Reads what `sock` holds right now with a direct non-blocking `recv`, bypassing tokio's cached
-    /// readiness; returns the bytes read (0 when nothing was there, or at end of stream).
-    pub fn read_now<S: AsFd>(&mut self, sock: &S) -> Result<usize, WireError> {
+    /// Reads what `rd` holds right now without waiting (on a plain socket a direct non-blocking `recv`,
+    /// bypassing tokio's cached readiness; over TLS a read of the session that does the same underneath);
+    /// returns the bytes read (0 when nothing was there, or at end of stream).
+    pub fn read_now<S: Stream>(&mut self, rd: &mut S) -> Result<usize, WireError> {
         if self.eof {
             return Ok(0);
         }
         self.buf.reserve(READ_CHUNK);
         loop {
-            match read_into(sock, &mut self.buf) {
+            let read = match rd.plain() {
+                Some(sock) => read_into(sock, &mut self.buf),
+                None => crate::conn::read_now(rd, &mut self.buf),
+            };
+            match read {
                 Ok(n) => {
                     self.eof = n == 0;
                     return Ok(n);
@@ -61,9 +67,9 @@ impl FrameReader {
         }
     }
 
-    /// The next frame: from the buffer, else read from `sock` (parking until it is readable). `None` at a
+    /// The next frame: from the buffer, else read from `rd` (parking until it is readable). `None` at a
     /// clean end of stream; a stream that ends mid-frame is an error. Cancel-safe: bytes read stay buffered.
-    pub async fn next(&mut self, sock: &TcpStream) -> Option<Result<Frame, WireError>> {
+    pub async fn next<S: Stream>(&mut self, rd: &mut S) -> Option<Result<Frame, WireError>> {
         loop {
             match self.buffered() {
                 Ok(Some(frame)) => return Some(Ok(frame)),
@@ -73,8 +79,17 @@ impl FrameReader {
             if self.eof {
                 return (!self.buf.is_empty()).then(|| Err(WireError::Malformed("connection closed mid-frame")));
             }
-            // Through tokio this time, so that a stale cached readiness is cleared before the task parks.
             self.buf.reserve(READ_CHUNK);
+            let Some(sock) = rd.plain() else {
+                // TLS: records are opened by rustls, read through tokio.
+                match rd.read_buf(&mut self.buf).await {
+                    Ok(0) => self.eof = true,
+                    Ok(_) => {}
+                    Err(e) => return Some(Err(WireError::Io(e))),
+                }
+                continue;
+            };
+            // Through tokio this time, so that a stale cached readiness is cleared before the task parks.
             match sock.try_io(Interest::READABLE, || read_into(sock, &mut self.buf)) {
                 Ok(0) => self.eof = true,
                 Ok(_) => {}
@@ -115,60 +130,93 @@ mod tests {
         out.to_vec()
     }
 
-    async fn pair() -> (TcpStream, TcpStream) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (b, _) = l.accept().await.unwrap();
-        (a, b)
+    use crate::conn::Conn;
+
+    /// (writer, reader) over loopback, TLS when `tls`.
+    async fn pair(tls: bool) -> (Conn, Conn) {
+        crate::tls::testing::pair(tls).await
     }
 
     #[tokio::test]
     async fn frames_split_across_reads_and_several_per_read_all_arrive_in_order() {
-        let (mut tx, rx) = pair().await;
+        for tls in [false, true] {
+            frames_arrive_in_order_over(tls).await;
+        }
+    }
+
+    async fn frames_arrive_in_order_over(tls: bool) {
+        let (mut tx, mut rx) = pair(tls).await;
         let frames: Vec<Frame> =
             (1..=3u64).map(|i| Frame::encode(i, &i, Bytes::from(vec![i as u8; 5])).unwrap()).collect();
         let bytes = wire(&frames);
         let mut r = FrameReader::new(Limits::CONTROL);
         // Half of the first frame, then the rest with two more frames behind it.
         tx.write_all(&bytes[..7]).await.unwrap();
+        tx.flush().await.unwrap();
         let rest = bytes[7..].to_vec();
         let writer = tokio::spawn(async move {
             tokio::task::yield_now().await;
             tx.write_all(&rest).await.unwrap();
+            tx.flush().await.unwrap();
             tx
         });
         for f in &frames {
-            assert_eq!(r.next(&rx).await.unwrap().unwrap(), *f);
+            assert_eq!(r.next(&mut rx).await.unwrap().unwrap(), *f);
         }
         drop(writer.await.unwrap());
-        assert!(r.next(&rx).await.is_none(), "a clean close ends the stream");
+        assert!(r.next(&mut rx).await.is_none(), "a clean close ends the stream");
     }
 
     #[tokio::test]
     async fn read_now_takes_waiting_bytes_without_the_reactor_and_nothing_when_empty() {
-        let (mut tx, rx) = pair().await;
+        for tls in [false, true] {
+            read_now_over(tls).await;
+        }
+    }
+
+    async fn read_now_over(tls: bool) {
+        let (mut tx, mut rx) = pair(tls).await;
         let mut r = FrameReader::new(Limits::CONTROL);
-        assert_eq!(r.read_now(&rx).unwrap(), 0, "an empty socket gives nothing");
+        assert_eq!(r.read_now(&mut rx).unwrap(), 0, "an empty socket gives nothing");
         let f = Frame::encode(9, &"hi", Bytes::new()).unwrap();
         tx.write_all(&wire(std::slice::from_ref(&f))).await.unwrap();
-        assert!(crate::poll::until_readable(&rx, std::time::Duration::from_secs(5)));
-        assert!(r.read_now(&rx).unwrap() > 0);
-        assert_eq!(r.buffered().unwrap(), Some(f));
+        tx.flush().await.unwrap();
+        // No await from here on: what the poll saw is read without the reactor (a TLS record may come in
+        // pieces, so poll again until it is whole).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let got = loop {
+            assert!(std::time::Instant::now() < deadline, "tls {tls}: the frame never came");
+            if crate::poll::until_readable(&rx.socket(), std::time::Duration::from_secs(1)) {
+                r.read_now(&mut rx).unwrap();
+                if let Some(got) = r.buffered().unwrap() {
+                    break got;
+                }
+            }
+        };
+        assert_eq!(got, f);
         assert_eq!(r.buffered().unwrap(), None);
     }
 
     #[tokio::test]
     async fn a_stream_closed_mid_frame_or_an_oversized_frame_is_an_error() {
-        let (mut tx, rx) = pair().await;
+        for tls in [false, true] {
+            closed_mid_frame_or_oversized_over(tls).await;
+        }
+    }
+
+    async fn closed_mid_frame_or_oversized_over(tls: bool) {
+        let (mut tx, mut rx) = pair(tls).await;
         let bytes = wire(&[Frame::encode(1, &1u8, Bytes::new()).unwrap()]);
         tx.write_all(&bytes[..bytes.len() - 1]).await.unwrap();
+        tx.flush().await.unwrap();
         drop(tx);
         let mut r = FrameReader::new(Limits::CONTROL);
-        assert!(matches!(r.next(&rx).await, Some(Err(WireError::Malformed(_)))));
+        assert!(matches!(r.next(&mut rx).await, Some(Err(WireError::Malformed(_)))));
 
-        let (mut tx, rx) = pair().await;
+        let (mut tx, mut rx) = pair(tls).await;
         tx.write_all(&(Limits::CONTROL.max_frame + 1).to_be_bytes()).await.unwrap();
+        tx.flush().await.unwrap();
         let mut r = FrameReader::new(Limits::CONTROL);
-        assert!(matches!(r.next(&rx).await, Some(Err(WireError::FrameTooLarge { .. }))));
+        assert!(matches!(r.next(&mut rx).await, Some(Err(WireError::FrameTooLarge { .. }))));
     }
 }

@@ -7,6 +7,7 @@
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
 use crescent_net::auth::{CredentialSource, Keyring};
+use crescent_net::tls::Tls;
 use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::{Batch, PeerRole};
 use crescent_proto::{
@@ -58,6 +59,9 @@ pub struct NodeConfig {
     /// The cluster secret(s): the node proves the `node` credential to the master and admits on its data port
     /// only peers that prove a credential of the cluster. `None`: a cluster without authentication.
     pub keyring: Option<Arc<Keyring>>,
+    /// TLS: its server side is what the data port serves (every connection through the handshake before its
+    /// hello), its client side what the node dials the master with. Default: none, plain TCP.
+    pub tls: Tls,
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -95,6 +99,7 @@ impl NodeConfig {
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
             frame_timeout: crescent_transfer::DEFAULT_SERVER_IO_TIMEOUT,
             keyring: None,
+            tls: Tls::default(),
         }
     }
 }
@@ -212,7 +217,8 @@ impl StorageNode {
             .with_poll_window(config.poll_window)
             .with_max_connections(config.max_connections)
             .with_io_timeout(config.frame_timeout)
-            .with_keyring(config.keyring.clone());
+            .with_keyring(config.keyring.clone())
+            .with_tls(config.tls.server.clone());
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
             .map_err(crescent_proto::wire::WireError::Io)?;
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
@@ -245,7 +251,8 @@ impl StorageNode {
         let credential = config.keyring.clone().map(|k| CredentialSource::Derived(k, Principal::Node));
         let master = Arc::new(
             MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout)
-                .with_credential(credential),
+                .with_credential(credential)
+                .with_tls(config.tls.client.clone()),
         );
         mount_retrying(&master, &config.master, id, &specs, config.master_retry).await?;
         tracing::info!(

@@ -11,6 +11,7 @@ use crate::raw::{Registered, Span};
 use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
+use crescent_net::tls::Tls;
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, TenantId};
@@ -315,6 +316,25 @@ fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Opt
     Ok((credential, keyring))
 }
 
+/// The store's TLS, from `CRESCENT_TLS_CA` (dial the master and nodes through TLS, verifying them),
+/// `CRESCENT_TLS_CERT` / `CRESCENT_TLS_KEY` (the client certificate, and what a hosted segment serves) and
+/// `CRESCENT_TLS_CLIENT_CA` (a hosted segment requires client certificates). A store that dials through TLS and
+/// hosts a segment must serve TLS too: its peers dial it as they dial every node.
+fn tls(args: &SetupArgs) -> Result<Tls, i64> {
+    let tls = Tls::from_env().map_err(|e| {
+        tracing::error!("setup: TLS from the environment: {e}");
+        INVALID
+    })?;
+    if tls.client.is_some() && tls.server.is_none() && args.global_segment_size > 0 {
+        tracing::error!(
+            "setup: hosting a segment (global_segment_size > 0) in a TLS cluster needs a certificate to serve it \
+             with (CRESCENT_TLS_CERT and CRESCENT_TLS_KEY)"
+        );
+        return Err(INVALID);
+    }
+    Ok(tls)
+}
+
 /// Sets a store up: its runtime, its segment (hosted like a storage node's) and its client.
 fn start(args: &SetupArgs) -> Result<Live, i64> {
     match args.protocol.to_ascii_lowercase().as_str() {
@@ -328,6 +348,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     let master = master_address(&args.master_server_addr)?;
     let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
     let (credential, keyring) = auth(args, &tenant)?;
+    let tls = tls(args)?;
     let (host, port) = split_host(args.local_hostname.trim());
     let ip = (host.as_str(), 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip());
     let Some(ip) = ip else {
@@ -368,6 +389,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
         nc.keyring = keyring.clone();
+        nc.tls = tls.clone();
         let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
@@ -383,7 +405,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         }
     };
     let segment = node.as_ref().map(|n| n.endpoint().to_string());
-    let mut config = ClientConfig::new(master.clone()).with_credential(credential);
+    let mut config = ClientConfig::new(master.clone()).with_credential(credential).with_tls(tls.client);
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
     let client = Client::with_local_segments(config, registry);

@@ -21,9 +21,11 @@ use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::{CredentialSource, Plane};
+use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
+use crescent_net::tls::{self, TlsClient};
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
 use crescent_proto::{ClientId, SegmentId};
@@ -70,6 +72,8 @@ pub struct TransferConfig {
     /// The client id each lane's hello names: the master seals grants for it, and a node honours them only on
     /// a connection that named it.
     pub client_id: Option<ClientId>,
+    /// TLS every lane goes through before its hello (storage nodes serving TLS); `None`: plain TCP.
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 impl Default for TransferConfig {
@@ -83,6 +87,7 @@ impl Default for TransferConfig {
             poll_window: Duration::from_micros(50),
             credential: None,
             client_id: None,
+            tls: None,
         }
     }
 }
@@ -491,10 +496,12 @@ impl Peer {
         loop {
             let lane = self.idle.lock().pop();
             match lane {
-                Some(lane) if lane.is_healthy() => {
-                    return Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit });
+                Some(mut lane) => {
+                    if lane.is_healthy() {
+                        return Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit });
+                    }
+                    // Closed by the peer while idle: drop it, try the next.
                 }
-                Some(_) => continue, // closed by the peer while idle: drop it, try the next
                 None => break,
             }
         }
@@ -543,7 +550,7 @@ impl Drop for OpenLane {
 /// One persistent connection to a peer's transfer server.
 #[derive(Debug)]
 struct Lane {
-    io: BufReader<TcpStream>,
+    io: BufReader<Conn>,
     poll_window: Duration,
     /// Whether the current exchange may poll (it is the client's only one).
     may_poll: bool,
@@ -572,6 +579,7 @@ impl Lane {
         }
         let stream = stream.ok_or(last)?;
         net::tune(&stream)?;
+        let stream = tls::connect(config.tls.as_deref(), stream, endpoint).await?;
         open.fetch_add(1, Ordering::Relaxed);
         let mut lane = Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
@@ -598,12 +606,12 @@ impl Lane {
 
     /// Whether an idle lane still looks usable: nothing buffered and the socket neither at EOF nor holding
     /// unsolicited bytes (best effort; a peer close not yet seen surfaces as an error on the next exchange).
-    fn is_healthy(&self) -> bool {
+    fn is_healthy(&mut self) -> bool {
         if !self.io.buffer().is_empty() {
             return false;
         }
         let mut probe = [0u8; 1];
-        matches!(self.io.get_ref().try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        matches!(self.io.get_mut().try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
     fn next_id(&mut self) -> u64 {
@@ -685,8 +693,10 @@ impl Lane {
         Ok(())
     }
 
+    /// Sends a request: `bufs` whole, then a flush (over TLS the last record may wait in rustls until then).
     async fn send(&mut self, bufs: &mut [IoSlice<'_>]) -> Result<(), TransferError> {
-        frames::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)
+        frames::write_all_vectored(self.io.get_mut(), bufs).await.map_err(io_error)?;
+        self.io.get_mut().flush().await.map_err(io_error)
     }
 
     /// Sends `head` then `data` in pieces of at most [`SUM_PIECE`] bytes, summing each piece of `data` right
@@ -706,6 +716,7 @@ impl Lane {
             crc = crc32c::crc32c_append(crc, payload);
             sent += payload.len();
         }
+        self.io.get_mut().flush().await.map_err(io_error)?;
         Ok(crc)
     }
 
@@ -718,7 +729,7 @@ impl Lane {
     /// parking its thread (see `TransferConfig::poll_window`).
     fn poll_until_readable(&self) {
         if self.may_poll && self.io.buffer().is_empty() {
-            poll::until_readable(self.io.get_ref(), self.poll_window);
+            poll::until_readable(&self.io.socket(), self.poll_window);
         }
     }
 

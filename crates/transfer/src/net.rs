@@ -6,11 +6,12 @@
 //! frame`: prefix, header, then the payload here, into its destination) and written as one vectored write of
 //! `prefix + header` (`crescent_proto::wire::Head`) and the payload slice.
 
+use crescent_net::conn::{Conn, Stream};
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use tokio::io::Interest;
-use tokio::io::{AsyncBufRead, BufReader};
+use tokio::io::{AsyncBufRead, AsyncReadExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Socket send and receive buffer requested on every data connection: enough for a 1 MiB stripe to be in
@@ -51,8 +52,9 @@ pub(crate) const READ_BUFFER: usize = 32 << 10;
 /// `buf`. When the socket runs dry mid-payload, `poll` may busy-poll it (see `crescent_net::poll`; true once
 /// readable) before the task parks, so a payload arriving in pieces does not cost a wake-up per piece. Each
 /// piece is handed to `landed` as soon as it is in `buf` (in order), e.g. to checksum it while it is in cache.
+/// Over TLS the pieces are copied out of rustls as its records are opened, without polling.
 pub(crate) async fn read_payload(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<Conn>,
     buf: &mut [u8],
     poll: impl Fn(&TcpStream) -> bool,
     mut landed: impl FnMut(&[u8]),
@@ -62,7 +64,19 @@ pub(crate) async fn read_payload(
     buf[..done].copy_from_slice(&buffered[..done]);
     landed(&buf[..done]);
     std::pin::Pin::new(&mut *reader).consume(done);
-    let sock = reader.get_ref();
+    if reader.get_ref().plain().is_none() {
+        while done < buf.len() {
+            match reader.read(&mut buf[done..]).await? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => {
+                    landed(&buf[done..done + n]);
+                    done += n;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let Some(sock) = reader.get_ref().plain() else { return Ok(()) };
     let recv = |buf: &mut [u8]| -> io::Result<usize> {
         // A direct non-blocking recv: tokio's cached readiness is bypassed, so polled input is read at once.
         match rustix::net::recv(sock, buf, rustix::net::RecvFlags::DONTWAIT) {

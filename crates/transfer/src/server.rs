@@ -24,11 +24,13 @@ use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
-use crescent_net::auth::{AuthFailures, Keyring, Plane};
+use crescent_net::auth::{AuthFailure, AuthFailures, Keyring, Plane};
+use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::grant::{self, Bearer, GrantOp};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
+use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
@@ -100,6 +102,8 @@ pub struct TransferServer {
     max_connections: usize,
     /// The cluster secret(s) every peer must prove a credential of in its hello; `None`: anyone may talk.
     keyring: Option<Arc<Keyring>>,
+    /// TLS every connection goes through before its hello; `None`: plain TCP.
+    tls: Option<Arc<TlsServer>>,
 }
 
 impl TransferServer {
@@ -124,6 +128,7 @@ impl TransferServer {
             poll_window: Duration::ZERO,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
             keyring: None,
+            tls: None,
         })
     }
 
@@ -131,6 +136,14 @@ impl TransferServer {
     /// peer may touch is the master's to say); `None` (the default) admits anyone.
     pub fn with_keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
         self.keyring = keyring;
+        self
+    }
+
+    /// Takes every connection through a TLS handshake (within the I/O timeout) before its hello; `None` (the
+    /// default) serves plain TCP. Over TLS payloads are copied through rustls (no sendfile, no receiving straight
+    /// into segment memory).
+    pub fn with_tls(mut self, tls: Option<Arc<TlsServer>>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -165,14 +178,14 @@ impl TransferServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
-        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, keyring, .. } = self;
+        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, keyring, tls, .. } = self;
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let inner =
             crescent_net::accept::spawn("transfer", listener, max_connections, move |stream, peer, shutdown| {
                 c.accepted.fetch_add(1, Ordering::Relaxed);
                 let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-                let auth = keyring.clone();
+                let auth = Auth { keyring: keyring.clone(), tls: tls.clone() };
                 serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone(), auth)
             })?;
         Ok(TransferServerHandle { inner, counters })
@@ -223,6 +236,12 @@ impl Drop for OpenGuard {
     }
 }
 
+/// What a connection must get through before its requests.
+struct Auth {
+    keyring: Option<Arc<Keyring>>,
+    tls: Option<Arc<TlsServer>>,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: TcpStream,
@@ -232,7 +251,7 @@ async fn serve_connection(
     idle: Idle,
     shutdown: Shutdown,
     counters: Arc<Counters>,
-    keyring: Option<Arc<Keyring>>,
+    auth: Auth,
 ) {
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(counters.clone());
@@ -240,6 +259,24 @@ async fn serve_connection(
         tracing::debug!(%peer, error = %e, "socket setup failed");
         return;
     }
+    // Until its hello (TLS handshake included) the connection counts as idle: at the cap it may be closed.
+    let conn = tokio::select! {
+        biased;
+        conn = tls::accept(auth.tls.as_deref(), stream, io_timeout) => conn,
+        () = shutdown.clone().stopping() => return,
+    };
+    let stream = match conn {
+        Ok(conn) => conn,
+        Err(HandshakeFailure::Refused(e)) => {
+            counters.auth_failures.record("transfer", Some(peer), &AuthFailure::Tls(e.to_string()));
+            return;
+        }
+        Err(e @ HandshakeFailure::Timeout(_)) => {
+            tracing::debug!(%peer, "transfer connection closed: {e}");
+            return;
+        }
+    };
+    let keyring = auth.keyring;
     match Connection::new(stream, peer, segments, io_timeout, idle, shutdown, counters, keyring).run().await {
         Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
@@ -270,7 +307,7 @@ enum Step {
 }
 
 struct Connection {
-    io: BufReader<TcpStream>,
+    io: BufReader<Conn>,
     /// Reused header buffer (at most `MAX_HEADER` bytes).
     header: Vec<u8>,
     /// Encoded replies not yet written (batched while pipelined requests are buffered).
@@ -305,7 +342,7 @@ struct Idle {
 impl Connection {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        stream: TcpStream,
+        stream: Conn,
         peer: SocketAddr,
         segments: SegmentRegistry,
         io_timeout: Duration,
@@ -374,7 +411,7 @@ impl Connection {
             // make room.
             let waits = self.io.buffer().is_empty();
             if waits {
-                self.idle.adaptive.poll(self.idle.gate, self.io.get_ref(), self.idle.poll_window);
+                self.idle.adaptive.poll(self.idle.gate, &self.io.socket(), self.idle.poll_window);
                 self.shutdown.idle();
             }
             let started = tokio::select! {
@@ -522,14 +559,14 @@ impl Connection {
         // Holding a conflicting request until the lease ends instead would let a stalled reader delay writers
         // on other connections, and keep the refusal from meaning what it says (a real conflict).
         let (body, tail) = src.split_at(src.len() - src.len().min(REPLY_TAIL));
-        if let Some(fd) = mem.fd().filter(|_| body.len() >= SENDFILE_MIN) {
+        if let Some(fd) = mem.fd().filter(|_| body.len() >= SENDFILE_MIN && self.io.plain().is_some()) {
             // memfd-backed: the socket takes references to the segment's pages instead of a copy of them
             // (over loopback the reader's receive is then the only copy). They are still referenced after the
             // lease ends, but a reader that has the tail has received them; only a write that breaks the
             // master's protocol could change them in flight, and the reader's checksum would tell.
             self.io.get_mut().write_all(&self.out).await?;
             self.out.clear();
-            net::send_file(self.io.get_ref(), fd, offset, body.len()).await?;
+            net::send_file(self.io.get_ref().tcp(), fd, offset, body.len()).await?;
         } else if !body.is_empty() {
             // Pending replies, this reply's prefix and header, and the body straight from segment memory.
             frames::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(body)]).await?;
@@ -547,10 +584,12 @@ impl Connection {
         Ok(())
     }
 
+    /// Writes the queued replies (and, over TLS, whatever records rustls still holds).
     async fn flush(&mut self) -> io::Result<()> {
         let r = self.io.get_mut().write_all(&self.out).await;
         self.out.clear();
-        r
+        r?;
+        self.io.get_mut().flush().await
     }
 
     /// Ends a connection that broke the protocol: the replies owed so far, then `body` as an error frame under
@@ -576,7 +615,7 @@ mod tests {
         let (stream, from) = listener.accept().await.unwrap();
         let idle = Idle { gate: &poll::PROCESS_GATE, poll_window: Duration::ZERO, adaptive: Adaptive::default() };
         let conn = Connection::new(
-            stream,
+            Conn::Plain(stream),
             from,
             segments,
             DEFAULT_SERVER_IO_TIMEOUT,

@@ -5,7 +5,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::{KIB, MIB, memfd_node, node, pattern, polling_node};
+use common::{KIB, MIB, memfd_node, node, pattern, polling_node, tls_node};
+use crescent_net::tls::TlsClient;
 use crescent_proto::SegmentId;
 use crescent_proto::wire::{Hello, HelloAck, HelloReply, Limits, PROTOCOL_VERSION};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferError};
@@ -13,11 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn client(stripe_size: u64, lanes: usize) -> TransferClient {
+    tls_client(stripe_size, lanes, None)
+}
+
+fn tls_client(stripe_size: u64, lanes: usize, tls: Option<Arc<TlsClient>>) -> TransferClient {
     TransferClient::new(
         TransferConfig {
             lanes_per_peer: lanes,
             stripe_size,
             write_stripe_size: stripe_size,
+            tls,
             ..TransferConfig::default()
         },
         SegmentRegistry::new(),
@@ -29,15 +35,32 @@ async fn round_trips_every_size_striped_and_unstriped() {
     for (n, backing) in
         [(node(160 << 20), "anonymous"), (memfd_node(160 << 20), "memfd"), (polling_node(160 << 20), "polling")]
     {
-        round_trips(&n, backing).await;
+        round_trips(&n, backing, None).await;
     }
 }
 
-async fn round_trips(n: &common::Node, backing: &str) {
+/// Over TLS (no sendfile, no direct receive: every byte through rustls) the same bytes arrive, whatever the
+/// size, striping or backing; a plain client cannot use a TLS node, nor a TLS client a plain one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_over_tls_and_plain_and_tls_peers_do_not_mix() {
+    let t = crescent_testkit::tls();
+    for (memfd, backing) in [(false, "tls anonymous"), (true, "tls memfd")] {
+        let n = tls_node(160 << 20, memfd, &t.tls);
+        round_trips(&n, backing, t.tls.client.clone()).await;
+        let plain = client(MIB as u64, 1);
+        let e = plain.read(&n.endpoint, n.segment, 0, 1).await.unwrap_err();
+        assert!(e.to_string().contains("speaks TLS"), "{backing}: a plain client is told why: {e}");
+    }
+    let plain_node = node(1 << 20);
+    let e = tls_client(MIB as u64, 1, t.tls.client.clone()).read(&plain_node.endpoint, plain_node.segment, 0, 1).await;
+    assert!(e.is_err(), "a TLS client took a plain node for a TLS one");
+}
+
+async fn round_trips(n: &common::Node, backing: &str, tls: Option<Arc<TlsClient>>) {
     let sizes = [1, 4 * KIB, MIB, 4 * MIB + 7, 64 * MIB];
     for (stripe, striping) in [(MIB as u64, "striped"), (64 * MIB as u64, "unstriped")] {
         let label = format!("{backing} {striping}");
-        let c = client(stripe, 4);
+        let c = tls_client(stripe, 4, tls.clone());
         for (i, &size) in sizes.iter().enumerate() {
             // Odd offsets, so stripes are not page aligned.
             let offset = 13 + (i as u64) * 7;
@@ -63,7 +86,7 @@ async fn round_trips(n: &common::Node, backing: &str) {
         assert!(c.open_connections(&n.endpoint) <= 4);
     }
     // Zero-length transfers are valid no-ops.
-    let c = client(MIB as u64, 1);
+    let c = tls_client(MIB as u64, 1, tls);
     c.write(&n.endpoint, n.segment, 5, Bytes::new()).await.unwrap();
     assert!(c.read(&n.endpoint, n.segment, 5, 0).await.unwrap().is_empty());
 }
@@ -189,9 +212,19 @@ async fn works_on_a_single_threaded_runtime() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
+    let t = crescent_testkit::tls();
+    for tls in [None, Some(&t.tls)] {
+        batches_pipeline_over(tls).await;
+    }
+}
+
+async fn batches_pipeline_over(tls: Option<&crescent_net::tls::Tls>) {
     use crescent_transfer::{BatchRead, BatchWrite};
-    let n = node(32 * MIB as u64);
-    let c = client(256 * KIB as u64, 4);
+    let n = match tls {
+        Some(t) => tls_node(32 * MIB as u64, false, t),
+        None => node(32 * MIB as u64),
+    };
+    let c = tls_client(256 * KIB as u64, 4, tls.and_then(|t| t.client.clone()));
     // Small ranges (pipelined), one larger than a stripe (striped), one outside the segment, one unknown segment.
     let sizes = [1, 4 * KIB, 100, 700 * KIB, 4 * KIB, 64 * KIB];
     let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();

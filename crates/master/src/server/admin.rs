@@ -5,7 +5,9 @@
 //! the same requests as the RPCs (so they answer the same messages); a refusal is a JSON `{code, message}`
 //! under a status saying what kind it is (400 bad input, 404 no such tenant, 409 not empty or single-tenant).
 //! With a keyring, the mutating routes need the admin credential as a bearer token (401 otherwise, counted as a
-//! failed authentication); the others stay open to scrapers, so the server binds loopback by default.
+//! failed authentication); the others stay open to scrapers, so the server binds loopback by default. With a
+//! TLS server side the port speaks HTTPS (the same certificate as the RPC port; client certificates required
+//! when the RPC requires them).
 
 use super::rpc::RpcMetrics;
 use super::target::Target;
@@ -19,6 +21,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use crescent_net::auth::{AuthFailure, Keyring};
+use crescent_net::conn::Conn;
+use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_proto::wire::ErrorFrame;
 use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse, Principal, SegmentKind};
 use prometheus_client::encoding::text::encode;
@@ -136,12 +140,28 @@ impl AdminServer {
         rpc: Arc<RpcMetrics>,
         snapshots: SnapshotSlot,
         keyring: Option<Arc<Keyring>>,
+        tls: Option<Arc<TlsServer>>,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let app = admin_router(target, rpc.clone(), snapshots, keyring);
+        let metrics = rpc.clone();
         let handle =
-            crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, _, stop| {
-                serve_http(stream, app.clone(), stop)
+            crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, peer, stop| {
+                let (app, tls, metrics) = (app.clone(), tls.clone(), metrics.clone());
+                async move {
+                    // The handshake is bounded like a request's head.
+                    let conn = tokio::select! {
+                        conn = tls::accept(tls.as_deref(), stream, ADMIN_HEADER_DEADLINE) => conn,
+                        () = stop.clone().stopping() => return,
+                    };
+                    match conn {
+                        Ok(conn) => serve_http(conn, app, stop).await,
+                        Err(HandshakeFailure::Refused(e)) => {
+                            metrics.auth_failures.record("admin http", Some(peer), &AuthFailure::Tls(e.to_string()));
+                        }
+                        Err(e) => tracing::debug!(%peer, "admin connection closed: {e}"),
+                    }
+                }
             })?;
         rpc.attach_server("admin", handle.counters());
         Ok(Self(handle))
@@ -167,7 +187,7 @@ impl AdminServer {
 /// Serves one HTTP/1 connection until the peer closes it, its next request's head is late
 /// ([`ADMIN_HEADER_DEADLINE`]), or the accept loop tells it to stop (then the response in hand may finish
 /// within [`ADMIN_DRAIN`]).
-async fn serve_http(stream: tokio::net::TcpStream, app: Router, stop: crescent_net::Shutdown) {
+async fn serve_http(stream: Conn, app: Router, stop: crescent_net::Shutdown) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(ADMIN_HEADER_DEADLINE);
     let service = hyper_util::service::TowerToHyperService::new(app);
@@ -924,6 +944,7 @@ mod tests {
             Target::Fixed(svc.clone()),
             Arc::new(RpcMetrics::default()),
             SnapshotSlot::default(),
+            None,
             None,
         )
         .await

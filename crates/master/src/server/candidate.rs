@@ -23,6 +23,7 @@ use crescent_ha::oplog::{
     DurablePrefix, FollowerConfig, FollowerState, OpLogBatchStorage, OpLogStandbyReader, StandbyFollower,
 };
 use crescent_net::auth::Keyring;
+use crescent_net::tls::Tls;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +77,7 @@ pub(super) struct TermConfig {
     pub background: bool,
     pub nof_prober: Option<Arc<dyn NofProber>>,
     pub keyring: Option<Arc<Keyring>>,
+    pub tls: Tls,
 }
 
 /// One term as leader: what runs while this candidate leads, torn down when it stops.
@@ -158,9 +160,16 @@ impl CandidateServer {
         let snapshots = SnapshotSlot::default();
         let admin = match admin_addr {
             Some(addr) => Some(
-                AdminServer::start(addr, target, metrics, snapshots.clone(), term.keyring.clone())
-                    .await
-                    .map_err(bind("admin", addr))?,
+                AdminServer::start(
+                    addr,
+                    target,
+                    metrics,
+                    snapshots.clone(),
+                    term.keyring.clone(),
+                    term.tls.server.clone(),
+                )
+                .await
+                .map_err(bind("admin", addr))?,
             ),
             None => None,
         };
@@ -175,6 +184,7 @@ impl CandidateServer {
             .with_poll_window(poll_window)
             .with_limits(limits)
             .with_keyring(term.keyring.clone())
+            .with_tls(term.tls.server.clone())
             .spawn()
             .map_err(bind("rpc", rpc_addr))?;
         let (stop, stopped) = watch::channel(false);
@@ -494,8 +504,10 @@ impl RoleLoop {
         let background = if t.background { Some(svc.spawn_background().map_err(|e| e.to_string())?) } else { None };
         let nof_heartbeat = t.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
-            let prober =
-                t.nof_prober.clone().unwrap_or_else(|| Arc::new(TransferProber::new(timeout, t.keyring.as_ref())));
+            let prober = t
+                .nof_prober
+                .clone()
+                .unwrap_or_else(|| Arc::new(TransferProber::new(timeout, t.keyring.as_ref(), t.tls.client.clone())));
             NofHeartbeat::spawn(svc.clone(), prober)
         });
         Ok(Term { svc, log, snapshotter, background, nof_heartbeat })

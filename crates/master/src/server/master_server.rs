@@ -10,6 +10,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_net::auth::Keyring;
+use crescent_net::tls::Tls;
 use crescent_proto::ErrorCode;
 use std::io;
 use std::net::SocketAddr;
@@ -56,9 +57,18 @@ pub struct MasterServerBuilder {
     oplog: Option<OpLogOptions>,
     snapshots: Option<SnapshotOptions>,
     keyring: Option<Arc<Keyring>>,
+    tls: Tls,
 }
 
 impl MasterServerBuilder {
+    /// TLS (default: none, plain TCP). Its server side is what the RPC and admin ports serve (every connection
+    /// through the handshake before its hello or request); its client side is what the NoF heartbeat's probes
+    /// dial nodes with.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// The cluster secret(s) (default `None`: no authentication). With a keyring every RPC peer proves a
     /// credential derived from it and is held to its principal's scope (`server::authz`), the admin HTTP's
     /// mutating routes need the admin credential, and the NoF heartbeat proves the admin credential to nodes.
@@ -150,6 +160,7 @@ impl MasterServerBuilder {
             background: self.background,
             nof_prober: self.nof_prober,
             keyring: self.keyring,
+            tls: self.tls,
         };
         CandidateServer::start(term, ha, self.rpc, self.admin, self.poll_window, self.limits).await
     }
@@ -175,8 +186,8 @@ impl MasterServerBuilder {
             Some(addr) => {
                 let slot = SnapshotSlot::default();
                 slot.set(snapshotter.as_ref().map(SnapshotterHandle::subscribe));
-                let keyring = self.keyring.clone();
-                Some(AdminServer::start(addr, target, metrics, slot, keyring).await.map_err(bind("admin", addr))?)
+                let (keyring, tls) = (self.keyring.clone(), self.tls.server.clone());
+                Some(AdminServer::start(addr, target, metrics, slot, keyring, tls).await.map_err(bind("admin", addr))?)
             }
             None => None,
         };
@@ -187,12 +198,14 @@ impl MasterServerBuilder {
             .with_poll_window(self.poll_window)
             .with_limits(self.limits)
             .with_keyring(self.keyring.clone())
+            .with_tls(self.tls.server.clone())
             .spawn()
             .map_err(bind("rpc", self.rpc))?;
         let nof_heartbeat = self.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
-            let prober =
-                self.nof_prober.unwrap_or_else(|| Arc::new(TransferProber::new(timeout, self.keyring.as_ref())));
+            let prober = self.nof_prober.unwrap_or_else(|| {
+                Arc::new(TransferProber::new(timeout, self.keyring.as_ref(), self.tls.client.clone()))
+            });
             NofHeartbeat::spawn(svc.clone(), prober)
         });
         Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog, snapshotter })
@@ -236,6 +249,7 @@ impl MasterServer {
             oplog: None,
             snapshots: None,
             keyring: None,
+            tls: Tls::default(),
         }
     }
 

@@ -6,6 +6,7 @@
 use crate::service::{MasterService, NofProbe};
 use crescent_net::auth::{CredentialSource, Keyring};
 use crescent_net::grant::{Bearer, GrantOp};
+use crescent_net::tls::TlsClient;
 use crescent_proto::{ClientId, Principal, SegmentId};
 use crescent_transfer::{Place, SegmentRegistry, TransferClient, TransferConfig};
 use futures_util::future::BoxFuture;
@@ -39,8 +40,8 @@ pub struct TransferProber {
 impl TransferProber {
     /// A prober whose connects and exchanges give up after `timeout`, one connection per target; with the
     /// cluster's keyring it proves a node credential (the least it needs: no rights at the master) to nodes
-    /// that authenticate.
-    pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>) -> Self {
+    /// that authenticate, and with `tls` it dials nodes that serve TLS.
+    pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>, tls: Option<Arc<TlsClient>>) -> Self {
         let id = ClientId::random();
         let config = TransferConfig {
             credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Node)),
@@ -50,6 +51,7 @@ impl TransferProber {
             io_timeout: timeout,
             // A probe is rare and tiny: it must not hold a worker busy-polling for its reply.
             poll_window: Duration::ZERO,
+            tls,
             ..TransferConfig::default()
         };
         Self { client: TransferClient::new(config, SegmentRegistry::default()), grants: keyring.cloned(), id }

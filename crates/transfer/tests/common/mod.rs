@@ -43,7 +43,18 @@ pub fn memfd_node(size: u64) -> Node {
     node_on(SegmentMemory::memfd("crescent-test", size).unwrap(), Duration::ZERO)
 }
 
+/// A node serving TLS with `tls`'s server side (anonymous or memfd-backed).
+#[allow(dead_code)] // not every test binary uses it
+pub fn tls_node(size: u64, memfd: bool, tls: &crescent_net::tls::Tls) -> Node {
+    let mem = if memfd { SegmentMemory::memfd("crescent-test", size) } else { SegmentMemory::anonymous(size) };
+    node_with(mem.unwrap(), Duration::ZERO, tls.server.clone())
+}
+
 fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
+    node_with(mem, poll, None)
+}
+
+fn node_with(mem: SegmentMemory, poll: Duration, tls: Option<Arc<crescent_net::tls::TlsServer>>) -> Node {
     let segments = SegmentRegistry::new();
     let segment = SegmentId::random();
     let mem = Arc::new(mem);
@@ -51,6 +62,7 @@ fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
     let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone())
         .unwrap()
         .with_poll_window(poll)
+        .with_tls(tls)
         .spawn()
         .unwrap();
     let addr = server.local_addr();
