@@ -117,16 +117,30 @@ impl SecretArgs {
     }
 }
 
-/// Reloads `keyring` from its file on every SIGHUP (a rotation without a restart: write both secrets, reload
-/// every server, move the clients to the new credentials, then leave only the new secret and reload again).
-pub fn reload_on_hangup(keyring: Option<Arc<Keyring>>, server: &'static str) -> Result<()> {
-    let Some(ring) = keyring else { return Ok(()) };
+/// Reloads `keyring` and `tls` from their files on every SIGHUP: a secret rotation without a restart (write both
+/// secrets, reload every server, move the clients to the new credentials, then leave only the new secret and
+/// reload again), and renewed TLS certificates (new connections use them). A file that does not load leaves
+/// what was in force.
+pub fn reload_on_hangup(keyring: Option<Arc<Keyring>>, tls: Tls, server: &'static str) -> Result<()> {
+    if keyring.is_none() && !tls.is_on() {
+        return Ok(());
+    }
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match ring.reload() {
-                Ok(n) => tracing::info!(server, secrets = n, "reloaded the cluster secret"),
-                Err(e) => tracing::error!(server, "the cluster secret was not reloaded (the old one stays): {e}"),
+            if let Some(ring) = &keyring {
+                match ring.reload() {
+                    Ok(n) => tracing::info!(server, secrets = n, "reloaded the cluster secret"),
+                    Err(e) => tracing::error!(server, "the cluster secret was not reloaded (the old one stays): {e}"),
+                }
+            }
+            if tls.is_on() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!(server, "reloaded the TLS certificates"),
+                    Err(e) => {
+                        tracing::error!(server, "the TLS certificates were not reloaded (the old ones stay): {e}")
+                    }
+                }
             }
         }
     });

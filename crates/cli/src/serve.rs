@@ -338,7 +338,7 @@ fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<
     let keyring = a.auth.keyring()?;
     let tls = a.auth.tls()?;
     a.auth.guard(keyring.as_deref(), &tls, &[("rpc", listen), ("admin", admin)])?;
-    crate::auth::reload_on_hangup(keyring.clone(), "master")?;
+    crate::auth::reload_on_hangup(keyring.clone(), tls.clone(), "master")?;
     Ok(Settings { config, listen, admin, poll, limits, keyring, tls })
 }
 
@@ -403,7 +403,7 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     c.keyring = a.auth.keyring()?;
     c.tls = a.auth.tls()?;
     a.auth.guard(c.keyring.as_deref(), &c.tls, &[("data plane", c.listen)])?;
-    crate::auth::reload_on_hangup(c.keyring.clone(), "node")?;
+    crate::auth::reload_on_hangup(c.keyring.clone(), c.tls.clone(), "node")?;
     Ok(c)
 }
 

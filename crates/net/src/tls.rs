@@ -10,6 +10,7 @@
 //! over TLS or not.
 
 use crate::conn::{Conn, TlsSocket};
+use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Environment variable naming the certificate chain (PEM) a process presents.
 pub const CERT_ENV: &str = "CRESCENT_TLS_CERT";
@@ -101,62 +103,100 @@ impl Tls {
     /// given); `ca` makes a client side (presenting `cert` + `key` when given). A key without a certificate,
     /// or a client CA without a certificate to serve, is refused.
     pub fn load(files: &TlsFiles) -> Result<Tls, TlsError> {
-        let identity = match (&files.cert, &files.key) {
-            (Some(cert), Some(key)) => Some((certs(cert)?, private_key(key)?)),
-            (None, None) => None,
-            _ => return Err(TlsError::Incomplete("a TLS certificate and its key go together (give both)")),
-        };
-        if files.client_ca.is_some() && identity.is_none() {
-            return Err(TlsError::Incomplete("requiring client certificates needs a server certificate and key"));
-        }
-        let provider = Arc::new(provider());
-        let server = match &identity {
+        let (server, client) = configs(files)?;
+        let server = server.map(|config| {
+            Arc::new(TlsServer {
+                acceptor: ArcSwap::from_pointee(TlsAcceptor::from(Arc::new(config))),
+                verifies_clients: files.client_ca.is_some(),
+                files: files.clone(),
+            })
+        });
+        let server_name = match &files.server_name {
             None => None,
-            Some((chain, key)) => {
-                let builder = ServerConfig::builder_with_provider(provider.clone())
-                    .with_protocol_versions(&[&rustls::version::TLS13])?;
-                let builder = match &files.client_ca {
-                    Some(path) => {
-                        let verifier =
-                            WebPkiClientVerifier::builder_with_provider(roots(path)?.into(), provider.clone())
-                                .build()
-                                .map_err(|e| TlsError::File { path: path.clone(), why: e.to_string() })?;
-                        builder.with_client_cert_verifier(verifier)
-                    }
-                    None => builder.with_no_client_auth(),
-                };
-                let mut config = builder.with_single_cert(chain.clone(), key.clone_key())?;
-                config.send_tls13_tickets = 0;
-                Some(Arc::new(TlsServer {
-                    acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-                    verifies_clients: files.client_ca.is_some(),
-                }))
-            }
+            Some(name) => Some(server_name(name)?),
         };
-        let client = match &files.ca {
-            None => None,
-            Some(path) => {
-                let builder = ClientConfig::builder_with_provider(provider)
-                    .with_protocol_versions(&[&rustls::version::TLS13])?
-                    .with_root_certificates(roots(path)?);
-                let config = match identity {
-                    Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
-                    None => builder.with_no_client_auth(),
-                };
-                let server_name = match &files.server_name {
-                    None => None,
-                    Some(name) => Some(server_name(name)?),
-                };
-                Some(Arc::new(TlsClient { connector: tokio_rustls::TlsConnector::from(Arc::new(config)), server_name }))
-            }
-        };
+        let client = client.map(|config| {
+            Arc::new(TlsClient {
+                connector: ArcSwap::from_pointee(TlsConnector::from(Arc::new(config))),
+                server_name,
+                files: files.clone(),
+            })
+        });
         Ok(Tls { server, client })
+    }
+
+    /// Reads the files again (renewed certificates, a new CA): new connections use them, established ones keep
+    /// their sessions. On an error nothing changes.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let files = match (&self.server, &self.client) {
+            (Some(s), _) => &s.files,
+            (None, Some(c)) => &c.files,
+            (None, None) => return Ok(()),
+        };
+        let (server, client) = configs(files)?;
+        if let (Some(side), Some(config)) = (&self.server, server) {
+            side.acceptor.store(Arc::new(TlsAcceptor::from(Arc::new(config))));
+        }
+        if let (Some(side), Some(config)) = (&self.client, client) {
+            side.connector.store(Arc::new(TlsConnector::from(Arc::new(config))));
+        }
+        Ok(())
+    }
+
+    /// Whether either side is configured.
+    pub fn is_on(&self) -> bool {
+        self.server.is_some() || self.client.is_some()
     }
 
     /// [`Tls::load`] of the `CRESCENT_TLS_*` environment (a client's or the Python package's).
     pub fn from_env() -> Result<Tls, TlsError> {
         Tls::load(&TlsFiles::from_env())
     }
+}
+
+/// The rustls configurations `files` make: the server's (with a certificate) and the client's (with a CA).
+fn configs(files: &TlsFiles) -> Result<(Option<ServerConfig>, Option<ClientConfig>), TlsError> {
+    let identity = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => Some((certs(cert)?, private_key(key)?)),
+        (None, None) => None,
+        _ => return Err(TlsError::Incomplete("a TLS certificate and its key go together (give both)")),
+    };
+    if files.client_ca.is_some() && identity.is_none() {
+        return Err(TlsError::Incomplete("requiring client certificates needs a server certificate and key"));
+    }
+    let provider = Arc::new(provider());
+    let server = match &identity {
+        None => None,
+        Some((chain, key)) => {
+            let builder = ServerConfig::builder_with_provider(provider.clone())
+                .with_protocol_versions(&[&rustls::version::TLS13])?;
+            let builder = match &files.client_ca {
+                Some(path) => {
+                    let verifier = WebPkiClientVerifier::builder_with_provider(roots(path)?.into(), provider.clone())
+                        .build()
+                        .map_err(|e| TlsError::File { path: path.clone(), why: e.to_string() })?;
+                    builder.with_client_cert_verifier(verifier)
+                }
+                None => builder.with_no_client_auth(),
+            };
+            let mut config = builder.with_single_cert(chain.clone(), key.clone_key())?;
+            config.send_tls13_tickets = 0;
+            Some(config)
+        }
+    };
+    let client = match &files.ca {
+        None => None,
+        Some(path) => {
+            let builder = ClientConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[&rustls::version::TLS13])?
+                .with_root_certificates(roots(path)?);
+            Some(match identity {
+                Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
+                None => builder.with_no_client_auth(),
+            })
+        }
+    };
+    Ok((server, client))
 }
 
 /// rustls with aws-lc-rs, its TLS 1.3 suites ordered AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305.
@@ -202,9 +242,12 @@ fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
 
 /// The server side: what a listener takes each new connection through.
 pub struct TlsServer {
-    acceptor: tokio_rustls::TlsAcceptor,
+    /// Swapped whole by [`Tls::reload`].
+    acceptor: ArcSwap<TlsAcceptor>,
     /// Whether a client certificate is required (and verified).
     verifies_clients: bool,
+    /// What it was loaded from (and is reloaded from).
+    files: TlsFiles,
 }
 
 impl std::fmt::Debug for TlsServer {
@@ -222,9 +265,12 @@ impl TlsServer {
 
 /// The client side: what a dialer takes each new connection through.
 pub struct TlsClient {
-    connector: tokio_rustls::TlsConnector,
+    /// Swapped whole by [`Tls::reload`].
+    connector: ArcSwap<TlsConnector>,
     /// The name every server's certificate must carry; `None`: the host of the address dialled.
     server_name: Option<ServerName<'static>>,
+    /// What it was loaded from (and is reloaded from).
+    files: TlsFiles,
 }
 
 impl std::fmt::Debug for TlsClient {
@@ -249,7 +295,8 @@ pub enum HandshakeFailure {
 pub async fn accept(tls: Option<&TlsServer>, stream: TcpStream, deadline: Duration) -> Result<Conn, HandshakeFailure> {
     let Some(tls) = tls else { return Ok(Conn::Plain(stream)) };
     let stream = TlsSocket::new(stream);
-    match tokio::time::timeout(deadline, tls.acceptor.accept(stream)).await {
+    let acceptor = tls.acceptor.load_full();
+    match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
         Err(_) => Err(HandshakeFailure::Timeout(deadline)),
         Ok(Err(e)) => Err(HandshakeFailure::Refused(e)),
         Ok(Ok(s)) => Ok(Conn::Tls(Box::new(s.into()))),
@@ -265,7 +312,8 @@ pub async fn connect(tls: Option<&TlsClient>, stream: TcpStream, endpoint: &str)
         None => server_name(host_of(endpoint)).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
     };
     let stream = TlsSocket::new(stream);
-    let s = tls.connector.connect(name, stream).await?;
+    let connector = tls.connector.load_full();
+    let s = connector.connect(name, stream).await?;
     Ok(Conn::Tls(Box::new(s.into())))
 }
 
@@ -432,5 +480,51 @@ mod tests {
             // The plain client reads the server's alert record; the other cluster's fails its handshake.
             assert!(plain || dialled.is_err(), "the stranger's session stood: {dialled:?}");
         }
+    }
+
+    /// A handshake of `client` with `server` over loopback: whether both ends got through.
+    async fn handshake(server: &Tls, client: &Tls) -> bool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let dial = TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let endpoint = addr.to_string();
+        let (s, c) = tokio::join!(
+            accept(server.server.as_deref(), accepted, Duration::from_secs(5)),
+            connect(client.client.as_deref(), dial, &endpoint)
+        );
+        s.is_ok() && c.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_reload_takes_renewed_files_for_new_connections_and_a_bad_one_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["127.0.0.1".to_owned()];
+        let old = certgen::write(dir.path(), &names).unwrap();
+        let files = TlsFiles {
+            cert: Some(old.cert.clone()),
+            key: Some(old.key.clone()),
+            ca: Some(old.ca.clone()),
+            client_ca: None,
+            server_name: None,
+        };
+        let server = Tls::load(&files).unwrap();
+        let old_client = Tls::load(&TlsFiles { ca: Some(old.ca.clone()), ..TlsFiles::default() }).unwrap();
+        let ca_before = std::fs::read(&old.ca).unwrap();
+        assert!(handshake(&server, &old_client).await);
+
+        // A new CA and certificate in the same files: after the reload, only the new CA's clients get through.
+        certgen::write(dir.path(), &names).unwrap();
+        let new_client = Tls::load(&TlsFiles { ca: Some(old.ca.clone()), ..TlsFiles::default() }).unwrap();
+        assert!(!handshake(&server, &new_client).await, "the new CA trusted before the reload");
+        server.reload().unwrap();
+        assert!(handshake(&server, &new_client).await, "the renewed certificate not served");
+        assert!(!handshake(&server, &old_client).await, "the old certificate still served");
+
+        // A broken file: the reload fails and the server goes on with what it had.
+        std::fs::write(&old.cert, b"not a certificate").unwrap();
+        assert!(server.reload().is_err());
+        assert!(handshake(&server, &new_client).await, "a failed reload changed the server");
+        assert_ne!(std::fs::read(&old.ca).unwrap(), ca_before);
     }
 }
