@@ -579,3 +579,22 @@ fn a_grant_sealed_for_a_buffer_holds_its_space_until_the_grant_is_over() {
     // A grant for an unknown segment is ignored.
     p.note_grant(SegmentId::random(), 0, Duration::from_secs(5));
 }
+
+#[test]
+fn holds_ending_out_of_their_freeing_order_are_released_each_at_its_own_end() {
+    let (p, s, clock) = held_pool();
+    let bufs: Vec<_> = (0..4).map(|_| place_on(&p, "a", MIB).unwrap()).collect();
+    // Past the allocation windows, grants of 4, 1, 3 and 2 s: freed in one order, due in another.
+    clock.advance(Duration::from_secs(60));
+    for (b, secs) in bufs.iter().zip([4, 1, 3, 2]) {
+        p.note_grant(s.id, b.offset(), Duration::from_secs(secs));
+    }
+    drop(bufs);
+    assert_eq!(p.segment(s.id).unwrap().usage.held, 4 * MIB);
+    for left in [3, 2, 1, 0] {
+        clock.advance(Duration::from_secs(1));
+        let usage = p.segment(s.id).unwrap().usage;
+        assert_eq!((usage.held, usage.used), (left * MIB, left * MIB), "one hold ends each second");
+    }
+    assert!(place_on(&p, "a", 4 * MIB).is_ok(), "all of it free again");
+}

@@ -9,7 +9,7 @@ use crate::alloc::{AllocError, Allocation, OffsetAllocator};
 use crate::clock::{Clock, Timestamp};
 use crescent_proto::{ReplicaLocation, SegmentId, SegmentKind};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -104,8 +104,38 @@ struct Holding {
     until: HashMap<u64, Timestamp>,
     /// The same as recorded (a renewal records anew), to forget entries once they are over.
     order: VecDeque<(Timestamp, u64)>,
-    /// Freed allocations still in their hold, with when each may be released.
-    held: Vec<(Timestamp, Allocation)>,
+    /// Freed allocations still in their hold, the first to end on top: a release takes only what is due, not a
+    /// walk over everything held (under a stream of overwrites that is every free of the last window).
+    held: BinaryHeap<Held>,
+    /// Their bytes, kept as they come and go (read on every usage check).
+    held_bytes: u64,
+}
+
+/// A freed allocation in its hold, ordered so that the one whose hold ends first is a max-heap's top.
+#[derive(Debug)]
+struct Held {
+    until: Timestamp,
+    alloc: Allocation,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.until == other.until
+    }
+}
+
+impl Eq for Held {}
+
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.until.cmp(&self.until)
+    }
 }
 
 impl Holding {
@@ -202,14 +232,13 @@ impl RegionResource {
         let due: Vec<Allocation> = {
             let mut holding = self.holding.lock();
             let mut due = Vec::new();
-            holding.held.retain(|(until, a)| {
-                let keep = *until > now;
-                if !keep {
-                    due.push(*a);
+            while holding.held.peek().is_some_and(|h| h.until <= now) {
+                if let Some(h) = holding.held.pop() {
+                    holding.held_bytes -= h.alloc.size();
+                    due.push(h.alloc);
                 }
-                keep
-            });
-            let next = holding.held.iter().map(|(u, _)| u.0).min().unwrap_or(u64::MAX);
+            }
+            let next = holding.held.peek().map_or(u64::MAX, |h| h.until.0);
             self.next_due.store(next, Ordering::Release);
             due
         };
@@ -220,7 +249,7 @@ impl RegionResource {
 
     /// Bytes held out of reuse now (freed, their hold not over).
     pub fn held_bytes(&self) -> u64 {
-        self.holding.lock().held.iter().map(|(_, a)| a.size()).sum()
+        self.holding.lock().held_bytes
     }
 
     /// Returns a dropped buffer's space, or holds it while its allocation's window or a grant for it lasts.
@@ -230,7 +259,8 @@ impl RegionResource {
             let mut holding = self.holding.lock();
             holding.forget_old(now);
             if let Some(until) = holding.until.remove(&alloc.offset()).filter(|u| *u > now) {
-                holding.held.push((until, *alloc));
+                holding.held.push(Held { until, alloc: *alloc });
+                holding.held_bytes += alloc.size();
                 self.next_due.fetch_min(until.0, Ordering::AcqRel);
                 return;
             }
