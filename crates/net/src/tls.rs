@@ -359,7 +359,7 @@ pub mod certgen {
         Ok(Material { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
     }
 
-    /// Files written by [`write`].
+    /// Files written by [`write()`].
     #[derive(Debug, Clone)]
     pub struct Files {
         /// `ca.pem`.
