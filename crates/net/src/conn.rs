@@ -247,12 +247,19 @@ impl AsyncRead for Conn {
     }
 }
 
+impl Conn {
+    /// The writer under either kind of stream.
+    fn writer(&mut self) -> Pin<&mut (dyn AsyncWrite + Unpin)> {
+        match self {
+            Conn::Plain(s) => Pin::new(s),
+            Conn::Tls(t) => Pin::new(t),
+        }
+    }
+}
+
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(t) => Pin::new(t).poll_write(cx, buf),
-        }
+        self.get_mut().writer().poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -260,10 +267,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(t) => Pin::new(t).poll_write_vectored(cx, bufs),
-        }
+        self.get_mut().writer().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -274,17 +278,11 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(t) => Pin::new(t).poll_flush(cx),
-        }
+        self.get_mut().writer().poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(t) => Pin::new(t).poll_shutdown(cx),
-        }
+        self.get_mut().writer().poll_shutdown(cx)
     }
 }
 
@@ -341,12 +339,19 @@ impl AsFd for WriteHalf {
     }
 }
 
+impl WriteHalf {
+    /// The writer under either kind of half.
+    fn writer(&mut self) -> Pin<&mut (dyn AsyncWrite + Unpin)> {
+        match self {
+            WriteHalf::Plain(w) => Pin::new(w),
+            WriteHalf::Tls(w, _) => Pin::new(w),
+        }
+    }
+}
+
 impl AsyncWrite for WriteHalf {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
-            WriteHalf::Tls(w, _) => Pin::new(w).poll_write(cx, buf),
-        }
+        self.get_mut().writer().poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -354,10 +359,7 @@ impl AsyncWrite for WriteHalf {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WriteHalf::Tls(w, _) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
+        self.get_mut().writer().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -368,16 +370,10 @@ impl AsyncWrite for WriteHalf {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
-            WriteHalf::Tls(w, _) => Pin::new(w).poll_flush(cx),
-        }
+        self.get_mut().writer().poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            WriteHalf::Tls(w, _) => Pin::new(w).poll_shutdown(cx),
-        }
+        self.get_mut().writer().poll_shutdown(cx)
     }
 }
