@@ -9,6 +9,7 @@
 //! do is still the cluster secret's credentials and the master's grants (`auth`, `grant`), which work the same
 //! over TLS or not.
 
+use crate::auth::{AuthFailure, AuthFailures};
 use crate::conn::{Conn, TlsSocket};
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
@@ -301,6 +302,23 @@ pub async fn accept(tls: Option<&TlsServer>, stream: TcpStream, deadline: Durati
         Ok(Err(e)) => Err(HandshakeFailure::Refused(e)),
         Ok(Ok(s)) => Ok(Conn::Tls(Box::new(s.into()))),
     }
+}
+
+/// [`accept`] for a server: a refused handshake is counted (and logged at the rate limit) in `failures` as
+/// `server`'s failed authentication of `peer`.
+pub async fn accept_counted(
+    tls: Option<&TlsServer>,
+    stream: TcpStream,
+    deadline: Duration,
+    failures: &AuthFailures,
+    server: &str,
+    peer: std::net::SocketAddr,
+) -> Result<Conn, HandshakeFailure> {
+    let accepted = accept(tls, stream, deadline).await;
+    if let Err(HandshakeFailure::Refused(e)) = &accepted {
+        failures.record(server, Some(peer), &AuthFailure::Tls(e.to_string()));
+    }
+    accepted
 }
 
 /// Takes a freshly dialled connection to `endpoint` (`host:port`) through the client's TLS handshake (the caller

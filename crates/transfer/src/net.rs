@@ -64,7 +64,8 @@ pub(crate) async fn read_payload(
     buf[..done].copy_from_slice(&buffered[..done]);
     landed(&buf[..done]);
     std::pin::Pin::new(&mut *reader).consume(done);
-    if reader.get_ref().plain().is_none() {
+    let Some(sock) = reader.get_ref().plain() else {
+        // TLS: each piece copied out of rustls as its records are opened.
         while done < buf.len() {
             match reader.read(&mut buf[done..]).await? {
                 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -75,8 +76,7 @@ pub(crate) async fn read_payload(
             }
         }
         return Ok(());
-    }
-    let Some(sock) = reader.get_ref().plain() else { return Ok(()) };
+    };
     let recv = |buf: &mut [u8]| -> io::Result<usize> {
         // A direct non-blocking recv: tokio's cached readiness is bypassed, so polled input is read at once.
         match rustix::net::recv(sock, buf, rustix::net::RecvFlags::DONTWAIT) {

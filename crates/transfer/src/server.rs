@@ -24,13 +24,13 @@ use crate::MAX_TRANSFER;
 use crate::memory::SegmentMemory;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
-use crescent_net::auth::{AuthFailure, AuthFailures, Keyring, Plane};
+use crescent_net::auth::{AuthFailures, Keyring, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::grant::{self, Bearer, GrantOp};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, Adaptive, PollGate};
-use crescent_net::tls::{self, HandshakeFailure, TlsServer};
+use crescent_net::tls::{self, TlsServer};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
@@ -262,16 +262,12 @@ async fn serve_connection(
     // Until its hello (TLS handshake included) the connection counts as idle: at the cap it may be closed.
     let conn = tokio::select! {
         biased;
-        conn = tls::accept(auth.tls.as_deref(), stream, io_timeout) => conn,
+        conn = tls::accept_counted(auth.tls.as_deref(), stream, io_timeout, &counters.auth_failures, "transfer", peer) => conn,
         () = shutdown.clone().stopping() => return,
     };
     let stream = match conn {
         Ok(conn) => conn,
-        Err(HandshakeFailure::Refused(e)) => {
-            counters.auth_failures.record("transfer", Some(peer), &AuthFailure::Tls(e.to_string()));
-            return;
-        }
-        Err(e @ HandshakeFailure::Timeout(_)) => {
+        Err(e) => {
             tracing::debug!(%peer, "transfer connection closed: {e}");
             return;
         }

@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use crescent_net::auth::{AuthFailure, Keyring};
 use crescent_net::conn::Conn;
-use crescent_net::tls::{self, HandshakeFailure, TlsServer};
+use crescent_net::tls::{self, TlsServer};
 use crescent_proto::wire::ErrorFrame;
 use crescent_proto::{ErrorCode, MasterReply, MasterRequest, MasterResponse, Principal, SegmentKind};
 use prometheus_client::encoding::text::encode;
@@ -145,24 +145,25 @@ impl AdminServer {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let app = admin_router(target, rpc.clone(), snapshots, keyring);
         let metrics = rpc.clone();
-        let handle =
-            crescent_net::accept::spawn("admin http", listener, ADMIN_MAX_CONNECTIONS, move |stream, peer, stop| {
+        let handle = crescent_net::accept::spawn(
+            "admin http",
+            listener,
+            ADMIN_MAX_CONNECTIONS,
+            move |stream, peer, stop| {
                 let (app, tls, metrics) = (app.clone(), tls.clone(), metrics.clone());
                 async move {
                     // The handshake is bounded like a request's head.
                     let conn = tokio::select! {
-                        conn = tls::accept(tls.as_deref(), stream, ADMIN_HEADER_DEADLINE) => conn,
+                        conn = tls::accept_counted(tls.as_deref(), stream, ADMIN_HEADER_DEADLINE, &metrics.auth_failures, "admin http", peer) => conn,
                         () = stop.clone().stopping() => return,
                     };
                     match conn {
                         Ok(conn) => serve_http(conn, app, stop).await,
-                        Err(HandshakeFailure::Refused(e)) => {
-                            metrics.auth_failures.record("admin http", Some(peer), &AuthFailure::Tls(e.to_string()));
-                        }
                         Err(e) => tracing::debug!(%peer, "admin connection closed: {e}"),
                     }
                 }
-            })?;
+            },
+        )?;
         rpc.attach_server("admin", handle.counters());
         Ok(Self(handle))
     }

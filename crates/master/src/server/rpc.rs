@@ -14,13 +14,13 @@ use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
-use crescent_net::auth::{AuthFailure, Keyring, Plane};
+use crescent_net::auth::{Keyring, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::grant::Bearer;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
-use crescent_net::tls::{HandshakeFailure, TlsServer};
+use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
 use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, batch};
@@ -558,15 +558,12 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
     // closed to make room.
     let conn = tokio::select! {
         biased;
-        conn = crescent_net::tls::accept(tls.as_deref(), stream, *frame_timeout) => conn,
+        conn = tls::accept_counted(tls.as_deref(), stream, *frame_timeout, &metrics.auth_failures, "master rpc", peer) => conn,
         () = &mut stopping => return Ok(()),
     };
     let mut stream = match conn {
         Ok(conn) => conn,
-        Err(HandshakeFailure::Refused(e)) => {
-            metrics.auth_failures.record("master rpc", Some(peer), &AuthFailure::Tls(e.to_string()));
-            return Ok(());
-        }
+        Err(HandshakeFailure::Refused(_)) => return Ok(()),
         Err(HandshakeFailure::Timeout(limit)) => return Err(timed_out("TLS handshake", limit)),
     };
     let hello = tokio::select! {
