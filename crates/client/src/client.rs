@@ -808,11 +808,31 @@ impl Client {
         loop {
             let started = Instant::now();
             let list = self.replica_list(key).await?;
-            let read = match fit(&list, buf) {
-                Ok(buf) => {
-                    let n = buf.len();
-                    self.read_replica(key, &list, buf, started, &unreached).await.map(|()| n)
-                }
+            let read = self.read_fitted(key, &list, buf, started, &unreached).await;
+            self.release_leases(&[key]).await;
+            self.report_unreachable(unreached.unreported()).await;
+            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+                return r;
+            }
+        }
+    }
+
+    /// Reads an object into a buffer `alloc` makes once the object's size is known (`alloc(size)`, again if the
+    /// read is retried under a new lease), so a caller that owns its own kind of buffer (a Python `bytes`, say)
+    /// gets the bytes landed in it with no copy. Returns the buffer and the object's size; an error of `alloc`
+    /// is the read's. Replicas and leases as [`Client::get`].
+    pub async fn get_with<B: AsMut<[u8]>>(
+        &self,
+        key: &str,
+        mut alloc: impl FnMut(u64) -> Result<B, ClientError>,
+    ) -> Result<(B, usize), ClientError> {
+        let unreached = Unreached::default();
+        let mut refetched = false;
+        loop {
+            let started = Instant::now();
+            let list = self.replica_list(key).await?;
+            let read = match alloc(list.size) {
+                Ok(mut buf) => self.read_fitted(key, &list, buf.as_mut(), started, &unreached).await.map(|n| (buf, n)),
                 Err(e) => Err(e),
             };
             self.release_leases(&[key]).await;
@@ -821,6 +841,20 @@ impl Client {
                 return r;
             }
         }
+    }
+
+    /// Reads the object `list` describes into the start of `buf` (which must hold it); returns its size.
+    async fn read_fitted(
+        &self,
+        key: &str,
+        list: &GetReplicaListResponse,
+        buf: &mut [u8],
+        started: Instant,
+        unreached: &Unreached,
+    ) -> Result<usize, ClientError> {
+        let buf = fit(list, buf)?;
+        let n = buf.len();
+        self.read_replica(key, list, buf, started, unreached).await.map(|()| n)
     }
 
     /// Orders replicas: this process's segments, then the same host, then remote.

@@ -8,7 +8,8 @@ The memory is held by a separate process (this script with ``--hold``, started b
 the data plane; the measuring process contributes nothing (``global_segment_size=0``). Rows: put/get and
 put_from/get_into of 4 KiB, 1 MiB and 4 MiB values one at a time, batch_put_from/batch_get_into of 32 keys, at 1
 and 8 threads. Prints one line per row (successful ops/s and GB/s; failed calls are counted apart, never as
-throughput) and, with ``--json``, the rows as JSON.
+throughput) and, with ``--json``, the rows as JSON. Before the rows the holder's memory is written over once
+(``--cold`` skips it), so both stores are measured warm: neither pays for the kernel backing fresh pages.
 """
 
 import argparse
@@ -42,6 +43,19 @@ def hold(master, segment):
     store.close()
 
 
+def warm(store, segment):
+    """Writes the holding process's memory over once (then removes it all), so no row pays for first-touching
+    pages the kernel backs lazily: every row measures a warm cache, whichever store is installed."""
+    size = 4 * MiB
+    buf = ctypes.create_string_buffer(size * BATCH)
+    assert store.register_buffer(ctypes.addressof(buf), size * BATCH) == 0
+    ptrs = [ctypes.addressof(buf) + j * size for j in range(BATCH)]
+    for g in range(int(segment * 0.8) // (size * BATCH)):
+        store.batch_put_from([f"warm-{os.getpid()}-{g}-{j}" for j in range(BATCH)], ptrs, [size] * BATCH)
+    store.remove_all(force=True)
+    store.unregister_buffer(ctypes.addressof(buf))
+
+
 def timed(threads, seconds, op):
     """Runs op(thread, i) (True: it succeeded) on `threads` threads for `seconds`; returns the operations done per
     thread, how many failed, and the time taken."""
@@ -71,6 +85,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--segment", type=int, default=2 << 30, help="bytes the holding process contributes")
     ap.add_argument("--threads", default="1,8")
+    ap.add_argument("--sizes", default=",".join(n for n, _ in SIZES), help="value sizes to run, of " +
+                    ", ".join(n for n, _ in SIZES))
+    ap.add_argument("--cold", action="store_true", help="skip writing the holder's memory over once before the rows")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -82,11 +99,13 @@ def main():
         sys.exit("the holding process did not start")
     store = MooncakeDistributedStore()
     setup(store, a.master, 0, 64 * MiB)
+    if not a.cold:
+        warm(store, a.segment)
     threads_list = [int(t) for t in a.threads.split(",")]
     rows = []
     try:
         for threads in threads_list:
-            for name, size in SIZES:
+            for name, size in [(n, s) for n, s in SIZES if n in a.sizes.split(",")]:
                 # Keys per thread: the values fit a quarter of the segment, cycled over.
                 per_thread = max(1, min(256, a.segment // 4 // size // threads))
                 value = os.urandom(size)

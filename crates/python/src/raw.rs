@@ -1,9 +1,12 @@
 //! Caller memory named by address: the buffers registered with `register_buffer`, and the only place raw
 //! addresses become slices. A range is used only if it lies wholly inside one registered buffer; anything else
-//! is refused with `INVALID_PARAMS` before any byte is touched.
+//! is refused with `INVALID_PARAMS` before any byte is touched. Also the `bytes` objects reads land in directly.
 #![allow(unsafe_code)]
 
 use parking_lot::RwLock;
+use pyo3::exceptions::PyOverflowError;
+use pyo3::prelude::*;
+use pyo3::{ffi, types::PyBytes};
 use std::collections::BTreeMap;
 
 /// The buffers a store's caller registered: base address → length.
@@ -87,5 +90,53 @@ impl Span {
         // allocated and gives the call exclusive use of the range for its duration (the original's contract),
         // so no other reference to these bytes is used while this one lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+/// A new `bytes` object of a known length whose contents are being written: made with its bytes unset, and seen
+/// by no Python code until [`FreshBytes::into_bytes`] hands it over, so a read can land in it directly (no
+/// staging buffer, no copy).
+pub struct FreshBytes {
+    obj: Py<PyBytes>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the object is reachable only through this value (nothing else holds a reference to it), and `ptr`
+// points into it; moving both to another thread moves the only access with them. `Py` itself is `Send`.
+unsafe impl Send for FreshBytes {}
+
+impl FreshBytes {
+    /// A `bytes` of `len` unset bytes (takes the GIL for the allocation).
+    pub fn new(len: usize) -> PyResult<Self> {
+        let size = isize::try_from(len).map_err(|_| PyOverflowError::new_err("value too large for bytes"))?;
+        Python::attach(|py| {
+            // SAFETY: a null source asks CPython for an uninitialised `bytes` of `size` bytes (the documented way
+            // to build one in place); the result is a new reference or null with an exception set, which
+            // `from_owned_ptr_or_err` turns into an error.
+            let obj =
+                unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))? };
+            let obj = obj.cast_into::<PyBytes>()?;
+            // SAFETY: `obj` is a `bytes` object, for which PyBytes_AsString returns its data pointer (never null).
+            let ptr = unsafe { ffi::PyBytes_AsString(obj.as_ptr()) }.cast::<u8>();
+            Ok(Self { obj: obj.unbind(), ptr, len })
+        })
+    }
+
+    /// The finished object.
+    pub fn into_bytes(self, py: Python<'_>) -> Bound<'_, PyBytes> {
+        self.obj.into_bound(py)
+    }
+}
+
+impl AsMut<[u8]> for FreshBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `ptr` is the data of a `bytes` object of `len` bytes that this value keeps alive and that no
+        // Python code can see yet (it was just made and is handed out only by `into_bytes`, which consumes
+        // this value), so this is the only reference to those bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }

@@ -7,7 +7,7 @@
 //! touched until used) and serves other clients' reads and writes from it; `close()` unmounts it.
 
 use crate::config::{ReplicateConfig, parse_size};
-use crate::raw::{Registered, Span};
+use crate::raw::{FreshBytes, Registered, Span};
 use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
@@ -151,9 +151,55 @@ impl<'py> Value<'py> {
 
 /// The class `BufferHandle` (a `bytes` subclass with `ptr()` and `size()`, defined in Python so it has the
 /// buffer protocol on every Python version).
-fn buffer_handle<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-    let class = py.import("crescent._buffer")?.getattr("BufferHandle")?;
-    class.call1((PyBytes::new(py, data),))
+fn buffer_handle(data: Bound<'_, PyBytes>) -> PyResult<Bound<'_, PyAny>> {
+    let class = data.py().import("crescent._buffer")?.getattr("BufferHandle")?;
+    class.call1((data,))
+}
+
+/// Values at least this large are read straight into a new `bytes` (taking the GIL mid-call to make it); smaller
+/// ones land in a staging vector copied into a `bytes` afterwards, which costs less than a second GIL hand-off.
+const DIRECT_BYTES_MIN: u64 = 64 << 10;
+
+/// A value read by a copying call, on its way to becoming a Python `bytes`.
+enum Fetched {
+    /// A small value, staged.
+    Staged(Vec<u8>),
+    /// A large value, read in place.
+    Direct(FreshBytes),
+}
+
+impl Fetched {
+    /// A buffer for a value of `size` bytes, or `BufferTooSmall` past the store's staging limit.
+    fn for_size(size: u64, limit: u64) -> Result<Self, ClientError> {
+        let too_big = || ClientError::BufferTooSmall { need: size, have: usize::try_from(limit).unwrap_or(usize::MAX) };
+        let len = usize::try_from(size).map_err(|_| too_big())?;
+        if size > limit {
+            Err(too_big())
+        } else if size < DIRECT_BYTES_MIN {
+            Ok(Fetched::Staged(vec![0; len]))
+        } else {
+            FreshBytes::new(len).map(Fetched::Direct).map_err(|e| {
+                tracing::warn!("no bytes object of {len} bytes: {e}");
+                ClientError::Code(ErrorCode::InternalError)
+            })
+        }
+    }
+
+    fn into_bytes(self, py: Python<'_>) -> Bound<'_, PyBytes> {
+        match self {
+            Fetched::Staged(v) => PyBytes::new(py, &v),
+            Fetched::Direct(b) => b.into_bytes(py),
+        }
+    }
+}
+
+impl AsMut<[u8]> for Fetched {
+    fn as_mut(&mut self) -> &mut [u8] {
+        match self {
+            Fetched::Staged(v) => v,
+            Fetched::Direct(b) => b.as_mut(),
+        }
+    }
 }
 
 /// The address of a `bytes` object's data (for `BufferHandle.ptr()`).
@@ -705,21 +751,21 @@ impl Store {
     #[pyo3(signature = (key, /))]
     fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
         let got = self.fetch(py, vec![key]).pop().flatten();
-        PyBytes::new(py, got.as_deref().unwrap_or_default())
+        got.map_or_else(|| PyBytes::new(py, b""), |v| v.into_bytes(py))
     }
 
     /// The values of `keys` (`b""` for each miss or error).
     #[pyo3(signature = (keys, /))]
     fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
         let got = self.fetch(py, keys);
-        got.iter().map(|v| PyBytes::new(py, v.as_deref().unwrap_or_default())).collect()
+        got.into_iter().map(|v| v.map_or_else(|| PyBytes::new(py, b""), |v| v.into_bytes(py))).collect()
     }
 
     /// The value of `key` as a `BufferHandle` (buffer protocol, `ptr()`, `size()`), or `None`.
     #[pyo3(signature = (key, /))]
     fn get_buffer<'py>(&self, py: Python<'py>, key: String) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.fetch(py, vec![key]).pop().flatten() {
-            Some(v) => Ok(Some(buffer_handle(py, &v)?)),
+            Some(v) => Ok(Some(buffer_handle(v.into_bytes(py))?)),
             None => Ok(None),
         }
     }
@@ -727,7 +773,7 @@ impl Store {
     /// `get_buffer` of each key.
     #[pyo3(signature = (keys, /))]
     fn batch_get_buffer<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-        self.fetch(py, keys).into_iter().map(|v| v.map(|v| buffer_handle(py, &v)).transpose()).collect()
+        self.fetch(py, keys).into_iter().map(|v| v.map(|v| buffer_handle(v.into_bytes(py))).transpose()).collect()
     }
 
     // ---- zero-copy calls ----
@@ -1195,14 +1241,12 @@ impl Store {
     }
 
     /// The values of `keys` (copying calls: each within the staging limit), `None` for a miss or an error.
-    fn fetch(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<Vec<u8>>> {
-        let Some(live) = self.live() else { return vec![None; keys.len()] };
+    fn fetch(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<Fetched>> {
+        let Some(live) = self.live() else { return keys.iter().map(|_| None).collect() };
+        let limit = live.local_buffer;
         py.detach(|| {
-            let gets = keys.iter().map(|k| live.client.get(k));
-            live.block_on(join_all(gets))
-                .into_iter()
-                .map(|r| r.ok().filter(|v| v.len() as u64 <= live.local_buffer))
-                .collect()
+            let gets = keys.iter().map(|k| live.client.get_with(k, |size| Fetched::for_size(size, limit)));
+            live.block_on(join_all(gets)).into_iter().map(|r| r.ok().map(|(v, _)| v)).collect()
         })
     }
 

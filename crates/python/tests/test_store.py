@@ -1,6 +1,7 @@
 """The store API against a real master: every method and return convention of the original's surface."""
 
 import ctypes
+import os
 import pathlib
 import socket
 import subprocess
@@ -218,6 +219,22 @@ def test_get_buffer_has_the_buffer_protocol(store, key):
     got = store.batch_get_buffer([key, key + "-missing"])
     assert bytes(got[0]) == b"buffer-value" and got[1] is None
     assert store.batch_get_buffer([]) == []
+
+
+def test_copying_gets_of_every_size_return_whole_bytes(store, key):
+    # Small values are staged then copied; from 64 KiB on they are read straight into the new `bytes`.
+    sizes = [1, 64 * 1024 - 1, 64 * 1024, 3 * MiB + 7]
+    keys = [f"{key}-{n}" for n in sizes]
+    values = [os.urandom(n) for n in sizes]
+    assert store.put_batch(keys, values) == 0
+    for k, v in zip(keys, values):
+        got = store.get(k)
+        assert type(got) is bytes and got == v, len(v)
+        assert bytes(store.get_buffer(k)) == v
+    assert store.get_batch(keys + [key + "-missing"]) == values + [b""]
+    # The large `bytes` are ordinary objects: hashable, immutable, and equal values hash alike.
+    big = store.get(keys[-1])
+    assert hash(big) == hash(bytes(values[-1]))
 
 
 def test_copying_get_is_bounded_by_the_local_buffer(master, store, key):
