@@ -337,6 +337,52 @@ async fn a_node_credential_serves_segments_but_is_no_client_and_unmounts_only_it
 }
 
 #[tokio::test]
+async fn a_client_id_is_its_first_principals_and_another_cannot_act_in_its_name() {
+    use crescent_client::master::MasterConnection;
+    use crescent_proto::{SegmentKind, SegmentSpec};
+    let c = Cluster::start();
+    let conn = |principal: &str, id: ClientId| {
+        MasterConnection::new(&c.master(), id, PeerRole::Node, 1, DEADLINE)
+            .with_credential(Some(c.credential(principal, S1).into()))
+    };
+    // A storage node (client id `victim`) mounts a segment, then its connection closes (a reconnect, say).
+    let victim = ClientId::random();
+    let segment = SegmentId::random();
+    let spec = SegmentSpec {
+        id: segment,
+        name: "victim-seg".into(),
+        base: 1 << 30,
+        size: 1 << 20,
+        endpoint: "127.0.0.1:1".into(),
+        kind: SegmentKind::Memory,
+        host_id: String::new(),
+    };
+    let node = conn("node", victim);
+    node.call(&MasterRequest::MountSegment { client: victim, spec }).await.unwrap();
+    let status = |s: SegmentId| MasterRequest::SegmentStatus { segment: s };
+    assert!(node.call(&status(segment)).await.is_ok());
+    let failures = c.metric("auth_failures");
+
+    // A tenant's client names the node's id in its hello: its MAC is good, but the id is the node's.
+    let squatter = conn("tenant:default", victim);
+    let unmount = MasterRequest::UnmountSegment { client: victim, segment };
+    let e = squatter.call(&unmount).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::PermissionDenied);
+    assert!(e.to_string().contains("held by another principal"), "{e}");
+    assert_eq!(code(squatter.call(&MasterRequest::Ping { client: victim }).await), ErrorCode::PermissionDenied);
+    drop(node);
+    // Still the node's after its connection closed: the master tracks the client until its TTL.
+    let squatter = conn("tenant:default", victim);
+    assert_eq!(code(squatter.call(&unmount).await), ErrorCode::PermissionDenied);
+    assert!(c.metric("auth_failures") >= failures + 2, "each squatting hello counts as a failed authentication");
+
+    // The node itself reconnects under its id and still owns its segment.
+    let node = conn("node", victim);
+    node.call(&unmount).await.unwrap();
+    assert_eq!(code(node.call(&status(segment)).await), ErrorCode::SegmentNotFound, "the owner unmounted it");
+}
+
+#[tokio::test]
 async fn the_admin_http_changes_state_only_with_the_admin_credential() {
     let c = Cluster::start();
     let addr = c.up.field("admin");

@@ -467,6 +467,16 @@ pub enum AuthFailure {
     /// It did not get through the TLS handshake (no TLS, no or a wrong client certificate).
     #[error("{0}")]
     Tls(String),
+    /// Its hello named a client id another principal holds (the master's client claims).
+    #[error("{principal} named client id {client}, which {holder} holds")]
+    ClientIdHeld {
+        /// Who named it.
+        principal: Principal,
+        /// The id.
+        client: crescent_proto::ClientId,
+        /// Who holds it.
+        holder: Principal,
+    },
 }
 
 /// Failed authentications: counted (for `/metrics`) and logged at most once a second with the count of those

@@ -6,7 +6,9 @@
 //! * `tenant:T`: what a node may, plus the objects of tenant `T` alone (an engine's client hosts segments too).
 //!
 //! A request that names a client (`client: ClientId`) must name the one the connection's hello proved, unless
-//! the principal is `admin`: otherwise a tenant could ping, remount or unmount in another client's name.
+//! the principal is `admin`: otherwise a tenant could ping, remount or unmount in another client's name. And the
+//! id must be this principal's (`server::claims`): a hello naming an id another principal holds proves nothing
+//! about it.
 
 use crescent_proto::wire::ErrorFrame;
 use crescent_proto::{ClientId, ErrorCode, MasterRequest, Principal, TenantId};
@@ -18,6 +20,9 @@ pub struct Caller {
     pub principal: Principal,
     /// The client id the hello named (bound into its MAC).
     pub client: Option<ClientId>,
+    /// The hello's client id is held by another principal (`server::claims`): every request in its name is
+    /// refused.
+    pub disputed: bool,
 }
 
 /// `Ok` when `caller` may send `req` to a master that is (`multi_tenant`) or is not multi-tenant; otherwise
@@ -42,12 +47,10 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
             Err(_) => Err(denied(caller, &format!("tenant {tenant:?} is not this credential's"))),
         },
     };
-    let own = |client: &ClientId| {
-        if caller.client.as_ref() == Some(client) {
-            Ok(())
-        } else {
-            Err(denied(caller, &format!("client {client} is not the one this connection authenticated")))
-        }
+    let own = |client: &ClientId| match caller.client.as_ref() == Some(client) {
+        true if caller.disputed => Err(denied(caller, &format!("client {client} is held by another principal"))),
+        true => Ok(()),
+        false => Err(denied(caller, &format!("client {client} is not the one this connection authenticated"))),
     };
     match req {
         R::ClusterInfo | R::SegmentStatus { .. } | R::LocalSsdStatus { .. } => Ok(()),
@@ -102,7 +105,7 @@ mod tests {
     use crescent_proto::{ReplicateConfig, SegmentId};
 
     fn caller(p: &str, client: ClientId) -> Caller {
-        Caller { principal: p.parse().unwrap(), client: Some(client) }
+        Caller { principal: p.parse().unwrap(), client: Some(client), disputed: false }
     }
 
     fn code(r: Result<(), ErrorFrame>) -> ErrorCode {
@@ -163,5 +166,12 @@ mod tests {
         }
         assert_eq!(code(authorize(&a, &unmount(me), false)), ErrorCode::Ok, "segments are not objects");
         assert_eq!(code(authorize(&admin, &get("b"), false)), ErrorCode::Ok);
+
+        // A hello naming an id another principal holds: nothing in that id's name, objects still allowed.
+        let squatter = Caller { disputed: true, ..caller("tenant:a", me) };
+        let e = authorize(&squatter, &unmount(me), true).unwrap_err();
+        assert!(e.code == ErrorCode::PermissionDenied && e.message.contains("held by another principal"), "{e:?}");
+        assert_eq!(code(authorize(&squatter, &put(me, "a"), true)), ErrorCode::PermissionDenied);
+        assert_eq!(code(authorize(&squatter, &get("a"), true)), ErrorCode::Ok);
     }
 }

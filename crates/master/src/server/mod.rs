@@ -6,6 +6,7 @@
 mod admin;
 pub mod authz;
 mod candidate;
+pub mod claims;
 mod explain;
 pub mod grants;
 mod lister;

@@ -9,11 +9,13 @@
 //! the connections are capped (`crescent_net::accept`).
 
 use super::authz::{self, Caller};
+use super::claims::{ClaimGuard, ClientClaims};
 use super::target::Target;
 use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
+use crescent_net::auth::AuthFailure;
 use crescent_net::auth::{Keyring, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::grant::Bearer;
@@ -380,6 +382,7 @@ impl RpcServer {
             trim: Arc::default(),
             keyring,
             tls,
+            claims: Arc::default(),
         });
         let handle = crescent_net::accept::spawn(
             "master rpc",
@@ -413,6 +416,26 @@ struct Shared {
     keyring: Option<Arc<Keyring>>,
     /// TLS the connections go through first; `None`: plain TCP.
     tls: Option<Arc<TlsServer>>,
+    /// Which principal holds each client id.
+    claims: Arc<ClientClaims>,
+}
+
+/// Claims the hello's client id for the caller's principal; a caller naming an id another principal holds is
+/// marked `disputed` (and the attempt counted and logged at a rate, like a failed authentication).
+fn claim(shared: &Shared, caller: Option<Caller>, peer: SocketAddr) -> (Option<Caller>, Option<ClaimGuard>) {
+    let Some(mut caller) = caller else { return (None, None) };
+    let Some(client) = caller.client else { return (Some(caller), None) };
+    // A client the current term's service still tracks keeps its claim after its connections close.
+    let alive = |id| shared.target.route().is_ok_and(|svc| svc.tracks_client(id));
+    match shared.claims.claim(client, &caller.principal, alive) {
+        Ok(guard) => (Some(caller), guard),
+        Err(d) => {
+            let why = AuthFailure::ClientIdHeld { principal: caller.principal.clone(), client, holder: d.holder };
+            shared.metrics.auth_failures.record("master rpc", Some(peer), &why);
+            caller.disputed = true;
+            (Some(caller), None)
+        }
+    }
 }
 
 /// Replies queued while pipelined requests are buffered are written once they reach this many bytes.
@@ -573,7 +596,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
     };
     let caller = match hello {
         Ok(Some(admitted)) => {
-            admitted.principal.map(|principal| Caller { principal, client: admitted.hello.client_id })
+            admitted.principal.map(|principal| Caller { principal, client: admitted.hello.client_id, disputed: false })
         }
         Ok(None) => return Ok(()),
         Err(HandshakeError::Unauthenticated(why)) => {
@@ -589,6 +612,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
         Err(HandshakeError::Timeout) => return Err(timed_out("hello", *frame_timeout)),
         Err(e) => return Err(WireError::Io(std::io::Error::other(e))),
     };
+    // Held for the connection's life: the client id is this principal's while it is connected.
+    let (caller, _claim) = claim(shared, caller, peer);
     shutdown.busy();
     // The bearer the data-plane grants in this connection's replies name.
     let bearer = caller.as_ref().map(|c| Bearer::new(c.principal.clone(), c.client));

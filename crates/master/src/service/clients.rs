@@ -67,6 +67,11 @@ impl ClientTable {
         expired
     }
 
+    /// Whether `client` is tracked.
+    pub fn contains(&self, client: ClientId) -> bool {
+        self.clients.lock().contains_key(&client)
+    }
+
     /// Number of tracked clients.
     pub fn len(&self) -> usize {
         self.clients.lock().len()

@@ -227,6 +227,11 @@ impl MasterService {
         }
     }
 
+    /// Whether the liveness monitor tracks `client` (it pinged or mounted within its TTL).
+    pub fn tracks_client(&self, client: ClientId) -> bool {
+        self.clients.contains(client)
+    }
+
     /// Number of clients the liveness monitor tracks.
     pub fn active_clients(&self) -> usize {
         self.clients.len()

@@ -1,0 +1,139 @@
+//! Which principal each client id belongs to. A client id is the peer's own claim in its hello (the MAC proves
+//! the principal, not that the id is this peer's), so without this table a tenant could name another client's id
+//! and ping, remount or unmount in its name. The first authenticated connection naming an id claims it for its
+//! principal; a connection of another principal naming it is left without a client id (every request in that
+//! id's name is refused) for as long as the claim holds.
+//!
+//! A claim holds while a connection naming the id is open, and after the last one closes for as long as the
+//! master still tracks the client as alive (its liveness TTL): a client that reconnects keeps its id, and
+//! nobody can step in between. `admin` never claims (it may act in any client's name anyway).
+//!
+//! The table is this master's: after a failover the new leader's starts empty and the first connections claim
+//! again (their own clients reconnect first in practice, but nothing enforces it).
+
+use crescent_proto::{ClientId, Principal};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Claims by client id.
+#[derive(Debug, Default)]
+pub struct ClientClaims {
+    claims: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    by_client: HashMap<ClientId, Claim>,
+    /// The table's size after its last sweep of released claims: the next sweep waits until it doubles, so
+    /// sweeping costs O(1) per claim made.
+    swept_at: usize,
+}
+
+#[derive(Debug)]
+struct Claim {
+    principal: Principal,
+    /// Open connections naming the id with this principal.
+    open: usize,
+}
+
+/// One connection's hold on its client id's claim; dropping it (the connection ends) lets go.
+#[derive(Debug)]
+pub struct ClaimGuard {
+    claims: Arc<ClientClaims>,
+    client: ClientId,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.claims.claims.lock().by_client.get_mut(&self.client) {
+            c.open = c.open.saturating_sub(1);
+        }
+    }
+}
+
+/// Another principal holds the client id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disputed {
+    /// The principal holding it.
+    pub holder: Principal,
+}
+
+impl ClientClaims {
+    /// Claims `client` for `principal` for the life of the returned guard (`None` for `admin`, which claims
+    /// nothing). Refused while another principal holds it: one of its connections naming the id is open, or
+    /// `alive(client)` says the master still tracks the client.
+    pub fn claim(
+        self: &Arc<Self>,
+        client: ClientId,
+        principal: &Principal,
+        alive: impl Fn(ClientId) -> bool,
+    ) -> Result<Option<ClaimGuard>, Disputed> {
+        if *principal == Principal::Admin {
+            return Ok(None);
+        }
+        let mut t = self.claims.lock();
+        if t.by_client.len() >= 2 * t.swept_at.max(512) {
+            // Released claims of clients the master forgot: nothing holds them any more.
+            t.by_client.retain(|&id, c| c.open > 0 || alive(id));
+            t.swept_at = t.by_client.len();
+        }
+        match t.by_client.get_mut(&client) {
+            Some(c) if c.principal == *principal => c.open += 1,
+            Some(c) if c.open > 0 || alive(client) => return Err(Disputed { holder: c.principal.clone() }),
+            _ => {
+                t.by_client.insert(client, Claim { principal: principal.clone(), open: 1 });
+            }
+        }
+        Ok(Some(ClaimGuard { claims: self.clone(), client }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Principal {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_client_id_is_its_first_principals_while_connected_or_alive() {
+        let claims = Arc::new(ClientClaims::default());
+        let id = ClientId::random();
+        let dead = |_| false;
+        let a = claims.claim(id, &p("tenant:a"), dead).unwrap();
+        assert!(a.is_some());
+        // Another principal is refused while a's connection is open, alive or not.
+        assert_eq!(claims.claim(id, &p("tenant:b"), dead).unwrap_err(), Disputed { holder: p("tenant:a") });
+        assert!(claims.claim(id, &p("node"), dead).is_err());
+        // The same principal may open more connections; admin claims nothing and is never refused.
+        let a2 = claims.claim(id, &p("tenant:a"), dead).unwrap();
+        assert!(claims.claim(id, &p("admin"), dead).unwrap().is_none());
+        drop(a);
+        assert!(claims.claim(id, &p("tenant:b"), dead).is_err(), "a's second connection still holds it");
+        drop(a2);
+        // Every connection closed, but the master still tracks the client: still a's.
+        assert!(claims.claim(id, &p("tenant:b"), |_| true).is_err());
+        // Forgotten by the master: free to claim again.
+        let b = claims.claim(id, &p("tenant:b"), dead).unwrap();
+        assert!(b.is_some());
+        assert_eq!(claims.claim(id, &p("tenant:a"), dead).unwrap_err(), Disputed { holder: p("tenant:b") });
+    }
+
+    #[test]
+    fn released_claims_of_forgotten_clients_are_swept() {
+        let claims = Arc::new(ClientClaims::default());
+        for _ in 0..2000 {
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), |_| false).unwrap());
+        }
+        assert!(claims.claims.lock().by_client.len() <= 1024, "the table stays bounded");
+        // A held claim survives every sweep.
+        let id = ClientId::random();
+        let _held = claims.claim(id, &p("tenant:a"), |_| false).unwrap();
+        for _ in 0..2000 {
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), |_| false).unwrap());
+        }
+        assert!(claims.claim(id, &p("tenant:b"), |_| false).is_err());
+    }
+}
