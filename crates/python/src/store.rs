@@ -11,7 +11,7 @@ use crate::raw::{FreshBytes, Registered, Span};
 use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
-use crescent_net::tls::Tls;
+use crescent_net::tls::{Tls, TlsFiles};
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, TenantId};
@@ -113,6 +113,33 @@ struct SetupArgs {
     tenant_id: String,
     /// `PRINCIPAL:KEYHEX` from `setup`'s extras (else the environment's, see [`auth`]).
     credential: Option<String>,
+    /// TLS files from `setup`'s extras, each over its `CRESCENT_TLS_*` variable (see [`tls`]).
+    tls: TlsExtras,
+}
+
+/// `setup`'s TLS extras (`tls_cert`, `tls_key`, `tls_ca`, `tls_client_ca`, `tls_server_name`), as
+/// [`crescent_net::tls::TlsFiles`] names them.
+#[derive(Debug, Default)]
+struct TlsExtras {
+    cert: Option<String>,
+    key: Option<String>,
+    ca: Option<String>,
+    client_ca: Option<String>,
+    server_name: Option<String>,
+}
+
+impl TlsExtras {
+    /// The environment's files with each extra given in place of its variable.
+    fn over_env(&self) -> TlsFiles {
+        let mut f = TlsFiles::from_env();
+        let path = |v: &Option<String>| v.as_ref().filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+        f.cert = path(&self.cert).or(f.cert);
+        f.key = path(&self.key).or(f.key);
+        f.ca = path(&self.ca).or(f.ca);
+        f.client_ca = path(&self.client_ca).or(f.client_ca);
+        f.server_name = self.server_name.clone().filter(|v| !v.is_empty()).or(f.server_name);
+        f
+    }
 }
 
 /// A bytes-like value from Python: borrowed when it is `bytes` (immutable), copied otherwise.
@@ -279,6 +306,13 @@ fn dict_args(d: &Bound<'_, PyDict>) -> PyResult<Option<SetupArgs>> {
         master_server_addr: get("master_server_addr")?.unwrap_or_else(|| "127.0.0.1:50051".into()),
         tenant_id: "default".into(),
         credential: get("credential")?,
+        tls: TlsExtras {
+            cert: get("tls_cert")?,
+            key: get("tls_key")?,
+            ca: get("tls_ca")?,
+            client_ca: get("tls_client_ca")?,
+            server_name: get("tls_server_name")?,
+        },
     }))
 }
 
@@ -362,19 +396,19 @@ fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Opt
     Ok((credential, keyring))
 }
 
-/// The store's TLS, from `CRESCENT_TLS_CA` (dial the master and nodes through TLS, verifying them),
-/// `CRESCENT_TLS_CERT` / `CRESCENT_TLS_KEY` (the client certificate, and what a hosted segment serves) and
-/// `CRESCENT_TLS_CLIENT_CA` (a hosted segment requires client certificates). A store that dials through TLS and
+/// The store's TLS, from `setup`'s `tls_*` extras or else `CRESCENT_TLS_CA` (dial the master and nodes through
+/// TLS, verifying them), `CRESCENT_TLS_CERT` / `CRESCENT_TLS_KEY` (the client certificate, and what a hosted
+/// segment serves) and `CRESCENT_TLS_CLIENT_CA` (a hosted segment requires client certificates). A store that dials through TLS and
 /// hosts a segment must serve TLS too: its peers dial it as they dial every node.
 fn tls(args: &SetupArgs) -> Result<Tls, i64> {
-    let tls = Tls::from_env().map_err(|e| {
-        tracing::error!("setup: TLS from the environment: {e}");
+    let tls = Tls::load(&args.tls.over_env()).map_err(|e| {
+        tracing::error!("setup: TLS: {e}");
         INVALID
     })?;
     if tls.client.is_some() && tls.server.is_none() && args.global_segment_size > 0 {
         tracing::error!(
             "setup: hosting a segment (global_segment_size > 0) in a TLS cluster needs a certificate to serve it \
-             with (CRESCENT_TLS_CERT and CRESCENT_TLS_KEY)"
+             with (tls_cert and tls_key, or CRESCENT_TLS_CERT and CRESCENT_TLS_KEY)"
         );
         return Err(INVALID);
     }
@@ -407,9 +441,15 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
     let node_rt = if args.global_segment_size > 0 {
+        // Sized and polling as `crescent node`'s runtime: half the cores (one on 2), and a worker about to sleep
+        // polls the process's server connections for 50 µs first, so the next request finds it awake. Two
+        // workers on the 2-vCPU VM served 4 MiB reads at 1.15–1.66 GB/s, one at 1.93–2.06 (one receiving client,
+        // `bench_store.py`'s topology): the client and the segment's one worker each keep a core.
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads((cpus / 2).max(1))
             .thread_name("crescent-segment")
+            .on_thread_park(crescent_net::poll::idle_park_hook(crescent_net::poll::DEFAULT_POLL_WINDOW))
             .enable_all()
             .build()
             .map_err(no_runtime)?;
@@ -570,7 +610,8 @@ impl Store {
     #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None,
         protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false,
         ssd_offload_path=String::new(), tenant_id=String::from("default"), enable_client_http_server=false,
-        client_http_port=9300, credential=None))]
+        client_http_port=9300, credential=None, tls_cert=None, tls_key=None, tls_ca=None, tls_client_ca=None,
+        tls_server_name=None))]
     #[allow(clippy::too_many_arguments)]
     fn setup(
         &self,
@@ -589,6 +630,11 @@ impl Store {
         enable_client_http_server: bool,
         client_http_port: u16,
         credential: Option<String>,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
+        tls_ca: Option<String>,
+        tls_client_ca: Option<String>,
+        tls_server_name: Option<String>,
     ) -> PyResult<i64> {
         let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
             match dict_args(d)? {
@@ -611,6 +657,13 @@ impl Store {
                 master_server_addr: master,
                 tenant_id,
                 credential,
+                tls: TlsExtras {
+                    cert: tls_cert,
+                    key: tls_key,
+                    ca: tls_ca,
+                    client_ca: tls_client_ca,
+                    server_name: tls_server_name,
+                },
             }
         };
         if engine.is_some_and(|e| !e.is_none()) {

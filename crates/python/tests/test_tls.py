@@ -1,4 +1,5 @@
-"""A store in a cluster serving TLS with client certificates (issue 17): the TLS files come from CRESCENT_TLS_*."""
+"""A store in a cluster serving TLS with client certificates (issue 17): the TLS files come from CRESCENT_TLS_*
+or from setup's tls_* extras."""
 
 import os
 import subprocess
@@ -63,3 +64,36 @@ def test_stores_with_certificates_host_and_read_each_other_through_tls(tls_clust
         reader.close()
         host.remove_all(force=True)
         host.close()
+
+
+def test_tls_files_given_to_setup_take_the_place_of_the_environment(tls_cluster, monkeypatch):
+    addr, files = tls_cluster
+    for var in TLS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    extras = {"tls_ca": files["ca"], "tls_cert": files["cert"], "tls_key": files["key"],
+              "tls_client_ca": files["ca"]}
+    host = MooncakeDistributedStore()
+    assert host.setup("localhost", "P2PHANDSHAKE", 32 * MiB, 16 * MiB, "tcp", "", addr, **extras) == 0
+    # The dict form takes the same keys.
+    reader = MooncakeDistributedStore()
+    config = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+              "local_buffer_size": 16 * MiB, "protocol": "tcp", "master_server_addr": addr,
+              "tls_ca": files["ca"], "tls_cert": files["cert"], "tls_key": files["key"]}
+    assert reader.setup(config) == 0
+    try:
+        value = os.urandom(MiB + 3)
+        assert reader.put("tls-extras", value) == 0
+        assert host.get("tls-extras") == value
+    finally:
+        reader.close()
+        host.remove_all(force=True)
+        host.close()
+    # Extras and variables combine, each extra in place of its own variable.
+    monkeypatch.setenv("CRESCENT_TLS_CERT", files["cert"])
+    monkeypatch.setenv("CRESCENT_TLS_KEY", files["key"])
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tls_ca=files["ca"]) == 0, \
+        "the certificate from the environment, the CA from setup"
+    s.close()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tls_ca="/nonexistent/ca.pem") < 0, \
+        "a file that does not load is a setup error"

@@ -158,6 +158,11 @@ class MooncakeDistributedStore:
         enable_client_http_server: bool = False,
         client_http_port: int = 9300,
         credential: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_client_ca: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
     ) -> int:
         """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
         ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``).
@@ -166,8 +171,11 @@ class MooncakeDistributedStore:
         follows the cluster's leader. In a cluster with a secret, ``credential`` (``"PRINCIPAL:KEYHEX"``, as
         ``crescent credential`` prints it; also a ``"credential"`` key of the dict form) is what the store
         proves, else ``CRESCENT_CREDENTIAL_FILE`` / ``CRESCENT_CREDENTIAL``, else ``tenant:<tenant_id>`` derived
-        from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET`` (which a store hosting a segment needs). 0 or a
-        negative code."""
+        from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET`` (which a store hosting a segment needs). In a TLS
+        cluster, ``tls_ca`` (the CA servers' certificates chain to), ``tls_cert`` / ``tls_key`` (the client
+        certificate, and what a hosted segment serves), ``tls_client_ca`` (a hosted segment then requires client
+        certificates) and ``tls_server_name`` (PEM file paths, and the name certificates are checked for; also
+        keys of the dict form) each take the place of their ``CRESCENT_TLS_*`` variable. 0 or a negative code."""
     def close(self, /) -> int:
         """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
     def health_check(self) -> int:
