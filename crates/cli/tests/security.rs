@@ -382,6 +382,59 @@ async fn a_client_id_is_its_first_principals_and_another_cannot_act_in_its_name(
     assert_eq!(code(node.call(&status(segment)).await), ErrorCode::SegmentNotFound, "the owner unmounted it");
 }
 
+/// Waits until `/metrics` shows `name` at `at_least` or more.
+async fn await_metric(c: &Cluster, name: &str, at_least: u64) {
+    assert!(eventually(DEADLINE, || async { c.metric(name) >= at_least }).await, "{name} never reached {at_least}");
+}
+
+#[tokio::test]
+async fn a_tenants_unreachable_report_is_believed_only_when_the_masters_own_probe_fails() {
+    use crescent_client::master::MasterConnection;
+    use crescent_proto::wire::Batch;
+    use crescent_proto::{MasterResponse, SegmentKind, SegmentSpec, SegmentStatus};
+    let c = Cluster::start();
+    c.client("admin", "").set_tenant_quota("t", 8 << 20).await.unwrap();
+    let t = c.client("tenant:t", "t");
+    t.put("k", b"value").await.unwrap();
+    let (_, live, _, _) = replica_of(&t, "k").await;
+    let conn = |principal: &str, id: ClientId| {
+        MasterConnection::new(&c.master(), id, PeerRole::Node, 1, DEADLINE)
+            .with_credential(Some(c.credential(principal, S1).into()))
+    };
+    let status = |conn: MasterConnection, segment| async move {
+        match conn.call(&MasterRequest::SegmentStatus { segment }).await.unwrap() {
+            MasterResponse::Status(s) => s,
+            other => panic!("{other:?}"),
+        }
+    };
+    // A segment whose node is gone: nothing listens at its endpoint.
+    let dead = SegmentId::random();
+    let owner = ClientId::random();
+    let spec = SegmentSpec {
+        id: dead,
+        name: "dead-node".into(),
+        base: 1 << 30,
+        size: 1 << 20,
+        endpoint: "127.0.0.1:1".into(),
+        kind: SegmentKind::Memory,
+        host_id: String::new(),
+    };
+    conn("node", owner).call(&MasterRequest::MountSegment { client: owner, spec }).await.unwrap();
+
+    // A tenant reports both. The live node answers the master's probe: the report is refuted and the segment
+    // stays in service; the dead one does not: confirmed, suspect.
+    let me = ClientId::random();
+    let report = MasterRequest::ReportUnreachable { client: me, segments: Batch(vec![live, dead]) };
+    conn("tenant:t", me).call(&report).await.unwrap();
+    await_metric(&c, "unreachable_refuted", 1).await;
+    await_metric(&c, "unreachable_confirmed", 1).await;
+    assert_eq!(status(conn("admin", ClientId::random()), live).await, SegmentStatus::Ok);
+    assert_eq!(status(conn("admin", ClientId::random()), dead).await, SegmentStatus::Suspect);
+    assert_eq!(t.get("k").await.unwrap(), b"value");
+    t.put("k2", b"still placed").await.unwrap();
+    assert_eq!(c.metric("unreachable_refuted"), 1, "one probe per report");
+}
+
 #[tokio::test]
 async fn the_admin_http_changes_state_only_with_the_admin_credential() {
     let c = Cluster::start();

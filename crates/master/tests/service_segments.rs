@@ -278,6 +278,37 @@ fn mounting_again_cancels_a_pending_graceful_unmount() {
     assert!(h.svc.mount_segment(ClientId::random(), s).is_err());
 }
 
+/// On a master that checks reports, a report only queues a probe of each reported OK segment (once, however
+/// many reports name it); the probe's outcome decides.
+#[test]
+fn a_checked_unreachable_report_waits_for_the_masters_probe() {
+    let config = MasterConfig { verify_unreachable_reports: true, ..MasterConfig::default() };
+    let h = Harness::new(config, 2, 16 * MIB);
+    let ((_, s0), (_, s1)) = (h.segments[0], h.segments[1]);
+    let reporter = ClientId::random();
+    assert_eq!(h.svc.report_unreachable(reporter, &[s0, s1, SegmentId::random()]), 0, "nothing suspect yet");
+    h.svc.report_unreachable(reporter, &[s1]);
+    assert_eq!(h.svc.segment_status(s0).unwrap(), SegmentStatus::Ok);
+    assert_eq!(h.svc.segment_status(s1).unwrap(), SegmentStatus::Ok);
+    let mut probes: Vec<SegmentId> = h.svc.take_unreachable_reports().into_iter().map(|p| p.segment).collect();
+    probes.sort();
+    let mut want = vec![s0, s1];
+    want.sort();
+    assert_eq!(probes, want, "each reported segment once, the unknown one not at all");
+    assert!(h.svc.take_unreachable_reports().is_empty(), "taken once");
+    // s0's node answered, s1's did not.
+    assert!(!h.svc.confirm_unreachable(s0, true));
+    assert!(h.svc.confirm_unreachable(s1, false));
+    assert_eq!(h.svc.segment_status(s0).unwrap(), SegmentStatus::Ok);
+    assert_eq!(h.svc.segment_status(s1).unwrap(), SegmentStatus::Suspect);
+    let m = h.svc.metrics();
+    assert_eq!(m.unreachable_refuted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(m.unreachable_confirmed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // A suspect segment is not probed again on a new report.
+    h.svc.report_unreachable(reporter, &[s1]);
+    assert!(h.svc.take_unreachable_reports().is_empty());
+}
+
 /// A segment a client reports unreachable: no placements, its replicas not handed out (others are), its
 /// capacity out of the eviction trigger's denominator; its node's ping brings it back; its TTL unmounts it.
 #[test]

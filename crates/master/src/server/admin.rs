@@ -390,6 +390,18 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
         "NoF segments unmounted after their target failed its heartbeat probes",
         m.nof_unmounted_segments.load(Ordering::Relaxed),
     );
+    counter(
+        r,
+        "unreachable_confirmed",
+        "Unreachable reports the master's own probe confirmed",
+        m.unreachable_confirmed.load(Ordering::Relaxed),
+    );
+    counter(
+        r,
+        "unreachable_refuted",
+        "Unreachable reports the master's own probe refuted (the node answered)",
+        m.unreachable_refuted.load(Ordering::Relaxed),
+    );
     gauge(r, "keys", "Objects stored", svc.key_count(None) as u64);
     gauge(r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
     let (listing, waiting) = super::lister::load();

@@ -137,10 +137,12 @@ impl MasterServerBuilder {
         self
     }
 
-    /// A master that authenticates seals data-plane grants, so it holds freed space for their life.
-    fn hold_for_grants(&mut self) {
+    /// A master that authenticates seals data-plane grants, so it holds freed space for their life; and it
+    /// checks a client's unreachable report with its own probe before taking the segment out of placement.
+    fn authenticating_config(&mut self) {
         if self.keyring.is_some() {
             super::grants::hold_for_grants(&mut self.config);
+            self.config.verify_unreachable_reports = true;
         }
     }
 
@@ -149,7 +151,7 @@ impl MasterServerBuilder {
     /// from the log — whenever it wins the lease through `ha`'s coordinator.
     pub async fn start_candidate(mut self, ha: CandidateOptions) -> Result<CandidateServer, StartError> {
         let Some(oplog) = self.oplog.take() else { return Err(StartError::NoOpLog) };
-        self.hold_for_grants();
+        self.authenticating_config();
         // The configuration is checked now, not at the first promotion.
         MasterService::new(self.config.clone(), self.clock.clone()).map_err(StartError::Config)?;
         let term = TermConfig {
@@ -167,7 +169,7 @@ impl MasterServerBuilder {
 
     /// Starts the service and its servers on the current tokio runtime.
     pub async fn start(mut self) -> Result<MasterServer, StartError> {
-        self.hold_for_grants();
+        self.authenticating_config();
         let svc = Arc::new(MasterService::new(self.config, self.clock).map_err(StartError::Config)?);
         // Replayed before any listener exists: nothing is served from a half-rebuilt state.
         let (oplog, snapshotter) = match &self.oplog {

@@ -1,7 +1,10 @@
 //! The NoF heartbeat task: every [`NOF_HEARTBEAT_TICK`] it asks the service which NoF targets are due for a
 //! probe ([`MasterService::due_nof_probes`]), runs those probes concurrently, each bounded by
 //! `nof_probe_timeout_ms`, and reports each outcome ([`MasterService::record_nof_probe`], which unmounts a
-//! segment whose target keeps failing). The schedule and the counting live in the service; only the I/O is here.
+//! segment whose target keeps failing). It probes the same way the segments clients reported unreachable, when
+//! the master checks such reports ([`MasterService::take_unreachable_reports`],
+//! [`MasterService::confirm_unreachable`]). The schedule and the counting live in the service; only the I/O is
+//! here.
 
 use crate::service::{MasterService, NofProbe};
 use crescent_net::auth::{CredentialSource, Keyring};
@@ -77,6 +80,15 @@ impl NofProber for TransferProber {
     }
 }
 
+/// Why a segment is probed.
+#[derive(Debug, Clone, Copy)]
+enum Probe {
+    /// A NoF target's heartbeat.
+    Heartbeat,
+    /// A client reported its node unreachable.
+    Report,
+}
+
 /// The running heartbeat task; dropping it aborts the task and the probes in flight.
 #[derive(Debug)]
 pub(super) struct NofHeartbeat {
@@ -92,22 +104,27 @@ impl NofHeartbeat {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
             // Probes run as tasks of their own so a slow target never delays the next tick's probes; the set
             // aborts them when this task ends.
-            let mut probes: JoinSet<(SegmentId, bool)> = JoinSet::new();
+            let mut probes: JoinSet<(Probe, SegmentId, bool)> = JoinSet::new();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        for NofProbe { segment, endpoint } in svc.due_nof_probes() {
+                        let due = svc.due_nof_probes().into_iter().map(|p| (Probe::Heartbeat, p));
+                        let reported = svc.take_unreachable_reports().into_iter().map(|p| (Probe::Report, p));
+                        for (kind, NofProbe { segment, endpoint }) in due.chain(reported) {
                             let probe = prober.probe(&endpoint, segment);
                             probes.spawn(async move {
-                                (segment, tokio::time::timeout(timeout, probe).await.unwrap_or(false))
+                                (kind, segment, tokio::time::timeout(timeout, probe).await.unwrap_or(false))
                             });
                         }
                     }
                     Some(done) = probes.join_next(), if !probes.is_empty() => match done {
-                        Ok((segment, true)) => {
+                        Ok((Probe::Report, segment, answered)) => {
+                            svc.confirm_unreachable(segment, answered);
+                        }
+                        Ok((Probe::Heartbeat, segment, true)) => {
                             svc.record_nof_probe(segment, true);
                         }
-                        Ok((segment, false)) => {
+                        Ok((Probe::Heartbeat, segment, false)) => {
                             // A failure may unmount the segment (a sweep over every object): off the async workers.
                             let svc = svc.clone();
                             if let Err(e) = tokio::task::spawn_blocking(move || svc.record_nof_probe(segment, false)).await {

@@ -199,8 +199,7 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
             svc.report_unreachable(*client, &segments.0);
             Ok(A::Done)
         }
-        // Admin requests. Any peer may send them: the hello's role is the peer's own claim, so refusing
-        // non-Admin roles would protect nothing; authentication comes with the security work.
+        // Admin requests (`authz` lets only the admin credential through on a master that authenticates).
         R::ListTenants => svc.list_tenants().map(A::Tenants),
         R::SetTenantQuota { tenant, bytes } => svc.upsert_tenant_quota(tenant, *bytes).map(|()| A::Done),
         R::RemoveTenant { tenant } => svc.delete_tenant_quota(tenant).map(|()| A::Done),

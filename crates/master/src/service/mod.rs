@@ -85,6 +85,10 @@ pub struct MasterConfig {
     /// Space freed within this long of its allocation is kept out of reuse until then (ms; 0 = off). Set, to the
     /// write-grant window plus clock slack, by a master that seals grants (see `segment_pool::WriteHold`).
     pub write_hold_ms: u64,
+    /// A client's report that it could not reach a node is checked by the master's own probe before the
+    /// segment turns SUSPECT (set by a master that authenticates: there a report is a tenant's word, and a
+    /// tenant must not be able to take every segment out of placement). Off: reports are believed at once.
+    pub verify_unreachable_reports: bool,
 }
 
 impl Default for MasterConfig {
@@ -109,6 +113,7 @@ impl Default for MasterConfig {
             nof_heartbeat_failures: 3,
             grant_write_window_ms: 10_000,
             write_hold_ms: 0,
+            verify_unreachable_reports: false,
         }
     }
 }
@@ -150,6 +155,10 @@ pub struct Metrics {
     pub background_ticks: AtomicU64,
     /// NoF segments unmounted because their target failed its heartbeat probes.
     pub nof_unmounted_segments: AtomicU64,
+    /// Unreachable reports the master's own probe confirmed (the segment turned SUSPECT).
+    pub unreachable_confirmed: AtomicU64,
+    /// Unreachable reports the master's own probe refuted (the node answered).
+    pub unreachable_refuted: AtomicU64,
 }
 
 impl Metrics {
@@ -204,6 +213,8 @@ pub struct MasterService {
     policies: Mutex<QuotaPolicies>,
     clients: clients::ClientTable,
     discards: discard::DiscardQueue,
+    /// Segments reported unreachable, waiting for the master's probe (`verify_unreachable_reports`).
+    reported: Mutex<std::collections::BTreeSet<crescent_proto::SegmentId>>,
     nof_health: nof_health::NofHealth,
     /// Set by a failed allocation (which evicts for itself); a hint that writes may evict until the next step.
     need_eviction: AtomicBool,
@@ -257,6 +268,7 @@ impl MasterService {
             policies: Mutex::new(QuotaPolicies::default()),
             clients: clients::ClientTable::default(),
             discards: discard::DiscardQueue::default(),
+            reported: Mutex::default(),
             nof_health,
             need_eviction: AtomicBool::new(false),
             above_watermark: AtomicBool::new(false),

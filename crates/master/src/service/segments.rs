@@ -1,7 +1,7 @@
 //! Segments and client liveness: mount / remount / unmount / graceful unmount wired to the pool's two-phase
 //! unmount and the metadata sweep; Ping and the client TTL.
 
-use super::MasterService;
+use super::{MasterService, NofProbe};
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome};
 use crescent_proto::{
@@ -192,7 +192,22 @@ impl MasterService {
     /// A client could not reach the nodes of `segments` (connection refused, reset, timed out): they take no
     /// new placements and their replicas are not handed to readers until the node's next ping (or its client
     /// TTL unmounts them). Unknown ids are ignored. Returns how many segments became suspect.
+    ///
+    /// With `verify_unreachable_reports` nothing turns suspect here: the OK segments reported wait for the
+    /// master's own probe ([`MasterService::take_unreachable_reports`], [`MasterService::confirm_unreachable`]).
     pub fn report_unreachable(&self, reporter: ClientId, segments: &[SegmentId]) -> usize {
+        if self.config.verify_unreachable_reports {
+            let ok: Vec<SegmentId> = segments
+                .iter()
+                .copied()
+                .filter(|&id| self.pool.segment(id).is_some_and(|s| s.status == SegmentStatus::Ok))
+                .collect();
+            if !ok.is_empty() {
+                tracing::debug!(%reporter, segments = ok.len(), "unreachable report: probing the segments' nodes");
+                self.reported.lock().extend(ok);
+            }
+            return 0;
+        }
         let mut n = 0;
         for &id in segments {
             if let Ok(true) = self.pool.suspect(id) {
@@ -201,6 +216,32 @@ impl MasterService {
             }
         }
         n
+    }
+
+    /// The reported segments to probe now (each once, however many reports named it), with their endpoints.
+    pub fn take_unreachable_reports(&self) -> Vec<NofProbe> {
+        let ids = std::mem::take(&mut *self.reported.lock());
+        ids.into_iter()
+            .filter_map(|id| self.pool.segment(id))
+            .filter(|s| s.status == SegmentStatus::Ok)
+            .map(|s| NofProbe { segment: s.spec.id, endpoint: s.spec.endpoint.clone() })
+            .collect()
+    }
+
+    /// The master's probe of a reported segment: one that did not answer turns SUSPECT (until its node's next
+    /// ping); one that answered stays as it was. Returns whether it turned suspect.
+    pub fn confirm_unreachable(&self, segment: SegmentId, answered: bool) -> bool {
+        if answered {
+            self.metrics.unreachable_refuted.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%segment, "unreachable report refuted: the node answered the master's probe");
+            return false;
+        }
+        self.metrics.unreachable_confirmed.fetch_add(1, Ordering::Relaxed);
+        let suspect = matches!(self.pool.suspect(segment), Ok(true));
+        if suspect {
+            tracing::warn!(%segment, "segment suspect: reported unreachable and the master's probe failed too");
+        }
+        suspect
     }
 
     /// ClusterInfo: the mode clients must respect and how much the memory segments hold.
