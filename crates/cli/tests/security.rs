@@ -336,10 +336,22 @@ async fn a_node_credential_serves_segments_but_is_no_client_and_unmounts_only_it
     assert_eq!(t.get("k").await.unwrap(), b"value", "the segment and its object are still there");
 }
 
+/// A memory segment whose endpoint nobody serves (nothing listens on port 1).
+fn unserved_segment(id: SegmentId, name: &str) -> crescent_proto::SegmentSpec {
+    crescent_proto::SegmentSpec {
+        id,
+        name: name.into(),
+        base: 1 << 30,
+        size: 1 << 20,
+        endpoint: "127.0.0.1:1".into(),
+        kind: crescent_proto::SegmentKind::Memory,
+        host_id: String::new(),
+    }
+}
+
 #[tokio::test]
 async fn a_client_id_is_its_first_principals_and_another_cannot_act_in_its_name() {
     use crescent_client::master::MasterConnection;
-    use crescent_proto::{SegmentKind, SegmentSpec};
     let c = Cluster::start();
     let conn = |principal: &str, id: ClientId| {
         MasterConnection::new(&c.master(), id, PeerRole::Node, 1, DEADLINE)
@@ -348,15 +360,7 @@ async fn a_client_id_is_its_first_principals_and_another_cannot_act_in_its_name(
     // A storage node (client id `victim`) mounts a segment, then its connection closes (a reconnect, say).
     let victim = ClientId::random();
     let segment = SegmentId::random();
-    let spec = SegmentSpec {
-        id: segment,
-        name: "victim-seg".into(),
-        base: 1 << 30,
-        size: 1 << 20,
-        endpoint: "127.0.0.1:1".into(),
-        kind: SegmentKind::Memory,
-        host_id: String::new(),
-    };
+    let spec = unserved_segment(segment, "victim-seg");
     let node = conn("node", victim);
     node.call(&MasterRequest::MountSegment { client: victim, spec }).await.unwrap();
     let status = |s: SegmentId| MasterRequest::SegmentStatus { segment: s };
@@ -391,7 +395,7 @@ async fn await_metric(c: &Cluster, name: &str, at_least: u64) {
 async fn a_tenants_unreachable_report_is_believed_only_when_the_masters_own_probe_fails() {
     use crescent_client::master::MasterConnection;
     use crescent_proto::wire::Batch;
-    use crescent_proto::{MasterResponse, SegmentKind, SegmentSpec, SegmentStatus};
+    use crescent_proto::{MasterResponse, SegmentStatus};
     let c = Cluster::start();
     c.client("admin", "").set_tenant_quota("t", 8 << 20).await.unwrap();
     let t = c.client("tenant:t", "t");
@@ -410,15 +414,7 @@ async fn a_tenants_unreachable_report_is_believed_only_when_the_masters_own_prob
     // A segment whose node is gone: nothing listens at its endpoint.
     let dead = SegmentId::random();
     let owner = ClientId::random();
-    let spec = SegmentSpec {
-        id: dead,
-        name: "dead-node".into(),
-        base: 1 << 30,
-        size: 1 << 20,
-        endpoint: "127.0.0.1:1".into(),
-        kind: SegmentKind::Memory,
-        host_id: String::new(),
-    };
+    let spec = unserved_segment(dead, "dead-node");
     conn("node", owner).call(&MasterRequest::MountSegment { client: owner, spec }).await.unwrap();
 
     // A tenant reports both. The live node answers the master's probe: the report is refuted and the segment
