@@ -8,6 +8,8 @@
 //! master still tracks the client as alive (its liveness TTL): a client that reconnects keeps its id, and
 //! nobody can step in between. `admin` never claims (it may act in any client's name anyway).
 //!
+//! Lock order: the claims mutex, then (in `alive`) the service's client table; nothing else under it.
+//!
 //! The table is this master's: after a failover the new leader's starts empty and the first connections claim
 //! again (their own clients reconnect first in practice, but nothing enforces it).
 
