@@ -749,9 +749,7 @@ impl Client {
             let started = Instant::now();
             let list = self.replica_list(key).await?;
             let read = self.read_owned(key, &list, started, &unreached).await;
-            self.release_leases(&[key]).await;
-            self.report_unreachable(unreached.unreported()).await;
-            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+            if let Some(r) = self.settle_read(key, read, &unreached, &mut refetched).await {
                 return r;
             }
         }
@@ -809,9 +807,7 @@ impl Client {
             let started = Instant::now();
             let list = self.replica_list(key).await?;
             let read = self.read_fitted(key, &list, buf, started, &unreached).await;
-            self.release_leases(&[key]).await;
-            self.report_unreachable(unreached.unreported()).await;
-            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+            if let Some(r) = self.settle_read(key, read, &unreached, &mut refetched).await {
                 return r;
             }
         }
@@ -835,12 +831,24 @@ impl Client {
                 Ok(mut buf) => self.read_fitted(key, &list, buf.as_mut(), started, &unreached).await.map(|n| (buf, n)),
                 Err(e) => Err(e),
             };
-            self.release_leases(&[key]).await;
-            self.report_unreachable(unreached.unreported()).await;
-            if let Some(r) = once_more_on_lease_expiry(key, read, &mut refetched) {
+            if let Some(r) = self.settle_read(key, read, &unreached, &mut refetched).await {
                 return r;
             }
         }
+    }
+
+    /// Ends one attempt of a single-key read: its lease released, the nodes it could not reach reported; then
+    /// its result, or `None` to look the key up and read once more (the read outlived its lease, the first time).
+    async fn settle_read<T>(
+        &self,
+        key: &str,
+        read: Result<T, ClientError>,
+        unreached: &Unreached,
+        refetched: &mut bool,
+    ) -> Option<Result<T, ClientError>> {
+        self.release_leases(&[key]).await;
+        self.report_unreachable(unreached.unreported()).await;
+        once_more_on_lease_expiry(key, read, refetched)
     }
 
     /// Reads the object `list` describes into the start of `buf` (which must hold it); returns its size.
