@@ -562,13 +562,13 @@ fn without_a_write_hold_freed_space_is_reused_at_once() {
 }
 
 #[test]
-fn a_grant_sealed_for_a_buffer_holds_its_space_until_the_grant_is_over() {
+fn a_buffer_handed_out_holds_its_space_until_the_handout_is_over() {
     let (p, s, clock) = held_pool();
     let old = place_on(&p, "a", 4 * MIB).unwrap();
     // Long after its allocation, a reader is granted the range for 5 s (a lease), then the object goes (a
     // forced removal, or an upsert in place re-granted for writing): the space waits for the grant.
     clock.advance(Duration::from_secs(60));
-    p.note_grant(s.id, old.offset(), Duration::from_secs(5));
+    old.hold_for(Duration::from_secs(5));
     clock.advance(Duration::from_secs(1));
     drop(old);
     assert_eq!(p.segment(s.id).unwrap().usage.held, 4 * MIB);
@@ -576,8 +576,6 @@ fn a_grant_sealed_for_a_buffer_holds_its_space_until_the_grant_is_over() {
     assert!(place_on(&p, "a", MIB).is_err(), "the grant has 1 ms left");
     clock.advance(Duration::from_millis(1));
     assert!(place_on(&p, "a", 4 * MIB).is_ok(), "free once the grant is over");
-    // A grant for an unknown segment is ignored.
-    p.note_grant(SegmentId::random(), 0, Duration::from_secs(5));
 }
 
 #[test]
@@ -587,7 +585,7 @@ fn holds_ending_out_of_their_freeing_order_are_released_each_at_its_own_end() {
     // Past the allocation windows, grants of 4, 1, 3 and 2 s: freed in one order, due in another.
     clock.advance(Duration::from_secs(60));
     for (b, secs) in bufs.iter().zip([4, 1, 3, 2]) {
-        p.note_grant(s.id, b.offset(), Duration::from_secs(secs));
+        b.hold_for(Duration::from_secs(secs));
     }
     drop(bufs);
     assert_eq!(p.segment(s.id).unwrap().usage.held, 4 * MIB);

@@ -405,3 +405,51 @@ fn batch_calls_count_every_key_and_every_failure_in_the_metrics() {
     assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["a"]).len(), 1);
     assert_eq!(counts(&m.put_revoke), (1, 1));
 }
+
+/// On a master with a write hold (one whose edge seals data-plane grants), every range handed out keeps its space,
+/// once freed, out of reuse until a grant for it can no longer be honoured: the lease plus the clock slack for a
+/// read, the write window plus the slack for a write. The hold is taken as the ranges are handed out, under the
+/// object's lock, so a forced removal right after a get (before the edge has even sealed the read grant) cannot
+/// free the space for another object the reader could then read through its grant.
+#[test]
+fn ranges_handed_out_stay_held_for_their_grants_life_even_when_removed_at_once() {
+    let config = MasterConfig {
+        write_hold_ms: 12_000,
+        grant_write_window_ms: 10_000,
+        lease_ttl_ms: 5_000,
+        ..Default::default()
+    };
+    let h = Harness::new(config, 1, 64 * MIB);
+    let held = |h: &Harness| h.svc.pool().usage(crescent_proto::SegmentKind::Memory).held;
+
+    h.put("read", 8 * MIB);
+    h.advance(Duration::from_secs(60)); // its allocation's own hold is long over
+    let list = h.get("read").unwrap();
+    assert_eq!(list.replicas.len(), 1);
+    h.svc.remove("", "read", true).unwrap();
+    assert_eq!(held(&h), 8 * MIB, "the range a reader was just handed is held");
+    h.advance(Duration::from_millis(5_999)); // lease 5 s + 1 s slack, less 1 ms
+    assert_eq!(held(&h), 8 * MIB);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(held(&h), 0, "free once no read grant for it can be honoured");
+
+    // An upsert of the same size rewrites the object's own buffers: handed out again, for writing.
+    h.put("write", 8 * MIB);
+    h.advance(Duration::from_secs(60));
+    let again = h.svc.upsert_start(h.writer, "", "write", 8 * MIB, &ReplicateConfig::default()).unwrap();
+    assert_eq!(again.len(), 1);
+    h.svc.upsert_revoke(h.writer, "", "write").unwrap();
+    assert!(h.get("write").is_err(), "a revoked rewrite leaves no readable object");
+    assert_eq!(held(&h), 8 * MIB, "the rewritten range is held");
+    h.advance(Duration::from_millis(10_999)); // write window 10 s + 1 s slack, less 1 ms
+    assert_eq!(held(&h), 8 * MIB);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(held(&h), 0);
+
+    // Without a write hold (no grants sealed), nothing is held.
+    let h = Harness::default3();
+    h.put("plain", 8 * MIB);
+    h.get("plain").unwrap();
+    h.svc.remove("", "plain", true).unwrap();
+    assert_eq!((held(&h), h.used()), (0, 0));
+}

@@ -591,18 +591,6 @@ impl SegmentPool {
         self.len() == 0
     }
 
-    /// Notes a data-plane grant sealed now for the buffer at `offset` of `segment`, honoured for at most `life`:
-    /// with a write hold, that buffer's space stays out of reuse until then once freed (a no-op without one).
-    pub fn note_grant(&self, segment: SegmentId, offset: u64, life: std::time::Duration) {
-        if self.config.write_hold.is_none() {
-            return;
-        }
-        let st = self.state.read();
-        if let Some(res) = st.catalog.get(&segment).and_then(|r| st.resource(&r.spec)) {
-            res.note_grant(offset, life);
-        }
-    }
-
     /// Capacity and use of the live (not deactivated) segments of one medium.
     pub fn usage(&self, kind: SegmentKind) -> PoolUsage {
         let st = self.state.read();

@@ -96,11 +96,11 @@ pub struct RegionResource {
 }
 
 /// What a region with a write hold tracks: kept here rather than in each buffer, so a replica stays as small
-/// without authentication as with it (the hold costs a map entry per allocation or grant of the last window).
+/// without authentication as with it (the hold costs a map entry per allocation or handout of the last window).
 #[derive(Debug, Default)]
 struct Holding {
     /// Until when each recent allocation's space must stay out of reuse once freed, by offset: its allocation
-    /// plus the window, pushed later by each grant sealed for it (the grant's life plus slack).
+    /// plus the window, pushed later by each handout of it (`AllocatedBuffer::hold_for`: a grant's life plus slack).
     until: HashMap<u64, Timestamp>,
     /// The same as recorded (a renewal records anew), to forget entries once they are over.
     order: VecDeque<(Timestamp, u64)>,
@@ -214,9 +214,9 @@ impl RegionResource {
         self.holding.lock().hold_until(now, alloc.offset(), now.saturating_add(h.window));
     }
 
-    /// Notes a grant sealed now for the allocation at `offset`, valid for at most `life` on any node's clock:
-    /// once freed, its space is held until then.
-    pub fn note_grant(&self, offset: u64, life: Duration) {
+    /// Notes that the allocation at `offset` was handed out now for a transfer a node honours for at most `life`
+    /// on any clock: once freed, its space is held until then.
+    fn hold_for(&self, offset: u64, life: Duration) {
         let Some(h) = self.hold.get() else { return };
         let now = h.clock.now();
         self.holding.lock().hold_until(now, offset, now.saturating_add(life));
@@ -434,6 +434,15 @@ impl AllocatedBuffer {
     /// Byte offset inside the segment.
     pub fn offset(&self) -> u64 {
         self.alloc.offset()
+    }
+
+    /// Keeps the space, once freed, out of reuse for `life` from now (a no-op in a region without a write hold).
+    /// The master calls it for every range it hands out, while the object's lock still pins the buffer, so a
+    /// removal that follows at once (even forced) cannot free the space under a grant about to be sealed for it.
+    pub fn hold_for(&self, life: Duration) {
+        if let Some(r) = self.region.upgrade() {
+            r.hold_for(self.alloc.offset(), life);
+        }
     }
 
     /// Object bytes this buffer holds (the requested size).

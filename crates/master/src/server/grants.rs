@@ -15,16 +15,13 @@ use crescent_proto::{ReplicaDescriptor, ReplicaLocation};
 use std::time::Duration;
 
 /// Seals grants into `reply` (put and get replies; others are left alone) for `bearer`, write grants living
-/// the service's write window, read grants the lease. Each grant is noted with the pool, which keeps the space
-/// out of reuse until the grant can no longer be honoured (the grant's life plus the clock slack), even if its
-/// object is removed or its lease released before that.
+/// the service's write window, read grants the lease. The service already holds each range handed out, once
+/// freed, out of reuse for longer than its grant can be honoured (`MasterService::hand_out`), even if the
+/// object is removed before the grant is sealed.
 pub fn seal(svc: &MasterService, keyring: &Keyring, bearer: &Bearer, reply: &mut MasterReply) {
     let write_window = Duration::from_millis(svc.config().grant_write_window_ms);
-    let mut sealed = |op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration| {
+    let sealed = |op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration| {
         r.grant = grant(keyring, op, bearer, &r.location, ttl);
-        if let (Some(g), Some(segment)) = (&r.grant, r.location.segment_id()) {
-            svc.pool().note_grant(segment, g.offset, ttl + Duration::from_millis(SKEW_MS));
-        }
     };
     let writes = |replicas: &mut Vec<ReplicaDescriptor>| {
         replicas.iter_mut().for_each(|r| sealed(GrantOp::Write, r, write_window));
@@ -32,16 +29,16 @@ pub fn seal(svc: &MasterService, keyring: &Keyring, bearer: &Bearer, reply: &mut
     match reply {
         Ok(MasterResponse::Replicas(replicas)) => writes(replicas),
         Ok(MasterResponse::BatchReplicas(items)) => items.iter_mut().flatten().for_each(writes),
-        Ok(MasterResponse::ReplicaList(list)) => reads(list, &mut sealed),
+        Ok(MasterResponse::ReplicaList(list)) => reads(list, &sealed),
         Ok(MasterResponse::BatchReplicaList(items)) => {
-            items.iter_mut().flatten().for_each(|list| reads(list, &mut sealed));
+            items.iter_mut().flatten().for_each(|list| reads(list, &sealed));
         }
         _ => {}
     }
 }
 
 /// Read grants for a replica list's readable replicas, living the lease.
-fn reads(list: &mut GetReplicaListResponse, sealed: &mut impl FnMut(GrantOp, &mut ReplicaDescriptor, Duration)) {
+fn reads(list: &mut GetReplicaListResponse, sealed: &impl Fn(GrantOp, &mut ReplicaDescriptor, Duration)) {
     let lease = Duration::from_millis(list.lease_ttl_ms);
     list.replicas.iter_mut().for_each(|r| sealed(GrantOp::Read, r, lease));
 }

@@ -31,6 +31,15 @@ use crate::placement::{PlacementPolicy, Placer};
 use crate::segment_pool::{PoolConfig, SegmentPool, WriteHold};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
 use parking_lot::Mutex;
+
+/// What replicas are handed out for: it decides how long a transfer to them may still come.
+#[derive(Debug, Clone, Copy)]
+enum Handout {
+    /// A put's (or an upsert's) ranges, written under a write grant.
+    Write,
+    /// A get's ranges, read under the lease.
+    Read,
+}
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -321,6 +330,36 @@ impl MasterService {
 
     fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.config.lease_ttl_ms)
+    }
+
+    /// How long a range handed out for `purpose` may still be transferred on any node's clock: the life of the
+    /// data-plane grant an authenticating master's edge seals for it (the write window, or the lease) plus the
+    /// clock slack. On a master with a write hold, that range's space stays out of reuse at least this long.
+    fn handout_life(&self, purpose: Handout) -> Duration {
+        let ms = match purpose {
+            Handout::Write => self.config.grant_write_window_ms,
+            Handout::Read => self.config.lease_ttl_ms,
+        };
+        Duration::from_millis(ms.saturating_add(crescent_net::grant::SKEW_MS))
+    }
+
+    /// The descriptors of `replicas` handed out for `purpose`, each buffer's space held for the handout's life
+    /// (see [`AllocatedBuffer::hold_for`](crate::segment_pool::AllocatedBuffer::hold_for)). Called under the
+    /// object's lock.
+    fn hand_out<'a>(
+        &self,
+        replicas: impl IntoIterator<Item = &'a crate::metadata::Replica>,
+        purpose: Handout,
+    ) -> Vec<crescent_proto::ReplicaDescriptor> {
+        let life = self.handout_life(purpose);
+        replicas
+            .into_iter()
+            .filter_map(|r| {
+                let d = r.descriptor()?;
+                r.buffer.hold_for(life);
+                Some(d)
+            })
+            .collect()
     }
 
     /// Resolves the tenant of a read-type request. `Ok(None)`: a valid tenant with no state (nothing to find).

@@ -1,7 +1,7 @@
 //! The read path: GetReplicaList, ExistKey and batch forms grant leases (group-aware); a reader releases its
 //! lease when it has its bytes (ReleaseLeases); Stat looks without leasing.
 
-use super::MasterService;
+use super::{Handout, MasterService};
 use crate::clock::Timestamp;
 use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState};
 use crescent_proto::{ErrorCode, GetReplicaListResponse, ObjectStat, ReplicaDescriptor, ReplicaStatus};
@@ -117,7 +117,7 @@ impl MasterService {
             // Segment liveness is not under this lock, so readability is decided on one look: the descriptors
             // handed out (a second look could find the last readable segment gone and answer with no replicas).
             let descriptors: Vec<ReplicaDescriptor> = if want_descriptors {
-                st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect()
+                self.hand_out(st.replicas.iter().filter(|r| r.is_readable()), Handout::Read)
             } else {
                 Vec::new()
             };

@@ -1,6 +1,6 @@
 //! The write path: PutStart / PutEnd / PutRevoke, UpsertStart / End / Revoke, and their batch forms.
 
-use super::{MasterService, OpCounter};
+use super::{Handout, MasterService, OpCounter};
 use crate::clock::Timestamp;
 use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
@@ -51,10 +51,6 @@ enum Next {
     Done(Vec<ReplicaDescriptor>),
     /// Upsert of a different size: allocate, then swap into this entry.
     Replace { entry: Arc<ObjectEntry>, hard_pinned: bool },
-}
-
-fn descriptors(replicas: &[Replica]) -> Vec<ReplicaDescriptor> {
-    replicas.iter().filter_map(Replica::descriptor).collect()
 }
 
 impl MasterService {
@@ -322,7 +318,7 @@ impl MasterService {
         let pending_charge = std::mem::take(&mut st.charged);
         st.pending =
             Some(Box::new(PendingWrite { writer: client, started: now, soft_pin: spec.soft_pin, pending_charge }));
-        let d = descriptors(&st.replicas);
+        let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
         self.discard(discarded);
         drop(stale);
@@ -584,7 +580,7 @@ impl MasterService {
             replicas: replicas.into_iter().collect(),
             ..ObjectState::new(spec.size)
         };
-        let descs = descriptors(&state.replicas);
+        let descs = self.hand_out(&state.replicas, Handout::Write);
         let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
         let key = spec.key;
         let published = match spec.group.filter(|g| !g.is_empty()) {
@@ -660,7 +656,7 @@ impl MasterService {
             soft_pin: spec.soft_pin,
             pending_charge: charge,
         }));
-        let d = descriptors(&st.replicas);
+        let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
         self.discards.push(release_at, old.into_iter().map(|r| r.buffer).collect());
         Ok(d)
