@@ -198,6 +198,20 @@ impl PoolState {
         self.drivers.driver(spec.kind).ok()?.resource(&spec.id)
     }
 
+    /// A new segment's region, checked (its shape by its driver, then against the catalog and the rest of
+    /// `batch`) and prepared with `hold`; nothing shared changes until it is committed.
+    fn prepare_new(
+        &self,
+        spec: &SegmentSpec,
+        batch: &[&SegmentSpec],
+        hold: Option<&WriteHold>,
+    ) -> Result<PreparedRegion, PoolError> {
+        let prepared = self.drivers.driver(spec.kind)?.prepare_open(spec)?;
+        prepared.resource.hold_writes(hold);
+        self.validate_new(spec, batch)?;
+        Ok(prepared)
+    }
+
     /// Catalog-level checks for a new segment (the driver has already checked its shape).
     fn validate_new(&self, spec: &SegmentSpec, batch: &[&SegmentSpec]) -> Result<(), PoolError> {
         if spec.kind == SegmentKind::Nof {
@@ -319,11 +333,33 @@ impl SegmentPool {
             }
             return Ok(MountOutcome::AlreadyMounted);
         }
-        let prepared = st.drivers.driver(spec.kind)?.prepare_open(&spec)?;
-        prepared.resource.hold_writes(self.config.write_hold.as_ref());
-        st.validate_new(&spec, &[])?;
+        let prepared = st.prepare_new(&spec, &[], self.config.write_hold.as_ref())?;
         st.commit_and_publish(client, spec, SegmentStatus::Ok, None, prepared)?;
         Ok(MountOutcome::Mounted)
+    }
+
+    /// Why mounting `specs` for `client` (one spec: a mount; several: a remount) is refused now, changing nothing:
+    /// the same checks `mount` and `remount` make, for the words of an error reply. `None`: it would be accepted.
+    pub fn mount_refusal(&self, client: ClientId, specs: &[SegmentSpec]) -> Option<PoolError> {
+        let st = self.state.read();
+        let mut seen = HashSet::new();
+        let mut fresh: Vec<&SegmentSpec> = Vec::new();
+        for spec in specs {
+            if !seen.insert(spec.id) {
+                return Some(PoolError::InvalidSpec(format!("segment {} listed twice", spec.id)));
+            }
+            match st.catalog.get(&spec.id) {
+                Some(existing) if existing.client != client || *existing.spec != *spec => {
+                    return Some(PoolError::ConflictingMount(spec.id));
+                }
+                Some(existing) if existing.status == SegmentStatus::Unmounting => {
+                    return Some(PoolError::UnavailableInStatus { id: spec.id, status: existing.status });
+                }
+                Some(_) => {}
+                None => fresh.push(spec),
+            }
+        }
+        (0..fresh.len()).find_map(|i| st.prepare_new(fresh[i], &fresh[..i], None).err())
     }
 
     /// Re-mounts a client's segments after it was told `NEED_REMOUNT` (e.g. after a master restart). Segments
@@ -358,10 +394,7 @@ impl SegmentPool {
         }
         let mut prepared = Vec::with_capacity(fresh.len());
         for (i, spec) in fresh.iter().enumerate() {
-            let p = st.drivers.driver(spec.kind)?.prepare_open(spec)?;
-            p.resource.hold_writes(self.config.write_hold.as_ref());
-            st.validate_new(spec, &fresh[..i])?;
-            prepared.push(p);
+            prepared.push(st.prepare_new(spec, &fresh[..i], self.config.write_hold.as_ref())?);
         }
         for (spec, p) in fresh.into_iter().zip(prepared) {
             report.mounted.push(spec.id);

@@ -113,6 +113,8 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             | R::SetLocalSsdOffloading { client, .. }
             | R::LocalSsdStatus { client: Some(client) },
         ) => explain_local_ssd(req, *client, code),
+        (_, R::MountSegment { client, spec }) => mount_refusal(svc, *client, std::slice::from_ref(spec)),
+        (_, R::RemountSegments { client, specs }) => mount_refusal(svc, *client, &specs.0),
         _ => String::new(),
     }
 }
@@ -166,5 +168,48 @@ fn explain_local_ssd(req: &MasterRequest, client: ClientId, code: ErrorCode) -> 
             format!("a local SSD capacity of {capacity} bytes is over the limit of {} bytes", i64::MAX)
         }
         _ => format!("local SSD of client {client}"),
+    }
+}
+
+/// The words of a refused mount or remount: the pool's reason, found by checking again (it changes nothing).
+fn mount_refusal(svc: &MasterService, client: ClientId, specs: &[crescent_proto::SegmentSpec]) -> String {
+    svc.pool().mount_refusal(client, specs).map_or_else(String::new, |e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::MasterConfig;
+    use crescent_proto::wire::Batch;
+
+    /// A refused mount or remount says why, in the pool's words (it used to be a bare `INVALID_PARAMS`).
+    #[test]
+    fn a_refused_mount_says_why() {
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        let owner = ClientId::random();
+        let mounted = crescent_testkit::segment("a", 1 << 20);
+        svc.mount_segment(owner, mounted.clone()).unwrap();
+        let why = |req: &MasterRequest, code: ErrorCode| explain(&svc, req, code);
+
+        let mut empty = crescent_testkit::segment("b", 1 << 20);
+        empty.size = 0;
+        let code = svc.mount_segment(owner, empty.clone()).unwrap_err();
+        let req = MasterRequest::MountSegment { client: owner, spec: empty.clone() };
+        assert_eq!(why(&req, code), "invalid segment: segment size is 0");
+
+        let other = ClientId::random();
+        let code = svc.mount_segment(other, mounted.clone()).unwrap_err();
+        let req = MasterRequest::MountSegment { client: other, spec: mounted.clone() };
+        assert!(why(&req, code).contains("already mounted with different parameters or by another client"));
+
+        let twice = Batch(vec![empty.clone(), empty.clone()]);
+        let code = svc.remount_segments(owner, &twice.0).unwrap_err();
+        let req = MasterRequest::RemountSegments { client: owner, specs: twice };
+        assert_eq!(why(&req, code), format!("invalid segment: segment {} listed twice", empty.id));
+
+        let fine = crescent_testkit::segment("c", 1 << 20);
+        let req = MasterRequest::MountSegment { client: owner, spec: fine };
+        assert_eq!(why(&req, ErrorCode::InvalidParams), "", "nothing to say about a mount the pool would accept");
     }
 }
