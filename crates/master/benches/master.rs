@@ -1,5 +1,6 @@
-//! Master core benchmarks (issue 3): throughput on distinct keys at 1 and 2 threads, resident memory per
-//! object, and GetReplicaList latency while a million-object eviction runs.
+//! Master core benchmarks (issue 3): throughput on distinct keys at 1 and 2 threads (also with the write hold a
+//! master sealing data-plane grants runs, issue 17), resident memory per object, and GetReplicaList latency
+//! while a million-object eviction runs.
 //!
 //! `cargo bench -p crescent-master --bench master [-- --objects N]`. Prints one line per measurement.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -15,7 +16,11 @@ use std::time::{Duration, Instant};
 const GIB: u64 = 1 << 30;
 
 fn service(segments: usize) -> MasterService {
-    let svc = MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap();
+    service_with(MasterConfig::default(), segments)
+}
+
+fn service_with(config: MasterConfig, segments: usize) -> MasterService {
+    let svc = MasterService::new(config, Arc::new(SystemClock::new())).unwrap();
     for i in 0..segments {
         let spec = crescent_testkit::segment_on(&format!("node{i}"), 256 * GIB, &format!("host{i}"));
         svc.mount_segment(ClientId::random(), spec).unwrap();
@@ -50,8 +55,16 @@ fn parallel(threads: u64, per_thread: u64, f: impl Fn(u64) + Sync) -> f64 {
 }
 
 fn throughput(per_thread: u64) {
-    for threads in [1u64, 2] {
-        let svc = service(4);
+    // `hold=on`: freed space held 12 s after its allocation and every range handed out held for its grant's life,
+    // as on a master with a cluster secret (`server::grants::hold_for_grants`).
+    let held = MasterConfig { write_hold_ms: 12_000, ..MasterConfig::default() };
+    for (hold, config, threads) in [
+        ("off", MasterConfig::default(), 1u64),
+        ("on", held.clone(), 1),
+        ("off", MasterConfig::default(), 2),
+        ("on", held, 2),
+    ] {
+        let svc = service_with(config, 4);
         let writer = ClientId::random();
         let cfg = ReplicateConfig::default();
         let put = parallel(threads, per_thread, |i| {
@@ -66,7 +79,8 @@ fn throughput(per_thread: u64) {
             assert!(svc.exist_key("", &key(i)).unwrap());
         });
         println!(
-            "throughput threads={threads} put_start+put_end={put:.0}/s get_replica_list={get:.0}/s exist_key={exist:.0}/s"
+            "throughput threads={threads} hold={hold} put_start+put_end={put:.0}/s get_replica_list={get:.0}/s \
+             exist_key={exist:.0}/s"
         );
     }
 }

@@ -31,6 +31,10 @@ use crate::placement::{PlacementPolicy, Placer};
 use crate::segment_pool::{PoolConfig, SegmentPool, WriteHold};
 use crescent_proto::{ErrorCode, SegmentKind, TenantId};
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// What replicas are handed out for: it decides how long a transfer to them may still come.
 #[derive(Debug, Clone, Copy)]
@@ -40,10 +44,6 @@ enum Handout {
     /// A get's ranges, read under the lease.
     Read,
 }
-use serde::{Deserialize, Serialize};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Longest a write waits for the room its eviction round freed to become durable (a backend that takes longer
 /// is failing: the write then fails for want of room, and admission is closing anyway).
