@@ -37,12 +37,14 @@ poll_us = 20
 threads = 3
 max_connections = 1000
 frame_timeout_ms = 20000
+local_lanes = false
 [client]
 replicas = 2
 stripe_size = "1MiB"
 write_stripe_size = "8MiB"
 poll_us = 7
 request_timeout = "750ms"
+local_lanes = false
 "#;
 
 /// The default master address (and `crescent master`'s listen address).
@@ -141,6 +143,9 @@ pub struct NodeSection {
     /// Milliseconds a peer may take over its hello, the rest of a frame it started, or taking a reply
     /// (default 30000).
     pub frame_timeout_ms: Option<u64>,
+    /// Serve clients on this host over a Unix socket too, their payloads spared the TCP stack (default true;
+    /// never beside TLS).
+    pub local_lanes: Option<bool>,
 }
 
 /// Settings of client commands.
@@ -160,6 +165,8 @@ pub struct ClientSection {
     /// How long a master request (per master address) or a storage-node exchange may take (e.g. "500ms",
     /// "5s"; default 5s).
     pub request_timeout: Option<String>,
+    /// Reach storage nodes on this host over their Unix socket when they offer one (default true).
+    pub local_lanes: Option<bool>,
 }
 
 /// The whole file.
@@ -257,6 +264,9 @@ impl Global {
         if let Some(s) = self.client.write_stripe_size.as_deref().and_then(|s| crate::parse_size(s).ok()) {
             c.transfer.write_stripe_size = s;
         }
+        if let Some(local) = self.client.local_lanes {
+            c.transfer.local_lanes = local;
+        }
         if let Some(us) = self.client.poll_us {
             c.poll_window = std::time::Duration::from_micros(us);
             c.transfer.poll_window = c.poll_window;
@@ -298,6 +308,7 @@ mod tests {
         let c = g.client_config();
         assert_eq!((c.transfer.stripe_size, c.transfer.write_stripe_size), (1 << 20, 8 << 20));
         assert_eq!((c.poll_window, c.transfer.poll_window), (Duration::from_micros(7), Duration::from_micros(7)));
+        assert_eq!((f.node.local_lanes, c.transfer.local_lanes), (Some(false), false));
         let t = Duration::from_millis(750);
         assert_eq!((c.request_timeout, c.transfer.io_timeout, c.transfer.connect_timeout), (t, t, t));
         let default = Global::resolve(&None, &None, &FileConfig::default()).client_config();

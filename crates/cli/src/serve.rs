@@ -389,6 +389,7 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     c.memfd = g.memfd.or(n.memfd).unwrap_or(DEFAULT_MEMFD);
     c.prefault = g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT);
     c.host_id = g.host_id.clone().or_else(|| n.host_id.clone());
+    c.local_lanes = n.local_lanes.unwrap_or(true);
     // No per-connection polling (see `TransferServer::with_poll_window`): the node's runtime polls all its
     // connections at once before it sleeps (`[node] poll_us`, installed with the runtime).
     c.poll_window = Duration::ZERO;

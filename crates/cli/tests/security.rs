@@ -120,10 +120,18 @@ async fn replica_of(c: &Client, key: &str) -> (String, SegmentId, u64, u64) {
     }
 }
 
-/// Sends a hello without credential and then `request` (with `payload`) on a raw socket, as a script would;
+/// Sends a hello without credential and then `request` (with `payload`) on a raw socket to the node at
+/// `endpoint`, as a script would — over TCP, or over the node's local lanes (its Unix socket) when `local`;
 /// returns the hello's refusal.
-async fn raw_attempt(addr: &str, request: &TransferRequest, payload: &[u8]) -> ErrorFrame {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+async fn raw_attempt(endpoint: &str, local: bool, request: &TransferRequest, payload: &[u8]) -> ErrorFrame {
+    let mut s: Box<dyn Raw> = if local {
+        let addr = crescent_transfer::local_lane_address(endpoint).unwrap();
+        let s = std::os::unix::net::UnixStream::connect_addr(&addr).expect("the node serves local lanes");
+        s.set_nonblocking(true).unwrap();
+        Box::new(tokio::net::UnixStream::from_std(s).unwrap())
+    } else {
+        Box::new(TcpStream::connect(endpoint).await.unwrap())
+    };
     let hello = Head::encode(0, &Hello::new(PeerRole::Client, None), 0).unwrap();
     let req = Head::encode(1, request, payload.len()).unwrap();
     // Pipelined behind the hello, as an attacker who does not wait for an answer would.
@@ -144,6 +152,10 @@ async fn raw_attempt(addr: &str, request: &TransferRequest, payload: &[u8]) -> E
     refusal
 }
 
+/// A raw byte stream, TCP or Unix.
+trait Raw: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Raw for T {}
+
 #[tokio::test]
 async fn unauthenticated_peers_are_refused_on_both_planes_and_the_victims_bytes_are_unchanged() {
     let c = Cluster::start();
@@ -154,12 +166,15 @@ async fn unauthenticated_peers_are_refused_on_both_planes_and_the_victims_bytes_
     victim.put("victim", &value).await.unwrap();
     let (endpoint, segment, offset, length) = replica_of(&victim, "victim").await;
 
-    // A raw WRITE at the victim's offset, and a raw READ of it: refused at the hello.
-    let write = TransferRequest::Write { segment, offset, grant: None };
-    let refusal = raw_attempt(&endpoint, &write, &vec![0xEE; length as usize]).await;
-    assert_eq!(refusal.code, ErrorCode::AuthenticationFailed, "{}", refusal.message);
-    let read = TransferRequest::Read { segment, offset, length, grant: None };
-    assert_eq!(raw_attempt(&endpoint, &read, &[]).await.code, ErrorCode::AuthenticationFailed);
+    // A raw WRITE at the victim's offset, and a raw READ of it: refused at the hello, over TCP and over the
+    // node's local lanes alike.
+    for local in [false, true] {
+        let write = TransferRequest::Write { segment, offset, grant: None };
+        let refusal = raw_attempt(&endpoint, local, &write, &vec![0xEE; length as usize]).await;
+        assert_eq!(refusal.code, ErrorCode::AuthenticationFailed, "local {local}: {}", refusal.message);
+        let read = TransferRequest::Read { segment, offset, length, grant: None };
+        assert_eq!(raw_attempt(&endpoint, local, &read, &[]).await.code, ErrorCode::AuthenticationFailed);
+    }
 
     // The master likewise: no credential, or one of another cluster.
     let e = c.client_with(None, "v").get("victim").await.unwrap_err();
@@ -204,15 +219,18 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     let cred = c.credential("tenant:a", S1);
     let master = MasterConnection::new(&c.master(), me, PeerRole::Client, 1, DEADLINE)
         .with_credential(Some(cred.clone().into()));
-    let data = |id: ClientId, cred: &Credential| {
+    // Over the node's local lanes (its Unix socket: the attacker is on its host), or over TCP.
+    let data_over = |id: ClientId, cred: &Credential, local_lanes: bool| {
         let config = TransferConfig {
             credential: Some(cred.clone().into()),
             client_id: Some(id),
             io_timeout: DEADLINE,
+            local_lanes,
             ..TransferConfig::default()
         };
         TransferClient::new(config, SegmentRegistry::default())
     };
+    let data = |id: ClientId, cred: &Credential| data_over(id, cred, true);
     let t = data(me, &cred);
     // Its own put: the master grants exactly the 4 KiB it allocated.
     let key = || WireKey::Key("mine".into());
@@ -228,9 +246,11 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     t.write(&endpoint, Place::new(mine_seg, Some(write_grant)), mine_off, Bytes::from(vec![7u8; 4096])).await.unwrap();
 
     let junk = Bytes::from(vec![0xEE; length as usize]);
-    // No grant at all.
-    assert_eq!(refused(t.write(&endpoint, segment, offset, junk.clone()).await), ErrorCode::PermissionDenied);
-    assert_eq!(refused(t.read(&endpoint, segment, offset, length).await), ErrorCode::PermissionDenied);
+    // No grant at all, over either kind of lane.
+    for tt in [&t, &data_over(me, &cred, false)] {
+        assert_eq!(refused(tt.write(&endpoint, segment, offset, junk.clone()).await), ErrorCode::PermissionDenied);
+        assert_eq!(refused(tt.read(&endpoint, segment, offset, length).await), ErrorCode::PermissionDenied);
+    }
     // Its own grant, used on the victim's range.
     let at_victim = Place::new(segment, Some(write_grant));
     assert_eq!(refused(t.write(&endpoint, at_victim, offset, junk.clone()).await), ErrorCode::PermissionDenied);

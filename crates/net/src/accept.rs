@@ -19,13 +19,15 @@
 use crescent_proto::ErrorCode;
 use crescent_proto::wire::{ErrorFrame, Frame, HelloReply, frame_prefix};
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -210,19 +212,58 @@ impl AcceptCounters {
     }
 }
 
-/// A running server: its address, and the way to stop it. Dropping it stops the server too (without waiting).
+/// What an accept loop listens on: a TCP listener, or a Unix one for peers on the same host.
+pub trait Listener: Send + 'static {
+    /// An accepted connection.
+    type Stream: AsFd + Send + 'static;
+    /// Who is at the other end (for the logs).
+    type Peer: Debug + Send + 'static;
+    /// Accepts the next connection.
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, Self::Peer)>> + Send;
+    /// The connection's socket as a plain descriptor (a refusal is written on it without a task).
+    fn into_fd(stream: Self::Stream) -> std::io::Result<OwnedFd>;
+}
+
+impl Listener for TcpListener {
+    type Stream = TcpStream;
+    type Peer = SocketAddr;
+
+    fn accept(&self) -> impl Future<Output = std::io::Result<(TcpStream, SocketAddr)>> + Send {
+        TcpListener::accept(self)
+    }
+
+    fn into_fd(stream: TcpStream) -> std::io::Result<OwnedFd> {
+        Ok(stream.into_std()?.into())
+    }
+}
+
+impl Listener for UnixListener {
+    type Stream = UnixStream;
+    type Peer = tokio::net::unix::SocketAddr;
+
+    fn accept(&self) -> impl Future<Output = std::io::Result<(UnixStream, Self::Peer)>> + Send {
+        UnixListener::accept(self)
+    }
+
+    fn into_fd(stream: UnixStream) -> std::io::Result<OwnedFd> {
+        Ok(stream.into_std()?.into())
+    }
+}
+
+/// A running server: where it listens (a TCP address; for a Unix listener, its name), and the way to stop it.
+/// Dropping it stops the server too (without waiting).
 #[derive(Debug)]
-pub struct ServerHandle {
-    addr: SocketAddr,
+pub struct ServerHandle<A = SocketAddr> {
+    addr: A,
     stop: Shutdown,
     counters: AcceptCounters,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl ServerHandle {
+impl<A: Clone> ServerHandle<A> {
     /// Where the server listens.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+    pub fn local_addr(&self) -> A {
+        self.addr.clone()
     }
 
     /// The accept loop's counts.
@@ -246,7 +287,7 @@ impl ServerHandle {
     }
 }
 
-impl Drop for ServerHandle {
+impl<A> Drop for ServerHandle<A> {
     fn drop(&mut self) {
         self.stop.stop();
     }
@@ -266,6 +307,23 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let addr = listener.local_addr()?;
+    Ok(spawn_on(name, listener, addr, max_connections, serve))
+}
+
+/// [`spawn`] on any [`Listener`] (a Unix one: `addr` is then its name, for the handle and the logs).
+pub fn spawn_on<L, A, F, Fut>(
+    name: &'static str,
+    listener: L,
+    addr: A,
+    max_connections: usize,
+    serve: F,
+) -> ServerHandle<A>
+where
+    L: Listener,
+    A: Debug + Clone + Send + 'static,
+    F: Fn(L::Stream, L::Peer, Shutdown) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let stop = Shutdown::default();
     let max = fitting_cap(max_connections);
     if max < max_connections {
@@ -275,8 +333,8 @@ where
         );
     }
     let counters = Arc::new(Counters::default());
-    let task = tokio::spawn(accept_loop(name, listener, max, stop.clone(), counters.clone(), serve));
-    Ok(ServerHandle { addr, stop, counters: AcceptCounters { max_connections: max, counters }, task: Some(task) })
+    let task = tokio::spawn(accept_loop(name, listener, addr.clone(), max, stop.clone(), counters.clone(), serve));
+    ServerHandle { addr, stop, counters: AcceptCounters { max_connections: max, counters }, task: Some(task) }
 }
 
 /// The accept loop's view of one connection.
@@ -308,18 +366,20 @@ impl Throttle {
     }
 }
 
-async fn accept_loop<F, Fut>(
+async fn accept_loop<L, A, F, Fut>(
     name: &'static str,
-    listener: TcpListener,
+    listener: L,
+    addr: A,
     max: usize,
     stop: Shutdown,
     counters: Arc<Counters>,
     serve: F,
 ) where
-    F: Fn(TcpStream, SocketAddr, Shutdown) -> Fut + Send + 'static,
+    L: Listener,
+    A: Debug,
+    F: Fn(L::Stream, L::Peer, Shutdown) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let addr = listener.local_addr().ok();
     tracing::info!(server = name, ?addr, max_connections = max, "listening");
     let mut conns = JoinSet::new();
     let mut slots: HashMap<tokio::task::Id, Slot> = HashMap::new();
@@ -334,10 +394,10 @@ async fn accept_loop<F, Fut>(
                     backoff = ACCEPT_BACKOFF_MIN;
                     if slots.len() >= max && live(&slots) >= max {
                         let Some(slot) = longest_idle(&mut slots) else {
-                            refuse_busy(stream, max);
+                            refuse_busy::<L>(stream, max);
                             counters.refused.fetch_add(1, Ordering::Relaxed);
                             if let Some(unsaid) = refusal_warning.admit() {
-                                tracing::warn!(server = name, %peer, unsaid, "refused a connection: all {max} connections are busy");
+                                tracing::warn!(server = name, ?peer, unsaid, "refused a connection: all {max} connections are busy");
                             }
                             continue;
                         };
@@ -414,8 +474,9 @@ fn longest_idle(slots: &mut HashMap<tokio::task::Id, Slot>) -> Option<&mut Slot>
 
 /// Refuses a newcomer when every connection is busy: a `HelloReply` error under request id 0 and a close,
 /// without waiting on the peer (a task per refusal would hold the descriptors the cap is there to spare).
-fn refuse_busy(stream: TcpStream, max: usize) {
-    let Ok(stream) = stream.into_std() else { return };
+fn refuse_busy<L: Listener>(stream: L::Stream, max: usize) {
+    // Still non-blocking: written and read through as a plain descriptor.
+    let Ok(stream) = L::into_fd(stream).map(std::fs::File::from) else { return };
     let reply: HelloReply = Err(ErrorFrame {
         code: ErrorCode::UnavailableInCurrentStatus,
         message: format!(

@@ -1,19 +1,21 @@
-//! [`Conn`]: the byte stream of one connection, plain TCP or TLS over it, as every server and client holds it.
+//! [`Conn`]: the byte stream of one connection, plain TCP, TLS over it, or a Unix socket to a peer on the same
+//! host, as every server and client holds it.
 //!
 //! The zero-copy paths of the data plane work on the socket itself: payloads received straight into segment
 //! memory, `sendfile` of memfd pages. They need the bytes on the wire to be the frames' bytes, so they are taken
 //! only on a plain connection ([`Stream::plain`]); over TLS every byte passes through rustls instead (sealed into,
 //! or opened from, its record buffers). Busy-polling works on both ([`Stream::socket`]): after a poll saw input,
 //! a plain read and a TLS read ([`TlsSocket`]) both `recv` directly, without waiting for tokio's reactor to
-//! report the socket. The protocol above is the same.
+//! report the socket. A same-host connection ([`Conn::Local`], a storage node's local lanes) carries the same
+//! frames over a Unix socket, its payloads copied through the socket. The protocol above is the same.
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpStream, UnixStream, unix};
 use tokio_rustls::TlsStream;
 
 /// A TLS session over a TCP socket (boxed: its state is ~1 KiB, a plain connection should not carry that).
@@ -126,6 +128,9 @@ pub enum Conn {
     Plain(TcpStream),
     /// Frames inside TLS records.
     Tls(Tls),
+    /// Frames straight on a Unix socket: a peer on the same host (no network between, so no TLS; the hello
+    /// authenticates as on TCP).
+    Local(UnixStream),
 }
 
 /// A stream over a socket, plain or TLS.
@@ -142,12 +147,16 @@ impl Stream for Conn {
     fn plain(&self) -> Option<&TcpStream> {
         match self {
             Conn::Plain(s) => Some(s),
-            Conn::Tls(_) => None,
+            Conn::Tls(_) | Conn::Local(_) => None,
         }
     }
 
     fn socket(&self) -> BorrowedFd<'_> {
-        self.tcp().as_fd()
+        match self {
+            Conn::Plain(s) => s.as_fd(),
+            Conn::Tls(t) => t.get_ref().0.tcp().as_fd(),
+            Conn::Local(s) => s.as_fd(),
+        }
     }
 }
 
@@ -168,11 +177,13 @@ pub fn read_now<R: AsyncRead + Unpin, B: bytes::BufMut>(r: &mut R, buf: &mut B) 
 }
 
 impl Conn {
-    /// The TCP socket under the stream (for socket options and readiness).
-    pub fn tcp(&self) -> &TcpStream {
+    /// Waits until the socket under the stream is readable (over TLS: ciphertext arrived, which may not yet
+    /// make a whole record).
+    pub async fn readable(&self) -> io::Result<()> {
         match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(t) => t.get_ref().0.tcp(),
+            Conn::Plain(s) => s.readable().await,
+            Conn::Tls(t) => t.get_ref().0.tcp().readable().await,
+            Conn::Local(s) => s.readable().await,
         }
     }
 
@@ -186,6 +197,7 @@ impl Conn {
     pub fn try_read_buf<B: bytes::BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
         match self {
             Conn::Plain(s) => s.try_read_buf(buf),
+            Conn::Local(s) => s.try_read_buf(buf),
             Conn::Tls(_) => read_now(self, buf),
         }
     }
@@ -194,6 +206,7 @@ impl Conn {
     pub fn try_read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         match self {
             Conn::Plain(s) => s.try_read(dst),
+            Conn::Local(s) => s.try_read(dst),
             Conn::Tls(t) => now(|cx| {
                 let mut rb = ReadBuf::new(dst);
                 tls_read(t, cx, &mut rb).map_ok(|()| rb.filled().len())
@@ -209,6 +222,10 @@ impl Conn {
             Conn::Plain(s) => {
                 let (r, w) = s.into_split();
                 (ReadHalf::Plain(r), WriteHalf::Plain(w))
+            }
+            Conn::Local(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Local(r), WriteHalf::Local(w))
             }
             Conn::Tls(t) => {
                 let fd = t.get_ref().0.tcp().as_fd().try_clone_to_owned()?;
@@ -242,6 +259,7 @@ impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Local(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(t) => tls_read(t, cx, buf),
         }
     }
@@ -253,6 +271,7 @@ impl Conn {
         match self {
             Conn::Plain(s) => Pin::new(s),
             Conn::Tls(t) => Pin::new(t),
+            Conn::Local(s) => Pin::new(s),
         }
     }
 }
@@ -274,6 +293,7 @@ impl AsyncWrite for Conn {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(t) => t.is_write_vectored(),
+            Conn::Local(s) => s.is_write_vectored(),
         }
     }
 
@@ -293,13 +313,15 @@ pub enum ReadHalf {
     Plain(OwnedReadHalf),
     /// Reads of the shared TLS session, and the socket's descriptor (a duplicate) to poll.
     Tls(tokio::io::ReadHalf<Tls>, OwnedFd),
+    /// A Unix socket's own read half.
+    Local(unix::OwnedReadHalf),
 }
 
 impl Stream for ReadHalf {
     fn plain(&self) -> Option<&TcpStream> {
         match self {
             ReadHalf::Plain(r) => Some(r.as_ref()),
-            ReadHalf::Tls(..) => None,
+            ReadHalf::Tls(..) | ReadHalf::Local(_) => None,
         }
     }
 
@@ -307,6 +329,7 @@ impl Stream for ReadHalf {
         match self {
             ReadHalf::Plain(r) => r.as_ref().as_fd(),
             ReadHalf::Tls(_, fd) => fd.as_fd(),
+            ReadHalf::Local(r) => r.as_ref().as_fd(),
         }
     }
 }
@@ -316,6 +339,7 @@ impl AsyncRead for ReadHalf {
         match self.get_mut() {
             ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Tls(r, _) => tls_read(r, cx, buf),
+            ReadHalf::Local(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -327,6 +351,8 @@ pub enum WriteHalf {
     Plain(OwnedWriteHalf),
     /// Writes of the shared TLS session, and the socket's descriptor (a duplicate) for readiness checks.
     Tls(tokio::io::WriteHalf<Tls>, OwnedFd),
+    /// A Unix socket's own write half.
+    Local(unix::OwnedWriteHalf),
 }
 
 impl AsFd for WriteHalf {
@@ -335,6 +361,7 @@ impl AsFd for WriteHalf {
         match self {
             WriteHalf::Plain(w) => w.as_ref().as_fd(),
             WriteHalf::Tls(_, fd) => fd.as_fd(),
+            WriteHalf::Local(w) => w.as_ref().as_fd(),
         }
     }
 }
@@ -345,6 +372,7 @@ impl WriteHalf {
         match self {
             WriteHalf::Plain(w) => Pin::new(w),
             WriteHalf::Tls(w, _) => Pin::new(w),
+            WriteHalf::Local(w) => Pin::new(w),
         }
     }
 }
@@ -366,6 +394,7 @@ impl AsyncWrite for WriteHalf {
         match self {
             WriteHalf::Plain(w) => w.is_write_vectored(),
             WriteHalf::Tls(w, _) => w.is_write_vectored(),
+            WriteHalf::Local(w) => w.is_write_vectored(),
         }
     }
 

@@ -280,7 +280,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 match inbound.ready(sock).unwrap() {
-                    Ready::Empty => sock.tcp().readable().await.unwrap(),
+                    Ready::Empty => sock.readable().await.unwrap(),
                     other => return other,
                 }
             }
@@ -366,7 +366,7 @@ mod tests {
         let r = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 match inbound.ready(&mut server) {
-                    Ok(Ready::Empty) => server.tcp().readable().await.unwrap(),
+                    Ok(Ready::Empty) => server.readable().await.unwrap(),
                     other => return other,
                 }
             }

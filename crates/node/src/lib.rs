@@ -62,6 +62,9 @@ pub struct NodeConfig {
     /// TLS: its server side is what the data port serves (every connection through the handshake before its
     /// hello), its client side what the node dials the master with. Default: none, plain TCP.
     pub tls: Tls,
+    /// Serve clients on this host over a Unix socket too (`TransferServer::with_local_lanes`; not with TLS).
+    /// Default: on.
+    pub local_lanes: bool,
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -100,6 +103,7 @@ impl NodeConfig {
             frame_timeout: crescent_transfer::DEFAULT_SERVER_IO_TIMEOUT,
             keyring: None,
             tls: Tls::default(),
+            local_lanes: true,
         }
     }
 }
@@ -221,6 +225,7 @@ impl StorageNode {
             .with_tls(config.tls.server.clone());
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
             .map_err(crescent_proto::wire::WireError::Io)?;
+        let server = server.with_local_lanes(config.local_lanes.then(|| endpoint.to_string()));
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
         let mut specs = Vec::with_capacity(config.segments);
         let mut memories = Vec::with_capacity(config.segments);

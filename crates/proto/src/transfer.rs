@@ -28,6 +28,29 @@ pub enum TransferRequest {
         /// The master's read grant for a range holding this one (required by nodes that authenticate).
         grant: Option<Grant>,
     },
+    /// Same host only, on a local lane whose hello agreed [`caps::LOCAL_COPY`](crate::wire::caps::LOCAL_COPY):
+    /// check `[offset, offset + length)` of `segment` as a READ (or, if `write`, a WRITE) of it would be checked
+    /// — grant, range, conflicting transfers — and answer [`TransferResponse::Located`] with the range's address
+    /// in the node's memory, which the client then copies to or from itself in one kernel copy
+    /// (`process_vm_writev`/`readv`, which its own privileges over the node must allow). The node holds the
+    /// range as a transfer would, and keeps it mapped, until [`TransferRequest::Release`] or the connection's
+    /// close.
+    Locate {
+        /// The segment.
+        segment: SegmentId,
+        /// Byte offset inside it.
+        offset: u64,
+        /// Bytes to copy.
+        length: u64,
+        /// Whether the client will write the range (else read it).
+        write: bool,
+        /// The master's grant for a range holding this one (required by nodes that authenticate).
+        grant: Option<Grant>,
+    },
+    /// Ends the holds of every `Locate` of this connection so far: the client's copies are done. Answered with
+    /// [`TransferResponse::Released`] once they are over, so a request the client sends after that reply (on any
+    /// connection) never meets them.
+    Release,
 }
 
 /// Bytes of a grant's tag (a truncated HMAC-SHA256).
@@ -65,6 +88,10 @@ pub enum TransferResponse {
     Written,
     /// The payload holds the bytes read.
     Data,
+    /// The located range starts at this address of the node's memory.
+    Located(u64),
+    /// The located ranges are released.
+    Released,
     /// The request was refused (e.g. `INVALID_PARAMS` for a range outside the segment).
     Error(ErrorCode),
 }

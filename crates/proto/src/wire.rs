@@ -45,8 +45,11 @@ pub mod caps {
     pub const BATCH: u64 = 1 << 1;
     /// Large transfers may be striped over several connections.
     pub const STRIPING: u64 = 1 << 2;
+    /// On a storage node's local lane (a peer on its host): `TransferRequest::Locate`, the client copying the
+    /// bytes itself between the two processes' memory.
+    pub const LOCAL_COPY: u64 = 1 << 3;
     /// Everything this build supports.
-    pub const ALL: u64 = CRC32C | BATCH | STRIPING;
+    pub const ALL: u64 = CRC32C | BATCH | STRIPING | LOCAL_COPY;
 }
 
 /// Per-connection limits.

@@ -17,8 +17,10 @@ pub use batch::{BatchRead, BatchWrite};
 use crate::MAX_TRANSFER;
 use crate::checksum;
 use crate::error::{TransferError, io_error};
+use crate::local;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
+use crate::vm::{CopyError, RemoteProcess};
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::{CredentialSource, Plane};
 use crescent_net::conn::{Conn, Stream};
@@ -27,7 +29,7 @@ use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
 use crescent_net::tls::{self, TlsClient};
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
-use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError};
+use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError, caps};
 use crescent_proto::{ClientId, SegmentId};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
@@ -74,6 +76,9 @@ pub struct TransferConfig {
     pub client_id: Option<ClientId>,
     /// TLS every lane goes through before its hello (storage nodes serving TLS); `None`: plain TCP.
     pub tls: Option<Arc<TlsClient>>,
+    /// Whether lanes to a storage node on this host go over its Unix socket when it offers one (never with
+    /// `tls`; see `crate::local`).
+    pub local_lanes: bool,
 }
 
 impl Default for TransferConfig {
@@ -88,6 +93,7 @@ impl Default for TransferConfig {
             credential: None,
             client_id: None,
             tls: None,
+            local_lanes: true,
         }
     }
 }
@@ -372,6 +378,7 @@ impl TransferClient {
             lanes: Semaphore::new(lanes),
             idle: Mutex::new(Vec::with_capacity(lanes)),
             open: Arc::new(AtomicUsize::new(0)),
+            copy_denied: Arc::new(AtomicBool::new(false)),
         });
         peers.insert(endpoint.to_owned(), peer.clone());
         peer
@@ -447,6 +454,10 @@ impl Op {
     }
 }
 
+/// Transfers at least this large go by local copy on a lane that can (`vm`); smaller ones are cheaper carried
+/// in the request or reply than in a copy syscall and a `Release` of their own.
+const LOCAL_COPY_MIN: usize = 64 << 10;
+
 /// Payload bytes per write call when a write is summed as it is sent: small enough that a piece is still in
 /// the CPU's cache when it is summed right after the kernel copied it.
 const SUM_PIECE: usize = 256 << 10;
@@ -487,6 +498,9 @@ struct Peer {
     lanes: Semaphore,
     idle: Mutex<Vec<Lane>>,
     open: Arc<AtomicUsize>,
+    /// Set once the kernel refused this process a local copy to or from the peer (`vm`): its local lanes then
+    /// carry the bytes themselves.
+    copy_denied: Arc<AtomicBool>,
 }
 
 impl Peer {
@@ -505,7 +519,7 @@ impl Peer {
                 None => break,
             }
         }
-        let lane = timeout(config.connect_timeout, Lane::connect(&self.endpoint, self.open.clone(), config))
+        let lane = timeout(config.connect_timeout, Lane::connect(self, config))
             .await
             .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
@@ -560,26 +574,27 @@ struct Lane {
     max_frame: usize,
     /// False while an exchange is in progress or after one failed: such a lane is never reused.
     clean: bool,
+    /// On a local lane that agreed `caps::LOCAL_COPY`: the node, for this client to copy large transfers'
+    /// bytes to and from itself (`vm`).
+    remote: Option<RemoteProcess>,
+    /// The peer's [`Peer::copy_denied`].
+    copy_denied: Arc<AtomicBool>,
     _open: OpenLane,
 }
 
 impl Lane {
-    async fn connect(endpoint: &str, open: Arc<AtomicUsize>, config: &TransferConfig) -> Result<Lane, TransferError> {
+    async fn connect(peer: &Peer, config: &TransferConfig) -> Result<Lane, TransferError> {
+        let (endpoint, open) = (peer.endpoint.as_str(), peer.open.clone());
         let poll_window = config.poll_window;
-        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
-        let mut stream = None;
-        for addr in tokio::net::lookup_host(endpoint).await? {
-            match connect_addr(addr).await {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
+        let local = if config.local_lanes && config.tls.is_none() { local::connect(endpoint)? } else { None };
+        let stream = match local {
+            Some(local) => Conn::Local(local),
+            None => {
+                let stream = connect_tcp(endpoint).await?;
+                net::tune(&stream)?;
+                tls::connect(config.tls.as_deref(), stream, endpoint).await?
             }
-        }
-        let stream = stream.ok_or(last)?;
-        net::tune(&stream)?;
-        let stream = tls::connect(config.tls.as_deref(), stream, endpoint).await?;
+        };
         open.fetch_add(1, Ordering::Relaxed);
         let mut lane = Lane {
             io: BufReader::with_capacity(READ_BUFFER, stream),
@@ -589,11 +604,22 @@ impl Lane {
             header: Vec::new(),
             max_frame: MAX_HELLO_FRAME,
             clean: false,
+            remote: None,
+            copy_denied: peer.copy_denied.clone(),
             _open: OpenLane(open),
         };
         let credential = config.credential.as_ref().map(CredentialSource::current);
         match hello::open(&mut lane.io, Plane::Data, PeerRole::Client, config.client_id, credential.as_ref()).await {
-            Ok(ack) => lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize,
+            Ok(ack) => {
+                lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize;
+                if let Conn::Local(sock) = lane.io.get_ref()
+                    && ack.capabilities & caps::LOCAL_COPY != 0
+                {
+                    lane.remote = RemoteProcess::peer_of(sock)
+                        .inspect_err(|e| tracing::debug!(endpoint, error = %e, "no local copies on this lane"))
+                        .ok();
+                }
+            }
             Err(HandshakeError::Refused(refusal)) => return Err(TransferError::Refused(refusal.code)),
             Err(HandshakeError::Protocol(e)) => return Err(e.into()),
             Err(HandshakeError::Io(e)) => return Err(io_error(e)),
@@ -620,8 +646,74 @@ impl Lane {
         id
     }
 
+    /// The node to copy a transfer of `len` bytes to or from, if this lane copies it itself.
+    fn copies(&self, len: usize) -> Option<&RemoteProcess> {
+        self.remote.as_ref().filter(|_| len >= LOCAL_COPY_MIN && !self.copy_denied.load(Ordering::Relaxed))
+    }
+
+    /// One transfer by local copy: `Locate` the range, `copy` to or from the address answered, `Release` it (and
+    /// await that, so the range is free again when the transfer returns).
+    /// `Ok(None)` when the kernel denied the copy (the lane stays usable; the caller sends the bytes instead).
+    async fn locally(
+        &mut self,
+        place: Place,
+        offset: u64,
+        len: usize,
+        write: bool,
+        copy: impl FnOnce(&RemoteProcess, u64) -> Result<u32, CopyError>,
+    ) -> Result<Option<u32>, TransferError> {
+        self.clean = false;
+        let id = self.next_id();
+        let req =
+            TransferRequest::Locate { segment: place.segment, offset, length: len as u64, write, grant: place.grant };
+        let head = Head::encode(id, &req, 0)?;
+        self.send(&mut [IoSlice::new(head.as_bytes())]).await?;
+        let addr = match self.response(id).await? {
+            (TransferResponse::Located(addr), 0) => addr,
+            (TransferResponse::Error(code), 0) => {
+                self.clean = true;
+                return Err(TransferError::Refused(code));
+            }
+            _ => return Err(WireError::Malformed("unexpected reply to a locate").into()),
+        };
+        let remote = self.remote.as_ref().ok_or(TransferError::Closed)?;
+        let copied = copy(remote, addr);
+        self.release().await?;
+        match copied {
+            Ok(crc) => {
+                self.clean = true;
+                Ok(Some(crc))
+            }
+            Err(CopyError::Denied) => {
+                tracing::debug!("the kernel denies local copies to this storage node: its lanes carry the bytes");
+                self.copy_denied.store(true, Ordering::Relaxed);
+                self.clean = true;
+                Ok(None)
+            }
+            Err(CopyError::Failed(e)) => Err(TransferError::Io(e)),
+        }
+    }
+
+    /// Releases every range this lane located, and waits for that: the caller's next request, on whatever lane,
+    /// must find them free (a get right after its put).
+    async fn release(&mut self) -> Result<(), TransferError> {
+        let id = self.next_id();
+        let release = Head::encode(id, &TransferRequest::Release, 0)?;
+        self.send(&mut [IoSlice::new(release.as_bytes())]).await?;
+        match self.response(id).await? {
+            (TransferResponse::Released, 0) => Ok(()),
+            _ => Err(WireError::Malformed("unexpected reply to a release").into()),
+        }
+    }
+
     /// One WRITE exchange of `data`; returns its crc32c, summed as it is sent, if `checksum`.
     async fn write(&mut self, place: Place, offset: u64, data: &[u8], checksum: bool) -> Result<u32, TransferError> {
+        if self.copies(data.len()).is_some()
+            && let Some(crc) =
+                self.locally(place, offset, data.len(), true, |r, at| r.write(at, data, checksum)).await?
+        {
+            return Ok(crc);
+        }
         self.clean = false;
         let id = self.next_id();
         let req = TransferRequest::Write { segment: place.segment, offset, grant: place.grant };
@@ -649,6 +741,11 @@ impl Lane {
 
     /// One READ exchange into `buf`; returns the crc32c of the bytes, summed as they land, if `checksum`.
     async fn read(&mut self, place: Place, offset: u64, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
+        if self.copies(buf.len()).is_some()
+            && let Some(crc) = self.locally(place, offset, buf.len(), false, |r, at| r.read(at, buf, checksum)).await?
+        {
+            return Ok(crc);
+        }
         self.clean = false;
         let id = self.next_id();
         let req =
@@ -773,9 +870,67 @@ fn decode_error(e: postcard::Error) -> TransferError {
     TransferError::Protocol(WireError::Decode(e.to_string()))
 }
 
+/// A TCP connection to the first of `endpoint`'s addresses that accepts one.
+async fn connect_tcp(endpoint: &str) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{endpoint} resolves to no address"));
+    for addr in tokio::net::lookup_host(endpoint).await? {
+        match connect_addr(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     net::size_buffers(&socket)?;
     socket.set_nodelay(true)?;
     socket.connect(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::{SegmentMemory, TransferServer};
+
+    /// A node on this host whose memory the kernel will not let the client copy to: the lane carries the bytes
+    /// instead, and the peer's lanes do not try again.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_denied_local_copy_falls_back_to_the_lane_and_is_not_tried_again() {
+        let segments = SegmentRegistry::new();
+        let segment = SegmentId::random();
+        let mem = Arc::new(SegmentMemory::anonymous(8 << 20).unwrap());
+        segments.register(segment, mem.clone());
+        let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments).unwrap();
+        let endpoint = server.local_addr().to_string();
+        let server = server.with_local_lanes(Some(endpoint.clone())).spawn().unwrap();
+        let config = TransferConfig { lanes_per_peer: 1, ..TransferConfig::default() };
+        let client = TransferClient::new(config, SegmentRegistry::new());
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        crate::vm::DENY.with(|deny| deny.set(true));
+        client.write_from(&endpoint, segment, 0, &data).await.unwrap();
+        assert_eq!(server.stats().located, 1, "the copy was tried");
+        assert!(*mem.lease(0, data.len() as u64).unwrap() == data[..], "the lane carried the bytes, the range free");
+        let mut back = vec![0u8; data.len()];
+        client.read_into(&endpoint, segment, 0, &mut back).await.unwrap();
+        assert!(back == data);
+        let stats = server.stats();
+        assert_eq!((stats.located, stats.local_accepted), (1, 1), "not tried again, on the same local lane");
+
+        // A batch: every range located in one run, the first copy denied, all of them carried by the lane after
+        // their release (else the writes would find their own ranges held).
+        let client = TransferClient::new(
+            TransferConfig { lanes_per_peer: 1, ..TransferConfig::default() },
+            SegmentRegistry::new(),
+        );
+        let items: Vec<BatchWrite<'_>> =
+            (0..3u64).map(|i| BatchWrite { segment, grant: None, offset: i << 20, data: &data[..128 << 10] }).collect();
+        assert!(client.write_batch(&endpoint, &items).await.iter().all(Result::is_ok));
+        assert_eq!(server.stats().located, 4, "all three located");
+        for i in 0..3u64 {
+            assert!(*mem.lease(i << 20, 128 << 10).unwrap() == data[..128 << 10], "range {i} written and free");
+        }
+    }
 }

@@ -21,6 +21,10 @@
 //! that process does to the bytes is outside this process's memory model (as with any shared memory): it can
 //! corrupt data but cannot invalidate the mapping, unless it truncates the file (which raises `SIGBUS` on
 //! access, as for any file mapping).
+//!
+//! A [`SegmentPin`] holds a range for a client on this host that copies to or from it itself (a local lane's
+//! `Locate`): the lease keeps every reference of this process off the range while that client writes it (or
+//! off writes while it reads), and the pin keeps the mapping alive until the client says it is done.
 #![allow(unsafe_code)]
 
 use crate::error::TransferError;
@@ -32,6 +36,7 @@ use std::fs::File;
 use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 /// One live lease: `[start, end)` of the mapping, exclusive for writers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +145,8 @@ impl SegmentMemory {
         self.map.len() == 0
     }
 
-    /// The mapping's address in this process (informational, for the mount spec; never sent as a pointer).
+    /// The mapping's address in this process (for the mount spec, and the `Locate` answers of local lanes: an
+    /// address only a process on this host can use).
     pub fn base_addr(&self) -> u64 {
         self.map.as_ptr() as u64
     }
@@ -206,6 +212,17 @@ impl SegmentMemory {
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(lease.start), lease.end - lease.start) };
         Ok(SegmentMut { mem: self, lease, bytes })
+    }
+
+    /// Holds `[offset, offset + len)` for another process to copy to (`exclusive`) or from, as [`lease_mut`] or
+    /// [`lease`] would, and keeps the mapping alive while the pin lives.
+    ///
+    /// [`lease_mut`]: SegmentMemory::lease_mut
+    /// [`lease`]: SegmentMemory::lease
+    pub(crate) fn pin(self: &Arc<Self>, offset: u64, len: u64, exclusive: bool) -> Result<SegmentPin, TransferError> {
+        let lease = self.range(offset, len, exclusive)?;
+        self.acquire(lease)?;
+        Ok(SegmentPin { mem: self.clone(), lease })
     }
 
     /// Copies `data` into the segment at `offset`.
@@ -276,6 +293,31 @@ impl Drop for SegmentMut<'_> {
 impl fmt::Debug for SegmentMut<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SegmentMut({}..{})", self.lease.start, self.lease.end)
+    }
+}
+
+/// A range held for another process's copy (see [`SegmentMemory::pin`]); released on drop.
+pub(crate) struct SegmentPin {
+    mem: Arc<SegmentMemory>,
+    lease: Lease,
+}
+
+impl SegmentPin {
+    /// Where the range starts in this process's memory.
+    pub(crate) fn addr(&self) -> u64 {
+        self.mem.base_addr() + self.lease.start as u64
+    }
+}
+
+impl Drop for SegmentPin {
+    fn drop(&mut self) {
+        self.mem.release(self.lease);
+    }
+}
+
+impl fmt::Debug for SegmentPin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SegmentPin({}..{}, exclusive {})", self.lease.start, self.lease.end, self.lease.exclusive)
     }
 }
 

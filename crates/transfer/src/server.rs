@@ -19,9 +19,16 @@
 //! half-way for longer than the I/O timeout closes it too. The connections are capped
 //! ([`TransferServer::with_max_connections`]): idle ones (pooled lanes, peers that never said hello) cannot
 //! keep a newcomer out, the longest-idle is closed to make room.
+//!
+//! With [`TransferServer::with_local_lanes`] the server also accepts peers on its host over a Unix socket
+//! (`local`): the same hello and requests, on an accept loop of its own with the same cap, and `Locate`: the
+//! range checked and held as for a transfer, and its address answered for the client to copy itself (`vm`),
+//! until the client's `Release`, which is answered once they are released (at most [`MAX_PINS`] ranges at once
+//! per connection).
 
 use crate::MAX_TRANSFER;
-use crate::memory::SegmentMemory;
+use crate::local;
+use crate::memory::{SegmentMemory, SegmentPin};
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use crescent_net::auth::{AuthFailures, Keyring, Plane};
@@ -41,7 +48,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
 use tokio::time::timeout;
 
 /// Default deadline for finishing a frame once its first byte arrived (and for the hello).
@@ -54,6 +61,9 @@ const SENDFILE_MIN: usize = 64 << 10;
 /// a read no longer than this is copied out whole and queued like a header-only reply.
 const REPLY_TAIL: usize = 4 << 10;
 
+/// Most ranges one local lane may hold located at once (a pipelined run's worth, see `client::batch`).
+pub(crate) const MAX_PINS: usize = 256;
+
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
 
@@ -61,6 +71,8 @@ const MAX_PENDING_REPLIES: usize = 64 << 10;
 #[derive(Debug, Default)]
 struct Counters {
     accepted: AtomicU64,
+    local_accepted: AtomicU64,
+    located: AtomicU64,
     open: AtomicUsize,
     malformed: AtomicU64,
     auth_failures: AuthFailures,
@@ -72,6 +84,10 @@ struct Counters {
 pub struct ServerStats {
     /// Connections accepted since start.
     pub accepted: u64,
+    /// Of those, local lanes (peers on this host, over the Unix socket).
+    pub local_accepted: u64,
+    /// Ranges located for a local copy (`Locate`), ever.
+    pub located: u64,
     /// Connections open now.
     pub open: usize,
     /// Connections closed for breaking the protocol.
@@ -104,6 +120,8 @@ pub struct TransferServer {
     keyring: Option<Arc<Keyring>>,
     /// TLS every connection goes through before its hello; `None`: plain TCP.
     tls: Option<Arc<TlsServer>>,
+    /// The endpoint this server is advertised at, to serve local lanes under its name (see `crate::local`).
+    local_lanes: Option<String>,
 }
 
 impl TransferServer {
@@ -129,7 +147,16 @@ impl TransferServer {
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
             keyring: None,
             tls: None,
+            local_lanes: None,
         })
+    }
+
+    /// Also serves peers on this host over a Unix socket named after `endpoint`, the address the server is
+    /// advertised at (clients dialling it try that name first: `TransferClient`). Not with TLS (see
+    /// `crate::local`); if the name is taken, the server goes on over TCP alone, with a warning.
+    pub fn with_local_lanes(mut self, endpoint: Option<String>) -> Self {
+        self.local_lanes = endpoint;
+        self
     }
 
     /// Requires every peer to prove, in its hello, a credential derived from `keyring` (any principal: what a
@@ -178,17 +205,44 @@ impl TransferServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
-        let TransferServer { listener, segments, io_timeout, poll_window, max_connections, keyring, tls, .. } = self;
+        let TransferServer {
+            listener,
+            segments,
+            io_timeout,
+            poll_window,
+            max_connections,
+            keyring,
+            tls,
+            local_lanes,
+            ..
+        } = self;
         let counters = Arc::new(Counters::default());
-        let c = counters.clone();
+        let serving = Serving { segments, io_timeout, poll_window, counters: counters.clone(), keyring };
+        let local = match local_lanes.filter(|_| tls.is_none()).map(|endpoint| (local::bind(&endpoint), endpoint)) {
+            Some((Ok(unix), endpoint)) => {
+                let s = serving.clone();
+                Some(crescent_net::accept::spawn_on(
+                    "transfer-local",
+                    unix,
+                    endpoint,
+                    max_connections,
+                    move |stream, _, shutdown| {
+                        s.counters.local_accepted.fetch_add(1, Ordering::Relaxed);
+                        serve_local(stream, s.clone(), shutdown)
+                    },
+                ))
+            }
+            Some((Err(e), endpoint)) => {
+                tracing::warn!(%endpoint, error = %e, "no local lanes: peers on this host use TCP");
+                None
+            }
+            None => None,
+        };
         let inner =
             crescent_net::accept::spawn("transfer", listener, max_connections, move |stream, peer, shutdown| {
-                c.accepted.fetch_add(1, Ordering::Relaxed);
-                let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-                let auth = Auth { keyring: keyring.clone(), tls: tls.clone() };
-                serve_connection(stream, peer, segments.clone(), io_timeout, idle, shutdown, c.clone(), auth)
+                serve_connection(stream, peer, serving.clone(), shutdown, tls.clone())
             })?;
-        Ok(TransferServerHandle { inner, counters })
+        Ok(TransferServerHandle { inner, local, counters })
     }
 }
 
@@ -197,6 +251,8 @@ impl TransferServer {
 #[derive(Debug)]
 pub struct TransferServerHandle {
     inner: ServerHandle,
+    /// The local lanes' accept loop, named by the advertised endpoint (see [`TransferServer::with_local_lanes`]).
+    local: Option<ServerHandle<String>>,
     counters: Arc<Counters>,
 }
 
@@ -209,13 +265,16 @@ impl TransferServerHandle {
     /// The server's counters.
     pub fn stats(&self) -> ServerStats {
         let accept = self.inner.stats();
+        let local = self.local.as_ref().map(|l| l.stats());
         ServerStats {
             accepted: self.counters.accepted.load(Ordering::Relaxed),
+            local_accepted: self.counters.local_accepted.load(Ordering::Relaxed),
+            located: self.counters.located.load(Ordering::Relaxed),
             open: self.counters.open.load(Ordering::Relaxed),
             malformed: self.counters.malformed.load(Ordering::Relaxed),
             max_connections: accept.max_connections,
-            shed: accept.shed,
-            refused: accept.refused,
+            shed: accept.shed + local.map_or(0, |l| l.shed),
+            refused: accept.refused + local.map_or(0, |l| l.refused),
             auth_failures: self.counters.auth_failures.total(),
             grant_refusals: self.counters.grant_refusals.load(Ordering::Relaxed),
         }
@@ -223,7 +282,15 @@ impl TransferServerHandle {
 
     /// Stops accepting, closes every connection and waits until all are gone.
     pub async fn shutdown(self) {
+        if let Some(local) = self.local {
+            local.shutdown().await;
+        }
         self.inner.shutdown().await;
+    }
+
+    /// Whether peers on this host reach the server over local lanes.
+    pub fn serves_local_lanes(&self) -> bool {
+        self.local.is_some()
     }
 }
 
@@ -236,23 +303,27 @@ impl Drop for OpenGuard {
     }
 }
 
-/// What a connection must get through before its requests.
-struct Auth {
+/// What every connection of a server is served with.
+#[derive(Debug, Clone)]
+struct Serving {
+    segments: SegmentRegistry,
+    io_timeout: Duration,
+    poll_window: Duration,
+    counters: Arc<Counters>,
+    /// The cluster secret(s) a peer's hello must prove a credential of.
     keyring: Option<Arc<Keyring>>,
-    tls: Option<Arc<TlsServer>>,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Serves a TCP connection: socket setup and, with `tls`, the handshake, then [`serve`].
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    segments: SegmentRegistry,
-    io_timeout: Duration,
-    idle: Idle,
+    serving: Serving,
     shutdown: Shutdown,
-    counters: Arc<Counters>,
-    auth: Auth,
+    tls: Option<Arc<TlsServer>>,
 ) {
+    let Serving { counters, io_timeout, .. } = &serving;
+    counters.accepted.fetch_add(1, Ordering::Relaxed);
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(counters.clone());
     if let Err(e) = net::tune(&stream) {
@@ -262,22 +333,36 @@ async fn serve_connection(
     // Until its hello (TLS handshake included) the connection counts as idle: at the cap it may be closed.
     let conn = tokio::select! {
         biased;
-        conn = tls::accept_counted(auth.tls.as_deref(), stream, io_timeout, &counters.auth_failures, "transfer", peer) => conn,
+        conn = tls::accept_counted(tls.as_deref(), stream, *io_timeout, &counters.auth_failures, "transfer", peer) => conn,
         () = shutdown.clone().stopping() => return,
     };
-    let stream = match conn {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::debug!(%peer, "transfer connection closed: {e}");
-            return;
-        }
-    };
-    let keyring = auth.keyring;
-    match Connection::new(stream, peer, segments, io_timeout, idle, shutdown, counters, keyring).run().await {
-        Ok(()) => tracing::debug!(%peer, "transfer connection closed by peer"),
-        Err(Close::Protocol(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: protocol violation"),
-        Err(Close::Io(e)) => tracing::debug!(%peer, error = %e, "transfer connection closed: i/o error"),
-        Err(Close::Timeout) => tracing::debug!(%peer, "transfer connection closed: timed out mid-frame"),
+    match conn {
+        Ok(conn) => serve(conn, Some(peer), serving, shutdown).await,
+        Err(e) => tracing::debug!(%peer, "transfer connection closed: {e}"),
+    }
+}
+
+/// Serves a local lane (a peer on this host, over the Unix socket).
+async fn serve_local(stream: UnixStream, serving: Serving, shutdown: Shutdown) {
+    serving.counters.accepted.fetch_add(1, Ordering::Relaxed);
+    serving.counters.open.fetch_add(1, Ordering::Relaxed);
+    let _open = OpenGuard(serving.counters.clone());
+    if let Err(e) = local::size_buffers(&stream) {
+        tracing::debug!(error = %e, "local lane setup failed");
+        return;
+    }
+    serve(Conn::Local(stream), None, serving, shutdown).await;
+}
+
+/// Serves a connection from its hello on; `peer` is `None` for a local lane.
+async fn serve(conn: Conn, peer: Option<SocketAddr>, serving: Serving, shutdown: Shutdown) {
+    let Serving { segments, io_timeout, poll_window, counters, keyring } = serving;
+    let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
+    match Connection::new(conn, peer, segments, io_timeout, idle, shutdown, counters, keyring).run().await {
+        Ok(()) => tracing::debug!(?peer, "transfer connection closed by peer"),
+        Err(Close::Protocol(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: protocol violation"),
+        Err(Close::Io(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: i/o error"),
+        Err(Close::Timeout) => tracing::debug!(?peer, "transfer connection closed: timed out mid-frame"),
     }
 }
 
@@ -318,12 +403,16 @@ struct Connection {
     /// The same, as a future an idle wait selects on (made once per connection).
     stopping: Stopping,
     counters: Arc<Counters>,
-    /// Who is at the other end (for the log of a failed authentication).
-    peer: SocketAddr,
+    /// Who is at the other end (for the log of a failed authentication); `None` on a local lane.
+    peer: Option<SocketAddr>,
     /// What the hello must prove (see [`TransferServer::with_keyring`]); with it every transfer needs a grant.
     keyring: Option<Arc<Keyring>>,
     /// Who the hello proved the peer is: the bearer its grants must name (set with a keyring only).
     bearer: Option<Bearer>,
+    /// Whether this is a local lane (a peer on this host), the only kind that may `Locate`.
+    local: bool,
+    /// The ranges `Locate`d and not yet released: held, and kept mapped, while the peer copies.
+    pins: Vec<SegmentPin>,
 }
 
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
@@ -339,7 +428,7 @@ impl Connection {
     #[allow(clippy::too_many_arguments)]
     fn new(
         stream: Conn,
-        peer: SocketAddr,
+        peer: Option<SocketAddr>,
         segments: SegmentRegistry,
         io_timeout: Duration,
         idle: Idle,
@@ -347,6 +436,7 @@ impl Connection {
         counters: Arc<Counters>,
         keyring: Option<Arc<Keyring>>,
     ) -> Self {
+        let local = matches!(stream, Conn::Local(_));
         Connection {
             io: BufReader::with_capacity(READ_BUFFER, stream),
             header: Vec::new(),
@@ -361,6 +451,8 @@ impl Connection {
             peer,
             keyring,
             bearer: None,
+            local,
+            pins: Vec::new(),
         }
     }
 
@@ -378,7 +470,7 @@ impl Connection {
             }
             Ok(None) => return Ok(()),
             Err(HandshakeError::Unauthenticated(why)) => {
-                self.counters.auth_failures.record("transfer", Some(self.peer), &why);
+                self.counters.auth_failures.record("transfer", self.peer, &why);
                 return Ok(());
             }
             Err(HandshakeError::Protocol(e)) => {
@@ -477,7 +569,30 @@ impl Connection {
                     Err(code) => self.queue(id, &TransferResponse::Error(code))?,
                 }
             }
-            TransferRequest::Read { .. } => {
+            TransferRequest::Locate { segment, offset, length, write, grant }
+                if shape.payload_len == 0 && self.local =>
+            {
+                let op = if write { GrantOp::Write } else { GrantOp::Read };
+                let located = self.check_grant(op, &segment, grant.as_ref(), offset, length).and_then(|()| {
+                    if self.pins.len() >= MAX_PINS || length > MAX_TRANSFER {
+                        return Err(ErrorCode::InvalidParams);
+                    }
+                    let pin = self.segment(&segment)?.pin(offset, length, write).map_err(|e| e.code())?;
+                    let addr = pin.addr();
+                    self.pins.push(pin);
+                    self.counters.located.fetch_add(1, Ordering::Relaxed);
+                    Ok(addr)
+                });
+                match located {
+                    Ok(addr) => self.queue(id, &TransferResponse::Located(addr))?,
+                    Err(code) => self.queue(id, &TransferResponse::Error(code))?,
+                }
+            }
+            TransferRequest::Release if shape.payload_len == 0 => {
+                self.pins.clear();
+                self.queue(id, &TransferResponse::Released)?;
+            }
+            TransferRequest::Read { .. } | TransferRequest::Locate { .. } | TransferRequest::Release => {
                 frames::skip(&mut self.io, shape.payload_len).await?;
                 self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams))?;
             }
@@ -499,7 +614,7 @@ impl Connection {
         let Some(bearer) = &self.bearer else { return Err(ErrorCode::PermissionDenied) };
         ring.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
             self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(peer = %self.peer, ?op, %segment, offset, length, %why, "transfer refused");
+            tracing::debug!(peer = ?self.peer, ?op, %segment, offset, length, %why, "transfer refused");
             why.code()
         })
     }
@@ -562,7 +677,9 @@ impl Connection {
             // master's protocol could change them in flight, and the reader's checksum would tell.
             self.io.get_mut().write_all(&self.out).await?;
             self.out.clear();
-            net::send_file(self.io.get_ref().tcp(), fd, offset, body.len()).await?;
+            if let Some(sock) = self.io.plain() {
+                net::send_file(sock, fd, offset, body.len()).await?;
+            }
         } else if !body.is_empty() {
             // Pending replies, this reply's prefix and header, and the body straight from segment memory.
             frames::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(body)]).await?;
@@ -612,7 +729,7 @@ mod tests {
         let idle = Idle { gate: &poll::PROCESS_GATE, poll_window: Duration::ZERO, adaptive: Adaptive::default() };
         let conn = Connection::new(
             Conn::Plain(stream),
-            from,
+            Some(from),
             segments,
             DEFAULT_SERVER_IO_TIMEOUT,
             idle,

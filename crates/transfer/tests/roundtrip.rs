@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{KIB, MIB, memfd_node, node, pattern, polling_node, tls_node};
+use common::{KIB, MIB, local_node, memfd_node, node, pattern, polling_node, tls_node};
 use crescent_net::tls::TlsClient;
 use crescent_proto::SegmentId;
 use crescent_proto::wire::{Hello, HelloAck, HelloReply, Limits, PROTOCOL_VERSION};
@@ -54,6 +54,35 @@ async fn round_trips_over_tls_and_plain_and_tls_peers_do_not_mix() {
     let plain_node = node(1 << 20);
     let e = tls_client(MIB as u64, 1, t.tls.client.clone()).read(&plain_node.endpoint, plain_node.segment, 0, 1).await;
     assert!(e.is_err(), "a TLS client took a plain node for a TLS one");
+}
+
+/// A node on this host that serves local lanes is reached over its Unix socket, with the same results; a client
+/// told not to use local lanes, or a node serving TLS, goes over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_this_host_is_reached_over_its_local_lanes() {
+    for (memfd, backing) in [(false, "local anonymous"), (true, "local memfd")] {
+        let n = local_node(160 << 20, memfd, None);
+        assert!(n.server.serves_local_lanes());
+        round_trips(&n, backing, None).await;
+        let stats = n.server.stats();
+        assert!(stats.accepted > 0 && stats.local_accepted == stats.accepted, "{backing}: every lane local: {stats:?}");
+        assert!(stats.located > 0, "{backing}: large transfers copied by the client itself: {stats:?}");
+        let tcp = TransferClient::new(
+            TransferConfig { local_lanes: false, ..TransferConfig::default() },
+            SegmentRegistry::new(),
+        );
+        tcp.write(&n.endpoint, n.segment, 0, Bytes::from_static(b"over tcp")).await.unwrap();
+        let after = n.server.stats();
+        assert_eq!((after.accepted, after.local_accepted), (stats.accepted + 1, stats.local_accepted), "{backing}");
+    }
+    let t = crescent_testkit::tls();
+    let n = local_node(1 << 20, false, t.tls.server.clone());
+    assert!(!n.server.serves_local_lanes(), "no local lanes beside TLS");
+    tls_client(MIB as u64, 1, t.tls.client.clone())
+        .write(&n.endpoint, n.segment, 0, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(n.server.stats().local_accepted, 0);
 }
 
 async fn round_trips(n: &common::Node, backing: &str, tls: Option<Arc<TlsClient>>) {
@@ -213,15 +242,18 @@ async fn works_on_a_single_threaded_runtime() {
 #[tokio::test(flavor = "current_thread")]
 async fn batches_pipeline_small_ranges_and_answer_per_range_in_order() {
     let t = crescent_testkit::tls();
-    for tls in [None, Some(&t.tls)] {
-        batches_pipeline_over(tls).await;
+    for (tls, local) in [(None, false), (Some(&t.tls), false), (None, true)] {
+        batches_pipeline_over(tls, local).await;
     }
 }
 
-async fn batches_pipeline_over(tls: Option<&crescent_net::tls::Tls>) {
+/// Over TCP, TLS, or a local lane (`local`: ranges of 64 KiB and more copied by the client itself, the others
+/// carried by the lane).
+async fn batches_pipeline_over(tls: Option<&crescent_net::tls::Tls>, local: bool) {
     use crescent_transfer::{BatchRead, BatchWrite};
     let n = match tls {
         Some(t) => tls_node(32 * MIB as u64, false, t),
+        None if local => local_node(32 * MIB as u64, false, None),
         None => node(32 * MIB as u64),
     };
     let c = tls_client(256 * KIB as u64, 4, tls.and_then(|t| t.client.clone()));
@@ -268,6 +300,7 @@ async fn batches_pipeline_over(tls: Option<&crescent_net::tls::Tls>) {
     }
     // A refused range leaves the lanes usable: one socket served every pipelined run.
     assert_eq!(n.server.stats().malformed, 0);
+    assert_eq!(n.server.stats().located > 0, local, "large ranges copied locally on a local lane only");
     assert!(c.open_connections(&n.endpoint) <= 4);
     let again = c
         .read_batch_checksummed(

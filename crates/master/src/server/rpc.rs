@@ -638,7 +638,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                 let woke = tokio::select! {
                     biased;
                     // Over TLS too: `ready` found nothing, so rustls holds no plaintext and the socket was dry.
-                    woke = stream.tcp().readable() => woke,
+                    woke = stream.readable() => woke,
                     () = &mut stopping => return Ok(()),
                 };
                 shutdown.busy();

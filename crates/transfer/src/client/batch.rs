@@ -11,6 +11,7 @@
 
 use super::{Lane, LaneGuard, Peer, Place, TransferClient};
 use crate::error::TransferError;
+use crate::vm::{CopyError, RemoteProcess};
 use crescent_proto::SegmentId;
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Head, WireError};
@@ -219,9 +220,33 @@ fn settle<R>(
 }
 
 impl Lane {
+    /// Reads the ranges of `run`: those this lane copies itself (`Lane::copies`) by local copies, then the others
+    /// pipelined over the socket ([`Lane::read_sent`]).
+    async fn read_many(&mut self, run: &mut [(usize, &mut BatchRead<'_>)]) -> Vec<(usize, Result<u32, TransferError>)> {
+        let mut out = Vec::with_capacity(run.len());
+        let (mut copied, mut sent): (Vec<_>, Vec<_>) = run
+            .iter_mut()
+            .map(|(i, item)| (*i, &mut **item))
+            .partition(|(_, item)| self.copies(item.buf.len()).is_some());
+        if !copied.is_empty() {
+            let ranges: Vec<_> =
+                copied.iter().map(|(i, r)| (*i, Place::new(r.segment, r.grant), r.offset, r.buf.len())).collect();
+            let (done, redo) =
+                self.many_locally(&ranges, false, |k, remote, at| remote.read(at, copied[k].1.buf, true)).await;
+            out.extend(done);
+            sent.extend(copied.into_iter().enumerate().filter(|(k, _)| redo.contains(k)).map(|(_, item)| item));
+        }
+        if !sent.is_empty() && self.clean {
+            out.extend(self.read_sent(&mut sent).await);
+        } else {
+            out.extend(sent.iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+        }
+        out
+    }
+
     /// Sends every read request of `run` in one write, then reads the replies in order, each straight into its
     /// buffer. A lane-level failure marks the lane unclean (it is dropped) and fails the rest of the run.
-    async fn read_many(&mut self, run: &mut [(usize, &mut BatchRead<'_>)]) -> Vec<(usize, Result<u32, TransferError>)> {
+    async fn read_sent(&mut self, run: &mut [(usize, &mut BatchRead<'_>)]) -> Vec<(usize, Result<u32, TransferError>)> {
         self.clean = false;
         let first = self.next_id;
         let mut requests = Vec::with_capacity(run.len() * 48);
@@ -264,9 +289,31 @@ impl Lane {
         out
     }
 
+    /// Writes the ranges of `run`: those this lane copies itself (`Lane::copies`) by local copies, then the others
+    /// pipelined over the socket ([`Lane::write_sent`]).
+    async fn write_many(&mut self, run: &[(usize, &BatchWrite<'_>)]) -> Vec<(usize, Result<(), TransferError>)> {
+        let (copied, mut sent): (Vec<_>, Vec<_>) = run.iter().partition(|(_, w)| self.copies(w.data.len()).is_some());
+        let mut out = Vec::with_capacity(run.len());
+        if !copied.is_empty() {
+            let ranges: Vec<_> =
+                copied.iter().map(|(i, w)| (*i, Place::new(w.segment, w.grant), w.offset, w.data.len())).collect();
+            let (done, redo) = self
+                .many_locally(&ranges, true, |k, remote, at| remote.write(at, copied[k].1.data, false).map(|_| ()))
+                .await;
+            out.extend(done);
+            sent.extend(redo.into_iter().map(|k| copied[k]));
+        }
+        if !sent.is_empty() && self.clean {
+            out.extend(self.write_sent(&sent).await);
+        } else {
+            out.extend(sent.iter().map(|(i, _)| (*i, Err(TransferError::Closed))));
+        }
+        out
+    }
+
     /// Sends every write of `run` (headers and payloads) in one vectored write, then reads the acknowledgements
     /// in order. A lane-level failure marks the lane unclean and fails the rest of the run.
-    async fn write_many(&mut self, run: &[(usize, &BatchWrite<'_>)]) -> Vec<(usize, Result<(), TransferError>)> {
+    async fn write_sent(&mut self, run: &[(usize, &BatchWrite<'_>)]) -> Vec<(usize, Result<(), TransferError>)> {
         self.clean = false;
         let first = self.next_id;
         let mut heads = Vec::with_capacity(run.len());
@@ -309,6 +356,81 @@ impl Lane {
         }
         self.clean = true;
         out
+    }
+}
+
+impl Lane {
+    /// A run by local copies: every range's `Locate` in one write; as each answer comes, `copy(k, node,
+    /// address)` for the run's `k`-th range; then one `Release` for them all. `ranges` are `(index, place,
+    /// offset, length)`. Returns the results, and the run positions to do over the socket because the kernel
+    /// denied the copy (their ranges released by then). A lane-level failure fails the rest and leaves the lane
+    /// unclean (its close releases whatever it held).
+    async fn many_locally<T>(
+        &mut self,
+        ranges: &[(usize, Place, u64, usize)],
+        write: bool,
+        mut copy: impl FnMut(usize, &RemoteProcess, u64) -> Result<T, CopyError>,
+    ) -> (Vec<(usize, Result<T, TransferError>)>, Vec<usize>) {
+        self.clean = false;
+        let all = || ranges.iter().map(|(i, ..)| *i);
+        let first = self.next_id;
+        let mut requests = Vec::with_capacity(ranges.len() * 64);
+        for &(_, place, offset, len) in ranges {
+            let id = self.next_id();
+            let locate = TransferRequest::Locate {
+                segment: place.segment,
+                offset,
+                length: len as u64,
+                write,
+                grant: place.grant,
+            };
+            match Head::encode(id, &locate, 0) {
+                Ok(head) => requests.extend_from_slice(head.as_bytes()),
+                Err(e) => return (fail_all(all(), e.into()), Vec::new()),
+            }
+        }
+        if let Err(e) = self.send(&mut [IoSlice::new(&requests)]).await {
+            return (fail_all(all(), e), Vec::new());
+        }
+        let (mut out, mut redo) = (Vec::with_capacity(ranges.len()), Vec::new());
+        let mut id = first;
+        for (k, &(i, ..)) in ranges.iter().enumerate() {
+            let r = match self.response(id).await {
+                Ok((TransferResponse::Located(_), 0)) if !redo.is_empty() => {
+                    // Denied already: every later range goes over the socket too.
+                    redo.push(k);
+                    id = id.wrapping_add(1).max(1);
+                    continue;
+                }
+                Ok((TransferResponse::Located(at), 0)) => {
+                    match self.remote.as_ref().map(|remote| copy(k, remote, at)) {
+                        Some(Ok(v)) => Ok(v),
+                        Some(Err(CopyError::Denied)) => {
+                            self.copy_denied.store(true, std::sync::atomic::Ordering::Relaxed);
+                            redo.push(k);
+                            id = id.wrapping_add(1).max(1);
+                            continue;
+                        }
+                        Some(Err(CopyError::Failed(e))) => Err(TransferError::Io(e)),
+                        None => Err(TransferError::Closed),
+                    }
+                }
+                Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
+                Ok(_) => Err(WireError::Malformed("unexpected reply to a locate").into()),
+                Err(e) => Err(e),
+            };
+            if !settle(&mut out, i, r, ranges[k + 1..].iter().map(|(i, ..)| *i)) {
+                return (out, Vec::new());
+            }
+            id = id.wrapping_add(1).max(1);
+        }
+        if let Err(e) = self.release().await {
+            // The copies are done; only the lane is lost.
+            tracing::debug!(error = %e, "a local lane failed at its release");
+            return (out, redo);
+        }
+        self.clean = true;
+        (out, redo)
     }
 }
 

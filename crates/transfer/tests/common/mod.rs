@@ -50,21 +50,36 @@ pub fn tls_node(size: u64, memfd: bool, tls: &crescent_net::tls::Tls) -> Node {
     node_with(mem.unwrap(), Duration::ZERO, tls.server.clone())
 }
 
+/// A node that also serves local lanes (a Unix socket named after its endpoint), as storage nodes do; with
+/// `tls` it is asked to, but does not.
+#[allow(dead_code)] // not every test binary uses it
+pub fn local_node(size: u64, memfd: bool, tls: Option<Arc<crescent_net::tls::TlsServer>>) -> Node {
+    let mem = if memfd { SegmentMemory::memfd("crescent-test", size) } else { SegmentMemory::anonymous(size) };
+    node_built(mem.unwrap(), Duration::ZERO, tls, true)
+}
+
 fn node_on(mem: SegmentMemory, poll: Duration) -> Node {
     node_with(mem, poll, None)
 }
 
 fn node_with(mem: SegmentMemory, poll: Duration, tls: Option<Arc<crescent_net::tls::TlsServer>>) -> Node {
+    node_built(mem, poll, tls, false)
+}
+
+fn node_built(
+    mem: SegmentMemory,
+    poll: Duration,
+    tls: Option<Arc<crescent_net::tls::TlsServer>>,
+    local_lanes: bool,
+) -> Node {
     let segments = SegmentRegistry::new();
     let segment = SegmentId::random();
     let mem = Arc::new(mem);
     segments.register(segment, mem.clone());
-    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone())
-        .unwrap()
-        .with_poll_window(poll)
-        .with_tls(tls)
-        .spawn()
-        .unwrap();
+    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap();
+    let endpoint = server.local_addr().to_string();
+    let server =
+        server.with_poll_window(poll).with_tls(tls).with_local_lanes(local_lanes.then_some(endpoint)).spawn().unwrap();
     let addr = server.local_addr();
     Node { segments, segment, mem, server, addr, endpoint: addr.to_string() }
 }
