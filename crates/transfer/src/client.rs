@@ -646,52 +646,26 @@ impl Lane {
         id
     }
 
-    /// The node to copy a transfer of `len` bytes to or from, if this lane copies it itself.
-    fn copies(&self, len: usize) -> Option<&RemoteProcess> {
-        self.remote.as_ref().filter(|_| len >= LOCAL_COPY_MIN && !self.copy_denied.load(Ordering::Relaxed))
+    /// Whether this lane copies a transfer of `len` bytes itself (`vm`) rather than carrying its bytes.
+    fn copies(&self, len: usize) -> bool {
+        self.remote.is_some() && len >= LOCAL_COPY_MIN && !self.copy_denied.load(Ordering::Relaxed)
     }
 
-    /// One transfer by local copy: `Locate` the range, `copy` to or from the address answered, `Release` it (and
-    /// await that, so the range is free again when the transfer returns).
-    /// `Ok(None)` when the kernel denied the copy (the lane stays usable; the caller sends the bytes instead).
+    /// One transfer by local copy (`Lane::locate_and_copy`); `Ok(None)` when the kernel denied the copy (the lane
+    /// stays usable, the range released: the caller sends the bytes instead).
     async fn locally(
         &mut self,
         place: Place,
         offset: u64,
         len: usize,
         write: bool,
-        copy: impl FnOnce(&RemoteProcess, u64) -> Result<u32, CopyError>,
+        mut copy: impl FnMut(&RemoteProcess, u64) -> Result<u32, CopyError>,
     ) -> Result<Option<u32>, TransferError> {
-        self.clean = false;
-        let id = self.next_id();
-        let req =
-            TransferRequest::Locate { segment: place.segment, offset, length: len as u64, write, grant: place.grant };
-        let head = Head::encode(id, &req, 0)?;
-        self.send(&mut [IoSlice::new(head.as_bytes())]).await?;
-        let addr = match self.response(id).await? {
-            (TransferResponse::Located(addr), 0) => addr,
-            (TransferResponse::Error(code), 0) => {
-                self.clean = true;
-                return Err(TransferError::Refused(code));
-            }
-            _ => return Err(WireError::Malformed("unexpected reply to a locate").into()),
-        };
-        let remote = self.remote.as_ref().ok_or(TransferError::Closed)?;
-        let copied = copy(remote, addr);
-        self.release().await?;
-        match copied {
-            Ok(crc) => {
-                self.clean = true;
-                Ok(Some(crc))
-            }
-            Err(CopyError::Denied) => {
-                tracing::debug!("the kernel denies local copies to this storage node: its lanes carry the bytes");
-                self.copy_denied.store(true, Ordering::Relaxed);
-                self.clean = true;
-                Ok(None)
-            }
-            Err(CopyError::Failed(e)) => Err(TransferError::Io(e)),
+        let (mut done, denied) = self.locate_and_copy(&[(0, place, offset, len)], write, |_, r, at| copy(r, at)).await;
+        if !denied.is_empty() {
+            return Ok(None);
         }
+        done.pop().map_or(Err(TransferError::Closed), |(_, r)| r.map(Some))
     }
 
     /// Releases every range this lane located, and waits for that: the caller's next request, on whatever lane,
@@ -708,7 +682,7 @@ impl Lane {
 
     /// One WRITE exchange of `data`; returns its crc32c, summed as it is sent, if `checksum`.
     async fn write(&mut self, place: Place, offset: u64, data: &[u8], checksum: bool) -> Result<u32, TransferError> {
-        if self.copies(data.len()).is_some()
+        if self.copies(data.len())
             && let Some(crc) =
                 self.locally(place, offset, data.len(), true, |r, at| r.write(at, data, checksum)).await?
         {
@@ -741,7 +715,7 @@ impl Lane {
 
     /// One READ exchange into `buf`; returns the crc32c of the bytes, summed as they land, if `checksum`.
     async fn read(&mut self, place: Place, offset: u64, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
-        if self.copies(buf.len()).is_some()
+        if self.copies(buf.len())
             && let Some(crc) = self.locally(place, offset, buf.len(), false, |r, at| r.read(at, buf, checksum)).await?
         {
             return Ok(crc);

@@ -224,17 +224,15 @@ impl Lane {
     /// pipelined over the socket ([`Lane::read_sent`]).
     async fn read_many(&mut self, run: &mut [(usize, &mut BatchRead<'_>)]) -> Vec<(usize, Result<u32, TransferError>)> {
         let mut out = Vec::with_capacity(run.len());
-        let (mut copied, mut sent): (Vec<_>, Vec<_>) = run
-            .iter_mut()
-            .map(|(i, item)| (*i, &mut **item))
-            .partition(|(_, item)| self.copies(item.buf.len()).is_some());
+        let (mut copied, mut sent): (Vec<_>, Vec<_>) =
+            run.iter_mut().map(|(i, item)| (*i, &mut **item)).partition(|(_, item)| self.copies(item.buf.len()));
         if !copied.is_empty() {
             let ranges: Vec<_> =
                 copied.iter().map(|(i, r)| (*i, Place::new(r.segment, r.grant), r.offset, r.buf.len())).collect();
-            let (done, redo) =
-                self.many_locally(&ranges, false, |k, remote, at| remote.read(at, copied[k].1.buf, true)).await;
+            let (done, denied) =
+                self.locate_and_copy(&ranges, false, |k, remote, at| remote.read(at, copied[k].1.buf, true)).await;
             out.extend(done);
-            sent.extend(copied.into_iter().enumerate().filter(|(k, _)| redo.contains(k)).map(|(_, item)| item));
+            sent.extend(copied.into_iter().enumerate().filter(|(k, _)| denied.contains(k)).map(|(_, item)| item));
         }
         if !sent.is_empty() && self.clean {
             out.extend(self.read_sent(&mut sent).await);
@@ -292,16 +290,16 @@ impl Lane {
     /// Writes the ranges of `run`: those this lane copies itself (`Lane::copies`) by local copies, then the others
     /// pipelined over the socket ([`Lane::write_sent`]).
     async fn write_many(&mut self, run: &[(usize, &BatchWrite<'_>)]) -> Vec<(usize, Result<(), TransferError>)> {
-        let (copied, mut sent): (Vec<_>, Vec<_>) = run.iter().partition(|(_, w)| self.copies(w.data.len()).is_some());
+        let (copied, mut sent): (Vec<_>, Vec<_>) = run.iter().partition(|(_, w)| self.copies(w.data.len()));
         let mut out = Vec::with_capacity(run.len());
         if !copied.is_empty() {
             let ranges: Vec<_> =
                 copied.iter().map(|(i, w)| (*i, Place::new(w.segment, w.grant), w.offset, w.data.len())).collect();
-            let (done, redo) = self
-                .many_locally(&ranges, true, |k, remote, at| remote.write(at, copied[k].1.data, false).map(|_| ()))
+            let (done, denied) = self
+                .locate_and_copy(&ranges, true, |k, remote, at| remote.write(at, copied[k].1.data, false).map(|_| ()))
                 .await;
             out.extend(done);
-            sent.extend(redo.into_iter().map(|k| copied[k]));
+            sent.extend(denied.into_iter().map(|k| copied[k]));
         }
         if !sent.is_empty() && self.clean {
             out.extend(self.write_sent(&sent).await);
@@ -361,11 +359,12 @@ impl Lane {
 
 impl Lane {
     /// A run by local copies: every range's `Locate` in one write; as each answer comes, `copy(k, node,
-    /// address)` for the run's `k`-th range; then one `Release` for them all. `ranges` are `(index, place,
-    /// offset, length)`. Returns the results, and the run positions to do over the socket because the kernel
-    /// denied the copy (their ranges released by then). A lane-level failure fails the rest and leaves the lane
-    /// unclean (its close releases whatever it held).
-    async fn many_locally<T>(
+    /// address)` for the run's `k`-th range; then one `Release` for them all, awaited (so the ranges are free
+    /// when this returns). `ranges` are `(index, place, offset, length)`. Returns the results, and the run
+    /// positions the kernel denied the copy of (released too: to be carried by the lane instead). A lane-level
+    /// failure fails the rest of the run — and a failed `Release` every range, which may still be held — and
+    /// leaves the lane unclean (its close releases whatever it held).
+    pub(super) async fn locate_and_copy<T>(
         &mut self,
         ranges: &[(usize, Place, u64, usize)],
         write: bool,
@@ -392,27 +391,32 @@ impl Lane {
         if let Err(e) = self.send(&mut [IoSlice::new(&requests)]).await {
             return (fail_all(all(), e), Vec::new());
         }
-        let (mut out, mut redo) = (Vec::with_capacity(ranges.len()), Vec::new());
+        let (mut out, mut denied) = (Vec::with_capacity(ranges.len()), Vec::new());
+        // The lane failed: the ranges set aside for it fail too.
+        let broken = |mut out: Vec<_>, denied: Vec<usize>| {
+            out.extend(denied.into_iter().map(|k| (ranges[k].0, Err(TransferError::Closed))));
+            (out, Vec::new())
+        };
         let mut id = first;
         for (k, &(i, ..)) in ranges.iter().enumerate() {
-            let r = match self.response(id).await {
-                Ok((TransferResponse::Located(_), 0)) if !redo.is_empty() => {
-                    // Denied already: every later range goes over the socket too.
-                    redo.push(k);
-                    id = id.wrapping_add(1).max(1);
-                    continue;
-                }
+            let answer = self.response(id).await;
+            id = id.wrapping_add(1).max(1);
+            let r = match answer {
                 Ok((TransferResponse::Located(at), 0)) => {
-                    match self.remote.as_ref().map(|remote| copy(k, remote, at)) {
-                        Some(Ok(v)) => Ok(v),
-                        Some(Err(CopyError::Denied)) => {
+                    let copied = match &self.remote {
+                        // Denied already: every later range goes over the lane too.
+                        Some(_) if !denied.is_empty() => Err(CopyError::Denied),
+                        Some(remote) => copy(k, remote, at),
+                        None => Err(CopyError::Failed(std::io::Error::other("no local copies on this lane"))),
+                    };
+                    match copied {
+                        Ok(v) => Ok(v),
+                        Err(CopyError::Denied) => {
                             self.copy_denied.store(true, std::sync::atomic::Ordering::Relaxed);
-                            redo.push(k);
-                            id = id.wrapping_add(1).max(1);
+                            denied.push(k);
                             continue;
                         }
-                        Some(Err(CopyError::Failed(e))) => Err(TransferError::Io(e)),
-                        None => Err(TransferError::Closed),
+                        Err(CopyError::Failed(e)) => Err(TransferError::Io(e)),
                     }
                 }
                 Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
@@ -420,17 +424,19 @@ impl Lane {
                 Err(e) => Err(e),
             };
             if !settle(&mut out, i, r, ranges[k + 1..].iter().map(|(i, ..)| *i)) {
-                return (out, Vec::new());
+                return broken(out, denied);
             }
-            id = id.wrapping_add(1).max(1);
         }
         if let Err(e) = self.release().await {
-            // The copies are done; only the lane is lost.
-            tracing::debug!(error = %e, "a local lane failed at its release");
-            return (out, redo);
+            // Copied, but perhaps still held: none counts as done.
+            let mut e = Some(e);
+            for (_, r) in out.iter_mut().filter(|(_, r)| r.is_ok()) {
+                *r = Err(e.take().unwrap_or(TransferError::Closed));
+            }
+            return broken(out, denied);
         }
         self.clean = true;
-        (out, redo)
+        (out, denied)
     }
 }
 
