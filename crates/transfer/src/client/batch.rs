@@ -56,7 +56,8 @@ impl TransferClient {
         endpoint: &str,
         items: &mut [BatchRead<'_>],
     ) -> Vec<Result<u32, TransferError>> {
-        let stripe = self.stripe();
+        let peer = self.peer(endpoint);
+        let stripe = self.stripe(&peer);
         let mut runs: Vec<(usize, &mut BatchRead<'_>)> = Vec::new();
         let mut singles = Vec::new();
         for (i, item) in items.iter_mut().enumerate() {
@@ -68,7 +69,6 @@ impl TransferClient {
         }
         let mut out: Vec<Option<Result<u32, TransferError>>> = Vec::new();
         out.resize_with(runs.len() + singles.len(), || None);
-        let peer = self.peer(endpoint);
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
         // The whole batch is one transfer: its runs may poll when it is the client's only one.
@@ -90,12 +90,12 @@ impl TransferClient {
     /// Writes many ranges hosted at `endpoint`; each is acknowledged only once its bytes are in the segment.
     /// Results in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
     pub async fn write_batch(&self, endpoint: &str, items: &[BatchWrite<'_>]) -> Vec<Result<(), TransferError>> {
-        let stripe = self.write_stripe_bytes();
+        let peer = self.peer(endpoint);
+        let stripe = self.write_stripe_bytes(&peer);
         let (runs, singles): (Vec<_>, Vec<_>) = items
             .iter()
             .enumerate()
             .partition(|(_, w)| w.data.len() <= stripe && self.inner.local.get(&w.segment).is_none());
-        let peer = self.peer(endpoint);
         let lanes = self.inner.config.lanes_per_peer.max(1);
         let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
         let (_inflight, alone) = self.inner.inflight.enter();
