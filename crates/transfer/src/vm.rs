@@ -33,6 +33,28 @@ thread_local! {
     pub(crate) static DENY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Writes at least this long that are summed are summed on a thread of their own while the copy goes on (the
+/// sum costs about as much as the copy; a thread, ~20 µs). Reads are summed piece by piece as they land: handing
+/// landed pieces to another thread measured slower (1 MiB gets p50 197 vs 120 µs, 4 MiB no faster).
+const PARALLEL_SUM_MIN: usize = 1 << 20;
+
+/// Copies `pieces` one by one with `copy`, which returns each piece's bytes once they are in place; returns their
+/// crc32c if `checksum` (else 0), summed right after each piece is copied (while it is still in cache).
+fn summed<'a, P>(
+    pieces: impl Iterator<Item = P>,
+    checksum: bool,
+    mut copy: impl FnMut(P) -> Result<&'a [u8], CopyError>,
+) -> Result<u32, CopyError> {
+    let mut crc = 0;
+    for piece in pieces {
+        let bytes = copy(piece)?;
+        if checksum {
+            crc = crc32c::crc32c_append(crc, bytes);
+        }
+    }
+    Ok(crc)
+}
+
 /// Why a local copy did not happen.
 #[derive(Debug)]
 pub(crate) enum CopyError {
@@ -65,43 +87,54 @@ impl RemoteProcess {
         matches!(rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())), Ok(0))
     }
 
-    /// Copies `data` to `addr` in the node's memory; returns its crc32c if `checksum` (else 0), summed piece by
-    /// piece right after each piece is copied.
+    /// Copies `data` to `addr` in the node's memory; returns its crc32c if `checksum` (else 0): a long write's
+    /// summed on a scoped thread meanwhile ([`PARALLEL_SUM_MIN`]), a short one's piece by piece ([`summed`]).
     pub(crate) fn write(&self, addr: u64, data: &[u8], checksum: bool) -> Result<u32, CopyError> {
-        let mut crc = 0;
-        for (i, piece) in data.chunks(SUM_PIECE).enumerate() {
-            let at = addr + (i * SUM_PIECE) as u64;
-            self.copy(at, piece.len(), |remote| {
-                let local = libc::iovec { iov_base: piece.as_ptr() as *mut libc::c_void, iov_len: piece.len() };
-                // SAFETY: `local` describes `piece`, a live shared borrow the kernel only reads; `remote` is
-                // memory of another process, outside this one's memory model.
-                unsafe { libc::process_vm_writev(self.pid, &local, 1, remote, 1, 0) }
-            })?;
-            if checksum {
-                crc = crc32c::crc32c_append(crc, piece);
+        let copy_all =
+            || summed(data.chunks(SUM_PIECE).enumerate(), false, |(i, piece)| self.write_piece(addr, i, piece));
+        if checksum && data.len() >= PARALLEL_SUM_MIN {
+            let done = std::thread::scope(|scope| {
+                // No thread to be had: `None`, and the sum is taken on this thread below.
+                let summer = std::thread::Builder::new()
+                    .name("crescent-sum".into())
+                    .spawn_scoped(scope, || crc32c::crc32c(data))
+                    .ok()?;
+                let copied = copy_all();
+                let crc =
+                    summer.join().map_err(|_| CopyError::Failed(std::io::Error::other("the summing thread died")));
+                Some(copied.and(crc))
+            });
+            if let Some(done) = done {
+                return done;
             }
         }
-        Ok(crc)
+        summed(data.chunks(SUM_PIECE).enumerate(), checksum, |(i, piece)| self.write_piece(addr, i, piece))
     }
 
-    /// Copies from `addr` in the node's memory into `buf`; returns its crc32c if `checksum` (else 0).
+    /// Copies the `i`-th piece of a write to its place after `addr`.
+    fn write_piece<'a>(&self, addr: u64, i: usize, piece: &'a [u8]) -> Result<&'a [u8], CopyError> {
+        self.copy(addr + (i * SUM_PIECE) as u64, piece.len(), |remote| {
+            let local = libc::iovec { iov_base: piece.as_ptr() as *mut libc::c_void, iov_len: piece.len() };
+            // SAFETY: `local` describes `piece`, a live shared borrow the kernel only reads; `remote` is memory of
+            // another process, outside this one's memory model.
+            unsafe { libc::process_vm_writev(self.pid, &local, 1, remote, 1, 0) }
+        })?;
+        Ok(piece)
+    }
+
+    /// Copies from `addr` in the node's memory into `buf`; returns its crc32c if `checksum` (else 0), summed as
+    /// each piece lands ([`summed`]).
     pub(crate) fn read(&self, addr: u64, buf: &mut [u8], checksum: bool) -> Result<u32, CopyError> {
-        let mut crc = 0;
-        for (i, piece) in buf.chunks_mut(SUM_PIECE).enumerate() {
-            let at = addr + (i * SUM_PIECE) as u64;
-            let len = piece.len();
-            let base = piece.as_mut_ptr();
-            self.copy(at, len, |remote| {
+        summed(buf.chunks_mut(SUM_PIECE).enumerate(), checksum, |(i, piece)| {
+            let (base, len) = (piece.as_mut_ptr(), piece.len());
+            self.copy(addr + (i * SUM_PIECE) as u64, len, |remote| {
                 let local = libc::iovec { iov_base: base.cast(), iov_len: len };
                 // SAFETY: `local` describes `piece`, a live exclusive borrow the kernel writes (any bytes are
                 // valid `u8`s); `remote` is memory of another process, outside this one's memory model.
                 unsafe { libc::process_vm_readv(self.pid, &local, 1, remote, 1, 0) }
             })?;
-            if checksum {
-                crc = crc32c::crc32c_append(crc, piece);
-            }
-        }
-        Ok(crc)
+            Ok(&*piece)
+        })
     }
 
     /// One whole copy of `len` bytes at `addr` by `call` (given the remote iovec); the kernel may copy less
