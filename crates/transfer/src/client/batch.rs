@@ -412,7 +412,11 @@ impl Lane {
                     match copied {
                         Ok(v) => Ok(v),
                         Err(CopyError::Denied) => {
-                            self.copy_denied.store(true, std::sync::atomic::Ordering::Relaxed);
+                            if !self.copy_denied.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                tracing::debug!(
+                                    "the kernel denies local copies to this storage node: its lanes carry the bytes"
+                                );
+                            }
                             denied.push(k);
                             continue;
                         }
