@@ -677,8 +677,10 @@ impl Connection {
             // master's protocol could change them in flight, and the reader's checksum would tell.
             self.io.get_mut().write_all(&self.out).await?;
             self.out.clear();
-            if let Some(sock) = self.io.plain() {
-                net::send_file(sock, fd, offset, body.len()).await?;
+            match self.io.plain() {
+                Some(sock) => net::send_file(sock, fd, offset, body.len()).await?,
+                // Not reached (checked above), but never a reply without its body.
+                None => self.io.get_mut().write_all(body).await?,
             }
         } else if !body.is_empty() {
             // Pending replies, this reply's prefix and header, and the body straight from segment memory.
