@@ -13,6 +13,7 @@
 
 use anyhow::{Context, Result, bail};
 use crescent_net::auth::{Credential, CredentialSource, Keyring};
+use crescent_net::host::NodeKeys;
 use crescent_net::tls::{Tls, TlsClient, TlsFiles};
 use crescent_proto::Principal;
 use std::net::SocketAddr;
@@ -78,16 +79,17 @@ impl SecretArgs {
         Ok(Tls::load(&files)?)
     }
 
-    /// Refuses to expose `addrs` (what, where) beyond loopback without authentication (a cluster secret, or
-    /// TLS client certificates) unless `--insecure`; says at start-up how the server is protected.
-    pub fn guard(&self, keyring: Option<&Keyring>, tls: &Tls, addrs: &[(&str, SocketAddr)]) -> Result<()> {
+    /// Refuses to expose `addrs` (what, where) beyond loopback without authentication (a cluster secret or a
+    /// node's credential, or TLS client certificates) unless `--insecure`; says at start-up how the server is
+    /// protected.
+    pub fn guard(&self, authenticates: bool, tls: &Tls, addrs: &[(&str, SocketAddr)]) -> Result<()> {
         match &tls.server {
             Some(t) if t.verifies_clients() => tracing::info!("TLS on: peers must present a client certificate"),
             Some(_) => tracing::info!("TLS on (server certificate only)"),
             None => {}
         }
-        if let Some(ring) = keyring {
-            tracing::info!(secrets = ring.len(), "authentication on: peers must prove a credential of the cluster");
+        if authenticates {
+            tracing::info!("authentication on: peers must prove a credential (or, at a node, a ticket)");
             return Ok(());
         }
         if tls.server.as_ref().is_some_and(|t| t.verifies_clients()) {
@@ -108,8 +110,9 @@ impl SecretArgs {
             );
         } else {
             bail!(
-                "refusing to listen on {} without authentication: give a cluster secret (--secret-file FILE or \
-                 CRESCENT_SECRET_FILE; `crescent secret` makes one) or pass --insecure",
+                "refusing to listen on {} without authentication: give a master a cluster secret (--secret-file \
+                 FILE or CRESCENT_SECRET_FILE; `crescent secret` makes one) and a node its credential \
+                 (--credential-file FILE or CRESCENT_CREDENTIAL_FILE), or pass --insecure",
                 exposed.join(", ")
             );
         }
@@ -121,8 +124,13 @@ impl SecretArgs {
 /// secrets, reload every server, move the clients to the new credentials, then leave only the new secret and
 /// reload again), and renewed TLS certificates (new connections use them). A file that does not load leaves
 /// what was in force.
-pub fn reload_on_hangup(keyring: Option<Arc<Keyring>>, tls: Tls, server: &'static str) -> Result<()> {
-    if keyring.is_none() && !tls.is_on() {
+pub fn reload_on_hangup(
+    keyring: Option<Arc<Keyring>>,
+    keys: Option<Arc<NodeKeys>>,
+    tls: Tls,
+    server: &'static str,
+) -> Result<()> {
+    if keyring.is_none() && keys.is_none() && !tls.is_on() {
         return Ok(());
     }
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -132,6 +140,12 @@ pub fn reload_on_hangup(keyring: Option<Arc<Keyring>>, tls: Tls, server: &'stati
                 match ring.reload() {
                     Ok(n) => tracing::info!(server, secrets = n, "reloaded the cluster secret"),
                     Err(e) => tracing::error!(server, "the cluster secret was not reloaded (the old one stays): {e}"),
+                }
+            }
+            if let Some(keys) = &keys {
+                match keys.reload() {
+                    Ok(n) => tracing::info!(server, credentials = n, "reloaded the node's credential"),
+                    Err(e) => tracing::error!(server, "the credential was not reloaded (the old one stays): {e}"),
                 }
             }
             if tls.is_on() {
@@ -154,6 +168,25 @@ fn keyring(file: Option<&Path>) -> Result<Option<Arc<Keyring>>> {
         None => Keyring::from_env().context("the cluster secret from the environment")?,
     };
     Ok(ring.map(Arc::new))
+}
+
+/// A storage node's keys: `--credential-file`, else the credential in the environment, else (with a warning:
+/// the node then holds the secret, so breaking into it yields every credential) derived for `node` from a
+/// cluster secret; none without any.
+pub fn node_keys(credential_file: Option<&Path>, secrets: &SecretArgs) -> Result<Option<Arc<NodeKeys>>> {
+    if let Some(path) = credential_file {
+        return Ok(Some(Arc::new(NodeKeys::load(path)?)));
+    }
+    if let Some(keys) = NodeKeys::from_env().context("the node's credential from the environment")? {
+        return Ok(Some(Arc::new(keys)));
+    }
+    Ok(secrets.keyring()?.map(|ring| {
+        tracing::warn!(
+            "this node holds the cluster secret: give it its own credential instead (`crescent credential node` \
+             into --credential-file), so a node broken into yields no other principal's"
+        );
+        Arc::new(NodeKeys::derived(ring, Principal::Node))
+    }))
 }
 
 /// The credential of a client command: `CRESCENT_CREDENTIAL_FILE`, else `CRESCENT_CREDENTIAL`, else `admin`
@@ -247,23 +280,25 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:1".parse().unwrap_or_else(|e| panic!("{e}"));
         let strict = SecretArgs::default();
         let plain = Tls::default();
-        assert!(strict.guard(None, &plain, &[("rpc", lo), ("admin", lo)]).is_ok());
-        let e =
-            strict.guard(None, &plain, &[("rpc", any), ("admin", lo)]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(strict.guard(false, &plain, &[("rpc", lo), ("admin", lo)]).is_ok());
+        let e = strict
+            .guard(false, &plain, &[("rpc", any), ("admin", lo)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("rpc 0.0.0.0:1") && e.contains("--insecure") && !e.contains("admin"), "{e}");
         let insecure = SecretArgs { insecure: true, ..SecretArgs::default() };
-        assert!(insecure.guard(None, &Tls::default(), &[("rpc", any)]).is_ok());
-        let ring = Keyring::parse("a secret of enough length").unwrap_or_else(|e| panic!("{e}"));
-        assert!(strict.guard(Some(&ring), &plain, &[("rpc", any)]).is_ok(), "authenticated: any address");
+        assert!(insecure.guard(false, &Tls::default(), &[("rpc", any)]).is_ok());
+        assert!(strict.guard(true, &plain, &[("rpc", any)]).is_ok(), "authenticated: any address");
 
         // TLS with client certificates authenticates; a server certificate alone does not.
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let f = crescent_net::tls::certgen::write(dir.path(), &["127.0.0.1".into()]).unwrap_or_else(|e| panic!("{e}"));
         let server_only = SecretArgs { tls_cert: Some(f.cert), tls_key: Some(f.key), ..SecretArgs::default() };
         let tls = server_only.tls().unwrap_or_else(|e| panic!("{e}"));
-        assert!(server_only.guard(None, &tls, &[("rpc", any)]).is_err(), "TLS without client certificates");
+        assert!(server_only.guard(false, &tls, &[("rpc", any)]).is_err(), "TLS without client certificates");
         let mutual = SecretArgs { tls_client_ca: Some(f.ca), ..server_only };
         let tls = mutual.tls().unwrap_or_else(|e| panic!("{e}"));
-        assert!(mutual.guard(None, &tls, &[("rpc", any)]).is_ok(), "client certificates: any address");
+        assert!(mutual.guard(false, &tls, &[("rpc", any)]).is_ok(), "client certificates: any address");
     }
 }

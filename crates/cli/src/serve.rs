@@ -9,8 +9,12 @@ use anyhow::{Context, Result, anyhow, bail};
 use crescent_master::placement::PlacementPolicy;
 use crescent_master::server::{MasterServer, RpcLimits};
 use crescent_master::service::MasterConfig;
+use crescent_net::auth::Keyring;
+use crescent_net::host::NodeKeys;
 use crescent_node::{Backoff, NodeConfig, StorageNode};
+use crescent_proto::Principal;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Master flags (each also settable under `[server]` in the config file). The defaults in the help come from
@@ -205,6 +209,13 @@ pub struct NodeArgs {
     shutdown_grace_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// The node's own credential (what it proves to the master and derives its keys from).
+    #[arg(
+        long,
+        value_name = "FILE",
+        help = "File (mode 600) holding this node's credential (`crescent credential node` or `node:NAME` prints         one; two lines during a rotation, the first current; also CRESCENT_CREDENTIAL_FILE or CRESCENT_CREDENTIAL).         A node needs no cluster secret"
+    )]
+    credential_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     auth: crate::auth::SecretArgs,
 }
@@ -307,6 +318,8 @@ struct Started {
     server: MasterServer,
     advertised: SocketAddr,
     admin: Option<SocketAddr>,
+    /// The cluster secret(s) it authenticates with (an embedded node's keys derive from them).
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// A master's settings: flags over `[server]` over defaults.
@@ -317,7 +330,7 @@ struct Settings {
     poll: Duration,
     limits: RpcLimits,
     /// The cluster secret(s), if the cluster authenticates.
-    keyring: Option<std::sync::Arc<crescent_net::auth::Keyring>>,
+    keyring: Option<Arc<Keyring>>,
     /// TLS, if the master serves it (and dials nodes through it).
     tls: crescent_net::tls::Tls,
 }
@@ -337,8 +350,8 @@ fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<
     }
     let keyring = a.auth.keyring()?;
     let tls = a.auth.tls()?;
-    a.auth.guard(keyring.as_deref(), &tls, &[("rpc", listen), ("admin", admin)])?;
-    crate::auth::reload_on_hangup(keyring.clone(), tls.clone(), "master")?;
+    a.auth.guard(keyring.is_some(), &tls, &[("rpc", listen), ("admin", admin)])?;
+    crate::auth::reload_on_hangup(keyring.clone(), None, tls.clone(), "master")?;
     Ok(Settings { config, listen, admin, poll, limits, keyring, tls })
 }
 
@@ -354,7 +367,7 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         .limits(limits)
         .oplog(oplog)
         .snapshots(snapshots)
-        .keyring(keyring)
+        .keyring(keyring.clone())
         .tls(tls)
         .start()
         .await?;
@@ -373,10 +386,17 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         limits.frame_timeout,
         crate::ops::fmt_bytes(limits.frame_budget as u64),
     );
-    Ok(Started { server, advertised, admin })
+    Ok(Started { server, advertised, admin, keyring })
 }
 
-fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: SocketAddr) -> Result<NodeConfig> {
+/// `embedded`: the keyring of the master sharing the process (`up`), which the node's keys derive from.
+fn node_config(
+    a: &NodeArgs,
+    master: &str,
+    file: &FileConfig,
+    default_listen: SocketAddr,
+    embedded: Option<&Arc<Keyring>>,
+) -> Result<NodeConfig> {
     let (n, g) = (&file.node, &a.segments);
     let size = g.segment_size.as_deref().or(n.segment_size.as_deref()).unwrap_or(DEFAULT_SEGMENT_SIZE);
     let mut c = NodeConfig::new(master, crate::parse_size(size).map_err(|e| anyhow!(e))?);
@@ -401,10 +421,15 @@ fn node_config(a: &NodeArgs, master: &str, file: &FileConfig, default_listen: So
     if let Some(ms) = a.limits.frame_timeout_ms.or(n.frame_timeout_ms) {
         c.frame_timeout = Duration::from_millis(ms);
     }
-    c.keyring = a.auth.keyring()?;
+    c.keys = match embedded {
+        Some(ring) => Some(Arc::new(NodeKeys::derived(ring.clone(), Principal::Node))),
+        None => crate::auth::node_keys(a.credential_file.as_deref(), &a.auth)?,
+    };
     c.tls = a.auth.tls()?;
-    a.auth.guard(c.keyring.as_deref(), &c.tls, &[("data plane", c.listen)])?;
-    crate::auth::reload_on_hangup(c.keyring.clone(), c.tls.clone(), "node")?;
+    a.auth.guard(c.keys.is_some(), &c.tls, &[("data plane", c.listen)])?;
+    if embedded.is_none() {
+        crate::auth::reload_on_hangup(None, c.keys.clone(), c.tls.clone(), "node")?;
+    }
     Ok(c)
 }
 
@@ -541,7 +566,7 @@ async fn candidate(
 /// it answers or a signal ends the wait.
 pub async fn node(a: NodeArgs, master: &str, file: &FileConfig) -> Result<()> {
     let stop = signal()?;
-    let config = node_config(&a, master, file, DEFAULT_NODE_LISTEN.parse()?)?;
+    let config = node_config(&a, master, file, DEFAULT_NODE_LISTEN.parse()?, None)?;
     log_node_config(&config);
     let grace =
         Duration::from_millis(a.shutdown_grace_ms.or(file.node.shutdown_grace_ms).unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS));
@@ -582,10 +607,11 @@ pub async fn up(a: UpArgs, file: &FileConfig) -> Result<()> {
         segments: a.segments,
         shutdown_grace_ms: None,
         limits: LimitArgs::default(),
+        credential_file: None,
         auth: a.master.auth.clone(),
     };
     let listen = SocketAddr::new(m.server.rpc_addr().ip(), 0);
-    let mut config = node_config(&node_args, &m.advertised.to_string(), file, listen)?;
+    let mut config = node_config(&node_args, &m.advertised.to_string(), file, listen, m.keyring.as_ref())?;
     config.max_connections = config.max_connections.min(up_share(crescent_net::accept::fitting_cap(usize::MAX)));
     log_node_config(&config);
     let node = StorageNode::start(config).await.map_err(|e| anyhow!("{}: {e}", e.code()))?;

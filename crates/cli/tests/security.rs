@@ -37,7 +37,7 @@ fn write_secret(path: &Path, text: &str) {
 struct Cluster {
     up: Proc,
     secret: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -61,7 +61,7 @@ impl Cluster {
                 "false",
             ],
         );
-        Self { up, secret, _dir: dir }
+        Self { up, secret, dir }
     }
 
     fn master(&self) -> String {
@@ -198,6 +198,7 @@ fn refused<T: std::fmt::Debug>(r: Result<T, crescent_transfer::TransferError>) -
 #[tokio::test]
 async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it() {
     use crescent_client::master::MasterConnection;
+    use crescent_client::tickets::MasterTickets;
     use crescent_net::grant::{Bearer, GrantOp, unix_ms};
     use crescent_proto::rpc::MasterResponse;
     use crescent_proto::wire::WireKey;
@@ -217,12 +218,19 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     // under one client id, as a client library would have.
     let me = ClientId::random();
     let cred = c.credential("tenant:a", S1);
-    let master = MasterConnection::new(&c.master(), me, PeerRole::Client, 1, DEADLINE)
-        .with_credential(Some(cred.clone().into()));
-    // Over the node's local lanes (its Unix socket: the attacker is on its host), or over TCP.
+    let master_as = |id: ClientId, cred: &Credential| {
+        Arc::new(
+            MasterConnection::new(&c.master(), id, PeerRole::Client, 1, DEADLINE)
+                .with_credential(Some(cred.clone().into())),
+        )
+    };
+    let master = master_as(me, &cred);
+    // Over the node's local lanes (its Unix socket: the attacker is on its host), or over TCP; each lane proves
+    // a ticket the master seals for the client id and credential.
     let data_over = |id: ClientId, cred: &Credential, local_lanes: bool| {
+        let tickets = MasterTickets::new(master_as(id, cred), cred.clone().into(), id);
         let config = TransferConfig {
-            credential: Some(cred.clone().into()),
+            tickets: Some(Arc::new(tickets)),
             client_id: Some(id),
             io_timeout: DEADLINE,
             local_lanes,
@@ -281,7 +289,8 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     // An expired grant, correctly sealed (the test holds the secret): refused as expired.
     let ring = Keyring::parse(S1).unwrap();
     let bearer = Bearer::new("tenant:a".parse().unwrap(), Some(me));
-    let stale = ring.seal_grant(GrantOp::Write, &mine_seg, &bearer, mine_off, 4096, unix_ms() - 1);
+    let node = ring.host_keys(&"node".parse().unwrap(), None);
+    let stale = node.seal_grant(GrantOp::Write, &mine_seg, &bearer, mine_off, 4096, unix_ms() - 1);
     let expired = Place::new(mine_seg, Some(stale));
     assert_eq!(refused(t.write(&endpoint, expired, mine_off, four_k).await), ErrorCode::GrantExpired);
 
@@ -354,6 +363,67 @@ async fn a_node_credential_serves_segments_but_is_no_client_and_unmounts_only_it
     assert_eq!(code(tenant.call(&unmount).await), ErrorCode::PermissionDenied);
 
     assert_eq!(t.get("k").await.unwrap(), b"value", "the segment and its object are still there");
+}
+
+#[tokio::test]
+async fn a_node_holding_only_its_credential_serves_under_tickets_and_grants() {
+    use crescent_client::master::MasterConnection;
+    use crescent_proto::MasterResponse;
+    let c = Cluster::start();
+    c.client("admin", "").set_tenant_quota("t", 64 << 20).await.unwrap();
+    // A second node, given its credential file and no cluster secret (none in its environment either).
+    let cred_file = c.dir.path().join("node.credential");
+    write_secret(&cred_file, &c.credential("node", S1).to_text());
+    let node = Proc::start(
+        bin(),
+        &[
+            "node",
+            "--master",
+            &c.master(),
+            "--listen",
+            "127.0.0.1:0",
+            "--segment-size",
+            "16MiB",
+            "--prefault",
+            "false",
+            "--credential-file",
+            cred_file.to_str().unwrap(),
+        ],
+    );
+    let endpoint = node.field("node");
+    // Objects land on both nodes; every one on the new node went through its tickets and grants.
+    let t = c.client("tenant:t", "t");
+    let mut on_new_node = Vec::new();
+    for i in 0..32 {
+        let key = format!("k{i}");
+        let value = vec![i as u8; 70_000];
+        t.put(&key, &value).await.unwrap();
+        if replica_of(&t, &key).await.0 == endpoint {
+            on_new_node.push((key, value));
+        }
+    }
+    assert!(!on_new_node.is_empty(), "no object landed on the credential-only node");
+    for (key, value) in &on_new_node {
+        assert_eq!(&t.get(key).await.unwrap(), value);
+    }
+    // A ticket is sealed for its client: the master issues one only to the client id the connection claimed.
+    let (_, segment, _, _) = replica_of(&t, &on_new_node[0].0).await;
+    let (me, other) = (ClientId::random(), ClientId::random());
+    let conn = MasterConnection::new(&c.master(), me, PeerRole::Client, 1, DEADLINE)
+        .with_credential(Some(c.credential("tenant:t", S1).into()));
+    let ticket = MasterRequest::DataTicket { segment };
+    let Ok(MasterResponse::Ticket(sealed)) = conn.call(&ticket).await else { panic!("no ticket") };
+    assert_eq!(sealed.host, "node");
+    let anon = MasterConnection::new(&c.master(), other, PeerRole::Client, 1, DEADLINE)
+        .with_credential(Some(c.credential("tenant:u", S1).into()));
+    assert_eq!(
+        code(anon.call(&MasterRequest::DataTicket { segment: SegmentId::random() }).await),
+        ErrorCode::SegmentNotFound
+    );
+    // The node's credential opens nothing at the master beyond a node's rights.
+    let as_node = c.client_with(Some(c.credential("node", S1)), "t");
+    assert_eq!(code(as_node.get(&on_new_node[0].0).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(as_node.list_tenants().await), ErrorCode::PermissionDenied);
 }
 
 /// A memory segment whose endpoint nobody serves (nothing listens on port 1).

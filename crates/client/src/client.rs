@@ -23,7 +23,7 @@ use crescent_proto::{
     ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest, MasterResponse,
     ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
 };
-use crescent_transfer::{BatchRead, BatchWrite, Place, SegmentRegistry, TransferClient, TransferConfig};
+use crescent_transfer::{BatchRead, BatchWrite, Place, SegmentRegistry, Tickets, TransferClient, TransferConfig};
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,8 +57,8 @@ pub struct ClientConfig {
     /// How long a request polls for its master reply before parking its thread (0 = never). A short poll
     /// avoids a sleeping CPU's wake-up on the reply path (tens of µs on VMs) at the cost of that CPU time.
     pub poll_window: Duration,
-    /// What the client proves to the master (and, through `transfer.credential`, to storage nodes) in a cluster
-    /// that authenticates; set both with [`ClientConfig::with_credential`].
+    /// What the client proves to the master in a cluster that authenticates (to storage nodes its lanes prove
+    /// tickets the master seals for it).
     pub credential: Option<CredentialSource>,
     /// TLS to the master (and, through `transfer.tls`, to storage nodes) in a cluster serving TLS; set both
     /// with [`ClientConfig::with_tls`].
@@ -93,9 +93,9 @@ impl ClientConfig {
         self
     }
 
-    /// Proves `credential` to the master and to storage nodes (`None`: a cluster without authentication).
+    /// Proves `credential` to the master, and tickets the master seals for it to storage nodes (`None`: a
+    /// cluster without authentication).
     pub fn with_credential(mut self, credential: Option<CredentialSource>) -> Self {
-        self.transfer.credential = credential.clone();
         self.credential = credential;
         self
     }
@@ -119,7 +119,7 @@ struct Inner {
     checksum_mismatches: std::sync::atomic::AtomicU64,
     id: ClientId,
     config: ClientConfig,
-    master: MasterConnection,
+    master: Arc<MasterConnection>,
     transfer: TransferClient,
     local: SegmentRegistry,
 }
@@ -378,8 +378,12 @@ impl Client {
         .with_credential(config.credential.clone())
         .with_tls(config.tls.clone())
         .with_in_flight(inflight.clone());
-        // The data plane's hello names this client: the master seals its grants for it.
-        let transfer_config = TransferConfig { client_id: Some(id), ..config.transfer.clone() };
+        let master = Arc::new(master);
+        let tickets = config.credential.clone().map(|credential| {
+            Arc::new(crate::tickets::MasterTickets::new(master.clone(), credential, id)) as Arc<dyn Tickets>
+        });
+        // The data plane's hello names this client: the master seals its grants and tickets for it.
+        let transfer_config = TransferConfig { client_id: Some(id), tickets, ..config.transfer.clone() };
         let transfer = TransferClient::with_in_flight(transfer_config, local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }

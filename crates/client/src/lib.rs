@@ -10,6 +10,7 @@ pub mod blocking;
 pub mod client;
 pub mod error;
 pub mod master;
+pub mod tickets;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, ClientConfig, PutMode, PutOutcome};

@@ -4,7 +4,8 @@
 
 use crescent_net::auth::Keyring;
 use crescent_net::grant::{Bearer, GrantOp};
-use crescent_proto::{ClientId, SegmentId};
+use crescent_net::host::NodeKeys;
+use crescent_proto::{ClientId, Principal, SegmentId};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
@@ -15,14 +16,17 @@ fn grants(c: &mut Criterion) {
         [("one secret", "0123456789abcdef-first"), ("rotation", "0123456789abcdef-new\n0123456789abcdef-first")]
     {
         let ring = Keyring::parse(secrets).unwrap();
+        let master = ring.host_keys(&Principal::Node, None);
         c.bench_function(&format!("seal ({name})"), |b| {
-            b.iter(|| ring.seal_grant(GrantOp::Read, &seg, &bearer, black_box(1 << 30), 4096, u64::MAX))
+            b.iter(|| master.seal_grant(GrantOp::Read, &seg, &bearer, black_box(1 << 30), 4096, u64::MAX))
         });
-        // During a rotation a grant sealed with the second (old) secret costs both keys' checks.
-        let old = Keyring::parse("0123456789abcdef-first").unwrap();
+        // During a rotation the host holds both credentials, and a grant sealed with the second (old) one
+        // costs both keys' checks.
+        let node = NodeKeys::derived(std::sync::Arc::new(ring), Principal::Node);
+        let old = Keyring::parse("0123456789abcdef-first").unwrap().host_keys(&Principal::Node, None);
         let g = old.seal_grant(GrantOp::Read, &seg, &bearer, 1 << 30, 4096, u64::MAX);
         c.bench_function(&format!("check ({name})"), |b| {
-            b.iter(|| ring.check_grant(GrantOp::Read, &seg, &bearer, Some(black_box(&g)), 1 << 30, 4096, 0))
+            b.iter(|| node.check_grant(GrantOp::Read, &seg, &bearer, Some(black_box(&g)), 1 << 30, 4096, 0))
         });
     }
 }

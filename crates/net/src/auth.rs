@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zeroize::Zeroizing;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -44,7 +44,7 @@ pub const MAX_SECRETS: usize = 2;
 const PRINCIPAL_LABEL: &[u8] = b"crescent/principal/v1\0";
 const CLIENT_LABEL: &[u8] = b"crescent/hello/client/v1\0";
 const SERVER_LABEL: &[u8] = b"crescent/hello/server/v1\0";
-const GRANT_LABEL: &[u8] = b"crescent/grant/v1\0";
+const SECRET_ID_LABEL: &[u8] = b"crescent/secret-id/v1\0";
 
 /// Why a secret or a credential could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +72,7 @@ pub enum AuthConfigError {
 }
 
 /// A key of [`AUTH_LEN`] bytes, zeroed on drop.
-type Key = Zeroizing<[u8; AUTH_LEN]>;
+pub(crate) type Key = Zeroizing<[u8; AUTH_LEN]>;
 
 /// The cluster secret(s) a master (or a process trusted with the secret) verifies credentials with. Reloadable
 /// in place ([`Keyring::reload`], on SIGHUP), so a rotation needs no restart: connections authenticate with the
@@ -87,41 +87,37 @@ pub struct Keyring {
 
 type Secrets = Vec<Zeroizing<Vec<u8>>>;
 
-/// The valid secrets and what is derived from them once per load.
-struct KeySet {
+/// The valid secrets and their ids.
+pub(crate) struct KeySet {
     secrets: Secrets,
-    /// One keyed HMAC state per secret, same order, for sealing and checking data-plane grants
-    /// (`crate::grant`): cloned per use, so a check costs the message's compressions only.
-    grant_keys: Vec<HmacSha256>,
-    /// Grant keys of secrets a reload retired, still accepted (never used to seal) until the instant given:
-    /// grants sealed just before a rotation by a master that reloaded later than this process stay good for
-    /// the transfer in flight ([`GRANT_GRACE`]). Handshakes with a retired secret fail at once.
-    retired: Vec<(HmacSha256, Instant)>,
+    /// Each secret's [`SecretId`], same order.
+    ids: Vec<SecretId>,
 }
 
 impl KeySet {
     fn new(secrets: Secrets) -> Self {
-        Self { grant_keys: secrets.iter().map(|s| grant_key(s)).collect(), secrets, retired: Vec::new() }
-    }
-
-    /// The key set after a reload from `self` to `fresh`: secrets no longer listed keep their grant key for
-    /// `grace` from `now` (those retired earlier keep their own deadline).
-    fn reloaded(&self, fresh: Secrets, now: Instant, grace: Duration) -> Self {
-        let mut next = Self::new(fresh);
-        let gone = self.secrets.iter().filter(|s| !next.secrets.contains(s)).map(|s| (grant_key(s), now + grace));
-        let still = self.retired.iter().filter(|(_, until)| *until > now).cloned();
-        next.retired = gone.chain(still).collect();
-        next
+        Self { ids: secrets.iter().map(|s| SecretId::of(s)).collect(), secrets }
     }
 }
 
-fn grant_key(secret: &[u8]) -> HmacSha256 {
-    mac_with(&derive_raw(secret, GRANT_LABEL)[..])
-}
-
-/// How long a retired secret's grant key still verifies grants after a reload (never handshakes): longer than
-/// any transfer takes from its grant to its last stripe.
+/// How long a host still accepts grants and tickets of a key a reload retired (`crate::host`): longer than any
+/// transfer takes from its grant to its last stripe, so one sealed just before a rotation finishes.
 pub const GRANT_GRACE: Duration = Duration::from_secs(30);
+
+/// Names one secret without revealing it (the first 8 bytes of `HMAC(secret, "crescent/secret-id/v1")`): what
+/// the master remembers of the secret a peer proved, to seal that peer's grants and tickets with the same one
+/// during a rotation. Stable across reloads, unlike a position in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SecretId(u64);
+
+impl SecretId {
+    pub(crate) fn of(secret: &[u8]) -> Self {
+        let id = derive_raw(secret, SECRET_ID_LABEL);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&id[..8]);
+        Self(u64::from_be_bytes(first))
+    }
+}
 
 impl fmt::Debug for Keyring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -152,29 +148,22 @@ impl Keyring {
     /// file that no longer parses, keeps its secrets (and the error says why).
     pub fn reload(&self) -> Result<usize, AuthConfigError> {
         let Some(path) = &self.source else { return Err(AuthConfigError::NoFile) };
-        self.replace(parse_secrets(&read_secret_file(path)?)?, GRANT_GRACE)
+        self.replace(parse_secrets(&read_secret_file(path)?)?)
     }
 
-    /// Makes `text`'s secrets the valid ones, as a reload of a file holding it would; the secrets it drops
-    /// keep verifying grants for `grace` (see [`GRANT_GRACE`]).
-    pub fn replace_with(&self, text: &str, grace: Duration) -> Result<usize, AuthConfigError> {
-        self.replace(parse_secrets(text)?, grace)
+    /// Makes `text`'s secrets the valid ones, as a reload of a file holding it would.
+    pub fn replace_with(&self, text: &str) -> Result<usize, AuthConfigError> {
+        self.replace(parse_secrets(text)?)
     }
 
-    fn replace(&self, fresh: Secrets, grace: Duration) -> Result<usize, AuthConfigError> {
+    fn replace(&self, fresh: Secrets) -> Result<usize, AuthConfigError> {
         let n = fresh.len();
-        let mut current = self.secrets.write().unwrap_or_else(PoisonError::into_inner);
-        *current = Arc::new(current.reloaded(fresh, Instant::now(), grace));
+        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(KeySet::new(fresh));
         Ok(n)
     }
 
-    fn snapshot(&self) -> Arc<KeySet> {
+    pub(crate) fn snapshot(&self) -> Arc<KeySet> {
         self.secrets.read().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// The grant keys of the valid secrets, current first (see `crate::grant`).
-    pub(crate) fn grant_keys(&self) -> GrantKeys {
-        GrantKeys(self.snapshot())
     }
 
     /// How many secrets are valid now (2 during a rotation).
@@ -190,7 +179,7 @@ impl Keyring {
     /// The credential of `principal`, derived from the current secret.
     pub fn credential(&self, principal: Principal) -> Credential {
         let key = derive(&self.snapshot().secrets[0], &principal);
-        Credential { principal, key }
+        Credential { principal, key, ticket: None }
     }
 
     /// Whether `token` (a bearer token: the hex key of a credential, as [`Credential::token`] gives it) is a key
@@ -200,29 +189,34 @@ impl Keyring {
         if hex::decode_to_slice(token.trim(), &mut given[..]).is_err() {
             return false;
         }
-        self.keys(principal).iter().fold(false, |ok, key| subtle_eq(&given[..], &key[..]) | ok)
+        self.keys(principal).iter().fold(false, |ok, (key, _)| subtle_eq(&given[..], &key[..]) | ok)
     }
 
-    /// The keys `principal` may hold now, current first.
-    fn keys(&self, principal: &Principal) -> Vec<Key> {
-        self.snapshot().secrets.iter().map(|s| derive(s, principal)).collect()
+    /// The keys `principal` may hold now, current first, each with its secret's id.
+    fn keys(&self, principal: &Principal) -> Vec<(Key, SecretId)> {
+        let set = self.snapshot();
+        set.secrets.iter().zip(&set.ids).map(|(s, id)| (derive(s, principal), *id)).collect()
+    }
+
+    /// `id` if it names a valid secret, else the current secret's id.
+    pub fn resolve(&self, id: Option<SecretId>) -> SecretId {
+        let set = self.snapshot();
+        id.filter(|id| set.ids.contains(id)).unwrap_or(set.ids[0])
+    }
+
+    /// The key of `principal` under the secret `id` names, else under the current secret (a peer whose secret
+    /// was retired since it proved it has moved on, or is refused at its next hello anyway).
+    pub(crate) fn key_of(&self, principal: &Principal, id: Option<SecretId>) -> Key {
+        let set = self.snapshot();
+        let at = id.and_then(|id| set.ids.iter().position(|i| *i == id)).unwrap_or(0);
+        derive(&set.secrets[at], principal)
     }
 }
 
-/// The grant keys of one moment (a reload does not change them under a caller).
-pub(crate) struct GrantKeys(Arc<KeySet>);
-
-impl GrantKeys {
-    /// The key that seals: the current secret's (a keyring always holds one).
-    pub(crate) fn sealing(&self) -> &HmacSha256 {
-        &self.0.grant_keys[0]
-    }
-
-    /// Every key that verifies now: the valid secrets', then retired ones still in their grace.
-    pub(crate) fn verifying(&self) -> impl Iterator<Item = &HmacSha256> {
-        let now = Instant::now();
-        let retired = self.0.retired.iter().filter(move |(_, until)| *until > now).map(|(k, _)| k);
-        self.0.grant_keys.iter().chain(retired)
+impl KeySet {
+    /// The secrets, current first (what a host's keys derive from, see `crate::host`).
+    pub(crate) fn secrets(&self) -> &[Zeroizing<Vec<u8>>] {
+        &self.secrets
     }
 }
 
@@ -249,6 +243,8 @@ pub enum CredentialSource {
     Fixed(Arc<Credential>),
     /// The credential of a principal, derived from the keyring's current secret.
     Derived(Arc<Keyring>, Principal),
+    /// A host's current credential (`crate::host`).
+    Host(Arc<crate::host::NodeKeys>),
 }
 
 impl CredentialSource {
@@ -257,6 +253,7 @@ impl CredentialSource {
         match self {
             Self::Fixed(c) => Credential::clone(c),
             Self::Derived(ring, principal) => ring.credential(principal.clone()),
+            Self::Host(keys) => keys.credential(),
         }
     }
 }
@@ -269,7 +266,7 @@ impl From<Credential> for CredentialSource {
 
 /// What the environment names: the file in `file_var`, else the text of `text_var`, else nothing (an empty
 /// variable counts as unset).
-fn from_env<T>(
+pub(crate) fn from_env<T>(
     file_var: &str,
     text_var: &str,
     load: impl FnOnce(&Path) -> Result<T, AuthConfigError>,
@@ -286,7 +283,7 @@ fn from_env<T>(
 
 /// Reads a secret or credential file, refusing (on Unix) one that others may read: a secret readable by every
 /// local user is no secret.
-fn read_secret_file(path: &Path) -> Result<String, AuthConfigError> {
+pub(crate) fn read_secret_file(path: &Path) -> Result<String, AuthConfigError> {
     let err = |source| AuthConfigError::Read { path: path.to_owned(), source };
     let meta = std::fs::metadata(path).map_err(err)?;
     #[cfg(unix)]
@@ -302,7 +299,7 @@ fn read_secret_file(path: &Path) -> Result<String, AuthConfigError> {
     std::fs::read_to_string(path).map_err(err)
 }
 
-fn derive(secret: &[u8], principal: &Principal) -> Key {
+pub(crate) fn derive(secret: &[u8], principal: &Principal) -> Key {
     let mut mac = mac_with(secret);
     mac.update(PRINCIPAL_LABEL);
     mac.update(principal.to_string().as_bytes());
@@ -310,21 +307,24 @@ fn derive(secret: &[u8], principal: &Principal) -> Key {
 }
 
 /// `HMAC(secret, label)`: a key for one purpose, so no derived key can stand in for another.
-fn derive_raw(secret: &[u8], label: &[u8]) -> Key {
+pub(crate) fn derive_raw(secret: &[u8], label: &[u8]) -> Key {
     Zeroizing::new(mac_with(secret).chain_update(label).finalize().into_bytes().into())
 }
 
-fn mac_with(key: &[u8]) -> HmacSha256 {
+pub(crate) fn mac_with(key: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of every length, so the error arm is never taken; it stays total without a panic path.
     <HmacSha256 as Mac>::new_from_slice(key)
         .unwrap_or_else(|_| <HmacSha256 as hmac::digest::KeyInit>::new(&Default::default()))
 }
 
-/// What a client proves itself with: a principal and its key.
+/// What a client proves itself with: a principal and its key. A ticket (`crate::host`) is a credential too: the
+/// session key one host derives for this principal and client, until the ticket's expiry.
 #[derive(Clone)]
 pub struct Credential {
     principal: Principal,
     key: Key,
+    /// For a ticket, its expiry (Unix ms), which the hello names so the host derives the same key.
+    ticket: Option<u64>,
 }
 
 impl fmt::Debug for Credential {
@@ -342,7 +342,7 @@ impl Credential {
         let mut key = Zeroizing::new([0u8; AUTH_LEN]);
         hex::decode_to_slice(hex_key, &mut key[..])
             .map_err(|_| bad("the key must be 64 hexadecimal digits (as `crescent credential` prints it)"))?;
-        Ok(Self { principal, key })
+        Ok(Self { principal, key, ticket: None })
     }
 
     /// The credential in a file.
@@ -355,9 +355,24 @@ impl Credential {
         from_env(CREDENTIAL_FILE_ENV, CREDENTIAL_ENV, Self::load, Self::parse)
     }
 
+    /// A credential of `principal` with `key` (for a ticket, with its expiry).
+    pub(crate) fn with_key(principal: Principal, key: Key, ticket: Option<u64>) -> Self {
+        Self { principal, key, ticket }
+    }
+
     /// Who this credential speaks for.
     pub fn principal(&self) -> &Principal {
         &self.principal
+    }
+
+    /// For a ticket, when it expires (Unix ms); `None` for a credential.
+    pub fn ticket_expires_ms(&self) -> Option<u64> {
+        self.ticket
+    }
+
+    /// The key itself (for deriving from it within this crate).
+    pub(crate) fn key(&self) -> &[u8; AUTH_LEN] {
+        &self.key
     }
 
     /// The `PRINCIPAL:KEYHEX` text (secret: for the operator who hands it out, never for logs).
@@ -430,18 +445,29 @@ pub fn nonce() -> std::io::Result<[u8; AUTH_LEN]> {
 }
 
 /// The server's check of a client's proof: the principal's key (current secret, else the other) whose MAC
-/// matches, returned to sign the server's own proof with.
+/// matches, returned to sign the server's own proof with, and the id of the secret it derives from.
 pub fn verify_client(
     ring: &Keyring,
     principal: &Principal,
     transcript: &[u8; AUTH_LEN],
     mac: &[u8; AUTH_LEN],
-) -> Option<ServerProof> {
-    // Every key is tried, matched or not, so the time taken does not tell which secret matched.
+) -> Option<(ServerProof, SecretId)> {
+    let keys = ring.keys(principal);
+    let found = first_match(keys.iter().map(|(k, _)| k), transcript, mac)?;
+    Some((found.0, keys[found.1].1))
+}
+
+/// The first of `keys` under which `mac` is the client's proof, as the server's proof and its position. Every
+/// key is tried, matched or not, so the time taken does not tell which one matched.
+pub(crate) fn first_match<'a>(
+    keys: impl Iterator<Item = &'a Key>,
+    transcript: &[u8; AUTH_LEN],
+    mac: &[u8; AUTH_LEN],
+) -> Option<(ServerProof, usize)> {
     let mut found = None;
-    for key in ring.keys(principal) {
-        if verify(&key, CLIENT_LABEL, transcript, mac) && found.is_none() {
-            found = Some(ServerProof(mac_of(&key, SERVER_LABEL, transcript)));
+    for (i, key) in keys.enumerate() {
+        if verify(key, CLIENT_LABEL, transcript, mac) && found.is_none() {
+            found = Some((ServerProof(mac_of(key, SERVER_LABEL, transcript)), i));
         }
     }
     found
@@ -464,6 +490,12 @@ pub enum AuthFailure {
     /// Its proof was wrong: a wrong or revoked key.
     #[error("authentication failed for {0}: wrong or revoked credential")]
     BadProof(Principal),
+    /// A storage node's peer proved no ticket, or a credential where a ticket belongs (or the reverse).
+    #[error("{0}")]
+    WrongProof(&'static str),
+    /// Its ticket has expired (the client fetches another from the master).
+    #[error("the data-plane ticket of {0} has expired")]
+    TicketExpired(Principal),
     /// It did not get through the TLS handshake (no TLS, no or a wrong client certificate).
     #[error("{0}")]
     Tls(String),
@@ -595,8 +627,10 @@ mod tests {
         let t = transcript(Plane::Control, b"hello", &[7; AUTH_LEN]);
         let cred = old.credential(Principal::Node);
         let mac = cred.client_mac(&t);
-        let proof = verify_client(&rotating, &Principal::Node, &t, &mac).expect("the old secret is still valid");
+        let (proof, id) = verify_client(&rotating, &Principal::Node, &t, &mac).expect("the old secret is still valid");
         assert!(cred.verify_server(&t, &proof.0), "the server proves itself with the key that matched");
+        assert_eq!(id, SecretId::of(S1.as_bytes()), "and names the secret it matched");
+        assert_ne!(id, SecretId::of(S2.as_bytes()));
         assert!(verify_client(&new, &Principal::Node, &t, &mac).is_none(), "retired: refused");
         assert!(verify_client(&old, &Principal::Admin, &t, &mac).is_none(), "bound to its principal");
         let other = transcript(Plane::Control, b"hello", &[8; AUTH_LEN]);

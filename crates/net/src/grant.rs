@@ -3,14 +3,14 @@
 //! Authentication says who a peer is; a grant says which bytes it may touch. For every put the master seals a
 //! write grant for each replica range it allocated, and for every get a read grant for each range the lease
 //! covers: `(operation, segment, offset, length, expiry, bearer)` under `HMAC-SHA256(grant key, …)`, truncated
-//! to 128 bits. The grant key is derived from the cluster secret (`HMAC(secret, "crescent/grant/v1")`), so the
-//! master and the nodes share it without a message, a rotation's two secrets give two valid grant keys, and
-//! checking a grant costs one HMAC on the node (no round trip to the master). A node moves bytes only for a
+//! to 128 bits. The grant key is the segment's host's own (`crate::host`: derived from the host's credential,
+//! which the master derives from the cluster secret), so the master and the host share it without a message,
+//! no host can seal grants for another's segments, and checking a grant costs one HMAC on the node (no round
+//! trip to the master). A node moves bytes only for a
 //! request whose range lies inside its grant's, on a connection whose hello proved the grant's bearer (the same
 //! principal and client id), before the grant expires. Expiry is wall-clock Unix milliseconds (master and nodes are assumed NTP-synchronised;
 //! [`SKEW_MS`] of slack, at most half the grant's life, is subtracted from what the master promises).
 
-use crate::auth::Keyring;
 use crescent_proto::transfer::{GRANT_TAG_LEN, Grant};
 use crescent_proto::{ClientId, ErrorCode, Principal, SegmentId};
 use hmac::{Hmac, Mac};
@@ -110,81 +110,78 @@ fn message(mac: &mut HmacSha256, op: GrantOp, segment: &SegmentId, bearer: &Bear
     mac.update(bearer.text.as_bytes());
 }
 
-impl Keyring {
-    /// Seals a grant for `bearer` to perform `op` on `[offset, offset + length)` of `segment` until
-    /// `expires_ms` (Unix ms), with the current secret's grant key.
-    pub fn seal_grant(
-        &self,
-        op: GrantOp,
-        segment: &SegmentId,
-        bearer: &Bearer,
-        offset: u64,
-        length: u64,
-        expires_ms: u64,
-    ) -> Grant {
-        let mut mac = self.grant_keys().sealing().clone();
-        message(&mut mac, op, segment, bearer, (offset, length, expires_ms));
-        let full = mac.finalize().into_bytes();
-        let mut tag = [0u8; GRANT_TAG_LEN];
-        tag.copy_from_slice(&full[..GRANT_TAG_LEN]);
-        Grant { offset, length, expires_ms, tag }
-    }
+/// Seals a grant for `bearer` to perform `op` on `[offset, offset + length)` of `segment` until `expires_ms`
+/// (Unix ms) under `key` (a host's grant key, `crate::host::HostKeys`).
+pub(crate) fn seal(
+    key: &HmacSha256,
+    op: GrantOp,
+    segment: &SegmentId,
+    bearer: &Bearer,
+    range: (u64, u64),
+    expires_ms: u64,
+) -> Grant {
+    let (offset, length) = range;
+    let mut mac = key.clone();
+    message(&mut mac, op, segment, bearer, (offset, length, expires_ms));
+    let full = mac.finalize().into_bytes();
+    let mut tag = [0u8; GRANT_TAG_LEN];
+    tag.copy_from_slice(&full[..GRANT_TAG_LEN]);
+    Grant { offset, length, expires_ms, tag }
+}
 
-    /// Seals a grant that lasts `ttl` from now, less the clock-skew slack (at most half of `ttl`).
-    pub fn seal_grant_for(
-        &self,
-        op: GrantOp,
-        segment: &SegmentId,
-        bearer: &Bearer,
-        offset: u64,
-        length: u64,
-        ttl: Duration,
-    ) -> Grant {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let expires = unix_ms().saturating_add(ttl_ms - SKEW_MS.min(ttl_ms / 2));
-        self.seal_grant(op, segment, bearer, offset, length, expires)
-    }
+/// The expiry of a grant that lasts `ttl` from now, less the clock-skew slack (at most half of `ttl`).
+pub(crate) fn expiry_for(ttl: Duration) -> u64 {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    unix_ms().saturating_add(ttl_ms - SKEW_MS.min(ttl_ms / 2))
+}
 
-    /// Whether `grant` lets `bearer` perform `op` on `[offset, offset + length)` of `segment` at `now_ms`.
-    /// Constant-time in the tag; every valid key is tried (a grant sealed before a rotation stays good while its
-    /// secret is valid).
-    #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
-    pub fn check_grant(
-        &self,
-        op: GrantOp,
-        segment: &SegmentId,
-        bearer: &Bearer,
-        grant: Option<&Grant>,
-        offset: u64,
-        length: u64,
-        now_ms: u64,
-    ) -> Result<(), GrantRefusal> {
-        let g = grant.ok_or(GrantRefusal::Missing)?;
-        let mut valid = false;
-        for key in self.grant_keys().verifying() {
-            let mut mac = key.clone();
-            message(&mut mac, op, segment, bearer, (g.offset, g.length, g.expires_ms));
-            valid |= mac.verify_truncated_left(&g.tag).is_ok();
-        }
-        if !valid {
-            return Err(GrantRefusal::Invalid);
-        }
-        if now_ms >= g.expires_ms {
-            return Err(GrantRefusal::Expired);
-        }
-        if !g.covers(offset, length) {
-            return Err(GrantRefusal::OutOfRange);
-        }
-        Ok(())
+/// Whether `grant`, sealed under one of `keys`, lets `bearer` perform `op` on `[offset, offset + length)` of
+/// `segment` at `now_ms`. Constant-time in the tag; every key is tried.
+#[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
+pub(crate) fn check<'a>(
+    keys: impl Iterator<Item = &'a HmacSha256>,
+    op: GrantOp,
+    segment: &SegmentId,
+    bearer: &Bearer,
+    grant: Option<&Grant>,
+    offset: u64,
+    length: u64,
+    now_ms: u64,
+) -> Result<(), GrantRefusal> {
+    let g = grant.ok_or(GrantRefusal::Missing)?;
+    let mut valid = false;
+    for key in keys {
+        let mut mac = key.clone();
+        message(&mut mac, op, segment, bearer, (g.offset, g.length, g.expires_ms));
+        valid |= mac.verify_truncated_left(&g.tag).is_ok();
     }
+    if !valid {
+        return Err(GrantRefusal::Invalid);
+    }
+    if now_ms >= g.expires_ms {
+        return Err(GrantRefusal::Expired);
+    }
+    if !g.covers(offset, length) {
+        return Err(GrantRefusal::OutOfRange);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Keyring;
+    use crate::host::{HostKeys, NodeKeys};
 
     const S1: &str = "0123456789abcdef-first";
     const S2: &str = "0123456789abcdef-second";
+
+    /// What the master seals a host's grants with, and the host's own keys.
+    fn host(secret: &str) -> (HostKeys, NodeKeys) {
+        let ring = Keyring::parse(secret).unwrap();
+        let principal = Principal::Node;
+        (ring.host_keys(&principal, None), NodeKeys::fixed(ring.credential(principal)))
+    }
 
     fn ids() -> (SegmentId, Bearer) {
         (SegmentId::random(), Bearer::new("tenant:a".parse::<Principal>().unwrap(), Some(ClientId::random())))
@@ -192,9 +189,9 @@ mod tests {
 
     #[test]
     fn a_grant_covers_its_range_for_its_bearer_and_operation_only() {
-        let ring = Keyring::parse(S1).unwrap();
+        let (master, ring) = host(S1);
         let (seg, client) = ids();
-        let g = ring.seal_grant(GrantOp::Write, &seg, &client, 4096, 8192, 10_000);
+        let g = master.seal_grant(GrantOp::Write, &seg, &client, 4096, 8192, 10_000);
         let check = |op, seg: &SegmentId, client: &Bearer, off, len, now| {
             ring.check_grant(op, seg, client, Some(&g), off, len, now)
         };
@@ -218,9 +215,9 @@ mod tests {
 
     #[test]
     fn altered_grants_and_foreign_keys_are_refused() {
-        let ring = Keyring::parse(S1).unwrap();
+        let (master, ring) = host(S1);
         let (seg, client) = ids();
-        let g = ring.seal_grant(GrantOp::Read, &seg, &client, 0, 4096, 10_000);
+        let g = master.seal_grant(GrantOp::Read, &seg, &client, 0, 4096, 10_000);
         for altered in [
             Grant { length: 1 << 30, ..g },
             Grant { offset: 1, ..g },
@@ -230,46 +227,13 @@ mod tests {
             let r = ring.check_grant(GrantOp::Read, &seg, &client, Some(&altered), 0, 1, 0);
             assert_eq!(r, Err(GrantRefusal::Invalid), "{altered:?}");
         }
-        let other = Keyring::parse(S2).unwrap();
+        let (_, other) = host(S2);
         assert_eq!(other.check_grant(GrantOp::Read, &seg, &client, Some(&g), 0, 1, 0), Err(GrantRefusal::Invalid));
     }
 
     #[test]
-    fn grants_sealed_before_a_rotation_stay_valid_while_their_secret_is() {
-        let (seg, client) = ids();
-        let old = Keyring::parse(S1).unwrap().seal_grant(GrantOp::Read, &seg, &client, 0, 64, 10_000);
-        let rotating = Keyring::parse(&format!("{S2}\n{S1}")).unwrap();
-        assert_eq!(rotating.check_grant(GrantOp::Read, &seg, &client, Some(&old), 0, 64, 0), Ok(()));
-        let new = rotating.seal_grant(GrantOp::Read, &seg, &client, 0, 64, 10_000);
-        let retired = Keyring::parse(S2).unwrap();
-        assert_eq!(retired.check_grant(GrantOp::Read, &seg, &client, Some(&new), 0, 64, 0), Ok(()));
-        assert_eq!(retired.check_grant(GrantOp::Read, &seg, &client, Some(&old), 0, 64, 0), Err(GrantRefusal::Invalid));
-    }
-
-    #[test]
-    fn a_reload_that_retires_a_secret_keeps_its_grants_for_the_grace_only() {
-        let (seg, client) = ids();
-        let ring = Keyring::parse(&format!("{S1}\n{S2}")).unwrap();
-        let sealed = ring.seal_grant(GrantOp::Write, &seg, &client, 0, 64, u64::MAX);
-        let check = |ring: &Keyring| ring.check_grant(GrantOp::Write, &seg, &client, Some(&sealed), 0, 64, 0);
-        // S1 retired: a master that had not reloaded yet may have sealed with it a moment ago.
-        ring.replace_with(S2, Duration::from_secs(30)).unwrap();
-        assert_eq!(check(&ring), Ok(()), "within the grace");
-        let admin = || "admin".parse::<Principal>().unwrap();
-        assert_eq!(ring.credential(admin()).token(), Keyring::parse(S2).unwrap().credential(admin()).token());
-        // A second reload keeps the earlier retiree to its own deadline.
-        ring.replace_with(S2, Duration::ZERO).unwrap();
-        assert_eq!(check(&ring), Ok(()), "the first grace still runs");
-        let ring = Keyring::parse(&format!("{S1}\n{S2}")).unwrap();
-        ring.replace_with(S2, Duration::ZERO).unwrap();
-        assert_eq!(check(&ring), Err(GrantRefusal::Invalid), "after the grace");
-        let new = ring.seal_grant(GrantOp::Write, &seg, &client, 0, 64, u64::MAX);
-        assert_ne!(new.tag, sealed.tag, "seals with the remaining secret");
-    }
-
-    #[test]
     fn a_grant_for_a_duration_expires_short_of_it_by_the_skew_slack() {
-        let ring = Keyring::parse(S1).unwrap();
+        let (ring, _) = host(S1);
         let (seg, client) = ids();
         let before = unix_ms();
         let g = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_secs(5));

@@ -6,8 +6,9 @@
 //! Each side reads exactly the hello frame and nothing after it, so requests a client pipelines behind its
 //! hello stay in the socket for the connection's own reader.
 
-use crate::auth::{self, AuthFailure, Credential, Keyring, Plane};
+use crate::auth::{self, AuthFailure, Credential, Keyring, Plane, SecretId};
 use crate::frame::{self, ShapeError};
+use crate::host::NodeKeys;
 use crescent_proto::wire::{
     AuthAck, AuthHello, AuthReply, Envelope, ErrorFrame, FRAME_PREFIX, Hello, HelloAck, HelloProof, HelloReply, Limits,
     MAX_HELLO_FRAME, PeerRole, WireError, frame_prefix,
@@ -49,11 +50,23 @@ pub struct Admitted {
     pub hello: Hello,
     /// Who it proved it is (`None` on a server without a keyring).
     pub principal: Option<Principal>,
+    /// On the master: the secret the peer's credential derives from (its grants and tickets use the same).
+    pub secret: Option<SecretId>,
+}
+
+/// What a server checks a peer's proof against.
+#[derive(Debug, Clone, Copy)]
+pub enum Verifier<'a> {
+    /// The master's: the cluster secret; a peer proves its own credential.
+    Secret(&'a Keyring),
+    /// A host of segments': its own keys; a peer proves a ticket the master issued it for this host.
+    Host(&'a NodeKeys),
 }
 
 /// Client side: sends this build's hello for `role` (and `client`, if it has an identity) to a server of `plane`,
-/// proves `credential` when it has one, and reads the server's answer. A client with a credential refuses a server that does not
-/// prove it holds the cluster secret. The caller bounds the wait (connecting usually has a deadline of its own).
+/// proves `credential` (to a storage node: a ticket) when it has one, and reads the server's answer. A client with a
+/// credential refuses a server that does not prove the same key back (the master derives it from the cluster
+/// secret, a host from its ticket key). The caller bounds the wait (connecting usually has a deadline of its own).
 pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     plane: Plane,
@@ -63,7 +76,11 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<HelloAck, HandshakeError> {
     let mut hello = Hello::new(role, client);
     if let Some(cred) = credential {
-        hello.auth = Some(AuthHello { principal: cred.principal().to_string(), nonce: auth::nonce()? });
+        hello.auth = Some(AuthHello {
+            principal: cred.principal().to_string(),
+            nonce: auth::nonce()?,
+            ticket_expires_ms: cred.ticket_expires_ms(),
+        });
     }
     let frame = encode(&hello)?;
     io.write_all(&frame).await?;
@@ -93,8 +110,8 @@ fn unproven(why: &str) -> HandshakeError {
 }
 
 /// Server side: reads a new connection's hello and answers it with `limits`, all within `deadline`; `Ok(None)`
-/// when the peer left without sending a byte. With a keyring the peer must prove a credential of it: one that
-/// does not is refused (`AUTHENTICATION_FAILED`, the connection closed) and returned as
+/// when the peer left without sending a byte. With a verifier the peer must prove a credential of the keyring
+/// (the master) or a ticket for this host (a storage node): one that does not is refused (`AUTHENTICATION_FAILED`, the connection closed) and returned as
 /// [`HandshakeError::Unauthenticated`]. A hello that breaks the protocol (too large, undecodable, wrong magic or
 /// version) is returned as [`HandshakeError::Protocol`] with nothing written yet, so the server can count it
 /// before the peer learns of it; the server then answers it with [`refuse`].
@@ -103,19 +120,19 @@ pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     plane: Plane,
     limits: Limits,
     deadline: Duration,
-    keyring: Option<&Keyring>,
+    verifier: Option<Verifier<'_>>,
 ) -> Result<Option<Admitted>, HandshakeError> {
     let handshake = async {
         let Some((hello, header)) = read_hello_frame::<_, Hello>(io).await? else {
             return Ok(None);
         };
         let mut ack = hello.negotiate(limits).map_err(HandshakeError::Protocol)?;
-        let Some(ring) = keyring else {
+        let Some(verifier) = verifier else {
             io.write_all(&encode(&HelloReply::Ok(ack))?).await?;
             io.flush().await?;
-            return Ok(Some(Admitted { hello, principal: None }));
+            return Ok(Some(Admitted { hello, principal: None, secret: None }));
         };
-        let principal = match admit_principal(&hello) {
+        let (principal, ticket) = match admit_principal(&hello, verifier) {
             Ok(p) => p,
             Err(why) => return Err(refuse_auth(io, why).await),
         };
@@ -127,20 +144,43 @@ pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(HandshakeError::Io(io::ErrorKind::UnexpectedEof.into()));
         };
         let transcript = auth::transcript(plane, &header, &challenge);
-        let Some(proof) = auth::verify_client(ring, &principal, &transcript, &mac) else {
-            return Err(refuse_auth(io, AuthFailure::BadProof(principal)).await);
+        let verified = match (verifier, ticket) {
+            (Verifier::Secret(ring), _) => auth::verify_client(ring, &principal, &transcript, &mac)
+                .map(|(proof, secret)| (proof, Some(secret)))
+                .ok_or_else(|| AuthFailure::BadProof(principal.clone())),
+            (Verifier::Host(keys), expires) => {
+                let client = hello.client_id.unwrap_or(ClientId::from_u64_pair(0, 0));
+                let now = crate::grant::unix_ms();
+                keys.verify_ticket(&principal, client, expires.unwrap_or(0), &transcript, &mac, now)
+                    .map(|proof| (proof, None))
+            }
+        };
+        let (proof, secret) = match verified {
+            Ok(v) => v,
+            Err(why) => return Err(refuse_auth(io, why).await),
         };
         io.write_all(&encode(&AuthReply::Ok(AuthAck { mac: proof.0 }))?).await?;
         io.flush().await?;
-        Ok(Some(Admitted { hello, principal: Some(principal) }))
+        Ok(Some(Admitted { hello, principal: Some(principal), secret }))
     };
     tokio::time::timeout(deadline, handshake).await.map_err(|_| HandshakeError::Timeout)?
 }
 
-/// The principal a hello claims, if it claims a valid one.
-fn admit_principal(hello: &Hello) -> Result<Principal, AuthFailure> {
+/// The principal a hello claims, if it claims a valid one, and its ticket's expiry; a ticket where a credential
+/// belongs (the master) or a credential where a ticket does (a host) is refused before any proof.
+fn admit_principal(hello: &Hello, verifier: Verifier<'_>) -> Result<(Principal, Option<u64>), AuthFailure> {
     let claim = hello.auth.as_ref().ok_or(AuthFailure::Missing)?;
-    claim.principal.parse().map_err(|_| AuthFailure::BadPrincipal(claim.principal.chars().take(64).collect()))
+    let principal =
+        claim.principal.parse().map_err(|_| AuthFailure::BadPrincipal(claim.principal.chars().take(64).collect()))?;
+    match (verifier, claim.ticket_expires_ms) {
+        (Verifier::Secret(_), Some(_)) => {
+            Err(AuthFailure::WrongProof("a ticket is for storage nodes: prove a credential to the master"))
+        }
+        (Verifier::Host(_), None) => Err(AuthFailure::WrongProof(
+            "this storage node admits lanes that prove a data-plane ticket from the master, not a credential",
+        )),
+        (_, expires) => Ok((principal, expires)),
+    }
 }
 
 /// Tells the peer why it is not admitted and closes; the failure is what the server counts.
@@ -270,7 +310,7 @@ mod tests {
         cred: Option<&Credential>,
         server_ring: Option<&Keyring>,
     ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
-        handshake_on(Plane::Control, Plane::Control, cred, server_ring).await
+        handshake_on(Plane::Control, Plane::Control, cred, server_ring.map(Verifier::Secret)).await
     }
 
     /// A handshake a client meant for a `to` server, answered by a `by` server.
@@ -278,13 +318,23 @@ mod tests {
         to: Plane,
         by: Plane,
         cred: Option<&Credential>,
-        server_ring: Option<&Keyring>,
+        verifier: Option<Verifier<'_>>,
+    ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
+        handshake_as(ClientId::random(), to, by, cred, verifier).await
+    }
+
+    /// A handshake of client `id`.
+    async fn handshake_as(
+        id: ClientId,
+        to: Plane,
+        by: Plane,
+        cred: Option<&Credential>,
+        verifier: Option<Verifier<'_>>,
     ) -> (Result<HelloAck, HandshakeError>, Result<Option<Admitted>, HandshakeError>) {
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
-        let id = ClientId::random();
         tokio::join!(
             open(&mut client, to, PeerRole::Client, Some(id), cred),
-            answer(&mut server, by, Limits::CONTROL, Duration::from_secs(10), server_ring)
+            answer(&mut server, by, Limits::CONTROL, Duration::from_secs(10), verifier)
         )
     }
 
@@ -294,12 +344,46 @@ mod tests {
         // hello and proof passed on to the master. The master's transcript names the control plane: refused.
         let secrets = ring("a cluster secret of some length");
         let cred = secrets.credential(Principal::Admin);
-        let (client, server) = handshake_on(Plane::Data, Plane::Control, Some(&cred), Some(&secrets)).await;
+        let master = Some(Verifier::Secret(&secrets));
+        let (client, server) = handshake_on(Plane::Data, Plane::Control, Some(&cred), master).await;
         assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
         assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::BadProof(Principal::Admin)))));
-        let (client, server) = handshake_on(Plane::Data, Plane::Data, Some(&cred), Some(&secrets)).await;
+        let (client, server) = handshake_on(Plane::Data, Plane::Data, Some(&cred), master).await;
         client.unwrap();
         assert_eq!(server.unwrap().unwrap().principal, Some(Principal::Admin));
+    }
+
+    #[tokio::test]
+    async fn a_host_admits_a_ticket_for_itself_and_nothing_else() {
+        let secrets = ring("a cluster secret of some length");
+        let tenant = Principal::Tenant(TenantId::new("a").unwrap());
+        let cred = secrets.credential(tenant.clone());
+        let host = NodeKeys::fixed(secrets.credential(Principal::Node));
+        let id = ClientId::random();
+        let keys = secrets.host_keys(&Principal::Node, None);
+        let ticket = cred.open_ticket(&secrets.issue_ticket(&Principal::Node, &keys, &tenant, None, id).unwrap(), id);
+        let at_host = Some(Verifier::Host(&host));
+        let (client, server) = handshake_as(id, Plane::Data, Plane::Data, Some(&ticket), at_host).await;
+        client.unwrap();
+        let admitted = server.unwrap().unwrap();
+        assert_eq!((admitted.principal, admitted.secret), (Some(tenant.clone()), None));
+        // The client's own credential is no ticket: refused before any proof, and told why.
+        let (client, server) = handshake_as(id, Plane::Data, Plane::Data, Some(&cred), at_host).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::WrongProof(_)))), "{server:?}");
+        // The ticket named by another client id, shown to another host, or to the master: refused.
+        let (client, _) = handshake_as(ClientId::random(), Plane::Data, Plane::Data, Some(&ticket), at_host).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        let other = NodeKeys::fixed(secrets.credential(Principal::Admin));
+        let (client, _) = handshake_as(id, Plane::Data, Plane::Data, Some(&ticket), Some(Verifier::Host(&other))).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        let (client, server) =
+            handshake_as(id, Plane::Control, Plane::Control, Some(&ticket), Some(Verifier::Secret(&secrets))).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
+        assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::WrongProof(_)))), "{server:?}");
+        // A server without the ticket key cannot pose as the host: the client refuses it.
+        let (client, _) = handshake_as(id, Plane::Data, Plane::Data, Some(&ticket), None).await;
+        assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed, "a server that does not authenticate");
     }
 
     fn refused_code<T: std::fmt::Debug>(r: Result<T, HandshakeError>) -> ErrorCode {
@@ -346,12 +430,13 @@ mod tests {
         let cred = secrets.credential(Principal::Admin);
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let hello = Hello {
-            auth: Some(AuthHello { principal: "admin".into(), nonce: [1; 32] }),
+            auth: Some(AuthHello { principal: "admin".into(), nonce: [1; 32], ticket_expires_ms: None }),
             ..Hello::new(PeerRole::Client, None)
         };
         let hello_frame = encode(&hello).unwrap();
         let served = tokio::spawn(async move {
-            answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), Some(&secrets)).await
+            let at_master = Some(Verifier::Secret(&secrets));
+            answer(&mut server, Plane::Control, Limits::CONTROL, Duration::from_secs(10), at_master).await
         });
         client.write_all(&hello_frame).await.unwrap();
         let (reply, _) = read_hello_frame::<_, HelloReply>(&mut client).await.unwrap().unwrap();

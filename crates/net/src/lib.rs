@@ -9,6 +9,8 @@
 //!   challenge-response of [`auth`] when the server holds a keyring.
 //! * [`auth`]: the cluster secret ([`auth::Keyring`], two during a rotation), the per-principal credentials
 //!   derived from it, the handshake's MACs, and the rate-limited count of failed authentications.
+//! * [`host`]: what a host of segments holds instead of the secret: grant and ticket keys derived from its own
+//!   credential ([`host::NodeKeys`]), and the data-plane tickets the master issues clients for it.
 //! * [`frame`]: reading frames in steps (prefix checked against the limit first, header, payload wherever it
 //!   belongs), vectored writes, and [`frame::refuse`], the last frame of a connection that broke the protocol.
 //! * [`inbound`]: whole frames a server reads without letting a peer pin its memory (a small allowance per
@@ -29,6 +31,7 @@ pub mod conn;
 pub mod frame;
 pub mod grant;
 pub mod hello;
+pub mod host;
 pub mod inbound;
 pub mod poll;
 pub mod reader;

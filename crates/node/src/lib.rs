@@ -6,13 +6,12 @@
 
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
-use crescent_net::auth::{CredentialSource, Keyring};
+use crescent_net::auth::CredentialSource;
+use crescent_net::host::NodeKeys;
 use crescent_net::tls::Tls;
 use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::{Batch, PeerRole};
-use crescent_proto::{
-    ClientId, ClientStatus, MasterRequest, MasterResponse, Principal, SegmentId, SegmentKind, SegmentSpec,
-};
+use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,9 +55,10 @@ pub struct NodeConfig {
     pub max_connections: usize,
     /// How long a peer may take over its hello, over the rest of a frame it started, and to take a reply.
     pub frame_timeout: Duration,
-    /// The cluster secret(s): the node proves the `node` credential to the master and admits on its data port
-    /// only peers that prove a credential of the cluster. `None`: a cluster without authentication.
-    pub keyring: Option<Arc<Keyring>>,
+    /// The node's own keys (`crescent_net::host`, from its credential: never the cluster secret): it proves
+    /// their credential to the master, admits on its data port only peers proving a ticket the master issued
+    /// for it, and moves bytes only under grants sealed for it. `None`: a cluster without authentication.
+    pub keys: Option<Arc<NodeKeys>>,
     /// TLS: its server side is what the data port serves (every connection through the handshake before its
     /// hello), its client side what the node dials the master with. Default: none, plain TCP.
     pub tls: Tls,
@@ -101,7 +101,7 @@ impl NodeConfig {
             master_retry: None,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
             frame_timeout: crescent_transfer::DEFAULT_SERVER_IO_TIMEOUT,
-            keyring: None,
+            keys: None,
             tls: Tls::default(),
             local_lanes: true,
         }
@@ -221,7 +221,7 @@ impl StorageNode {
             .with_poll_window(config.poll_window)
             .with_max_connections(config.max_connections)
             .with_io_timeout(config.frame_timeout)
-            .with_keyring(config.keyring.clone())
+            .with_keys(config.keys.clone())
             .with_tls(config.tls.server.clone());
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
             .map_err(crescent_proto::wire::WireError::Io)?;
@@ -253,7 +253,7 @@ impl StorageNode {
         }
         let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
         let id = ClientId::random();
-        let credential = config.keyring.clone().map(|k| CredentialSource::Derived(k, Principal::Node));
+        let credential = config.keys.clone().map(CredentialSource::Host);
         let master = Arc::new(
             MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout)
                 .with_credential(credential)

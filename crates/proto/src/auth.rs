@@ -4,8 +4,27 @@
 //! each may do is the master's rule (its `server::authz`); this module only names them.
 
 use crate::tenant::{TenantId, TenantIdError};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+
+/// Bytes of a ticket's nonce and sealed key.
+pub const TICKET_LEN: usize = 32;
+
+/// A data-plane ticket as the master hands it to a client: the session key its lanes to one host prove in their
+/// hello, sealed (XOR with a pad only the client's own credential derives) so it crosses the control plane
+/// unread. The host derives the same key from its own credential; nobody holds the cluster secret but the master.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedTicket {
+    /// The host's principal (whose credential the session key derives from), for logs and the client's cache.
+    pub host: String,
+    /// When the host stops accepting the ticket, in Unix milliseconds.
+    pub expires_ms: u64,
+    /// Random per ticket: the pad's input, so no two tickets share a pad.
+    pub nonce: [u8; TICKET_LEN],
+    /// The session key XOR the pad.
+    pub sealed: [u8; TICKET_LEN],
+}
 
 /// Who an authenticated peer is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

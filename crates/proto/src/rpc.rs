@@ -218,6 +218,9 @@ pub enum MasterRequest {
     /// One page of the readable keys with a prefix, in byte order, strictly after `after` (`None`: from the
     /// start), at most `limit` and at most what one reply frame carries ([`MasterResponse::KeyPage`]).
     ListKeysPage { tenant: String, prefix: String, after: Option<String>, limit: u32 },
+    /// A data-plane ticket for the host of `segment` (a cluster that authenticates): what the caller's lanes to
+    /// that host prove in their hello ([`MasterResponse::Ticket`]).
+    DataTicket { segment: SegmentId },
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -293,6 +296,7 @@ master_ops! {
     LocalSsdStatus => "local_ssd_status",
     RemoveGroup => "remove_group",
     ListKeysPage => "list_keys_page",
+    DataTicket => "data_ticket",
 }
 
 impl MasterOp {
@@ -355,6 +359,8 @@ pub enum MasterResponse {
     LocalSsd(Vec<LocalSsdInfo>),
     /// ListKeysPage.
     KeyPage(KeyPage),
+    /// A data-plane ticket (DataTicket).
+    Ticket(crate::auth::SealedTicket),
 }
 
 /// The reply to one request.
@@ -399,7 +405,9 @@ mod tests {
         assert_eq!(tag(&MasterRequest::LocalSsdStatus { client: None }), 33);
         let page = MasterRequest::ListKeysPage { tenant: String::new(), prefix: String::new(), after: None, limit: 1 };
         assert_eq!(tag(&page), 35);
-        assert_eq!(MasterOp::ALL.len(), 36, "one operation per request");
+        let ticket = MasterRequest::DataTicket { segment: crate::SegmentId::random() };
+        assert_eq!(tag(&ticket), 36);
+        assert_eq!(MasterOp::ALL.len(), 37, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

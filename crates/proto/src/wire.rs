@@ -23,9 +23,9 @@ use tokio_util::codec::{Decoder, Encoder};
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 3;
-/// The oldest version this build accepts (3 added authentication to the hello).
-pub const MIN_PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
+/// The oldest version this build accepts (3 added authentication to the hello, 4 data-plane tickets).
+pub const MIN_PROTOCOL_VERSION: u16 = 4;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
 /// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).
@@ -323,6 +323,9 @@ pub struct AuthHello {
     pub principal: String,
     /// Random per connection, so the server's proof cannot be replayed to another client.
     pub nonce: [u8; AUTH_LEN],
+    /// On the data plane: the expiry (Unix ms) of the ticket the peer proves (its session key derives from
+    /// it); `None` on the control plane, where the peer proves its credential itself.
+    pub ticket_expires_ms: Option<u64>,
 }
 
 /// The client's proof (request id 0, after a [`HelloAck`] with a challenge): HMAC of the handshake under its

@@ -10,7 +10,8 @@ use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{FreshBytes, Registered, Span};
 use crate::replica::ReplicaDescriptor;
 use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
-use crescent_net::auth::{Credential, CredentialSource, Keyring};
+use crescent_net::auth::{CredentialSource, Keyring};
+use crescent_net::host::NodeKeys;
 use crescent_net::tls::{Tls, TlsFiles};
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
@@ -364,36 +365,32 @@ fn master_address(s: &str) -> Result<String, i64> {
     }
 }
 
-/// What the store proves to an authenticating cluster, and the keyring its hosted segment admits peers with:
-/// the credential from `setup` (`credential="PRINCIPAL:KEYHEX"`), else `CRESCENT_CREDENTIAL_FILE` /
+/// What the store proves to an authenticating cluster, and the keys its hosted segment admits peers and checks
+/// grants with (`crescent_net::host`, derived from the same credential: the store needs no cluster secret): the
+/// credential from `setup` (`credential="PRINCIPAL:KEYHEX"`), else `CRESCENT_CREDENTIAL_FILE` /
 /// `CRESCENT_CREDENTIAL`, else `tenant:<tenant_id>` derived from a cluster secret in `CRESCENT_SECRET_FILE` /
-/// `CRESCENT_SECRET`. A hosted segment needs the secret itself (its server verifies every peer's credential).
-fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Option<Arc<Keyring>>), i64> {
+/// `CRESCENT_SECRET`.
+fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Option<Arc<NodeKeys>>), i64> {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!("setup: {what}: {e}");
         INVALID
     };
-    let keyring = Keyring::from_env().map_err(|e| bad("the cluster secret", &e))?.map(Arc::new);
     let given = match &args.credential {
-        Some(text) => Some(Credential::parse(text).map_err(|e| bad("credential", &e))?),
-        None => Credential::from_env().map_err(|e| bad("the credential from the environment", &e))?,
+        Some(text) => Some(NodeKeys::parse(text).map_err(|e| bad("credential", &e))?),
+        None => NodeKeys::from_env().map_err(|e| bad("the credential from the environment", &e))?,
     };
-    let credential = match (given, &keyring) {
-        (Some(c), _) => Some(c.into()),
-        (None, Some(ring)) => {
-            let tenant = TenantId::new(tenant).map_err(|e| bad("tenant", &e))?;
-            Some(CredentialSource::Derived(ring.clone(), Principal::Tenant(tenant)))
-        }
-        (None, None) => None,
-    };
-    if credential.is_some() && keyring.is_none() && args.global_segment_size > 0 {
-        tracing::error!(
-            "setup: hosting a segment (global_segment_size > 0) in an authenticated cluster needs the cluster secret \
-             (CRESCENT_SECRET_FILE): its server verifies every peer"
-        );
-        return Err(INVALID);
+    let keys = match given {
+        Some(keys) => Some(keys),
+        None => match Keyring::from_env().map_err(|e| bad("the cluster secret", &e))? {
+            Some(ring) => {
+                let tenant = TenantId::new(tenant).map_err(|e| bad("tenant", &e))?;
+                Some(NodeKeys::derived(Arc::new(ring), Principal::Tenant(tenant)))
+            }
+            None => None,
+        },
     }
-    Ok((credential, keyring))
+    .map(Arc::new);
+    Ok((keys.clone().map(CredentialSource::Host), keys))
 }
 
 /// The store's TLS, from `setup`'s `tls_*` extras or else `CRESCENT_TLS_CA` (dial the master and nodes through
@@ -427,7 +424,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     }
     let master = master_address(&args.master_server_addr)?;
     let tenant = if args.tenant_id == "default" { String::new() } else { args.tenant_id.clone() };
-    let (credential, keyring) = auth(args, &tenant)?;
+    let (credential, keys) = auth(args, &tenant)?;
     let tls = tls(args)?;
     let (host, port) = split_host(args.local_hostname.trim());
     let ip = (host.as_str(), 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip());
@@ -474,7 +471,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.listen = SocketAddr::new(ip, port);
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
-        nc.keyring = keyring.clone();
+        nc.keys = keys.clone();
         nc.tls = tls.clone();
         let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {

@@ -22,7 +22,7 @@ use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use crate::vm::{CopyError, RemoteProcess};
 use bytes::{Bytes, BytesMut};
-use crescent_net::auth::{CredentialSource, Plane};
+use crescent_net::auth::{Credential, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
@@ -30,8 +30,8 @@ use crescent_net::poll::{self, InFlight, InFlightGuard};
 use crescent_net::tls::{self, TlsClient};
 use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError, caps};
-use crescent_proto::{ClientId, SegmentId};
-use futures_util::future::join_all;
+use crescent_proto::{ClientId, ErrorCode, SegmentId};
+use futures_util::future::{BoxFuture, join_all};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -69,8 +69,9 @@ pub struct TransferConfig {
     /// on the reply path, which on VMs costs more than a small transfer itself. Reads larger than
     /// 1 MiB never poll (see `POLL_READ_MAX`).
     pub poll_window: Duration,
-    /// What this client proves in each lane's hello, for storage nodes that authenticate their peers.
-    pub credential: Option<CredentialSource>,
+    /// Where each lane gets the ticket it proves in its hello, for storage nodes that authenticate their peers
+    /// (the master issues them; `None`: a cluster without authentication).
+    pub tickets: Option<Arc<dyn Tickets>>,
     /// The client id each lane's hello names: the master seals grants for it, and a node honours them only on
     /// a connection that named it.
     pub client_id: Option<ClientId>,
@@ -90,12 +91,22 @@ impl Default for TransferConfig {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
             poll_window: Duration::from_micros(50),
-            credential: None,
+            tickets: None,
             client_id: None,
             tls: None,
             local_lanes: true,
         }
     }
+}
+
+/// Where a client's lanes get the data-plane tickets they prove to storage nodes that authenticate: the seam
+/// between the data plane and the master, which issues them (`crescent_net::host`).
+pub trait Tickets: Send + Sync + std::fmt::Debug {
+    /// The ticket for the host serving `segment` at `endpoint` (cached by the implementation until near its
+    /// expiry).
+    fn ticket<'a>(&'a self, endpoint: &'a str, segment: SegmentId) -> BoxFuture<'a, Result<Credential, TransferError>>;
+    /// Drops any cached ticket for `endpoint`: its host refused it (expired, or the host's keys changed).
+    fn forget(&self, endpoint: &str);
 }
 
 /// Where a transfer goes: a segment, and the master's grant for the range when the cluster authenticates (a
@@ -182,7 +193,7 @@ impl TransferClient {
             return mem.write_at(offset, &data);
         }
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
-        let peer = self.peer(endpoint);
+        let peer = self.peer(endpoint, Some(place.segment));
         let stripe = self.write_stripe_bytes(&peer);
         let op = self.op();
         if data.len() <= stripe {
@@ -249,7 +260,7 @@ impl TransferClient {
             return Ok(if checksum { crc32c::crc32c(data) } else { 0 });
         }
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
-        let peer = self.peer(endpoint);
+        let peer = self.peer(endpoint, Some(place.segment));
         let stripe = self.write_stripe_bytes(&peer);
         let op = self.op();
         if data.len() <= stripe {
@@ -335,7 +346,7 @@ impl TransferClient {
             return Ok(if checksum { crc32c::crc32c(buf) } else { 0 });
         }
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
-        let peer = self.peer(endpoint);
+        let peer = self.peer(endpoint, Some(place.segment));
         let stripe = self.stripe(&peer);
         let op = self.op().polling_if(polls_for(buf.len()));
         if buf.len() <= stripe {
@@ -367,9 +378,13 @@ impl TransferClient {
         peer.stripe(self.inner.config.write_stripe_size)
     }
 
-    fn peer(&self, endpoint: &str) -> Arc<Peer> {
+    /// The peer at `endpoint`; `segment` (one it hosts) is what its lanes ask the master a ticket for.
+    fn peer(&self, endpoint: &str, segment: Option<SegmentId>) -> Arc<Peer> {
         let mut peers = self.inner.peers.lock();
         if let Some(p) = peers.get(endpoint) {
+            if let Some(segment) = segment.filter(|_| self.inner.config.tickets.is_some()) {
+                *p.segment.lock() = Some(segment);
+            }
             return p.clone();
         }
         let lanes = self.inner.config.lanes_per_peer.max(1);
@@ -380,6 +395,7 @@ impl TransferClient {
             open: Arc::new(AtomicUsize::new(0)),
             copies: AtomicBool::new(false),
             copy_denied: Arc::new(AtomicBool::new(false)),
+            segment: Mutex::new(segment),
         });
         peers.insert(endpoint.to_owned(), peer.clone());
         peer
@@ -504,6 +520,9 @@ struct Peer {
     /// Set once the kernel refused this process a local copy to or from the peer (`vm`): its local lanes then
     /// carry the bytes themselves.
     copy_denied: Arc<AtomicBool>,
+    /// The segment of the peer's latest transfer: what a new lane names to get its ticket (with tickets only). A
+    /// leaf lock, also taken under the client's `peers` lock.
+    segment: Mutex<Option<SegmentId>>,
 }
 
 impl Peer {
@@ -535,7 +554,7 @@ impl Peer {
                 None => break,
             }
         }
-        let lane = timeout(config.connect_timeout, Lane::connect(self, config))
+        let lane = timeout(config.connect_timeout, Lane::connect_with_ticket(self, config))
             .await
             .map_err(|_| TransferError::Timeout)??;
         Ok(LaneGuard { peer: self, lane: Some(lane), _permit: permit })
@@ -599,7 +618,23 @@ struct Lane {
 }
 
 impl Lane {
-    async fn connect(peer: &Peer, config: &TransferConfig) -> Result<Lane, TransferError> {
+    /// Connects a lane, proving a ticket when the client has tickets; a refused ticket (expired, or the host's
+    /// keys changed) is dropped and a fresh one tried once.
+    async fn connect_with_ticket(peer: &Peer, config: &TransferConfig) -> Result<Lane, TransferError> {
+        let Some(tickets) = &config.tickets else { return Lane::connect(peer, config, None).await };
+        let segment = peer.segment.lock().ok_or(TransferError::Refused(ErrorCode::AuthenticationFailed))?;
+        let ticket = tickets.ticket(&peer.endpoint, segment).await?;
+        match Lane::connect(peer, config, Some(&ticket)).await {
+            Err(TransferError::Refused(ErrorCode::AuthenticationFailed)) => {
+                tickets.forget(&peer.endpoint);
+                let ticket = tickets.ticket(&peer.endpoint, segment).await?;
+                Lane::connect(peer, config, Some(&ticket)).await
+            }
+            other => other,
+        }
+    }
+
+    async fn connect(peer: &Peer, config: &TransferConfig, ticket: Option<&Credential>) -> Result<Lane, TransferError> {
         let (endpoint, open) = (peer.endpoint.as_str(), peer.open.clone());
         let poll_window = config.poll_window;
         let local = if config.local_lanes && config.tls.is_none() { local::connect(endpoint)? } else { None };
@@ -624,8 +659,7 @@ impl Lane {
             copy_denied: peer.copy_denied.clone(),
             _open: OpenLane(open),
         };
-        let credential = config.credential.as_ref().map(CredentialSource::current);
-        match hello::open(&mut lane.io, Plane::Data, PeerRole::Client, config.client_id, credential.as_ref()).await {
+        match hello::open(&mut lane.io, Plane::Data, PeerRole::Client, config.client_id, ticket).await {
             Ok(ack) => {
                 lane.max_frame = ack.limits.max_frame.min(Limits::DATA.max_frame) as usize;
                 if let Conn::Local(sock) = lane.io.get_ref()

@@ -31,11 +31,13 @@ use crate::local;
 use crate::memory::{SegmentMemory, SegmentPin};
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
-use crescent_net::auth::{AuthFailures, Keyring, Plane};
+use crescent_net::auth::{AuthFailures, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::grant::{self, Bearer, GrantOp};
+use crescent_net::hello::Verifier;
 use crescent_net::hello::{self, HandshakeError};
+use crescent_net::host::NodeKeys;
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, TlsServer};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
@@ -98,7 +100,7 @@ pub struct ServerStats {
     pub shed: u64,
     /// Newcomers refused at the cap because every connection was busy.
     pub refused: u64,
-    /// Peers refused for not proving a credential of the cluster (see [`TransferServer::with_keyring`]).
+    /// Peers refused for not proving a ticket for this host (see [`TransferServer::with_keys`]).
     pub auth_failures: u64,
     /// Transfers refused for want of a valid grant covering them (missing, forged, expired, out of range, or
     /// another bearer's).
@@ -116,8 +118,8 @@ pub struct TransferServer {
     poll_window: Duration,
     /// Most connections served at once (see `crescent_net::accept`).
     max_connections: usize,
-    /// The cluster secret(s) every peer must prove a credential of in its hello; `None`: anyone may talk.
-    keyring: Option<Arc<Keyring>>,
+    /// This host's keys: every peer must prove a ticket for it in its hello; `None`: anyone may talk.
+    keys: Option<Arc<NodeKeys>>,
     /// TLS every connection goes through before its hello; `None`: plain TCP.
     tls: Option<Arc<TlsServer>>,
     /// The endpoint this server is advertised at, to serve local lanes under its name (see `crate::local`).
@@ -145,7 +147,7 @@ impl TransferServer {
             io_timeout: DEFAULT_SERVER_IO_TIMEOUT,
             poll_window: Duration::ZERO,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
-            keyring: None,
+            keys: None,
             tls: None,
             local_lanes: None,
         })
@@ -159,10 +161,11 @@ impl TransferServer {
         self
     }
 
-    /// Requires every peer to prove, in its hello, a credential derived from `keyring` (any principal: what a
-    /// peer may touch is the master's to say); `None` (the default) admits anyone.
-    pub fn with_keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
-        self.keyring = keyring;
+    /// Requires every peer to prove, in its hello, a data-plane ticket the master issued it for the host
+    /// holding `keys`, and every transfer a grant sealed for this host (what a peer may touch is the master's to
+    /// say); `None` (the default) admits anyone.
+    pub fn with_keys(mut self, keys: Option<Arc<NodeKeys>>) -> Self {
+        self.keys = keys;
         self
     }
 
@@ -206,18 +209,10 @@ impl TransferServer {
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
         let TransferServer {
-            listener,
-            segments,
-            io_timeout,
-            poll_window,
-            max_connections,
-            keyring,
-            tls,
-            local_lanes,
-            ..
+            listener, segments, io_timeout, poll_window, max_connections, keys, tls, local_lanes, ..
         } = self;
         let counters = Arc::new(Counters::default());
-        let serving = Serving { segments, io_timeout, poll_window, counters: counters.clone(), keyring };
+        let serving = Serving { segments, io_timeout, poll_window, counters: counters.clone(), keys };
         let local = match local_lanes.filter(|_| tls.is_none()).map(|endpoint| (local::bind(&endpoint), endpoint)) {
             Some((Ok(unix), endpoint)) => {
                 let s = serving.clone();
@@ -311,7 +306,7 @@ struct Serving {
     poll_window: Duration,
     counters: Arc<Counters>,
     /// The cluster secret(s) a peer's hello must prove a credential of.
-    keyring: Option<Arc<Keyring>>,
+    keys: Option<Arc<NodeKeys>>,
 }
 
 /// Serves a TCP connection: socket setup and, with `tls`, the handshake, then [`serve`].
@@ -356,9 +351,9 @@ async fn serve_local(stream: UnixStream, serving: Serving, shutdown: Shutdown) {
 
 /// Serves a connection from its hello on; `peer` is `None` for a local lane.
 async fn serve(conn: Conn, peer: Option<SocketAddr>, serving: Serving, shutdown: Shutdown) {
-    let Serving { segments, io_timeout, poll_window, counters, keyring } = serving;
+    let Serving { segments, io_timeout, poll_window, counters, keys } = serving;
     let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-    match Connection::new(conn, peer, segments, io_timeout, idle, shutdown, counters, keyring).run().await {
+    match Connection::new(conn, peer, segments, io_timeout, idle, shutdown, counters, keys).run().await {
         Ok(()) => tracing::debug!(?peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: protocol violation"),
         Err(Close::Io(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: i/o error"),
@@ -405,9 +400,9 @@ struct Connection {
     counters: Arc<Counters>,
     /// Who is at the other end (for the log of a failed authentication); `None` on a local lane.
     peer: Option<SocketAddr>,
-    /// What the hello must prove (see [`TransferServer::with_keyring`]); with it every transfer needs a grant.
-    keyring: Option<Arc<Keyring>>,
-    /// Who the hello proved the peer is: the bearer its grants must name (set with a keyring only).
+    /// What the hello must prove (see [`TransferServer::with_keys`]); with it every transfer needs a grant.
+    keys: Option<Arc<NodeKeys>>,
+    /// Who the hello proved the peer is: the bearer its grants must name (set with keys only).
     bearer: Option<Bearer>,
     /// Whether this is a local lane (a peer on this host), the only kind that may `Locate`.
     local: bool,
@@ -434,7 +429,7 @@ impl Connection {
         idle: Idle,
         shutdown: Shutdown,
         counters: Arc<Counters>,
-        keyring: Option<Arc<Keyring>>,
+        keys: Option<Arc<NodeKeys>>,
     ) -> Self {
         let local = matches!(stream, Conn::Local(_));
         Connection {
@@ -449,7 +444,7 @@ impl Connection {
             shutdown,
             counters,
             peer,
-            keyring,
+            keys,
             bearer: None,
             local,
             pins: Vec::new(),
@@ -460,7 +455,7 @@ impl Connection {
         // Until its hello the connection counts as idle: at the connection cap it may be closed to make room.
         let hello = tokio::select! {
             biased;
-            hello = hello::answer(&mut self.io, Plane::Data, Limits::DATA, self.io_timeout, self.keyring.as_deref()) => hello,
+            hello = hello::answer(&mut self.io, Plane::Data, Limits::DATA, self.io_timeout, self.keys.as_deref().map(Verifier::Host)) => hello,
             () = &mut self.stopping => return Ok(()),
         };
         self.shutdown.busy();
@@ -600,7 +595,7 @@ impl Connection {
         Ok(Step::Continue)
     }
 
-    /// With a keyring, whether the peer holds a grant for this transfer (one HMAC, no round trip).
+    /// With keys, whether the peer holds a grant for this transfer (one HMAC, no round trip).
     fn check_grant(
         &self,
         op: GrantOp,
@@ -609,10 +604,10 @@ impl Connection {
         offset: u64,
         length: u64,
     ) -> Result<(), ErrorCode> {
-        let Some(ring) = &self.keyring else { return Ok(()) };
+        let Some(keys) = &self.keys else { return Ok(()) };
         // An authenticating server admits only proven peers, so a bearer is always known here.
         let Some(bearer) = &self.bearer else { return Err(ErrorCode::PermissionDenied) };
-        ring.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
+        keys.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
             self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = ?self.peer, ?op, %segment, offset, length, %why, "transfer refused");
             why.code()

@@ -564,6 +564,11 @@ impl SegmentPool {
         Ok(())
     }
 
+    /// The client that mounted a segment.
+    pub fn owner(&self, id: SegmentId) -> Option<ClientId> {
+        self.state.read().catalog.get(&id).map(|r| r.client)
+    }
+
     /// One segment.
     pub fn segment(&self, id: SegmentId) -> Option<SegmentInfo> {
         let st = self.state.read();

@@ -20,6 +20,8 @@ pub struct Caller {
     pub principal: Principal,
     /// The client id the hello named (bound into its MAC).
     pub client: Option<ClientId>,
+    /// The secret its credential derives from (what its tickets are sealed for).
+    pub secret: Option<crescent_net::auth::SecretId>,
     /// The hello's client id is held by another principal (`server::claims`): every request in its name is
     /// refused.
     pub disputed: bool,
@@ -53,7 +55,7 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         false => Err(denied(caller, &format!("client {client} is not the one this connection authenticated"))),
     };
     match req {
-        R::ClusterInfo | R::SegmentStatus { .. } | R::LocalSsdStatus { .. } => Ok(()),
+        R::ClusterInfo | R::SegmentStatus { .. } | R::LocalSsdStatus { .. } | R::DataTicket { .. } => Ok(()),
         R::Ping { client }
         | R::MountSegment { client, .. }
         | R::RemountSegments { client, .. }
@@ -105,7 +107,7 @@ mod tests {
     use crescent_proto::{ReplicateConfig, SegmentId};
 
     fn caller(p: &str, client: ClientId) -> Caller {
-        Caller { principal: p.parse().unwrap(), client: Some(client), disputed: false }
+        Caller { principal: p.parse().unwrap(), client: Some(client), secret: None, disputed: false }
     }
 
     fn code(r: Result<(), ErrorFrame>) -> ErrorCode {

@@ -11,6 +11,7 @@
 //! the deposed term did without making it durable survives.
 
 use super::admin::{AdminServer, SnapshotSlot};
+use super::hosts::Hosts;
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use super::target::{Elected, Target};
@@ -77,6 +78,8 @@ pub(super) struct TermConfig {
     pub background: bool,
     pub nof_prober: Option<Arc<dyn NofProber>>,
     pub keyring: Option<Arc<Keyring>>,
+    /// The hosts' keys and the client claims (with a keyring), shared by every term.
+    pub hosts: Option<Arc<Hosts>>,
     pub tls: Tls,
 }
 
@@ -183,7 +186,7 @@ impl CandidateServer {
         let rpc = rpc
             .with_poll_window(poll_window)
             .with_limits(limits)
-            .with_keyring(term.keyring.clone())
+            .with_hosts(term.hosts.clone())
             .with_tls(term.tls.server.clone())
             .spawn()
             .map_err(bind("rpc", rpc_addr))?;
@@ -504,10 +507,10 @@ impl RoleLoop {
         let background = if t.background { Some(svc.spawn_background().map_err(|e| e.to_string())?) } else { None };
         let nof_heartbeat = t.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
-            let prober = t
-                .nof_prober
-                .clone()
-                .unwrap_or_else(|| Arc::new(TransferProber::new(timeout, t.keyring.as_ref(), t.tls.client.clone())));
+            let prober = t.nof_prober.clone().unwrap_or_else(|| {
+                let auth = t.hosts.clone().map(|h| (h, svc.clone()));
+                Arc::new(TransferProber::new(timeout, auth, t.tls.client.clone()))
+            });
             NofHeartbeat::spawn(svc.clone(), prober)
         });
         Ok(Term { svc, log, snapshotter, background, nof_heartbeat })

@@ -13,6 +13,7 @@
 //! The table is this master's: after a failover the new leader's starts empty and the first connections claim
 //! again (their own clients reconnect first in practice, but nothing enforces it).
 
+use crescent_net::auth::SecretId;
 use crescent_proto::{ClientId, Principal};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,6 +28,9 @@ pub struct ClientClaims {
 #[derive(Debug, Default)]
 struct Table {
     by_client: HashMap<ClientId, Claim>,
+    /// Client ids `admin` connections named (admin claims nothing), with the secret last proved: a process
+    /// with the admin credential may host segments too (`server::hosts`). Swept with the claims.
+    admin: HashMap<ClientId, Option<SecretId>>,
     /// The table's size after its last sweep of released claims: the next sweep waits until it doubles, so
     /// sweeping costs O(1) per claim made.
     swept_at: usize,
@@ -35,6 +39,8 @@ struct Table {
 #[derive(Debug)]
 struct Claim {
     principal: Principal,
+    /// The secret its latest connection proved (what its segments' grants and tickets are sealed with).
+    secret: Option<SecretId>,
     /// Open connections naming the id with this principal.
     open: usize,
 }
@@ -69,25 +75,41 @@ impl ClientClaims {
         self: &Arc<Self>,
         client: ClientId,
         principal: &Principal,
+        secret: Option<SecretId>,
         alive: impl Fn(ClientId) -> bool,
     ) -> Result<Option<ClaimGuard>, Disputed> {
-        if *principal == Principal::Admin {
-            return Ok(None);
-        }
         let mut t = self.claims.lock();
-        if t.by_client.len() >= 2 * t.swept_at.max(512) {
+        if t.by_client.len() + t.admin.len() >= 2 * t.swept_at.max(512) {
             // Released claims of clients the master forgot: nothing holds them any more.
             t.by_client.retain(|&id, c| c.open > 0 || alive(id));
-            t.swept_at = t.by_client.len();
+            t.admin.retain(|&id, _| alive(id));
+            t.swept_at = t.by_client.len() + t.admin.len();
+        }
+        if *principal == Principal::Admin {
+            t.admin.insert(client, secret);
+            return Ok(None);
         }
         match t.by_client.get_mut(&client) {
-            Some(c) if c.principal == *principal => c.open += 1,
+            Some(c) if c.principal == *principal => {
+                c.open += 1;
+                c.secret = secret;
+            }
             Some(c) if c.open > 0 || alive(client) => return Err(Disputed { holder: c.principal.clone() }),
             _ => {
-                t.by_client.insert(client, Claim { principal: principal.clone(), open: 1 });
+                t.by_client.insert(client, Claim { principal: principal.clone(), secret, open: 1 });
             }
         }
         Ok(Some(ClaimGuard { claims: self.clone(), client }))
+    }
+
+    /// Who hosts the segments `client` mounted, and the secret it last proved: its claim's principal, else
+    /// `admin` if only admin connections named it.
+    pub fn host(&self, client: ClientId) -> Option<(Principal, Option<SecretId>)> {
+        let t = self.claims.lock();
+        match t.by_client.get(&client) {
+            Some(c) => Some((c.principal.clone(), c.secret)),
+            None => t.admin.get(&client).map(|s| (Principal::Admin, *s)),
+        }
     }
 }
 
@@ -104,38 +126,43 @@ mod tests {
         let claims = Arc::new(ClientClaims::default());
         let id = ClientId::random();
         let dead = |_| false;
-        let a = claims.claim(id, &p("tenant:a"), dead).unwrap();
+        let a = claims.claim(id, &p("tenant:a"), None, dead).unwrap();
         assert!(a.is_some());
+        assert_eq!(claims.host(id), Some((p("tenant:a"), None)), "a hosts what this id mounts");
         // Another principal is refused while a's connection is open, alive or not.
-        assert_eq!(claims.claim(id, &p("tenant:b"), dead).unwrap_err(), Disputed { holder: p("tenant:a") });
-        assert!(claims.claim(id, &p("node"), dead).is_err());
+        assert_eq!(claims.claim(id, &p("tenant:b"), None, dead).unwrap_err(), Disputed { holder: p("tenant:a") });
+        assert!(claims.claim(id, &p("node"), None, dead).is_err());
         // The same principal may open more connections; admin claims nothing and is never refused.
-        let a2 = claims.claim(id, &p("tenant:a"), dead).unwrap();
-        assert!(claims.claim(id, &p("admin"), dead).unwrap().is_none());
+        let a2 = claims.claim(id, &p("tenant:a"), None, dead).unwrap();
+        assert!(claims.claim(id, &p("admin"), None, dead).unwrap().is_none());
+        assert_eq!(claims.host(id).unwrap().0, p("tenant:a"), "admin naming the id takes nothing from a");
+        let admins = ClientId::random();
+        assert!(claims.claim(admins, &p("admin"), None, dead).unwrap().is_none());
+        assert_eq!(claims.host(admins), Some((Principal::Admin, None)));
         drop(a);
-        assert!(claims.claim(id, &p("tenant:b"), dead).is_err(), "a's second connection still holds it");
+        assert!(claims.claim(id, &p("tenant:b"), None, dead).is_err(), "a's second connection still holds it");
         drop(a2);
         // Every connection closed, but the master still tracks the client: still a's.
-        assert!(claims.claim(id, &p("tenant:b"), |_| true).is_err());
+        assert!(claims.claim(id, &p("tenant:b"), None, |_| true).is_err());
         // Forgotten by the master: free to claim again.
-        let b = claims.claim(id, &p("tenant:b"), dead).unwrap();
+        let b = claims.claim(id, &p("tenant:b"), None, dead).unwrap();
         assert!(b.is_some());
-        assert_eq!(claims.claim(id, &p("tenant:a"), dead).unwrap_err(), Disputed { holder: p("tenant:b") });
+        assert_eq!(claims.claim(id, &p("tenant:a"), None, dead).unwrap_err(), Disputed { holder: p("tenant:b") });
     }
 
     #[test]
     fn released_claims_of_forgotten_clients_are_swept() {
         let claims = Arc::new(ClientClaims::default());
         for _ in 0..2000 {
-            drop(claims.claim(ClientId::random(), &p("tenant:a"), |_| false).unwrap());
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, |_| false).unwrap());
         }
         assert!(claims.claims.lock().by_client.len() <= 1024, "the table stays bounded");
         // A held claim survives every sweep.
         let id = ClientId::random();
-        let _held = claims.claim(id, &p("tenant:a"), |_| false).unwrap();
+        let _held = claims.claim(id, &p("tenant:a"), None, |_| false).unwrap();
         for _ in 0..2000 {
-            drop(claims.claim(ClientId::random(), &p("tenant:a"), |_| false).unwrap());
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, |_| false).unwrap());
         }
-        assert!(claims.claim(id, &p("tenant:b"), |_| false).is_err());
+        assert!(claims.claim(id, &p("tenant:b"), None, |_| false).is_err());
     }
 }

@@ -3,6 +3,7 @@
 
 use super::admin::{AdminServer, SnapshotSlot};
 use super::candidate::{CandidateOptions, CandidateServer, TermConfig};
+use super::hosts::Hosts;
 use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use super::target::Target;
@@ -161,6 +162,7 @@ impl MasterServerBuilder {
             snapshots: self.snapshots,
             background: self.background,
             nof_prober: self.nof_prober,
+            hosts: self.keyring.clone().map(Hosts::new),
             keyring: self.keyring,
             tls: self.tls,
         };
@@ -184,6 +186,7 @@ impl MasterServerBuilder {
         let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
         let target = Target::Fixed(svc.clone());
         let rpc = RpcServer::bind(self.rpc, target.clone(), metrics.clone()).await.map_err(bind("rpc", self.rpc))?;
+        let hosts = self.keyring.clone().map(Hosts::new);
         let admin = match self.admin {
             Some(addr) => {
                 let slot = SnapshotSlot::default();
@@ -199,14 +202,15 @@ impl MasterServerBuilder {
         let rpc = rpc
             .with_poll_window(self.poll_window)
             .with_limits(self.limits)
-            .with_keyring(self.keyring.clone())
+            .with_hosts(hosts.clone())
             .with_tls(self.tls.server.clone())
             .spawn()
             .map_err(bind("rpc", self.rpc))?;
         let nof_heartbeat = self.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);
             let prober = self.nof_prober.unwrap_or_else(|| {
-                Arc::new(TransferProber::new(timeout, self.keyring.as_ref(), self.tls.client.clone()))
+                let auth = hosts.clone().map(|h| (h, svc.clone()));
+                Arc::new(TransferProber::new(timeout, auth, self.tls.client.clone()))
             });
             NofHeartbeat::spawn(svc.clone(), prober)
         });

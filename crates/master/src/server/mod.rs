@@ -9,6 +9,7 @@ mod candidate;
 pub mod claims;
 mod explain;
 pub mod grants;
+pub mod hosts;
 mod lister;
 mod master_server;
 mod nof_heartbeat;

@@ -6,12 +6,14 @@
 //! [`MasterService::confirm_unreachable`]). The schedule and the counting live in the service; only the I/O is
 //! here.
 
+use super::hosts::Hosts;
 use crate::service::{MasterService, NofProbe};
-use crescent_net::auth::{CredentialSource, Keyring};
-use crescent_net::grant::{Bearer, GrantOp};
+use crescent_net::auth::Credential;
+use crescent_net::grant::{self, Bearer, GrantOp};
+use crescent_net::host::TICKET_TTL;
 use crescent_net::tls::TlsClient;
-use crescent_proto::{ClientId, Principal, SegmentId};
-use crescent_transfer::{Place, SegmentRegistry, TransferClient, TransferConfig};
+use crescent_proto::{ClientId, ErrorCode, Principal, SegmentId};
+use crescent_transfer::{Place, SegmentRegistry, Tickets, TransferClient, TransferConfig, TransferError};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,20 +36,43 @@ pub trait NofProber: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct TransferProber {
     client: TransferClient,
-    /// With a keyring: the probe's own read grants (for the admin bearer its hello proves).
-    grants: Option<Arc<Keyring>>,
+    /// With a keyring: the probe's own tickets and read grants, minted here (for the `node` bearer its hello
+    /// proves, the least there is: no rights at the master).
+    auth: Option<Arc<Minted>>,
     /// The probe's client id (what its hello names and its grants are sealed for).
     id: ClientId,
 }
 
+/// Tickets and grants the master mints for its own probes from the hosts' keys (no round trip, no sealing).
+#[derive(Debug)]
+struct Minted {
+    hosts: Arc<Hosts>,
+    svc: Arc<MasterService>,
+    id: ClientId,
+}
+
+impl Tickets for Minted {
+    fn ticket<'a>(&'a self, _: &'a str, segment: SegmentId) -> BoxFuture<'a, Result<Credential, TransferError>> {
+        let keys = self.hosts.of_segment(&self.svc, segment);
+        Box::pin(async move {
+            let (_, keys) = keys.ok_or(TransferError::Refused(ErrorCode::SegmentNotFound))?;
+            let expires = grant::unix_ms().saturating_add(TICKET_TTL.as_millis() as u64);
+            Ok(keys.ticket(&Principal::Node, self.id, expires))
+        })
+    }
+
+    fn forget(&self, _: &str) {}
+}
+
 impl TransferProber {
     /// A prober whose connects and exchanges give up after `timeout`, one connection per target; with the
-    /// cluster's keyring it proves a node credential (the least it needs: no rights at the master) to nodes
-    /// that authenticate, and with `tls` it dials nodes that serve TLS.
-    pub fn new(timeout: Duration, keyring: Option<&Arc<Keyring>>, tls: Option<Arc<TlsClient>>) -> Self {
+    /// hosts' keys it proves tickets it mints from them to nodes that authenticate, and with `tls` it dials
+    /// nodes that serve TLS.
+    pub fn new(timeout: Duration, auth: Option<(Arc<Hosts>, Arc<MasterService>)>, tls: Option<Arc<TlsClient>>) -> Self {
         let id = ClientId::random();
+        let auth = auth.map(|(hosts, svc)| Arc::new(Minted { hosts, svc, id }));
         let config = TransferConfig {
-            credential: keyring.map(|k| CredentialSource::Derived(k.clone(), Principal::Node)),
+            tickets: auth.clone().map(|a| a as Arc<dyn Tickets>),
             client_id: Some(id),
             lanes_per_peer: 1,
             connect_timeout: timeout,
@@ -57,16 +82,17 @@ impl TransferProber {
             tls,
             ..TransferConfig::default()
         };
-        Self { client: TransferClient::new(config, SegmentRegistry::default()), grants: keyring.cloned(), id }
+        Self { client: TransferClient::new(config, SegmentRegistry::default()), auth, id }
     }
 }
 
 impl NofProber for TransferProber {
     fn probe(&self, endpoint: &str, segment: SegmentId) -> BoxFuture<'static, bool> {
         let (client, endpoint) = (self.client.clone(), endpoint.to_owned());
-        let grant = self.grants.as_ref().map(|ring| {
+        let grant = self.auth.as_ref().and_then(|a| {
+            let (_, keys) = a.hosts.of_segment(&a.svc, segment)?;
             let bearer = Bearer::new(Principal::Node, Some(self.id));
-            ring.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, self.client.config().io_timeout * 2)
+            Some(keys.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, self.client.config().io_timeout * 2))
         });
         Box::pin(async move {
             match client.read(&endpoint, Place::new(segment, grant), 0, 1).await {

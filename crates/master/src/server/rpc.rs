@@ -9,23 +9,24 @@
 //! the connections are capped (`crescent_net::accept`).
 
 use super::authz::{self, Caller};
-use super::claims::{ClaimGuard, ClientClaims};
+use super::claims::ClaimGuard;
+use super::hosts::Hosts;
 use super::target::Target;
 use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::AuthFailure;
-use crescent_net::auth::{Keyring, Plane};
+use crescent_net::auth::Plane;
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::grant::Bearer;
-use crescent_net::hello::{self, HandshakeError};
+use crescent_net::hello::{self, HandshakeError, Verifier};
 use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
-use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, batch};
+use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, SegmentId, batch};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -129,6 +130,8 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
     match req {
         R::Ping { client } => Ok(A::Pong { status: svc.ping(*client), view_version: 0 }),
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
+        // Answered at the network edge (`serve`), which holds the keys; the service has none.
+        R::DataTicket { .. } => Err(ErrorCode::InvalidParams),
         R::MountSegment { client, spec } => svc.mount_segment(*client, spec.clone()).map(|()| A::Done),
         R::RemountSegments { client, specs } => svc.remount_segments(*client, &specs.0).map(|()| A::Done),
         R::UnmountSegment { client, segment } => svc.unmount_own_segment(*client, *segment).map(|()| A::Done),
@@ -290,8 +293,9 @@ pub struct RpcServer {
     /// How long an idle connection polls for its next request before parking (see `crescent_net::poll`).
     poll_window: Duration,
     limits: RpcLimits,
-    /// What every peer must prove a credential of (see [`RpcServer::with_keyring`]).
-    keyring: Option<Arc<Keyring>>,
+    /// The cluster secret(s) every peer must prove a credential of, and the hosts' keys (see
+    /// [`RpcServer::with_hosts`]).
+    hosts: Option<Arc<Hosts>>,
     /// TLS every connection goes through before its hello (see [`RpcServer::with_tls`]).
     tls: Option<Arc<TlsServer>>,
 }
@@ -332,7 +336,7 @@ impl RpcServer {
             metrics,
             poll_window: poll::DEFAULT_POLL_WINDOW,
             limits: RpcLimits::default(),
-            keyring: None,
+            hosts: None,
             tls: None,
         })
     }
@@ -344,10 +348,10 @@ impl RpcServer {
         self
     }
 
-    /// Requires every peer to prove a credential of `keyring` in its hello, and limits each to its principal's
-    /// scope (`server::authz`).
-    pub fn with_keyring(mut self, keyring: Option<Arc<Keyring>>) -> Self {
-        self.keyring = keyring;
+    /// Requires every peer to prove a credential of the keyring of `hosts` in its hello, limits each to its
+    /// principal's scope (`server::authz`), and seals grants and issues tickets with the hosts' keys.
+    pub fn with_hosts(mut self, hosts: Option<Arc<Hosts>>) -> Self {
+        self.hosts = hosts;
         self
     }
 
@@ -370,7 +374,7 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let RpcServer { listener, target, metrics, poll_window, limits, keyring, tls } = self;
+        let RpcServer { listener, target, metrics, poll_window, limits, hosts, tls } = self;
         let shared = Arc::new(Shared {
             target,
             metrics: metrics.clone(),
@@ -379,9 +383,8 @@ impl RpcServer {
             frame_timeout: limits.frame_timeout,
             budget: FrameBudget::new(limits.frame_budget.max(Limits::CONTROL.max_frame as usize)),
             trim: Arc::default(),
-            keyring,
+            hosts,
             tls,
-            claims: Arc::default(),
         });
         let handle = crescent_net::accept::spawn(
             "master rpc",
@@ -411,12 +414,11 @@ struct Shared {
     frame_timeout: Duration,
     budget: FrameBudget,
     trim: Arc<Trim>,
-    /// The cluster secret(s) peers must prove a credential of; `None`: no authentication.
-    keyring: Option<Arc<Keyring>>,
+    /// The cluster secret(s) peers must prove a credential of, the client claims and the hosts' keys; `None`:
+    /// no authentication.
+    hosts: Option<Arc<Hosts>>,
     /// TLS the connections go through first; `None`: plain TCP.
     tls: Option<Arc<TlsServer>>,
-    /// Which principal holds each client id.
-    claims: Arc<ClientClaims>,
 }
 
 /// Claims the hello's client id for the caller's principal; a caller naming an id another principal holds is
@@ -424,9 +426,10 @@ struct Shared {
 fn claim(shared: &Shared, caller: Option<Caller>, peer: SocketAddr) -> (Option<Caller>, Option<ClaimGuard>) {
     let Some(mut caller) = caller else { return (None, None) };
     let Some(client) = caller.client else { return (Some(caller), None) };
+    let Some(hosts) = &shared.hosts else { return (Some(caller), None) };
     // A client the current term's service still tracks keeps its claim after its connections close.
     let alive = |id| shared.target.route().is_ok_and(|svc| svc.tracks_client(id));
-    match shared.claims.claim(client, &caller.principal, alive) {
+    match hosts.claims().claim(client, &caller.principal, caller.secret, alive) {
         Ok(guard) => (Some(caller), guard),
         Err(d) => {
             let why = AuthFailure::ClientIdHeld { principal: caller.principal.clone(), client, holder: d.holder };
@@ -573,7 +576,7 @@ async fn flush(stream: &mut Conn, out: &mut BytesMut, owed: &mut Owed, shared: &
 }
 
 async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: Shutdown) -> Result<(), WireError> {
-    let Shared { target, metrics, gate, poll_window, frame_timeout, budget, keyring, tls, .. } = shared;
+    let Shared { target, metrics, gate, poll_window, frame_timeout, budget, hosts, tls, .. } = shared;
     stream.set_nodelay(true)?;
     let mut stopping = shutdown.clone().stopping();
     // Until its hello (TLS handshake included) the connection counts as idle: at the connection cap it may be
@@ -590,12 +593,13 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
     };
     let hello = tokio::select! {
         biased;
-        hello = hello::answer(&mut stream, Plane::Control, Limits::CONTROL, *frame_timeout, keyring.as_deref()) => hello,
+        hello = hello::answer(&mut stream, Plane::Control, Limits::CONTROL, *frame_timeout, hosts.as_ref().map(|h| Verifier::Secret(h.ring()))) => hello,
         () = &mut stopping => return Ok(()),
     };
     let caller = match hello {
         Ok(Some(admitted)) => {
-            admitted.principal.map(|principal| Caller { principal, client: admitted.hello.client_id, disputed: false })
+            let (client, secret) = (admitted.hello.client_id, admitted.secret);
+            admitted.principal.map(|principal| Caller { principal, client, secret, disputed: false })
         }
         Ok(None) => return Ok(()),
         Err(HandshakeError::Unauthenticated(why)) => {
@@ -689,7 +693,9 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
         let reply = match routed.and_then(|svc| allowed.map(|()| svc)) {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
-                let mut reply = if is_listing(&body) {
+                let mut reply = if let MasterRequest::DataTicket { segment } = &body {
+                    ticket(hosts.as_deref(), &svc, caller.as_ref(), *segment)
+                } else if is_listing(&body) {
                     // A listing visits the whole index and may wait its turn: on the listing thread, so it holds
                     // no worker on any runtime (inside `crescent up` the master's only thread is the node's too).
                     let svc = Arc::clone(&svc);
@@ -707,8 +713,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                     dispatch(&svc, &body)
                 };
                 owe(&mut owed, &svc, hold, shared);
-                if let (Some(ring), Some(bearer)) = (keyring, &bearer) {
-                    super::grants::seal(&svc, ring, bearer, &mut reply);
+                if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {
+                    super::grants::seal(&svc, hosts, bearer, &mut reply);
                 }
                 reply
             }
@@ -720,6 +726,19 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
             flush(&mut stream, &mut out, &mut owed, shared).await?;
         }
     }
+}
+
+/// A data-plane ticket to `segment`'s host for the caller (sealed for its own credential and client id).
+fn ticket(hosts: Option<&Hosts>, svc: &MasterService, caller: Option<&Caller>, segment: SegmentId) -> MasterReply {
+    let refuse = |message: &str| ErrorFrame { code: ErrorCode::InvalidParams, message: message.to_owned() };
+    let (Some(hosts), Some(caller)) = (hosts, caller) else {
+        return Err(refuse("this master does not authenticate: its storage nodes need no ticket"));
+    };
+    let Some(client) = caller.client.filter(|_| !caller.disputed) else {
+        let message = "a ticket names the caller's client id: this connection holds none of its own";
+        return Err(ErrorFrame { code: ErrorCode::PermissionDenied, message: message.into() });
+    };
+    hosts.ticket(svc, segment, &caller.principal, caller.secret, client).map(MasterResponse::Ticket)
 }
 
 /// Requests that list keys (run on the listing thread, see `serve`).

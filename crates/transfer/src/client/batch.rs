@@ -56,7 +56,7 @@ impl TransferClient {
         endpoint: &str,
         items: &mut [BatchRead<'_>],
     ) -> Vec<Result<u32, TransferError>> {
-        let peer = self.peer(endpoint);
+        let peer = self.peer(endpoint, items.first().map(|i| i.segment));
         let stripe = self.stripe(&peer);
         let mut runs: Vec<(usize, &mut BatchRead<'_>)> = Vec::new();
         let mut singles = Vec::new();
@@ -90,7 +90,7 @@ impl TransferClient {
     /// Writes many ranges hosted at `endpoint`; each is acknowledged only once its bytes are in the segment.
     /// Results in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
     pub async fn write_batch(&self, endpoint: &str, items: &[BatchWrite<'_>]) -> Vec<Result<(), TransferError>> {
-        let peer = self.peer(endpoint);
+        let peer = self.peer(endpoint, items.first().map(|i| i.segment));
         let stripe = self.write_stripe_bytes(&peer);
         let (runs, singles): (Vec<_>, Vec<_>) = items
             .iter()
