@@ -80,19 +80,25 @@ def test_a_credential_from_setup_or_the_environment_reaches_its_tenant_only(secu
     a.close()
 
 
-def test_a_store_hosting_a_segment_derives_its_credential_from_the_secret(secured, monkeypatch):
+def test_a_store_hosting_a_segment_needs_only_its_credential(secured, monkeypatch):
     addr, secret_file = secured
     admin_quota(addr, secret_file, "c")
-    monkeypatch.delenv("CRESCENT_CREDENTIAL", raising=False)
-    monkeypatch.delenv("CRESCENT_CREDENTIAL_FILE", raising=False)
-    # Without the secret a hosted segment could not check its peers: refused at setup.
-    s = MooncakeDistributedStore()
+    for var in ("CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE", "CRESCENT_SECRET", "CRESCENT_SECRET_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    # Its credential alone: the hosted segment checks the tickets and grants of its peers with keys derived
+    # from it (the master derives the same from the secret); no process but the master holds the secret.
+    host = MooncakeDistributedStore()
     cred = credential("tenant:c", secret_file)
-    assert s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="c",
-                   credential=cred) < 0
-    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
-    assert s.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="c") == 0
+    assert host.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="c",
+                      credential=cred) == 0
     value = os.urandom(256 * 1024)
-    assert s.put("big", value) == 0
-    assert s.get("big") == value
-    s.close()
+    assert host.put("big", value) == 0
+    assert host.get("big") == value
+    # A client of the same tenant, its credential derived from the secret in its environment, reads it from
+    # the host's segment: its lanes prove a ticket the master issued it for that host.
+    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
+    reader = MooncakeDistributedStore()
+    assert reader.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="c") == 0
+    assert reader.get("big") == value
+    reader.close()
+    host.close()

@@ -171,7 +171,8 @@ class MooncakeDistributedStore:
         follows the cluster's leader. In a cluster with a secret, ``credential`` (``"PRINCIPAL:KEYHEX"``, as
         ``crescent credential`` prints it; also a ``"credential"`` key of the dict form) is what the store
         proves, else ``CRESCENT_CREDENTIAL_FILE`` / ``CRESCENT_CREDENTIAL``, else ``tenant:<tenant_id>`` derived
-        from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET`` (which a store hosting a segment needs). In a TLS
+        from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET``; a store hosting a segment derives the keys it checks
+        its peers' tickets and grants with from that same credential (no secret needed). In a TLS
         cluster, ``tls_ca`` (the CA servers' certificates chain to), ``tls_cert`` / ``tls_key`` (the client
         certificate, and what a hosted segment serves), ``tls_client_ca`` (a hosted segment then requires client
         certificates) and ``tls_server_name`` (PEM file paths, and the name certificates are checked for; also
