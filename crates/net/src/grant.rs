@@ -97,15 +97,16 @@ impl Bearer {
 }
 
 /// What a grant's tag covers, fed to `mac`: a fixed layout, then the principal (its length is implied).
-fn message(mac: &mut HmacSha256, op: GrantOp, segment: &SegmentId, bearer: &Bearer, grant: (u64, u64, u64)) {
-    let (offset, length, expires_ms) = grant;
-    let mut m = [0u8; 57];
+fn message(mac: &mut HmacSha256, op: GrantOp, segment: &SegmentId, bearer: &Bearer, grant: (u64, u64, u64, u64)) {
+    let (offset, length, expires_ms, epoch) = grant;
+    let mut m = [0u8; 65];
     m[0] = op.byte();
     m[1..17].copy_from_slice(segment.0.as_bytes());
     m[17..33].copy_from_slice(bearer.client.0.as_bytes());
     m[33..41].copy_from_slice(&offset.to_be_bytes());
     m[41..49].copy_from_slice(&length.to_be_bytes());
     m[49..57].copy_from_slice(&expires_ms.to_be_bytes());
+    m[57..65].copy_from_slice(&epoch.to_be_bytes());
     mac.update(&m);
     mac.update(bearer.text.as_bytes());
 }
@@ -119,14 +120,15 @@ pub(crate) fn seal(
     bearer: &Bearer,
     range: (u64, u64),
     expires_ms: u64,
+    epoch: u64,
 ) -> Grant {
     let (offset, length) = range;
     let mut mac = key.clone();
-    message(&mut mac, op, segment, bearer, (offset, length, expires_ms));
+    message(&mut mac, op, segment, bearer, (offset, length, expires_ms, epoch));
     let full = mac.finalize().into_bytes();
     let mut tag = [0u8; GRANT_TAG_LEN];
     tag.copy_from_slice(&full[..GRANT_TAG_LEN]);
-    Grant { offset, length, expires_ms, tag }
+    Grant { offset, length, expires_ms, epoch, tag }
 }
 
 /// The expiry of a grant that lasts `ttl` from now, less the clock-skew slack (at most half of `ttl`).
@@ -152,7 +154,7 @@ pub(crate) fn check<'a>(
     let mut valid = false;
     for key in keys {
         let mut mac = key.clone();
-        message(&mut mac, op, segment, bearer, (g.offset, g.length, g.expires_ms));
+        message(&mut mac, op, segment, bearer, (g.offset, g.length, g.expires_ms, g.epoch));
         valid |= mac.verify_truncated_left(&g.tag).is_ok();
     }
     if !valid {
@@ -222,6 +224,7 @@ mod tests {
             Grant { length: 1 << 30, ..g },
             Grant { offset: 1, ..g },
             Grant { expires_ms: u64::MAX, ..g },
+            Grant { epoch: 1, ..g },
             Grant { tag: [0; GRANT_TAG_LEN], ..g },
         ] {
             let r = ring.check_grant(GrantOp::Read, &seg, &client, Some(&altered), 0, 1, 0);
@@ -236,10 +239,10 @@ mod tests {
         let (ring, _) = host(S1);
         let (seg, client) = ids();
         let before = unix_ms();
-        let g = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_secs(5));
+        let g = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_secs(5), 0);
         assert!(g.expires_ms >= before + 5000 - SKEW_MS && g.expires_ms <= unix_ms() + 5000 - SKEW_MS);
         let before = unix_ms();
-        let short = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_millis(400));
+        let short = ring.seal_grant_for(GrantOp::Read, &seg, &client, 0, 1, Duration::from_millis(400), 0);
         assert!(short.expires_ms >= before + 200 && short.expires_ms <= unix_ms() + 200, "short grants keep half");
     }
 }

@@ -28,6 +28,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
@@ -69,7 +70,7 @@ impl HostKeys {
     }
 
     /// Seals a grant for `bearer` to perform `op` on `[offset, offset + length)` of `segment` (one of this
-    /// host's) until `expires_ms` (Unix ms).
+    /// host's) until `expires_ms` (Unix ms), of no master term (epoch 0).
     pub fn seal_grant(
         &self,
         op: GrantOp,
@@ -79,10 +80,12 @@ impl HostKeys {
         length: u64,
         expires_ms: u64,
     ) -> Grant {
-        grant::seal(&self.grant, op, segment, bearer, (offset, length), expires_ms)
+        grant::seal(&self.grant, op, segment, bearer, (offset, length), expires_ms, 0)
     }
 
-    /// Seals a grant that lasts `ttl` from now, less the clock-skew slack (at most half of `ttl`).
+    /// Seals a grant of the master term `epoch` that lasts `ttl` from now, less the clock-skew slack (at most
+    /// half of `ttl`).
+    #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
     pub fn seal_grant_for(
         &self,
         op: GrantOp,
@@ -91,8 +94,9 @@ impl HostKeys {
         offset: u64,
         length: u64,
         ttl: Duration,
+        epoch: u64,
     ) -> Grant {
-        self.seal_grant(op, segment, bearer, offset, length, grant::expiry_for(ttl))
+        grant::seal(&self.grant, op, segment, bearer, (offset, length), grant::expiry_for(ttl), epoch)
     }
 
     /// The session key of a ticket for `client` (principal and id) expiring at `expires_ms`.
@@ -170,6 +174,8 @@ impl Credential {
 pub struct NodeKeys {
     source: Source,
     state: RwLock<Arc<KeyState>>,
+    /// The newest master term among the grants honoured so far: older terms' grants are refused.
+    epoch: AtomicU64,
 }
 
 enum Source {
@@ -225,26 +231,38 @@ impl fmt::Debug for NodeKeys {
 impl NodeKeys {
     /// The keys of one credential.
     pub fn fixed(credential: Credential) -> Self {
-        Self { source: Source::Fixed, state: RwLock::new(Arc::new(KeyState::new(vec![credential]))) }
+        Self {
+            source: Source::Fixed,
+            state: RwLock::new(Arc::new(KeyState::new(vec![credential]))),
+            epoch: AtomicU64::new(0),
+        }
     }
 
     /// The keys of the credentials in `text`: one `PRINCIPAL:KEYHEX` per line (blank lines and `#` comments
     /// skipped), 1 or 2, all of one principal, the first current.
     pub fn parse(text: &str) -> Result<Self, AuthConfigError> {
-        Ok(Self { source: Source::Fixed, state: RwLock::new(Arc::new(KeyState::new(parse_credentials(text)?))) })
+        Ok(Self {
+            source: Source::Fixed,
+            state: RwLock::new(Arc::new(KeyState::new(parse_credentials(text)?))),
+            epoch: AtomicU64::new(0),
+        })
     }
 
     /// The keys of the credentials in a file (which [`NodeKeys::reload`] reads again).
     pub fn load(path: &Path) -> Result<Self, AuthConfigError> {
         let credentials = parse_credentials(&auth::read_secret_file(path)?)?;
-        Ok(Self { source: Source::File(path.to_owned()), state: RwLock::new(Arc::new(KeyState::new(credentials))) })
+        Ok(Self {
+            source: Source::File(path.to_owned()),
+            state: RwLock::new(Arc::new(KeyState::new(credentials))),
+            epoch: AtomicU64::new(0),
+        })
     }
 
     /// The keys of `principal` derived from `ring` (one per secret), following the ring's reloads: for a
     /// process that holds the secret anyway.
     pub fn derived(ring: Arc<Keyring>, principal: Principal) -> Self {
         let state = Self::derive(&ring, &principal, None);
-        Self { source: Source::Ring(ring, principal), state: RwLock::new(Arc::new(state)) }
+        Self { source: Source::Ring(ring, principal), state: RwLock::new(Arc::new(state)), epoch: AtomicU64::new(0) }
     }
 
     fn derive(ring: &Keyring, principal: &Principal, previous: Option<&KeyState>) -> KeyState {
@@ -324,7 +342,8 @@ impl NodeKeys {
     }
 
     /// Whether `grant` lets `bearer` perform `op` on `[offset, offset + length)` of `segment` at `now_ms` (see
-    /// `crate::grant`); every valid key is tried.
+    /// `crate::grant`); every valid key is tried. A valid grant of a master term older than the newest this host
+    /// has honoured is refused as expired (the client asks the current master again).
     #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
     pub fn check_grant(
         &self,
@@ -337,7 +356,13 @@ impl NodeKeys {
         now_ms: u64,
     ) -> Result<(), GrantRefusal> {
         let state = self.state();
-        grant::check(state.verifying().map(|k| &k.grant), op, segment, bearer, grant, offset, length, now_ms)
+        grant::check(state.verifying().map(|k| &k.grant), op, segment, bearer, grant, offset, length, now_ms)?;
+        // Only a grant whose tag checked raises the term: a peer cannot make one up.
+        let epoch = grant.map_or(0, |g| g.epoch);
+        if epoch < self.epoch.fetch_max(epoch, Ordering::Relaxed) {
+            return Err(GrantRefusal::Expired);
+        }
+        Ok(())
     }
 
     /// The host's check of a lane's hello: `mac` proves the session key of a ticket for `client` (principal and
@@ -465,6 +490,27 @@ mod tests {
         assert_eq!(fresh.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Err(GrantRefusal::Invalid));
         let other = old.credential(node("admin")).to_text();
         assert!(fresh.replace_with(&other, Duration::ZERO).is_err(), "a reload keeps the principal");
+    }
+
+    #[test]
+    fn a_host_refuses_the_grants_of_a_master_term_older_than_one_it_honoured() {
+        let ring = Keyring::parse(S1).unwrap();
+        let (seg, bearer) = (SegmentId::random(), Bearer::new(node("tenant:a"), Some(ClientId::random())));
+        let host = NodeKeys::fixed(ring.credential(node("node")));
+        let master = ring.host_keys(&node("node"), None);
+        let ttl = Duration::from_secs(60);
+        let (old, new) = (1_000, 2_000);
+        let check = |g: &Grant| host.check_grant(GrantOp::Read, &seg, &bearer, Some(g), 0, 8, grant::unix_ms());
+        let g_old = master.seal_grant_for(GrantOp::Read, &seg, &bearer, 0, 8, ttl, old);
+        assert_eq!(check(&g_old), Ok(()), "the only term seen so far");
+        // A forged newer term does not check, and does not move the host on.
+        assert_eq!(check(&Grant { epoch: new + 1, ..g_old }), Err(GrantRefusal::Invalid));
+        assert_eq!(check(&g_old), Ok(()));
+        // The successor's first grant moves it on: the predecessor's live grants are refused from then on.
+        let g_new = master.seal_grant_for(GrantOp::Read, &seg, &bearer, 0, 8, ttl, new);
+        assert_eq!(check(&g_new), Ok(()));
+        assert_eq!(check(&g_old), Err(GrantRefusal::Expired));
+        assert_eq!(check(&g_new), Ok(()));
     }
 
     #[test]

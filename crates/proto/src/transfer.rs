@@ -67,7 +67,11 @@ pub struct Grant {
     pub length: u64,
     /// When the grant ends, in Unix milliseconds.
     pub expires_ms: u64,
-    /// The seal over the operation, segment, client, range and expiry.
+    /// The term of the master that sealed it (when that master began to lead, Unix ms; 0: none): a node
+    /// refuses a grant of a term older than the newest it has honoured, so a deposed or restarted master's grants
+    /// cannot reach space its successor gave to another object.
+    pub epoch: u64,
+    /// The seal over the operation, segment, client, range, expiry and term.
     pub tag: [u8; GRANT_TAG_LEN],
 }
 

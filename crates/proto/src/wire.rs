@@ -543,8 +543,13 @@ mod tests {
     #[test]
     fn heads_fit_the_largest_data_request_and_announce_their_payload() {
         let id = crate::SegmentId::random();
-        let grant =
-            crate::transfer::Grant { offset: u64::MAX, length: u64::MAX, expires_ms: u64::MAX, tag: [0xff; 16] };
+        let grant = crate::transfer::Grant {
+            offset: u64::MAX,
+            length: u64::MAX,
+            expires_ms: u64::MAX,
+            epoch: u64::MAX,
+            tag: [0xff; 16],
+        };
         let req = crate::transfer::TransferRequest::Read {
             segment: id,
             offset: u64::MAX,

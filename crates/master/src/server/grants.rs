@@ -22,6 +22,7 @@ use std::time::Duration;
 /// host is unknown here gets no grant (its node refuses the transfer until its host reconnects).
 pub fn seal(svc: &MasterService, hosts: &Hosts, bearer: &Bearer, reply: &mut MasterReply) {
     let write_window = Duration::from_millis(svc.config().grant_write_window_ms);
+    let epoch = svc.epoch_ms();
     // Replicas of one reply often share segments: the last one's keys are kept.
     let mut last: Option<(SegmentId, Option<Arc<HostKeys>>)> = None;
     let mut sealed = |op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration| {
@@ -38,7 +39,7 @@ pub fn seal(svc: &MasterService, hosts: &Hosts, bearer: &Bearer, reply: &mut Mas
                 keys
             }
         };
-        r.grant = keys.map(|k| k.seal_grant_for(op, segment_id, bearer, *offset, *length, ttl));
+        r.grant = keys.map(|k| k.seal_grant_for(op, segment_id, bearer, *offset, *length, ttl, epoch));
     };
     match reply {
         Ok(MasterResponse::Replicas(replicas)) => {

@@ -92,7 +92,8 @@ impl NofProber for TransferProber {
         let grant = self.auth.as_ref().and_then(|a| {
             let (_, keys) = a.hosts.of_segment(&a.svc, segment)?;
             let bearer = Bearer::new(Principal::Node, Some(self.id));
-            Some(keys.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, self.client.config().io_timeout * 2))
+            let ttl = self.client.config().io_timeout * 2;
+            Some(keys.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, ttl, a.svc.epoch_ms()))
         });
         Box::pin(async move {
             match client.read(&endpoint, Place::new(segment, grant), 0, 1).await {

@@ -214,6 +214,9 @@ impl OpCounter {
 pub struct MasterService {
     config: MasterConfig,
     clock: Arc<dyn Clock>,
+    /// When this service (one master term: a lone master's run, or one leader term) began, in wall-clock Unix
+    /// ms: the term its data-plane grants name (`crescent_net::grant`), so nodes refuse an earlier term's.
+    epoch_ms: u64,
     pool: SegmentPool,
     placement: Placer,
     local_ssd: LocalSsdManager,
@@ -268,6 +271,9 @@ impl MasterService {
         let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?;
         let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
+            epoch_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             placement: Placer::new(config.placement_policy),
             config,
             clock,
@@ -306,6 +312,11 @@ impl MasterService {
     /// The config in force.
     pub fn config(&self) -> &MasterConfig {
         &self.config
+    }
+
+    /// When this master term began (wall-clock Unix ms): the term its grants name.
+    pub fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
     }
 
     /// The segment pool (read-only use: queries, snapshots).
