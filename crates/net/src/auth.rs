@@ -50,12 +50,12 @@ const SECRET_ID_LABEL: &[u8] = b"crescent/secret-id/v1\0";
 #[derive(Debug, thiserror::Error)]
 pub enum AuthConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {why}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message, not a `source`: an error chain would print it twice).
+        why: std::io::Error,
     },
     /// A secret shorter than [`MIN_SECRET_LEN`].
     #[error("a cluster secret must be at least {MIN_SECRET_LEN} bytes (found one of {0})")]
@@ -284,7 +284,7 @@ pub(crate) fn from_env<T>(
 /// Reads a secret or credential file, refusing (on Unix) one that others may read: a secret readable by every
 /// local user is no secret.
 pub(crate) fn read_secret_file(path: &Path) -> Result<String, AuthConfigError> {
-    let err = |source| AuthConfigError::Read { path: path.to_owned(), source };
+    let err = |why| AuthConfigError::Read { path: path.to_owned(), why };
     let meta = std::fs::metadata(path).map_err(err)?;
     #[cfg(unix)]
     {
