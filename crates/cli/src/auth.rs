@@ -182,10 +182,10 @@ pub fn node_keys(credential_file: Option<&Path>, secrets: &SecretArgs) -> Result
     }
     Ok(secrets.keyring()?.map(|ring| {
         tracing::warn!(
-            "this node holds the cluster secret: give it its own credential instead (`crescent credential node` \
+            "this node holds the cluster secret: give it its own credential instead (`crescent credential node:NAME` \
              into --credential-file), so a node broken into yields no other principal's"
         );
-        Arc::new(NodeKeys::derived(ring, Principal::Node))
+        Arc::new(NodeKeys::derived(ring, Principal::Node(None)))
     }))
 }
 
@@ -207,7 +207,7 @@ pub fn client_tls() -> Result<Option<Arc<TlsClient>>> {
 /// `crescent credential PRINCIPAL`: prints the credential of a principal, derived from the cluster secret.
 #[derive(clap::Args, Debug)]
 pub struct CredentialArgs {
-    /// `admin`, `node` or `tenant:NAME`.
+    /// `admin`, `node`, `node:NAME` or `tenant:NAME`.
     principal: String,
     /// File holding the cluster secret (else CRESCENT_SECRET_FILE or CRESCENT_SECRET).
     #[arg(long, value_name = "FILE")]

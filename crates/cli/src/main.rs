@@ -162,7 +162,7 @@ enum Command {
     /// Client-local SSD registrations.
     #[command(subcommand)]
     Ssd(admin::SsdCommand),
-    /// Print the credential of a principal (admin, node, tenant:NAME), derived from the cluster secret.
+    /// Print the credential of a principal (admin, node, node:NAME, tenant:NAME), derived from the cluster secret.
     Credential(auth::CredentialArgs),
     /// Print a new random cluster secret (save it to a file of mode 600 for --secret-file).
     Secret,

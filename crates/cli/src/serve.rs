@@ -422,7 +422,7 @@ fn node_config(
         c.frame_timeout = Duration::from_millis(ms);
     }
     c.keys = match embedded {
-        Some(ring) => Some(Arc::new(NodeKeys::derived(ring.clone(), Principal::Node))),
+        Some(ring) => Some(Arc::new(NodeKeys::derived(ring.clone(), Principal::Node(None)))),
         None => crate::auth::node_keys(a.credential_file.as_deref(), &a.auth)?,
     };
     c.tls = a.auth.tls()?;

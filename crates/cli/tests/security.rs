@@ -371,9 +371,10 @@ async fn a_node_holding_only_its_credential_serves_under_tickets_and_grants() {
     use crescent_proto::MasterResponse;
     let c = Cluster::start();
     c.client("admin", "").set_tenant_quota("t", 64 << 20).await.unwrap();
-    // A second node, given its credential file and no cluster secret (none in its environment either).
+    // A second node, given its own credential (`node:n2`, of which the embedded node knows nothing) and no
+    // cluster secret (none in its environment either).
     let cred_file = c.dir.path().join("node.credential");
-    write_secret(&cred_file, &c.credential("node", S1).to_text());
+    write_secret(&cred_file, &c.credential("node:n2", S1).to_text());
     let node = Proc::start(
         bin(),
         &[
@@ -413,7 +414,7 @@ async fn a_node_holding_only_its_credential_serves_under_tickets_and_grants() {
         .with_credential(Some(c.credential("tenant:t", S1).into()));
     let ticket = MasterRequest::DataTicket { segment };
     let Ok(MasterResponse::Ticket(sealed)) = conn.call(&ticket).await else { panic!("no ticket") };
-    assert_eq!(sealed.host, "node");
+    assert_eq!(sealed.host, "node:n2", "sealed for the node's own credential");
     let anon = MasterConnection::new(&c.master(), other, PeerRole::Client, 1, DEADLINE)
         .with_credential(Some(c.credential("tenant:u", S1).into()));
     assert_eq!(
@@ -421,7 +422,7 @@ async fn a_node_holding_only_its_credential_serves_under_tickets_and_grants() {
         ErrorCode::SegmentNotFound
     );
     // The node's credential opens nothing at the master beyond a node's rights.
-    let as_node = c.client_with(Some(c.credential("node", S1)), "t");
+    let as_node = c.client_with(Some(c.credential("node:n2", S1)), "t");
     assert_eq!(code(as_node.get(&on_new_node[0].0).await), ErrorCode::PermissionDenied);
     assert_eq!(code(as_node.list_tenants().await), ErrorCode::PermissionDenied);
 }

@@ -1,7 +1,7 @@
 //! Authentication: the cluster secret, the credentials derived from it, and the MACs of the authenticated hello.
 //!
 //! One **cluster secret** (a file or an environment variable, never a flag: a flag shows in `ps`) is held by
-//! the master. Every other process holds a **credential**: a principal (`admin`, `node`, `tenant:NAME`) and the
+//! the master. Every other process holds a **credential**: a principal (`admin`, `node`, `node:NAME`, `tenant:NAME`) and the
 //! key `HMAC-SHA256(secret, "crescent/principal/v1\0" ‖ principal)`, so the master verifies any principal
 //! without a list of users, and a credential proves nothing beyond its principal. A [`Keyring`] holds one or two
 //! secrets: during a rotation both are valid (credentials derived from either are accepted, the first derives new
@@ -625,16 +625,17 @@ mod tests {
         let rotating = Keyring::parse(&format!("{S2}\n{S1}")).unwrap();
         let new = Keyring::parse(S2).unwrap();
         let t = transcript(Plane::Control, b"hello", &[7; AUTH_LEN]);
-        let cred = old.credential(Principal::Node);
+        let cred = old.credential(Principal::Node(None));
         let mac = cred.client_mac(&t);
-        let (proof, id) = verify_client(&rotating, &Principal::Node, &t, &mac).expect("the old secret is still valid");
+        let (proof, id) =
+            verify_client(&rotating, &Principal::Node(None), &t, &mac).expect("the old secret is still valid");
         assert!(cred.verify_server(&t, &proof.0), "the server proves itself with the key that matched");
         assert_eq!(id, SecretId::of(S1.as_bytes()), "and names the secret it matched");
         assert_ne!(id, SecretId::of(S2.as_bytes()));
-        assert!(verify_client(&new, &Principal::Node, &t, &mac).is_none(), "retired: refused");
+        assert!(verify_client(&new, &Principal::Node(None), &t, &mac).is_none(), "retired: refused");
         assert!(verify_client(&old, &Principal::Admin, &t, &mac).is_none(), "bound to its principal");
         let other = transcript(Plane::Control, b"hello", &[8; AUTH_LEN]);
-        assert!(verify_client(&old, &Principal::Node, &other, &mac).is_none(), "bound to the server's nonce");
+        assert!(verify_client(&old, &Principal::Node(None), &other, &mac).is_none(), "bound to the server's nonce");
         assert!(!cred.verify_server(&t, &mac), "a client's MAC is not a server's proof");
     }
 

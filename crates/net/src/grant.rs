@@ -181,7 +181,7 @@ mod tests {
     /// What the master seals a host's grants with, and the host's own keys.
     fn host(secret: &str) -> (HostKeys, NodeKeys) {
         let ring = Keyring::parse(secret).unwrap();
-        let principal = Principal::Node;
+        let principal = Principal::Node(None);
         (ring.host_keys(&principal, None), NodeKeys::fixed(ring.credential(principal)))
     }
 

@@ -358,10 +358,11 @@ mod tests {
         let secrets = ring("a cluster secret of some length");
         let tenant = Principal::Tenant(TenantId::new("a").unwrap());
         let cred = secrets.credential(tenant.clone());
-        let host = NodeKeys::fixed(secrets.credential(Principal::Node));
+        let host = NodeKeys::fixed(secrets.credential(Principal::Node(None)));
         let id = ClientId::random();
-        let keys = secrets.host_keys(&Principal::Node, None);
-        let ticket = cred.open_ticket(&secrets.issue_ticket(&Principal::Node, &keys, &tenant, None, id).unwrap(), id);
+        let keys = secrets.host_keys(&Principal::Node(None), None);
+        let ticket =
+            cred.open_ticket(&secrets.issue_ticket(&Principal::Node(None), &keys, &tenant, None, id).unwrap(), id);
         let at_host = Some(Verifier::Host(&host));
         let (client, server) = handshake_as(id, Plane::Data, Plane::Data, Some(&ticket), at_host).await;
         client.unwrap();
@@ -416,7 +417,7 @@ mod tests {
         assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
         assert!(matches!(server, Err(HandshakeError::Unauthenticated(AuthFailure::BadProof(Principal::Admin)))));
         // A server without the secret cannot pose as the cluster: the client refuses it.
-        let cred = secrets.credential(Principal::Node);
+        let cred = secrets.credential(Principal::Node(None));
         let (client, server) = handshake(Some(&cred), None).await;
         assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed);
         assert!(server.unwrap().is_some());
@@ -455,12 +456,12 @@ mod tests {
         let old = ring("the old secret of the cluster");
         let new = ring("the new secret of the cluster");
         let both = ring("the new secret of the cluster\nthe old secret of the cluster");
-        for cred in [old.credential(Principal::Node), new.credential(Principal::Node)] {
+        for cred in [old.credential(Principal::Node(None)), new.credential(Principal::Node(None))] {
             let (client, server) = handshake(Some(&cred), Some(&both)).await;
             client.unwrap();
-            assert_eq!(server.unwrap().unwrap().principal, Some(Principal::Node));
+            assert_eq!(server.unwrap().unwrap().principal, Some(Principal::Node(None)));
         }
-        let (client, _) = handshake(Some(&old.credential(Principal::Node)), Some(&new)).await;
+        let (client, _) = handshake(Some(&old.credential(Principal::Node(None))), Some(&new)).await;
         assert_eq!(refused_code(client), ErrorCode::AuthenticationFailed, "once retired, the old one is refused");
     }
 }

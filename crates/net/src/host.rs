@@ -420,14 +420,19 @@ mod tests {
     fn a_host_checks_the_grants_the_master_seals_for_it_and_no_other_hosts() {
         let ring = Keyring::parse(S1).unwrap();
         let (seg, bearer) = (SegmentId::random(), Bearer::new(node("tenant:a"), Some(ClientId::random())));
-        let a = NodeKeys::fixed(ring.credential(node("node")));
-        let b = NodeKeys::fixed(ring.credential(node("tenant:b")));
-        let for_a = ring.host_keys(&node("node"), None).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
+        let a = NodeKeys::fixed(ring.credential(node("node:a")));
+        let for_a = ring.host_keys(&node("node:a"), None).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
         assert_eq!(a.check_grant(GrantOp::Write, &seg, &bearer, Some(&for_a), 0, 64, 0), Ok(()));
-        assert_eq!(b.check_grant(GrantOp::Write, &seg, &bearer, Some(&for_a), 0, 64, 0), Err(GrantRefusal::Invalid));
-        // A host forging with its own keys is refused by another host.
-        let forged = HostKeys::of(&b.credential()).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
-        assert_eq!(a.check_grant(GrantOp::Write, &seg, &bearer, Some(&forged), 0, 64, 0), Err(GrantRefusal::Invalid));
+        // Every other host (another named node, the shared `node` credential, a tenant's store) refuses it, and a
+        // host forging with its own keys is refused by `a`.
+        for other in ["node:b", "node", "tenant:b"] {
+            let b = NodeKeys::fixed(ring.credential(node(other)));
+            let refused = b.check_grant(GrantOp::Write, &seg, &bearer, Some(&for_a), 0, 64, 0);
+            assert_eq!(refused, Err(GrantRefusal::Invalid), "{other}");
+            let forged = HostKeys::of(&b.credential()).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
+            let refused = a.check_grant(GrantOp::Write, &seg, &bearer, Some(&forged), 0, 64, 0);
+            assert_eq!(refused, Err(GrantRefusal::Invalid), "forged by {other}");
+        }
     }
 
     #[test]
@@ -451,8 +456,10 @@ mod tests {
         let other_id = client.open_ticket(&sealed, ClientId::random());
         assert!(host.verify_ticket(client.principal(), id, expires, &t, &other_id.client_mac(&t), 0).is_err());
         // The same ticket at another host, for another principal, with another expiry, or expired.
-        let other_host = NodeKeys::fixed(ring.credential(node("tenant:b")));
-        assert!(other_host.verify_ticket(client.principal(), id, expires, &t, &mac, 0).is_err());
+        for other in ["node:b", "tenant:b"] {
+            let other_host = NodeKeys::fixed(ring.credential(node(other)));
+            assert!(other_host.verify_ticket(client.principal(), id, expires, &t, &mac, 0).is_err(), "{other}");
+        }
         assert!(host.verify_ticket(&node("admin"), id, expires, &t, &mac, 0).is_err());
         assert!(host.verify_ticket(client.principal(), id, expires + 1, &t, &mac, 0).is_err());
         let late = host.verify_ticket(client.principal(), id, expires, &t, &mac, expires);

@@ -319,7 +319,7 @@ pub const AUTH_LEN: usize = 32;
 /// The client's half of an authenticated hello: who it claims to be and its fresh nonce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthHello {
-    /// The principal's text form (`admin`, `node`, `tenant:NAME`).
+    /// The principal's text form (`admin`, `node`, `node:NAME`, `tenant:NAME`).
     pub principal: String,
     /// Random per connection, so the server's proof cannot be replayed to another client.
     pub nonce: [u8; AUTH_LEN],

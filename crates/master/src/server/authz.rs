@@ -34,7 +34,7 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
     use MasterRequest as R;
     let tenant_of = match &caller.principal {
         Principal::Admin => return Ok(()),
-        Principal::Node => None,
+        Principal::Node(_) => None,
         Principal::Tenant(t) => Some(t),
     };
     let objects = |tenant: &str| match tenant_of {

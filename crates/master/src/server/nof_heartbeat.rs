@@ -57,7 +57,7 @@ impl Tickets for Minted {
         Box::pin(async move {
             let (_, keys) = keys.ok_or(TransferError::Refused(ErrorCode::SegmentNotFound))?;
             let expires = grant::unix_ms().saturating_add(TICKET_TTL.as_millis() as u64);
-            Ok(keys.ticket(&Principal::Node, self.id, expires))
+            Ok(keys.ticket(&Principal::Node(None), self.id, expires))
         })
     }
 
@@ -91,7 +91,7 @@ impl NofProber for TransferProber {
         let (client, endpoint) = (self.client.clone(), endpoint.to_owned());
         let grant = self.auth.as_ref().and_then(|a| {
             let (_, keys) = a.hosts.of_segment(&a.svc, segment)?;
-            let bearer = Bearer::new(Principal::Node, Some(self.id));
+            let bearer = Bearer::new(Principal::Node(None), Some(self.id));
             let ttl = self.client.config().io_timeout * 2;
             Some(keys.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, ttl, a.svc.epoch_ms()))
         });
