@@ -33,7 +33,7 @@ fn arg(name: &str, default: u64) -> u64 {
 
 fn segment(i: u64) -> SegmentRecord {
     let spec = crescent_testkit::segment_on(&format!("node{i}"), 16 * GIB, &format!("host{i}"));
-    SegmentRecord::new(ClientId::random(), &spec)
+    SegmentRecord::new(ClientId::random(), &spec, None)
 }
 
 fn object(i: u64, segments: &[SegmentRecord]) -> (String, ObjectRecord) {

@@ -15,7 +15,7 @@ use crescent_master::ha::{
 use crescent_master::server::{CandidateOptions, CandidateServer, MasterServer, NOT_LEADER};
 use crescent_master::service::{MasterConfig, MasterService};
 use crescent_master::snapshot::store::LocalDirStore;
-use crescent_proto::{ClientId, ReplicateConfig};
+use crescent_proto::{ClientId, ErrorCode, Principal, ReplicateConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,11 +92,13 @@ async fn a_standby_takes_over_with_the_durable_state_and_the_deposed_leader_is_f
     // The leader's writes; the standby applies them as they become durable.
     let svc_a = a.service().unwrap();
     let node = ClientId::random();
+    // The connection that mounts them proved `node:a` (an authenticating master's RPC server passes it).
+    let node_a: Principal = "node:a".parse().unwrap();
     let mut specs = Vec::new();
     for i in 0..3 {
         let mut s = crescent_testkit::segment_on(&format!("seg{i}"), 64 * MIB, &format!("host{i}"));
         s.endpoint = format!("127.0.0.1:{}", 9200 + i);
-        svc_a.mount_segment(node, s.clone()).unwrap();
+        svc_a.mount_segment_as(node, s.clone(), Some(&node_a)).unwrap();
         specs.push(s);
     }
     let writer = ClientId::random();
@@ -118,6 +120,11 @@ async fn a_standby_takes_over_with_the_durable_state_and_the_deposed_leader_is_f
     assert!(st.view_version > 1, "a newer view: {st:?}");
     let svc_b = b.service().unwrap();
     assert_eq!(without_pins(svc_b.metadata_view()), leader_view, "the new leader holds the durable metadata");
+    // ... including who mounted the node's segments, before the node reconnects: their host for grants and
+    // tickets, and the one principal that may act in the node's client id.
+    assert_eq!(svc_b.mounter(node), Some(node_a.clone()));
+    let thief: Principal = "tenant:x".parse().unwrap();
+    assert_eq!(svc_b.remount_segments_as(node, &specs, Some(&thief)), Err(ErrorCode::PermissionDenied));
     assert!(svc_b.stat("", "k1").is_ok() && svc_b.stat("", "k0").is_err(), "removals stay removed");
 
     // The deposed leader serves nothing, and its term's writer is stopped: its mutations are refused.
@@ -140,7 +147,7 @@ async fn a_standby_takes_over_with_the_durable_state_and_the_deposed_leader_is_f
     drop(svc_a);
 
     // The node remounts on the new leader, which writes on; the old one, now a standby, follows it.
-    svc_b.remount_segments(node, &specs).unwrap();
+    svc_b.remount_segments_as(node, &specs, Some(&node_a)).unwrap();
     put(&svc_b, writer, "after", 1234);
     let seq = durable(&svc_b).await;
     until(&a, "a follows b", |s| s.applied_seq == seq && s.leader == Some(b.advertised().to_string())).await;
@@ -181,7 +188,8 @@ async fn a_standby_bootstraps_from_the_newest_snapshot_over_a_compacted_log() {
     let node = ClientId::random();
     let mut s = crescent_testkit::segment_on("seg", 64 * MIB, "host");
     s.endpoint = "127.0.0.1:9300".into();
-    svc_a.mount_segment(node, s).unwrap();
+    let mounter: Principal = "node:n".parse().unwrap();
+    svc_a.mount_segment_as(node, s, Some(&mounter)).unwrap();
     let writer = ClientId::random();
     let storage = OpLogBatchStorage::new(kv.clone(), CLUSTER, StorageConfig::default()).unwrap();
     // Rounds of writes until a snapshot let the log's first batches be compacted away.
@@ -209,6 +217,7 @@ async fn a_standby_bootstraps_from_the_newest_snapshot_over_a_compacted_log() {
     coord.depose();
     until(&b, "b leads", HaStatus::is_leader).await;
     assert_eq!(without_pins(b.service().unwrap().metadata_view()), want);
+    assert_eq!(b.service().unwrap().mounter(node), Some(mounter), "the snapshot names the segment's mounter");
     a.shutdown().await;
     b.shutdown().await;
 }

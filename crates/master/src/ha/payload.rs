@@ -1,17 +1,21 @@
 //! The master's oplog vocabulary: what an [`OpLogEntry`]'s `op`, `tenant`, `key` and `payload` mean.
 //!
 //! A payload is one schema-version byte ([`PAYLOAD_VERSION`]) followed by the postcard encoding of the
-//! operation's body; nothing may follow the body. Ids are stored as their 16 raw bytes and enums as their wire
+//! operation's body; nothing may follow the body. Version 2 added the mounting principal to SEGMENT_MOUNT; this
+//! build still reads version 1 (the log a leader of the previous build wrote: its bodies are version 2's, but
+//! a mount's record names no principal). Ids are stored as their 16 raw bytes and enums as their wire
 //! numbers, so the bytes do not depend on how a Rust type happens to derive serde (the golden vectors below pin
 //! them).
 
 use crescent_ha::oplog::OpLogEntry;
-use crescent_proto::{ClientId, ObjectDataType, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
+use crescent_proto::{ClientId, ObjectDataType, Principal, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// The payload schema this build writes and reads.
-pub const PAYLOAD_VERSION: u8 = 1;
+/// The payload schema this build writes (and the newest it reads).
+pub const PAYLOAD_VERSION: u8 = 2;
+/// The oldest payload schema this build reads.
+pub const MIN_PAYLOAD_VERSION: u8 = 1;
 
 /// Operation codes (0 is reserved by the oplog: it would hide a zeroed field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,7 +69,7 @@ pub enum PayloadError {
     #[error("empty payload")]
     Empty,
     /// A payload schema this build does not read.
-    #[error("unsupported payload version {0} (this build reads {PAYLOAD_VERSION})")]
+    #[error("unsupported payload version {0} (this build reads {MIN_PAYLOAD_VERSION} to {PAYLOAD_VERSION})")]
     Version(u8),
     /// The body does not decode.
     #[error("payload body does not decode: {0}")]
@@ -138,11 +142,36 @@ pub struct SegmentRecord {
     pub kind: u8,
     /// Owner's host id.
     pub host: String,
+    /// The principal whose connection mounted it (text form; empty on a master that does not authenticate, or
+    /// in a version-1 record): the segment's host for grants and tickets, and the principal its owner's client
+    /// id belongs to, on whichever master replays the record (`server::hosts`, `server::claims`).
+    pub principal: String,
+}
+
+/// A version-1 SEGMENT_MOUNT body: [`SegmentRecord`] before it named the principal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRecordV1 {
+    client: [u8; 16],
+    id: [u8; 16],
+    name: String,
+    base: u64,
+    size: u64,
+    endpoint: String,
+    kind: u8,
+    host: String,
+}
+
+impl From<SegmentRecordV1> for SegmentRecord {
+    fn from(r: SegmentRecordV1) -> Self {
+        let SegmentRecordV1 { client, id, name, base, size, endpoint, kind, host } = r;
+        Self { client, id, name, base, size, endpoint, kind, host, principal: String::new() }
+    }
 }
 
 impl SegmentRecord {
-    /// The record of `spec` mounted by `client`.
-    pub fn new(client: ClientId, spec: &SegmentSpec) -> Self {
+    /// The record of `spec` mounted by `client`, whose connection proved `principal` (if the master
+    /// authenticates).
+    pub fn new(client: ClientId, spec: &SegmentSpec, principal: Option<&Principal>) -> Self {
         Self {
             client: *client.0.as_bytes(),
             id: *spec.id.0.as_bytes(),
@@ -152,7 +181,17 @@ impl SegmentRecord {
             endpoint: spec.endpoint.clone(),
             kind: kind_number(spec.kind),
             host: spec.host_id.clone(),
+            principal: principal.map(Principal::to_string).unwrap_or_default(),
         }
+    }
+
+    /// The mounting principal, if the record names one.
+    pub fn principal(&self) -> Result<Option<Principal>, PayloadError> {
+        if self.principal.is_empty() {
+            return Ok(None);
+        }
+        let p = self.principal.parse().map_err(|e| PayloadError::Invalid(format!("segment principal: {e}")))?;
+        Ok(Some(p))
     }
 
     /// The owner.
@@ -266,11 +305,18 @@ fn payload<T: Serialize>(body: &T) -> Vec<u8> {
     }
 }
 
-fn body<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, PayloadError> {
-    let (&version, rest) = bytes.split_first().ok_or(PayloadError::Empty)?;
-    if version != PAYLOAD_VERSION {
-        return Err(PayloadError::Version(version));
+/// The payload's schema version, if this build reads it.
+fn version(bytes: &[u8]) -> Result<u8, PayloadError> {
+    let &v = bytes.first().ok_or(PayloadError::Empty)?;
+    match (MIN_PAYLOAD_VERSION..=PAYLOAD_VERSION).contains(&v) {
+        true => Ok(v),
+        false => Err(PayloadError::Version(v)),
     }
+}
+
+fn body<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, PayloadError> {
+    version(bytes)?;
+    let rest = &bytes[1..];
     let (value, tail) = postcard::take_from_bytes(rest).map_err(|e| PayloadError::Body(e.to_string()))?;
     if !tail.is_empty() {
         return Err(PayloadError::Trailing(tail.len()));
@@ -320,8 +366,12 @@ impl MasterEntry {
                 Self::Remove { tenant, key }
             }
             OpCode::SegmentMount => {
-                let s: SegmentRecord = body(p)?;
+                let s: SegmentRecord = match version(p)? {
+                    1 => body::<SegmentRecordV1>(p)?.into(),
+                    _ => body(p)?,
+                };
                 s.spec()?;
+                s.principal()?;
                 check_key(&key, &s.id)?;
                 Self::SegmentMount(s)
             }
@@ -439,18 +489,22 @@ mod tests {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
 
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+    }
+
     /// The bytes are the format: a change here is a schema change (bump PAYLOAD_VERSION).
     #[test]
     fn golden_payload_bytes() {
         let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
         assert_eq!(put.op, 1);
-        // version 01; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
+        // version 02; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
         // tier 00; checksum Some(0xdeadbeef) = 01 + varint; group Some("g") = 01 01 67; hard pin 01; soft pin 00;
         // data type 01.
-        let expected = format!("01ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
+        let expected = format!("02ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
         assert_eq!(hex(&put.payload), expected);
         let rm = MasterEntry::Remove { tenant: "t".into(), key: "k".into() }.encode();
-        assert_eq!((rm.op, hex(&rm.payload)), (2, "01".to_owned()));
+        assert_eq!((rm.op, hex(&rm.payload)), (2, "02".to_owned()));
         let seg = SegmentRecord {
             client: [1; 16],
             id: [2; 16],
@@ -460,17 +514,22 @@ mod tests {
             endpoint: "h:1".into(),
             kind: 0,
             host: String::new(),
+            principal: "node:a".into(),
         };
-        let mount = MasterEntry::SegmentMount(seg).encode();
+        let mount = MasterEntry::SegmentMount(seg.clone()).encode();
         assert_eq!(mount.key, "02020202-0202-0202-0202-020202020202");
-        assert_eq!(
-            hex(&mount.payload),
-            format!("01{}{}016e00808040{}0000", "01".repeat(16), "02".repeat(16), "03683a31")
-        );
+        // ... kind 00, host "" 00, principal "node:a" 06 6e6f64653a61.
+        let v1 = format!("{}{}016e00808040{}0000", "01".repeat(16), "02".repeat(16), "03683a31");
+        assert_eq!(hex(&mount.payload), format!("02{v1}066e6f64653a61"));
+        // A version-1 mount (the previous build's) still decodes: it names no principal.
+        let mut old = mount.clone();
+        old.payload = unhex(&format!("01{v1}"));
+        let MasterEntry::SegmentMount(back) = MasterEntry::decode(&old).unwrap() else { panic!("not a mount") };
+        assert_eq!(back, SegmentRecord { principal: String::new(), ..seg });
         let upd = MasterEntry::SegmentUpdate(SegmentUpdate { id: [2; 16], status: 4, deadline_ms: 300 }).encode();
-        assert_eq!(hex(&upd.payload), format!("01{}04ac02", "02".repeat(16)));
+        assert_eq!(hex(&upd.payload), format!("02{}04ac02", "02".repeat(16)));
         let q = MasterEntry::TenantQuotaSet { tenant: "a".into(), quota: TenantQuota { bytes: 1 } }.encode();
-        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0101".to_owned()));
+        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0201".to_owned()));
     }
 
     #[test]
@@ -497,8 +556,10 @@ mod tests {
         e.op = 2;
         e.payload = vec![];
         assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Empty));
-        e.payload = vec![2];
-        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Version(2)));
+        e.payload = vec![PAYLOAD_VERSION + 1];
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Version(PAYLOAD_VERSION + 1)));
+        e.payload = vec![0];
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Version(0)));
         e.payload = vec![1, 0];
         assert_eq!(MasterEntry::decode(&e), Err(PayloadError::Trailing(1)));
         let mut put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
@@ -508,6 +569,19 @@ mod tests {
         bad.replicas[0].tier = 3;
         let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: bad }.encode();
         assert!(matches!(MasterEntry::decode(&put), Err(PayloadError::Invalid(_))));
+        let spec = SegmentSpec {
+            id: SegmentId::random(),
+            name: "n".into(),
+            base: 0,
+            size: 1 << 20,
+            endpoint: "h:1".into(),
+            kind: SegmentKind::Memory,
+            host_id: String::new(),
+        };
+        let mut seg = SegmentRecord::new(ClientId::random(), &spec, None);
+        seg.principal = "root".into();
+        let mount = MasterEntry::SegmentMount(seg).encode();
+        assert!(matches!(MasterEntry::decode(&mount), Err(PayloadError::Invalid(_))), "not a principal");
         let mut unmount = MasterEntry::SegmentUnmount(SegmentRef { id: [9; 16] }).encode();
         unmount.key = "other".into();
         assert!(matches!(MasterEntry::decode(&unmount), Err(PayloadError::Invalid(_))));

@@ -10,8 +10,12 @@
 //!
 //! Lock order: the claims mutex, then (in `alive`) the service's client table; nothing else under it.
 //!
-//! The table is this master's: after a failover the new leader's starts empty and the first connections claim
-//! again (their own clients reconnect first in practice, but nothing enforces it).
+//! The table is this master's: after a failover the new leader's starts empty. What carries over is the log's
+//! record of which principal mounted each client id's segments (`MasterService::mounter`): while such an id
+//! has a segment mounted, a connection of another principal naming it is refused as if that principal held a
+//! claim on it, so a node's id is its own on the new leader before the node reconnects. (An id that never
+//! mounted anything — a pure client's — is claimed afresh by whichever principal names it first; it reaches no
+//! data of another principal's that way: its objects are reached by tenant, not by client id.)
 
 use crescent_net::auth::SecretId;
 use crescent_proto::{ClientId, Principal};
@@ -70,12 +74,14 @@ pub struct Disputed {
 impl ClientClaims {
     /// Claims `client` for `principal` for the life of the returned guard (`None` for `admin`, which claims
     /// nothing). Refused while another principal holds it: one of its connections naming the id is open, or
-    /// `alive(client)` says the master still tracks the client.
+    /// `alive(client)` says the master still tracks the client, or (without a claim) `mounter`, the principal
+    /// the service knows mounted the id's segments (`admin` included), is another.
     pub fn claim(
         self: &Arc<Self>,
         client: ClientId,
         principal: &Principal,
         secret: Option<SecretId>,
+        mounter: Option<Principal>,
         alive: impl Fn(ClientId) -> bool,
     ) -> Result<Option<ClaimGuard>, Disputed> {
         let mut t = self.claims.lock();
@@ -95,6 +101,9 @@ impl ClientClaims {
                 c.secret = secret;
             }
             Some(c) if c.open > 0 || alive(client) => return Err(Disputed { holder: c.principal.clone() }),
+            _ if mounter.as_ref().is_some_and(|m| m != principal) => {
+                return Err(Disputed { holder: mounter.unwrap_or(Principal::Admin) });
+            }
             _ => {
                 t.by_client.insert(client, Claim { principal: principal.clone(), secret, open: 1 });
             }
@@ -126,43 +135,59 @@ mod tests {
         let claims = Arc::new(ClientClaims::default());
         let id = ClientId::random();
         let dead = |_| false;
-        let a = claims.claim(id, &p("tenant:a"), None, dead).unwrap();
+        let a = claims.claim(id, &p("tenant:a"), None, None, dead).unwrap();
         assert!(a.is_some());
         assert_eq!(claims.host(id), Some((p("tenant:a"), None)), "a hosts what this id mounts");
         // Another principal is refused while a's connection is open, alive or not.
-        assert_eq!(claims.claim(id, &p("tenant:b"), None, dead).unwrap_err(), Disputed { holder: p("tenant:a") });
-        assert!(claims.claim(id, &p("node"), None, dead).is_err());
+        assert_eq!(claims.claim(id, &p("tenant:b"), None, None, dead).unwrap_err(), Disputed { holder: p("tenant:a") });
+        assert!(claims.claim(id, &p("node"), None, None, dead).is_err());
         // The same principal may open more connections; admin claims nothing and is never refused.
-        let a2 = claims.claim(id, &p("tenant:a"), None, dead).unwrap();
-        assert!(claims.claim(id, &p("admin"), None, dead).unwrap().is_none());
+        let a2 = claims.claim(id, &p("tenant:a"), None, None, dead).unwrap();
+        assert!(claims.claim(id, &p("admin"), None, None, dead).unwrap().is_none());
         assert_eq!(claims.host(id).unwrap().0, p("tenant:a"), "admin naming the id takes nothing from a");
         let admins = ClientId::random();
-        assert!(claims.claim(admins, &p("admin"), None, dead).unwrap().is_none());
+        assert!(claims.claim(admins, &p("admin"), None, None, dead).unwrap().is_none());
         assert_eq!(claims.host(admins), Some((Principal::Admin, None)));
         drop(a);
-        assert!(claims.claim(id, &p("tenant:b"), None, dead).is_err(), "a's second connection still holds it");
+        assert!(claims.claim(id, &p("tenant:b"), None, None, dead).is_err(), "a's second connection still holds it");
         drop(a2);
         // Every connection closed, but the master still tracks the client: still a's.
-        assert!(claims.claim(id, &p("tenant:b"), None, |_| true).is_err());
+        assert!(claims.claim(id, &p("tenant:b"), None, None, |_| true).is_err());
         // Forgotten by the master: free to claim again.
-        let b = claims.claim(id, &p("tenant:b"), None, dead).unwrap();
+        let b = claims.claim(id, &p("tenant:b"), None, None, dead).unwrap();
         assert!(b.is_some());
-        assert_eq!(claims.claim(id, &p("tenant:a"), None, dead).unwrap_err(), Disputed { holder: p("tenant:b") });
+        assert_eq!(claims.claim(id, &p("tenant:a"), None, None, dead).unwrap_err(), Disputed { holder: p("tenant:b") });
+    }
+
+    #[test]
+    fn a_client_id_whose_segments_a_principal_mounted_is_that_ones_before_it_connects() {
+        // A new leader: no claim yet, but the log says node:a mounted this id's segments.
+        let claims = Arc::new(ClientClaims::default());
+        let (id, dead) = (ClientId::random(), |_| false);
+        let refused = claims.claim(id, &p("tenant:b"), None, Some(p("node:a")), dead);
+        assert_eq!(refused.unwrap_err(), Disputed { holder: p("node:a") });
+        assert!(claims.claim(id, &p("node:b"), None, Some(p("node:a")), dead).is_err(), "another node's too");
+        assert!(claims.claim(id, &p("admin"), None, Some(p("node:a")), dead).unwrap().is_none(), "admin may");
+        let a = claims.claim(id, &p("node:a"), None, Some(p("node:a")), dead).unwrap();
+        assert!(a.is_some(), "its mounter claims it");
+        // Segments an admin connection mounted are admin's: nobody else may name the id either.
+        let admins = ClientId::random();
+        assert!(claims.claim(admins, &p("tenant:b"), None, Some(Principal::Admin), dead).is_err());
     }
 
     #[test]
     fn released_claims_of_forgotten_clients_are_swept() {
         let claims = Arc::new(ClientClaims::default());
         for _ in 0..2000 {
-            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, |_| false).unwrap());
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, None, |_| false).unwrap());
         }
         assert!(claims.claims.lock().by_client.len() <= 1024, "the table stays bounded");
         // A held claim survives every sweep.
         let id = ClientId::random();
-        let _held = claims.claim(id, &p("tenant:a"), None, |_| false).unwrap();
+        let _held = claims.claim(id, &p("tenant:a"), None, None, |_| false).unwrap();
         for _ in 0..2000 {
-            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, |_| false).unwrap());
+            drop(claims.claim(ClientId::random(), &p("tenant:a"), None, None, |_| false).unwrap());
         }
-        assert!(claims.claim(id, &p("tenant:b"), None, |_| false).is_err());
+        assert!(claims.claim(id, &p("tenant:b"), None, None, |_| false).is_err());
     }
 }

@@ -113,6 +113,12 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             | R::SetLocalSsdOffloading { client, .. }
             | R::LocalSsdStatus { client: Some(client) },
         ) => explain_local_ssd(req, *client, code),
+        (ErrorCode::PermissionDenied, R::MountSegment { client, .. } | R::RemountSegments { client, .. }) => {
+            match svc.mounter(*client) {
+                Some(holder) => format!("client {client}'s segments are {holder}'s: another principal mounts none"),
+                None => format!("client {client}'s segments are another principal's"),
+            }
+        }
         (_, R::MountSegment { client, spec }) => mount_refusal(svc, *client, std::slice::from_ref(spec)),
         (_, R::RemountSegments { client, specs }) => mount_refusal(svc, *client, &specs.0),
         _ => String::new(),

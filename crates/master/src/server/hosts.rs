@@ -2,10 +2,11 @@
 //! seal that segment's grants and issue tickets to it with. No host holds the cluster secret; each derives its
 //! keys from its own credential, which the master derives from the secret.
 //!
-//! A segment's host is the principal whose connection claimed the client id that mounted it (`server::claims`),
-//! under the secret that connection proved (so during a rotation a host that still proves the old secret gets
-//! grants it can check). A segment whose owner has no claim on this master (after a failover, until the owner
-//! reconnects) gets no grant and no ticket: its transfers are refused until then.
+//! A segment's host is the principal whose connection mounted it (`MasterService::mounter`, logged with the
+//! segment, so a new leader knows it from the log), else the one whose connection claimed the client id that
+//! mounted it (`server::claims`), under the secret that connection proved (so during a rotation a host that
+//! still proves the old secret gets grants it can check; a host that has not connected to this master yet gets
+//! them under the current secret).
 
 use super::claims::ClientClaims;
 use crate::service::MasterService;
@@ -49,7 +50,12 @@ impl Hosts {
     /// The host of `segment` as `svc` knows its owner: its principal, and the keys it holds.
     pub fn of_segment(&self, svc: &MasterService, segment: SegmentId) -> Option<(Principal, Arc<HostKeys>)> {
         let owner = svc.pool().owner(segment)?;
-        let (principal, secret) = self.claims.host(owner)?;
+        let (principal, secret) = match (svc.mounter(owner), self.claims.host(owner)) {
+            (Some(mounter), Some((claimant, secret))) if mounter == claimant => (mounter, secret),
+            // Not connected to this master yet (a failover): its keys of the current secret.
+            (Some(mounter), _) => (mounter, None),
+            (None, claim) => claim?,
+        };
         let keys = self.keys(&principal, secret);
         Some((principal, keys))
     }

@@ -26,7 +26,7 @@ use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_net::{ServerHandle, Shutdown};
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
-use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, SegmentId, batch};
+use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, Principal, SegmentId, batch};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -121,10 +121,15 @@ fn batch_failed<T>(v: &[Result<T, ErrorCode>]) -> bool {
 /// Runs one request against the service. Per-key problems (an oversized key) fail only their own slot; a
 /// failed request's reply says why in words.
 pub fn dispatch(svc: &MasterService, req: &MasterRequest) -> MasterReply {
-    answer(svc, req).map_err(|code| ErrorFrame { code, message: super::explain::explain(svc, req, code) })
+    dispatch_by(svc, req, None)
 }
 
-fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, ErrorCode> {
+/// [`dispatch`] for a caller that proved `by` (mounts record it: `MasterService::mount_segment_as`).
+pub fn dispatch_by(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> MasterReply {
+    answer(svc, req, by).map_err(|code| ErrorFrame { code, message: super::explain::explain(svc, req, code) })
+}
+
+fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> Result<MasterResponse, ErrorCode> {
     use MasterRequest as R;
     use MasterResponse as A;
     match req {
@@ -132,8 +137,8 @@ fn answer(svc: &MasterService, req: &MasterRequest) -> Result<MasterResponse, Er
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
         // Answered at the network edge (`serve`), which holds the keys; the service has none.
         R::DataTicket { .. } => Err(ErrorCode::InvalidParams),
-        R::MountSegment { client, spec } => svc.mount_segment(*client, spec.clone()).map(|()| A::Done),
-        R::RemountSegments { client, specs } => svc.remount_segments(*client, &specs.0).map(|()| A::Done),
+        R::MountSegment { client, spec } => svc.mount_segment_as(*client, spec.clone(), by).map(|()| A::Done),
+        R::RemountSegments { client, specs } => svc.remount_segments_as(*client, &specs.0, by).map(|()| A::Done),
         R::UnmountSegment { client, segment } => svc.unmount_own_segment(*client, *segment).map(|()| A::Done),
         R::GracefulUnmount { client, segment, grace_ms } => {
             svc.graceful_unmount_segment(*segment, *client, Duration::from_millis(*grace_ms)).map(|()| A::Done)
@@ -427,9 +432,12 @@ fn claim(shared: &Shared, caller: Option<Caller>, peer: SocketAddr) -> (Option<C
     let Some(mut caller) = caller else { return (None, None) };
     let Some(client) = caller.client else { return (Some(caller), None) };
     let Some(hosts) = &shared.hosts else { return (Some(caller), None) };
-    // A client the current term's service still tracks keeps its claim after its connections close.
-    let alive = |id| shared.target.route().is_ok_and(|svc| svc.tracks_client(id));
-    match hosts.claims().claim(client, &caller.principal, caller.secret, alive) {
+    // A client the current term's service still tracks keeps its claim after its connections close; one whose
+    // segments the service knows another principal mounted (from the log, after a failover) is that one's.
+    let svc = shared.target.route().ok();
+    let alive = |id| svc.as_ref().is_some_and(|svc| svc.tracks_client(id));
+    let mounter = svc.as_ref().and_then(|svc| svc.mounter(client));
+    match hosts.claims().claim(client, &caller.principal, caller.secret, mounter, alive) {
         Ok(guard) => (Some(caller), guard),
         Err(d) => {
             let why = AuthFailure::ClientIdHeld { principal: caller.principal.clone(), client, holder: d.holder };
@@ -707,10 +715,12 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                         };
                         Err(ErrorFrame { code, message })
                     })
-                } else if multi_thread && may_block(&svc, &body) {
-                    tokio::task::block_in_place(|| dispatch(&svc, &body))
                 } else {
-                    dispatch(&svc, &body)
+                    let by = caller.as_ref().map(|c| &c.principal);
+                    match multi_thread && may_block(&svc, &body) {
+                        true => tokio::task::block_in_place(|| dispatch_by(&svc, &body, by)),
+                        false => dispatch_by(&svc, &body, by),
+                    }
                 };
                 owe(&mut owed, &svc, hold, shared);
                 if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {

@@ -194,6 +194,10 @@ impl MasterService {
                 let consumed = consumed_for(length).min(limit - offset);
                 allocations.push(SnapshotAllocation { offset, consumed, requested: length });
             }
+            // Checked when decoded (log and snapshot); an unreadable one names nobody.
+            if let Ok(Some(p)) = rec.principal() {
+                self.mounters.restore(rec.client_id(), p);
+            }
             regions.push(RegionReadView {
                 alloc: RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations }),
                 spec,
@@ -283,7 +287,8 @@ impl MasterService {
         let now = self.clock.now();
         let mut state = ReplayState::default();
         for r in self.pool.snapshot_view().regions {
-            state.segments.insert(r.spec.id, crate::ha::SegmentRecord::new(r.client, &r.spec));
+            let record = crate::ha::SegmentRecord::new(r.client, &r.spec, self.mounters.get(r.client).as_ref());
+            state.segments.insert(r.spec.id, record);
         }
         for t in self.tenants.all() {
             let tenant = t.id().to_string();

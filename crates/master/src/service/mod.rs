@@ -5,12 +5,14 @@
 //!
 //! Lock order (outermost first): group members lock → object lock → (pool shared lock → allocator mutex) only
 //! for placement, which runs with no metadata lock held. Route shard locks are leaf locks. The client table,
-//! the discard queue and the quota-policy mutex are never held while taking any other lock.
+//! the discard queue and the quota-policy mutex are never held while taking any other lock; the mounters' table
+//! only the pool's shared lock (its sweep).
 
 mod clients;
 mod discard;
 pub(crate) mod ha;
 pub mod listing;
+mod mounters;
 mod nof_health;
 mod read;
 mod remove;
@@ -224,6 +226,8 @@ pub struct MasterService {
     /// Requested quotas (multi-tenant mode); recomputation serialises on this lock.
     policies: Mutex<QuotaPolicies>,
     clients: clients::ClientTable,
+    /// The principal that mounted each client id's segments (an authenticating master's; logged with them).
+    mounters: mounters::Mounters,
     discards: discard::DiscardQueue,
     /// Segments reported unreachable, waiting for the master's probe (`verify_unreachable_reports`).
     reported: Mutex<std::collections::BTreeSet<crescent_proto::SegmentId>>,
@@ -282,6 +286,7 @@ impl MasterService {
             tenants: TenantRegistry::default(),
             policies: Mutex::new(QuotaPolicies::default()),
             clients: clients::ClientTable::default(),
+            mounters: mounters::Mounters::default(),
             discards: discard::DiscardQueue::default(),
             reported: Mutex::default(),
             nof_health,

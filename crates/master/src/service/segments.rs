@@ -5,7 +5,7 @@ use super::{MasterService, NofProbe};
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome};
 use crescent_proto::{
-    ClientId, ClientStatus, ClusterInfo, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
+    ClientId, ClientStatus, ClusterInfo, ErrorCode, Principal, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
 };
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
@@ -16,15 +16,28 @@ impl MasterService {
         self.clock.now().saturating_add(Duration::from_millis(self.config.client_ttl_ms))
     }
 
-    /// MountSegment: idempotent for an identical segment. Starts the client's TTL; `Ping` keeps answering
-    /// `NEED_REMOUNT` until the client remounts.
+    /// MountSegment on a master that does not authenticate: [`Self::mount_segment_as`] by nobody.
     pub fn mount_segment(&self, client: ClientId, spec: SegmentSpec) -> Result<(), ErrorCode> {
+        self.mount_segment_as(client, spec, None)
+    }
+
+    /// MountSegment: idempotent for an identical segment. Starts the client's TTL; `Ping` keeps answering
+    /// `NEED_REMOUNT` until the client remounts. `by`: the principal the connection proved (an authenticating
+    /// master's), logged with the segment; `PERMISSION_DENIED` while another principal's segments are mounted
+    /// in `client`'s name.
+    pub fn mount_segment_as(
+        &self,
+        client: ClientId,
+        spec: SegmentSpec,
+        by: Option<&Principal>,
+    ) -> Result<(), ErrorCode> {
         let host = spec.host_id.clone();
         let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
+        self.admit_mounter(client, by)?;
         let slot = self.reserve_oplog()?;
-        let record = slot.is_some().then(|| crate::ha::SegmentRecord::new(client, &spec));
+        let record = slot.is_some().then(|| crate::ha::SegmentRecord::new(client, &spec, by));
         self.clients.touch(client, self.liveness_deadline());
-        self.drop_replaced_instances(client, std::slice::from_ref(&spec));
+        self.drop_replaced_instances(client, std::slice::from_ref(&spec), by);
         let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
         if let (Some(slot), Some(record), MountOutcome::Mounted) = (slot, record, outcome) {
             slot.commit(crate::ha::MasterEntry::SegmentMount(record), None);
@@ -44,9 +57,20 @@ impl MasterService {
         Ok(())
     }
 
-    /// ReMountSegment: re-adopts (or mounts) all of a client's segments after `NEED_REMOUNT`; afterwards
-    /// `Ping` answers `OK`. All or nothing.
+    /// ReMountSegment on a master that does not authenticate: [`Self::remount_segments_as`] by nobody.
     pub fn remount_segments(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<(), ErrorCode> {
+        self.remount_segments_as(client, specs, None)
+    }
+
+    /// ReMountSegment: re-adopts (or mounts) all of a client's segments after `NEED_REMOUNT`; afterwards
+    /// `Ping` answers `OK`. All or nothing. `by` as for [`Self::mount_segment_as`].
+    pub fn remount_segments_as(
+        &self,
+        client: ClientId,
+        specs: &[SegmentSpec],
+        by: Option<&Principal>,
+    ) -> Result<(), ErrorCode> {
+        self.admit_mounter(client, by)?;
         // One slot per segment that may be mounted anew (re-adopted ones are in the log already).
         let mut slots = Vec::new();
         if self.oplog.get().is_some() {
@@ -54,12 +78,13 @@ impl MasterService {
                 slots.extend(self.reserve_oplog()?);
             }
         }
-        self.drop_replaced_instances(client, specs);
+        self.drop_replaced_instances(client, specs, by);
         let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
         for id in &report.mounted {
             self.nof_health.forget(*id);
             if let (Some(slot), Some(spec)) = (slots.pop(), specs.iter().find(|s| s.id == *id)) {
-                slot.commit(crate::ha::MasterEntry::SegmentMount(crate::ha::SegmentRecord::new(client, spec)), None);
+                let record = crate::ha::SegmentRecord::new(client, spec, by);
+                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None);
             }
         }
         self.clients.mark_remounted(client, self.liveness_deadline());
@@ -73,13 +98,33 @@ impl MasterService {
         Ok(())
     }
 
+    /// `by` may mount segments in `client`'s name: no other principal's are mounted in it (`server::claims`
+    /// keeps another principal's connections from naming the id at all; this holds after a failover too, from
+    /// the log, before the id's owner reconnects).
+    fn admit_mounter(&self, client: ClientId, by: Option<&Principal>) -> Result<(), ErrorCode> {
+        let Some(by) = by else { return Ok(()) };
+        self.mounters.admit(client, by, |c| !self.pool.client_segments(c).is_empty()).map_err(|holder| {
+            tracing::warn!(%client, principal = %by, %holder, "mount refused: the client id's segments are another principal's");
+            ErrorCode::PermissionDenied
+        })
+    }
+
+    /// The principal that mounted `client`'s segments, on a master that authenticates (from the log after a
+    /// failover or restart): their host, whose keys seal their grants and tickets.
+    pub fn mounter(&self, client: ClientId) -> Option<Principal> {
+        self.mounters.get(client)
+    }
+
     /// A node instance that mounts at an endpoint proves that the instance which served there before is gone
     /// with its memory (a node's client id is its incarnation: random per process start; one process at a time
     /// listens on an endpoint). That instance's memory segments are unmounted at once, whatever their status —
     /// one killed and restarted within its TTL is still OK here — so their objects are dropped rather than ever
     /// served stale or left listed but unreadable. Not NoF segments: their endpoint is a shared storage target
-    /// that several clients mount ranges of.
-    fn drop_replaced_instances(&self, client: ClientId, specs: &[SegmentSpec]) {
+    /// that several clients mount ranges of. On a master that authenticates, only segments the same principal
+    /// mounted: naming another host's endpoint drops nothing of its (a stale segment of another principal left
+    /// behind expires with its owner; its grants are sealed for that principal, so the endpoint's new server
+    /// refuses them rather than serving its own bytes).
+    fn drop_replaced_instances(&self, client: ClientId, specs: &[SegmentSpec], by: Option<&Principal>) {
         let replaced: Vec<_> = self
             .pool
             .segments()
@@ -87,6 +132,7 @@ impl MasterService {
             .filter(|s| {
                 s.client != client
                     && s.spec.kind == SegmentKind::Memory
+                    && by.is_none_or(|p| self.mounters.get(s.client).as_ref() == Some(p))
                     // A mount of the same segment id is a conflict to refuse, not a restart.
                     && specs.iter().any(|n| {
                         n.endpoint == s.spec.endpoint && n.kind == SegmentKind::Memory && n.id != s.spec.id

@@ -11,6 +11,7 @@
 //! master starts without them, as a replayed log does.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
+//! This build writes version 3 and reads 2 and 3 (version 3's segments name their mounting principal).
 //! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients; segments, tenants and
 //! keys strictly ascending, so duplicates are impossible and the bytes are canonical; every object and segment
 //! record as the oplog decoder checks them); the pool's restore validates the regions against each other and
@@ -24,7 +25,7 @@ pub mod store;
 
 use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
-use crate::ha::payload::check_object;
+use crate::ha::payload::{SegmentRecordV1, check_object};
 use crate::ha::{ObjectRecord, ReplayState, SegmentRecord};
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
@@ -33,9 +34,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 const MAGIC: &[u8; 4] = b"CSNP";
-/// The format version this build writes and reads.
-/// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]).
-pub const VERSION: u16 = 2;
+/// The format version this build writes (and the newest it reads).
+/// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]); version 3 the principal
+/// that mounted each segment (SEGMENT_MOUNT's payload version 2).
+pub const VERSION: u16 = 3;
+/// The oldest format version this build reads.
+pub const MIN_VERSION: u16 = 2;
 /// Bytes before the body: magic, version, checksum.
 pub const HEADER_LEN: usize = 4 + 2 + 4;
 
@@ -69,7 +73,7 @@ pub enum SnapshotError {
     #[error("not a master snapshot (bad magic or truncated header)")]
     BadHeader,
     /// Written by a format this build does not read.
-    #[error("unsupported master snapshot version {0} (this build reads {VERSION})")]
+    #[error("unsupported master snapshot version {0} (this build reads {MIN_VERSION} to {VERSION})")]
     UnsupportedVersion(u16),
     /// The body does not match its checksum.
     #[error("master snapshot checksum mismatch")]
@@ -132,13 +136,14 @@ struct WireTenant<'a> {
     objects: Vec<WireObject<'a>>,
 }
 
+/// `S`: the segment record of the format version (version 2's [`SegmentRecordV1`]).
 #[derive(Serialize, Deserialize)]
-struct WireMetadata<'a> {
+struct WireMetadata<'a, S: Clone = SegmentRecord> {
     last_seq: u64,
     batch_id: u64,
     producer_view: u64,
     /// Ids ascending.
-    segments: Vec<std::borrow::Cow<'a, SegmentRecord>>,
+    segments: Vec<std::borrow::Cow<'a, S>>,
     /// `None`: no tenant policy was ever logged (distinct from an empty set).
     policies: Option<Vec<(String, u64)>>,
     /// Tenants ascending; none empty.
@@ -147,12 +152,12 @@ struct WireMetadata<'a> {
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireSnapshot<'a> {
+struct WireSnapshot<'a, S: Clone = SegmentRecord> {
     regions: Vec<WireRegion>,
     cxl_window: Option<WireAllocator>,
     local_ssd: Vec<WireLocalSsd>,
     #[serde(borrow)]
-    metadata: Option<WireMetadata<'a>>,
+    metadata: Option<WireMetadata<'a, S>>,
 }
 
 impl From<&AllocatorSnapshot> for WireAllocator {
@@ -223,7 +228,7 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
         return Err(SnapshotError::BadHeader);
     }
     let version = u16::from_le_bytes([payload[4], payload[5]]);
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let crc = u32::from_le_bytes([payload[6], payload[7], payload[8], payload[9]]);
@@ -231,7 +236,19 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
     if crc32c::crc32c(body) != crc {
         return Err(SnapshotError::Checksum);
     }
-    let (wire, rest): (WireSnapshot, _) =
+    match version {
+        2 => decode_body::<SegmentRecordV1>(body),
+        _ => decode_body::<SegmentRecord>(body),
+    }
+}
+
+/// Decodes a body whose segment records are `S`s.
+fn decode_body<'a, S>(body: &'a [u8]) -> Result<MasterSnapshotView, SnapshotError>
+where
+    S: Clone + Into<SegmentRecord> + 'a,
+    WireSnapshot<'a, S>: Deserialize<'a>,
+{
+    let (wire, rest): (WireSnapshot<'a, S>, _) =
         postcard::take_from_bytes(body).map_err(|e| SnapshotError::Corrupt(format!("decode: {e}")))?;
     if !rest.is_empty() {
         return Err(SnapshotError::Corrupt(format!("{} bytes follow the body", rest.len())));
@@ -296,19 +313,23 @@ fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
 }
 
 /// Checks and folds the wire metadata back into a state; any record the oplog decoder would refuse is refused.
-fn metadata_from_wire(w: WireMetadata<'_>) -> Result<SnapshotMetadata, SnapshotError> {
+fn metadata_from_wire<S: Clone + Into<SegmentRecord>>(
+    w: WireMetadata<'_, S>,
+) -> Result<SnapshotMetadata, SnapshotError> {
     if (w.batch_id == 0) != (w.last_seq == 0) {
         return Err(corrupt(format!("position batch {} / seq {} is inconsistent", w.batch_id, w.last_seq)));
     }
     let mut segments = BTreeMap::new();
     let mut last_id: Option<crescent_proto::SegmentId> = None;
     for s in w.segments {
+        let s: SegmentRecord = s.into_owned().into();
         let spec = s.spec().map_err(|e| corrupt(format!("segment: {e}")))?;
+        s.principal().map_err(|e| corrupt(format!("segment {}: {e}", spec.id)))?;
         if last_id.is_some_and(|prev| prev >= spec.id) {
             return Err(corrupt(format!("segment {} is out of order or repeated", spec.id)));
         }
         last_id = Some(spec.id);
-        segments.insert(spec.id, s.into_owned());
+        segments.insert(spec.id, s);
     }
     let policies = match w.policies {
         None => None,
