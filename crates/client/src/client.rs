@@ -313,8 +313,8 @@ impl Unreached {
 }
 
 /// A single read's outcome, or `None` for one more try: a read that outlived its lease (it waited on a stalled
-/// node, say) fetches the replica list again, once.
-fn once_more_on_lease_expiry<T>(
+/// node, say) or whose grant a node refused as expired fetches the replica list again, once.
+fn once_more_on_expiry<T>(
     key: &str,
     read: Result<T, ClientError>,
     refetched: &mut bool,
@@ -322,6 +322,13 @@ fn once_more_on_lease_expiry<T>(
     match read {
         Err(ClientError::LeaseExpired { .. }) if !*refetched => {
             tracing::debug!(key, "read outlived its lease; fetching the replica list again");
+            *refetched = true;
+            None
+        }
+        // A node refused the grant as expired: clocks apart, or the node has honoured a newer master term's
+        // grants (a failover since the list was fetched). The current master's list carries fresh ones.
+        Err(e) if e.code() == ErrorCode::GrantExpired && !*refetched => {
+            tracing::debug!(key, error = %e, "a node refused the read's grant as expired; fetching the replica list again");
             *refetched = true;
             None
         }
@@ -744,8 +751,9 @@ impl Client {
     /// Reads an object into a new buffer (striped over the node's lanes, checksummed as stripes land).
     ///
     /// A replica whose node fails or does not answer within the request timeout gives way to the next one; a
-    /// read that outlives its lease (it waited on a stalled node, say) fetches the replica list once more and
-    /// reads again rather than failing with `LEASE_EXPIRED`.
+    /// read that outlives its lease (it waited on a stalled node, say), or whose grant a node refuses as expired
+    /// (a master failover since), fetches the replica list once more and reads again rather than failing with
+    /// `LEASE_EXPIRED` or `GRANT_EXPIRED`.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, ClientError> {
         let unreached = Unreached::default();
         let mut refetched = false;
@@ -852,7 +860,7 @@ impl Client {
     ) -> Option<Result<T, ClientError>> {
         self.release_leases(&[key]).await;
         self.report_unreachable(unreached.unreported()).await;
-        once_more_on_lease_expiry(key, read, refetched)
+        once_more_on_expiry(key, read, refetched)
     }
 
     /// Reads the object `list` describes into the start of `buf` (which must hold it); returns its size.
@@ -1198,5 +1206,28 @@ impl Client {
     pub async fn local_ssd_status(&self, client: Option<ClientId>) -> Result<Vec<LocalSsdInfo>, ClientError> {
         let pick = |r| if let MasterResponse::LocalSsd(v) = r { Some(v) } else { None };
         self.inner.master.call_expect(&MasterRequest::LocalSsdStatus { client }, pick).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_is_tried_once_more_when_its_lease_or_grant_expired_and_never_twice() {
+        let expired_grant = || -> Result<(), ClientError> {
+            Err(ClientError::Refused(ErrorFrame { code: ErrorCode::GrantExpired, message: "expired".into() }))
+        };
+        let lease = || -> Result<(), ClientError> { Err(ClientError::LeaseExpired { key: "k".into(), lease_ms: 5 }) };
+        for first in [expired_grant(), lease()] {
+            let mut refetched = false;
+            assert!(once_more_on_expiry("k", first, &mut refetched).is_none(), "tried once more");
+            let again = once_more_on_expiry("k", expired_grant(), &mut refetched);
+            assert_eq!(again.and_then(Result::err).map(|e| e.code()), Some(ErrorCode::GrantExpired), "not twice");
+        }
+        let mut refetched = false;
+        let denied = Err::<(), _>(ClientError::Code(ErrorCode::PermissionDenied));
+        assert!(once_more_on_expiry("k", denied, &mut refetched).is_some(), "other refusals are final");
+        assert!(matches!(once_more_on_expiry("k", Ok(()), &mut refetched), Some(Ok(()))));
     }
 }
