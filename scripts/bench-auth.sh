@@ -7,11 +7,13 @@
 # `off` ("/off"), and the median of the per-round ratios ("paired": each round runs every mode back to back).
 # MODES (default off,on,tls): `off` no secret, no TLS; `on` a cluster secret (every connection authenticated,
 # every transfer under a master-sealed grant); `tls` the secret and TLS with client certificates on every
-# connection (`crescent certs`). Each round starts with the next mode in turn, so none always follows another.
-# Before the rounds each cluster's segment is written over once (segments are backed lazily, and a first touch
-# of fresh pages would be charged to whichever round comes first).
+# connection (`crescent certs`); `tcp` (below) `off` without the same-host shortcut, which TLS forgoes. Each round starts with the next mode in turn, so none always follows another.
+# Every round runs on fresh clusters (one segment of CRESCENT_BENCH_SEGMENT, default 1GiB, fully backed first).
 set -euo pipefail
 secs=${1:-5}
+# Each cluster's one segment (fully backed before its run: smaller starts faster).
+segment=${CRESCENT_BENCH_SEGMENT:-1GiB}
+segment_kib=$(($(numfmt --from=iec "${segment%iB}") >> 10))
 rounds=${2:-3}
 conc=${3:-1}
 IFS=, read -r -a sizes <<<"${4:-4KiB,1MiB,4MiB}"
@@ -47,7 +49,7 @@ start() {
 (umask 077 && "$bin" secret >"$work/secret")
 "$bin" certs "$work/pki" >/dev/null
 # What each mode's servers are given, and its clients' environment.
-declare -A flags envs master
+declare -A flags envs master args
 flags[off]=""
 envs[off]=""
 flags[on]="--secret-file $work/secret"
@@ -56,19 +58,36 @@ flags[tls]="${flags[on]} --tls-cert $work/pki/cert.pem --tls-key $work/pki/key.p
     --tls-client-ca $work/pki/ca.pem"
 envs[tls]="${envs[on]} CRESCENT_TLS_CA=$work/pki/ca.pem CRESCENT_TLS_CERT=$work/pki/cert.pem \
     CRESCENT_TLS_KEY=$work/pki/key.pem"
-for m in "${modes[@]}"; do
-    # shellcheck disable=SC2086 # the flags are words
-    master[$m]=$(start "$m" up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size 4GiB --prefault false ${flags[$m]})
-done
+# `tcp`: `off` with the node's and client's same-host shortcut (Unix-socket lanes, local copies) turned off, as
+# TLS turns it off: `tls` against `tcp` is what the encryption costs, `tcp` against `off` what the shortcut saves.
+printf '[node]\nlocal_lanes = false\n[client]\nlocal_lanes = false\n' >"$work/tcp.toml"
+flags[tcp]="--config $work/tcp.toml"
+envs[tcp]=""
+args[tcp]="--config $work/tcp.toml"
+# Starts one `up` per mode and waits until each has backed its whole segment (the node prefaults it in the
+# background, with huge pages where the kernel allows): a lazily backed segment charges first touches — page
+# faults clearing fresh pages, 70 % of a TLS node's profile in 1 MiB writes — to whichever run comes first.
+start_clusters() {
+    for m in "${modes[@]}"; do
+        # shellcheck disable=SC2086 # the flags are words
+        master[$m]=$(start "$m" up --listen 127.0.0.1:0 --admin 127.0.0.1:0 --segment-size "$segment" ${flags[$m]})
+    done
+    for m in "${modes[@]}"; do
+        for _ in $(seq 1 600); do
+            rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$work/$m.pid")/status")
+            [ "$rss" -ge "$segment_kib" ] && break
+            sleep 0.1
+        done
+    done
+}
 
-# Warm-up: 4 MiB writes for 3 s move more than the 4 GiB segment holds (writes cycle over a key set sized to it),
-# so every page is backed before any measured round.
-for m in "${modes[@]}"; do
-    # shellcheck disable=SC2086 # the variables are words
-    env ${envs[$m]} "$bin" bench --master "${master[$m]}" --phases write --value-size 4MiB --duration 3 >/dev/null
-done
-# The warm-up's removed keys' space is held for the write-grant window on a secured cluster.
-if [ -n "$(IFS=; echo "${envs[*]}")" ]; then sleep 13; fi
+stop_clusters() {
+    for m in "${modes[@]}"; do
+        kill "$(cat "$work/$m.pid")" 2>/dev/null || true
+        rm -f "$work/$m.pid" "$work/$m.out"
+    done
+    wait 2>/dev/null || true
+}
 
 # The server's CPU time (utime + stime of the `up` process, in clock ticks) per key written or read, over both
 # phases: what authentication costs the master and node, unlike throughput robust to other load on the machine.
@@ -77,29 +96,22 @@ echo "crescent bench write,read, ${secs}s per phase, concurrency $conc, median o
     "$(nproc) CPUs, $(git rev-parse --short HEAD)"
 n=${#modes[@]}
 for size in "${sizes[@]}"; do
-    # A pass of this size per mode before its rounds, unmeasured: the first runs after another size's rounds
-    # are slower in every mode (1 MiB writes at 0.8–1.9 GiB/s against ~5 GiB/s in later rounds, with or without
-    # authentication), a transient of the cluster's memory that would weigh on whichever mode it fell to.
-    for m in "${modes[@]}"; do
-        # shellcheck disable=SC2086 # the variables are words
-        env ${envs[$m]} "$bin" bench --master "${master[$m]}" --phases write,read --value-size "$size" \
-            --concurrency "$conc" --duration "$secs" >/dev/null
-    done
-    if [ -n "$(IFS=; echo "${envs[*]}")" ]; then sleep 13; fi
     for r in $(seq 1 "$rounds"); do
+        # Fresh clusters every round, each run once: a process's own luck (where its threads and memory landed;
+        # one cluster's 1 MiB writes ran 10 % behind another's of the same mode for a whole run) is then a
+        # round's noise rather than a bias the median keeps, and no run inherits another's state (after 4 KiB
+        # rounds the next size's first runs were slower in every mode for a minute or more).
+        start_clusters
         for i in $(seq 0 $((n - 1))); do
             m=${modes[$(((i + r) % n))]}
             t0=$(ticks "$m")
             # shellcheck disable=SC2086 # the variables are words
-            env ${envs[$m]} "$bin" bench --master "${master[$m]}" --phases write,read --value-size "$size" \
+            env ${envs[$m]} "$bin" bench ${args[$m]:-} --master "${master[$m]}" --phases write,read --value-size "$size" \
                 --concurrency "$conc" --duration "$secs" --json "$work/$m-$size-$r.json" >/dev/null
             t1=$(ticks "$m")
             echo "$((t1 - t0))" >"$work/$m-$size-$r.ticks"
-            # On the secured cluster, space freed within a write-grant window of its allocation stays held until
-            # the window ends (12 s by default, `segment_pool::WriteHold`): the keys this run removed at its end
-            # must be free again before the next run sizes its key set to what the cluster holds.
-            [ -z "${envs[$m]}" ] || sleep 13
         done
+        stop_clusters
     done
 done
 CRESCENT_BENCH_SECS=$secs CRESCENT_CLK_TCK=$(getconf CLK_TCK) CRESCENT_MODES=$(IFS=,; echo "${modes[*]}") \
