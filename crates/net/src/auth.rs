@@ -35,6 +35,11 @@ pub const SECRET_ENV: &str = "CRESCENT_SECRET";
 pub const CREDENTIAL_FILE_ENV: &str = "CRESCENT_CREDENTIAL_FILE";
 /// Environment variable holding a credential (`PRINCIPAL:KEYHEX`).
 pub const CREDENTIAL_ENV: &str = "CRESCENT_CREDENTIAL";
+/// Environment variable naming a file that holds the credential a process hosting memory beside its client
+/// (the Python store) hosts it with, when that is not its client's (a `node:NAME` of its own).
+pub const HOST_CREDENTIAL_FILE_ENV: &str = "CRESCENT_HOST_CREDENTIAL_FILE";
+/// Environment variable holding that host credential.
+pub const HOST_CREDENTIAL_ENV: &str = "CRESCENT_HOST_CREDENTIAL";
 
 /// Shortest secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;

@@ -286,6 +286,13 @@ impl NodeKeys {
         auth::from_env(auth::CREDENTIAL_FILE_ENV, auth::CREDENTIAL_ENV, Self::load, Self::parse)
     }
 
+    /// The keys of the host credential the environment names ([`auth::HOST_CREDENTIAL_FILE_ENV`], else
+    /// [`auth::HOST_CREDENTIAL_ENV`]), else none: what a process that is a client too hosts memory with, when
+    /// its hosting should not share its client credential's keys.
+    pub fn host_from_env() -> Result<Option<Self>, AuthConfigError> {
+        auth::from_env(auth::HOST_CREDENTIAL_FILE_ENV, auth::HOST_CREDENTIAL_ENV, Self::load, Self::parse)
+    }
+
     /// The keys of this moment (for a keyring source, re-derived when the ring was reloaded).
     fn state(&self) -> Arc<KeyState> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner).clone();

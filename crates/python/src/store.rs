@@ -114,6 +114,8 @@ struct SetupArgs {
     tenant_id: String,
     /// `PRINCIPAL:KEYHEX` from `setup`'s extras (else the environment's, see [`auth`]).
     credential: Option<String>,
+    /// The credential a hosted segment is served with, when not `credential` (see [`auth`]).
+    host_credential: Option<String>,
     /// TLS files from `setup`'s extras, each over its `CRESCENT_TLS_*` variable (see [`tls`]).
     tls: TlsExtras,
 }
@@ -307,6 +309,7 @@ fn dict_args(d: &Bound<'_, PyDict>) -> PyResult<Option<SetupArgs>> {
         master_server_addr: get("master_server_addr")?.unwrap_or_else(|| "127.0.0.1:50051".into()),
         tenant_id: "default".into(),
         credential: get("credential")?,
+        host_credential: get("host_credential")?,
         tls: TlsExtras {
             cert: get("tls_cert")?,
             key: get("tls_key")?,
@@ -366,10 +369,12 @@ fn master_address(s: &str) -> Result<String, i64> {
 }
 
 /// What the store proves to an authenticating cluster, and the keys its hosted segment admits peers and checks
-/// grants with (`crescent_net::host`, derived from the same credential: the store needs no cluster secret): the
-/// credential from `setup` (`credential="PRINCIPAL:KEYHEX"`), else `CRESCENT_CREDENTIAL_FILE` /
-/// `CRESCENT_CREDENTIAL`, else `tenant:<tenant_id>` derived from a cluster secret in `CRESCENT_SECRET_FILE` /
-/// `CRESCENT_SECRET`.
+/// grants with (`crescent_net::host`: the store needs no cluster secret). The client's: the credential from
+/// `setup` (`credential="PRINCIPAL:KEYHEX"`), else `CRESCENT_CREDENTIAL_FILE` / `CRESCENT_CREDENTIAL`, else
+/// `tenant:<tenant_id>` derived from a cluster secret in `CRESCENT_SECRET_FILE` / `CRESCENT_SECRET`. The hosted
+/// segment's: `host_credential` from `setup`, else `CRESCENT_HOST_CREDENTIAL_FILE` / `CRESCENT_HOST_CREDENTIAL`,
+/// else the client's — a `node:NAME` of its own keeps the stores of one tenant from sharing the keys their
+/// segments check grants and tickets with (its segment is mounted by its own connection, under that principal).
 fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Option<Arc<NodeKeys>>), i64> {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!("setup: {what}: {e}");
@@ -390,7 +395,12 @@ fn auth(args: &SetupArgs, tenant: &str) -> Result<(Option<CredentialSource>, Opt
         },
     }
     .map(Arc::new);
-    Ok((keys.clone().map(CredentialSource::Host), keys))
+    let host = match &args.host_credential {
+        Some(text) => Some(NodeKeys::parse(text).map_err(|e| bad("host_credential", &e))?),
+        None => NodeKeys::host_from_env().map_err(|e| bad("the host credential from the environment", &e))?,
+    };
+    let host = host.map(Arc::new).or_else(|| keys.clone());
+    Ok((keys.map(CredentialSource::Host), host))
 }
 
 /// The store's TLS, from `setup`'s `tls_*` extras or else `CRESCENT_TLS_CA` (dial the master and nodes through
@@ -608,7 +618,7 @@ impl Store {
         protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false,
         ssd_offload_path=String::new(), tenant_id=String::from("default"), enable_client_http_server=false,
         client_http_port=9300, credential=None, tls_cert=None, tls_key=None, tls_ca=None, tls_client_ca=None,
-        tls_server_name=None))]
+        tls_server_name=None, host_credential=None))]
     #[allow(clippy::too_many_arguments)]
     fn setup(
         &self,
@@ -632,6 +642,7 @@ impl Store {
         tls_ca: Option<String>,
         tls_client_ca: Option<String>,
         tls_server_name: Option<String>,
+        host_credential: Option<String>,
     ) -> PyResult<i64> {
         let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
             match dict_args(d)? {
@@ -654,6 +665,7 @@ impl Store {
                 master_server_addr: master,
                 tenant_id,
                 credential,
+                host_credential,
                 tls: TlsExtras {
                     cert: tls_cert,
                     key: tls_key,

@@ -102,3 +102,36 @@ def test_a_store_hosting_a_segment_needs_only_its_credential(secured, monkeypatc
     assert reader.get("big") == value
     reader.close()
     host.close()
+
+
+def test_a_store_hosts_its_segment_under_a_host_credential_of_its_own(secured, monkeypatch, tmp_path):
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "d")
+    for var in ("CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE", "CRESCENT_SECRET", "CRESCENT_SECRET_FILE",
+                "CRESCENT_HOST_CREDENTIAL", "CRESCENT_HOST_CREDENTIAL_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    # The client is tenant d's; the segment is served and mounted as node:py-d (its own connection), so its
+    # keys are not tenant d's: the master seals its grants and its peers' tickets for node:py-d.
+    host = MooncakeDistributedStore()
+    assert host.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="d",
+                      credential=credential("tenant:d", secret_file),
+                      host_credential=credential("node:py-d", secret_file)) == 0
+    value = os.urandom(256 * 1024)
+    assert host.put("big", value) == 0
+    # Another store of tenant d, its host credential from the environment, reads it through a ticket to node:py-d
+    # (a host checking with tenant d's keys would refuse it).
+    host_file = tmp_path / "host.cred"
+    host_file.write_text(credential("node:py-d2", secret_file))
+    host_file.chmod(0o600)
+    monkeypatch.setenv("CRESCENT_HOST_CREDENTIAL_FILE", str(host_file))
+    reader = MooncakeDistributedStore()
+    assert reader.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="d",
+                        credential=credential("tenant:d", secret_file)) == 0
+    assert reader.get("big") == value
+    reader.close()
+    host.close()
+    # A host credential of another cluster: the segment's connection is refused, and so is the setup.
+    other = MooncakeDistributedStore()
+    foreign = "node:py-x:" + "00" * 32
+    assert other.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="d",
+                       credential=credential("tenant:d", secret_file), host_credential=foreign) < 0

@@ -163,6 +163,7 @@ class MooncakeDistributedStore:
         tls_ca: Optional[str] = None,
         tls_client_ca: Optional[str] = None,
         tls_server_name: Optional[str] = None,
+        host_credential: Optional[str] = None,
     ) -> int:
         """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
         ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``).
@@ -172,7 +173,9 @@ class MooncakeDistributedStore:
         ``crescent credential`` prints it; also a ``"credential"`` key of the dict form) is what the store
         proves, else ``CRESCENT_CREDENTIAL_FILE`` / ``CRESCENT_CREDENTIAL``, else ``tenant:<tenant_id>`` derived
         from ``CRESCENT_SECRET_FILE`` / ``CRESCENT_SECRET``; a store hosting a segment derives the keys it checks
-        its peers' tickets and grants with from that same credential (no secret needed). In a TLS
+        its peers' tickets and grants with from that same credential (no secret needed), or from
+        ``host_credential`` (else ``CRESCENT_HOST_CREDENTIAL_FILE`` / ``CRESCENT_HOST_CREDENTIAL``) when given: a
+        ``node:NAME`` of its own, so the stores of one tenant do not share those keys. In a TLS
         cluster, ``tls_ca`` (the CA servers' certificates chain to), ``tls_cert`` / ``tls_key`` (the client
         certificate, and what a hosted segment serves), ``tls_client_ca`` (a hosted segment then requires client
         certificates) and ``tls_server_name`` (PEM file paths, and the name certificates are checked for; also
