@@ -13,6 +13,8 @@ set -euo pipefail
 secs=${1:-5}
 # Each cluster's one segment (fully backed before its run: smaller starts faster).
 segment=${CRESCENT_BENCH_SEGMENT:-1GiB}
+# Keys per request (`crescent bench --batch`).
+batch=${CRESCENT_BENCH_BATCH:-1}
 segment_kib=$(($(numfmt --from=iec "${segment%iB}") >> 10))
 rounds=${2:-3}
 conc=${3:-1}
@@ -92,7 +94,7 @@ stop_clusters() {
 # The server's CPU time (utime + stime of the `up` process, in clock ticks) per key written or read, over both
 # phases: what authentication costs the master and node, unlike throughput robust to other load on the machine.
 ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1.pid")/stat"; }
-echo "crescent bench write,read, ${secs}s per phase, concurrency $conc, median of $rounds rotating rounds," \
+echo "crescent bench write,read, ${secs}s per phase, concurrency $conc, batch $batch, median of $rounds rotating rounds," \
     "$(nproc) CPUs, $(git rev-parse --short HEAD)"
 n=${#modes[@]}
 for size in "${sizes[@]}"; do
@@ -107,7 +109,7 @@ for size in "${sizes[@]}"; do
             t0=$(ticks "$m")
             # shellcheck disable=SC2086 # the variables are words
             env ${envs[$m]} "$bin" bench ${args[$m]:-} --master "${master[$m]}" --phases write,read --value-size "$size" \
-                --concurrency "$conc" --duration "$secs" --json "$work/$m-$size-$r.json" >/dev/null
+                --concurrency "$conc" --batch "$batch" --duration "$secs" --json "$work/$m-$size-$r.json" >/dev/null
             t1=$(ticks "$m")
             echo "$((t1 - t0))" >"$work/$m-$size-$r.ticks"
         done
