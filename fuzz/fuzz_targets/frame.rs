@@ -12,7 +12,8 @@ use bytes::{Bytes, BytesMut};
 use crescent_fuzz::{Chunked, block_on, write_seeds};
 use crescent_net::frame::{ShapeError, read_shape, skip};
 use crescent_net::auth::{Keyring, Plane};
-use crescent_net::hello;
+use crescent_net::hello::{self, Verifier};
+use crescent_net::host::NodeKeys;
 use crescent_proto::transfer::TransferRequest;
 use crescent_proto::wire::{
     FRAME_PREFIX, Frame, FrameCodec, Head, Hello, HelloReply, Limits, MAX_HELLO_FRAME, PeerRole, frame_prefix,
@@ -128,15 +129,22 @@ fuzz_target!(init: write_seeds(seeds), |data: &[u8]| {
         }
     });
 
-    // The hello readers, server side (without and with authentication) and client side (without and with a
-    // credential), over the same stream.
+    // The hello readers, server side (without authentication, as the master with the secret, as a host with its
+    // own keys) and client side (without and with a credential), over the same stream.
     let ring = Keyring::parse("a fuzzing cluster secret").unwrap();
-    for keyring in [None, Some(&ring)] {
+    let host = NodeKeys::fixed(ring.credential(Principal::Node(None)));
+    let verifiers = [
+        (Plane::Control, None),
+        (Plane::Control, Some(Verifier::Secret(&ring))),
+        (Plane::Data, Some(Verifier::Host(&host))),
+    ];
+    for (plane, verifier) in verifiers {
+        let authenticates = verifier.is_some();
         let mut io = Chunked::new(stream, pattern);
-        if let Ok(Some(a)) = block_on(hello::answer(&mut io, Plane::Control, Limits::CONTROL, Duration::from_secs(10), keyring)) {
+        if let Ok(Some(a)) = block_on(hello::answer(&mut io, plane, Limits::CONTROL, Duration::from_secs(10), verifier)) {
             assert!(a.hello.negotiate(Limits::CONTROL).is_ok(), "answer accepted a hello that does not negotiate");
             assert!(!io.written.is_empty(), "an accepted hello is answered");
-            assert_eq!(a.principal.is_some(), keyring.is_some(), "an authenticating server admits only the proven");
+            assert_eq!(a.principal.is_some(), authenticates, "an authenticating server admits only the proven");
         }
     }
     let credential = ring.credential(Principal::Admin);

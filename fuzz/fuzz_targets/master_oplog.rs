@@ -35,6 +35,7 @@ fn seeds() -> Vec<Vec<u8>> {
         endpoint: "h:1".into(),
         kind: 0,
         host: "h".into(),
+        principal: "node:n".into(),
     };
     let entries = [
         MasterEntry::PutEnd { tenant: "default".into(), key: "k".into(), object },
@@ -83,6 +84,7 @@ fuzz_target!(init: write_seeds(seeds), |data: &[u8]| {
             endpoint: "h:1".into(),
             kind: 0,
             host: String::new(),
+            principal: String::new(),
         };
         state.apply(seq, &MasterEntry::SegmentMount(segment).encode()).expect("a mount applies");
         seq += 1;

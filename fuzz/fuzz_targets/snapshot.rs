@@ -119,6 +119,7 @@ fn directory() -> SnapshotMetadata {
         endpoint: "127.0.0.1:9001".into(),
         kind: 0,
         host: "h".into(),
+        principal: format!("node:s{n}"),
     };
     let object = |seg: u8, offset: u64, group: Option<&str>| ObjectRecord {
         size: 4096,

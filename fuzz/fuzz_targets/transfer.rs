@@ -16,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 
 fn seeds() -> Vec<Vec<u8>> {
     let segment = SegmentId::random();
-    let grant = Some(Grant { offset: 4096, length: 1 << 20, expires_ms: u64::MAX, tag: [7; GRANT_TAG_LEN] });
+    let grant = Some(Grant { offset: 4096, length: 1 << 20, expires_ms: u64::MAX, epoch: 1, tag: [7; GRANT_TAG_LEN] });
     let mut out = vec![
         Frame::encode(1, &TransferRequest::Write { segment, offset: 4096, grant: None }, Bytes::new()).unwrap(),
         Frame::encode(5, &TransferRequest::Write { segment, offset: 4096, grant }, Bytes::new()).unwrap(),
