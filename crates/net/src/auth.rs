@@ -1,9 +1,9 @@
 //! Authentication: the cluster secret, the credentials derived from it, and the MACs of the authenticated hello.
 //!
 //! One **cluster secret** (a file or an environment variable, never a flag: a flag shows in `ps`) is held by
-//! the master. Every other process holds a **credential**: a principal (`admin`, `node`, `node:NAME`, `tenant:NAME`) and the
-//! key `HMAC-SHA256(secret, "crescent/principal/v1\0" ‖ principal)`, so the master verifies any principal
-//! without a list of users, and a credential proves nothing beyond its principal. A [`Keyring`] holds one or two
+//! the master. Every other process holds a **credential**: a principal (`admin`, `node`, `node:NAME`,
+//! `tenant:NAME`) and the key `HMAC-SHA256(secret, "crescent/principal/v1\0" ‖ principal)`, so the master
+//! verifies any principal without a list of users, and a credential proves nothing beyond its principal. A [`Keyring`] holds one or two
 //! secrets: during a rotation both are valid (credentials derived from either are accepted, the first derives new
 //! ones), so secrets change without downtime.
 //!

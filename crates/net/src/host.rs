@@ -229,40 +229,33 @@ impl fmt::Debug for NodeKeys {
 }
 
 impl NodeKeys {
+    /// Keys from `source`, holding `state` now; no master term seen yet.
+    fn with(source: Source, state: KeyState) -> Self {
+        Self { source, state: RwLock::new(Arc::new(state)), epoch: AtomicU64::new(0) }
+    }
+
     /// The keys of one credential.
     pub fn fixed(credential: Credential) -> Self {
-        Self {
-            source: Source::Fixed,
-            state: RwLock::new(Arc::new(KeyState::new(vec![credential]))),
-            epoch: AtomicU64::new(0),
-        }
+        Self::with(Source::Fixed, KeyState::new(vec![credential]))
     }
 
     /// The keys of the credentials in `text`: one `PRINCIPAL:KEYHEX` per line (blank lines and `#` comments
     /// skipped), 1 or 2, all of one principal, the first current.
     pub fn parse(text: &str) -> Result<Self, AuthConfigError> {
-        Ok(Self {
-            source: Source::Fixed,
-            state: RwLock::new(Arc::new(KeyState::new(parse_credentials(text)?))),
-            epoch: AtomicU64::new(0),
-        })
+        Ok(Self::with(Source::Fixed, KeyState::new(parse_credentials(text)?)))
     }
 
     /// The keys of the credentials in a file (which [`NodeKeys::reload`] reads again).
     pub fn load(path: &Path) -> Result<Self, AuthConfigError> {
         let credentials = parse_credentials(&auth::read_secret_file(path)?)?;
-        Ok(Self {
-            source: Source::File(path.to_owned()),
-            state: RwLock::new(Arc::new(KeyState::new(credentials))),
-            epoch: AtomicU64::new(0),
-        })
+        Ok(Self::with(Source::File(path.to_owned()), KeyState::new(credentials)))
     }
 
     /// The keys of `principal` derived from `ring` (one per secret), following the ring's reloads: for a
     /// process that holds the secret anyway.
     pub fn derived(ring: Arc<Keyring>, principal: Principal) -> Self {
         let state = Self::derive(&ring, &principal, None);
-        Self { source: Source::Ring(ring, principal), state: RwLock::new(Arc::new(state)), epoch: AtomicU64::new(0) }
+        Self::with(Source::Ring(ring, principal), state)
     }
 
     fn derive(ring: &Keyring, principal: &Principal, previous: Option<&KeyState>) -> KeyState {

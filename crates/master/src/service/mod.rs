@@ -275,9 +275,7 @@ impl MasterService {
         let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?;
         let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
-            epoch_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            epoch_ms: crescent_net::grant::unix_ms(),
             placement: Placer::new(config.placement_policy),
             config,
             clock,
