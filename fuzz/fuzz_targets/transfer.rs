@@ -9,18 +9,22 @@
 
 use bytes::Bytes;
 use crescent_fuzz::{reencodes_stably, write_seeds};
-use crescent_proto::transfer::{GRANT_TAG_LEN, Grant, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{GRANT_TAG_LEN, Grant, GrantRange, GrantUse, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, FRAME_PREFIX, Frame, Head, MAX_DATA_HEADER};
 use crescent_proto::{ErrorCode, SegmentId};
 use libfuzzer_sys::fuzz_target;
 
 fn seeds() -> Vec<Vec<u8>> {
     let segment = SegmentId::random();
-    let grant = Some(Grant { offset: 4096, length: 1 << 20, expires_ms: u64::MAX, epoch: 1, tag: [7; GRANT_TAG_LEN] });
+    let ranges = vec![GrantRange { offset: 4096, length: 1 << 20 }, GrantRange { offset: 1 << 30, length: 4096 }];
+    let sealed = Grant { ranges, expires_ms: u64::MAX, epoch: 1, tag: [7; GRANT_TAG_LEN] };
+    let carried = Some(GrantUse::Carried { slot: 2, range: 1, grant: sealed });
+    let held = Some(GrantUse::Held { slot: 2, range: 0 });
     let mut out = vec![
         Frame::encode(1, &TransferRequest::Write { segment, offset: 4096, grant: None }, Bytes::new()).unwrap(),
-        Frame::encode(5, &TransferRequest::Write { segment, offset: 4096, grant }, Bytes::new()).unwrap(),
-        Frame::encode(6, &TransferRequest::Read { segment, offset: 4096, length: 4096, grant }, Bytes::new()).unwrap(),
+        Frame::encode(5, &TransferRequest::Write { segment, offset: 4096, grant: carried }, Bytes::new()).unwrap(),
+        Frame::encode(6, &TransferRequest::Read { segment, offset: 4096, length: 4096, grant: held }, Bytes::new())
+            .unwrap(),
         Frame::encode(
             u64::MAX,
             &TransferRequest::Read { segment, offset: u64::MAX, length: 1 << 26, grant: None },

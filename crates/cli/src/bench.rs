@@ -313,7 +313,7 @@ impl Shared {
                 upsert: false,
             };
             let started: Vec<bool> = match master.call(&req).await {
-                Ok(MasterResponse::BatchReplicas(r)) => r.iter().map(|x| self.code_ok(x)).collect(),
+                Ok(MasterResponse::BatchReplicas(r)) => r.items.iter().map(|x| self.code_ok(x)).collect(),
                 other => {
                     self.failed(reply_code(other));
                     vec![false; keys.len()]
@@ -349,7 +349,7 @@ impl Shared {
         };
         let ok = match self.client.master().call(&req).await {
             Ok(MasterResponse::ReplicaList(_)) => 1,
-            Ok(MasterResponse::BatchReplicaList(r)) => r.iter().filter(|x| self.code_ok(x)).count() as u64,
+            Ok(MasterResponse::BatchReplicaList(r)) => r.items.iter().filter(|x| self.code_ok(x)).count() as u64,
             other => {
                 self.failed(reply_code(other));
                 0

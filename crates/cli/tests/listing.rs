@@ -36,7 +36,7 @@ async fn fill(client: &Client, keys: &[String]) {
         };
         match client.master().call(&start).await.unwrap() {
             MasterResponse::BatchReplicas(r) => {
-                assert!(r.iter().all(Result::is_ok), "{:?}", r.iter().find(|r| r.is_err()))
+                assert!(r.items.iter().all(Result::is_ok), "{:?}", r.items.iter().find(|r| r.is_err()))
             }
             other => panic!("{other:?}"),
         }

@@ -201,8 +201,13 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     use crescent_client::tickets::MasterTickets;
     use crescent_net::grant::{Bearer, GrantOp, unix_ms};
     use crescent_proto::rpc::MasterResponse;
-    use crescent_proto::wire::WireKey;
-    use crescent_transfer::{Place, SegmentRegistry, TransferClient, TransferConfig};
+    use crescent_proto::transfer::{Grant, GrantRange, GrantRef};
+    use crescent_proto::wire::{Batch, WireKey};
+    use crescent_transfer::{BatchWrite, Place, RangeGrant, SegmentRegistry, TransferClient, TransferConfig};
+    let own_grant = |g: &Option<GrantRef>| match g {
+        Some(GrantRef::Own(g)) => RangeGrant::own(g.clone()),
+        other => panic!("a single object's reply carries its own grants, not {other:?}"),
+    };
 
     let c = Cluster::start();
     let admin = c.client("admin", "");
@@ -249,9 +254,10 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
         ReplicaLocation::Memory { segment_id, offset, .. } => (*segment_id, *offset),
         other => panic!("unexpected replica {other:?}"),
     };
-    let write_grant = mine[0].grant.expect("a put's replicas carry write grants");
-    assert_eq!((write_grant.offset, write_grant.length), (mine_off, 4096));
-    t.write(&endpoint, Place::new(mine_seg, Some(write_grant)), mine_off, Bytes::from(vec![7u8; 4096])).await.unwrap();
+    let write_grant = own_grant(&mine[0].grant);
+    assert_eq!(write_grant.grant.ranges, vec![GrantRange { offset: mine_off, length: 4096 }]);
+    let own = Place::new(mine_seg, Some(write_grant.clone()));
+    t.write(&endpoint, own.clone(), mine_off, Bytes::from(vec![7u8; 4096])).await.unwrap();
 
     let junk = Bytes::from(vec![0xEE; length as usize]);
     // No grant at all, over either kind of lane.
@@ -260,29 +266,34 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
         assert_eq!(refused(tt.read(&endpoint, segment, offset, length).await), ErrorCode::PermissionDenied);
     }
     // Its own grant, used on the victim's range.
-    let at_victim = Place::new(segment, Some(write_grant));
+    let at_victim = Place::new(segment, Some(write_grant.clone()));
     assert_eq!(refused(t.write(&endpoint, at_victim, offset, junk.clone()).await), ErrorCode::PermissionDenied);
     // A grant altered to cover the victim's range.
-    let widened = crescent_proto::transfer::Grant { offset, length, ..write_grant };
-    let forged = Place::new(segment, Some(widened));
+    let widened = Grant { ranges: vec![GrantRange { offset, length }], ..(*write_grant.grant).clone() };
+    let forged = Place::new(segment, Some(RangeGrant::own(widened)));
     assert_eq!(refused(t.write(&endpoint, forged, offset, junk.clone()).await), ErrorCode::PermissionDenied);
     // Its grant replayed by another client id of the same tenant, and by another tenant's credential.
     let other = data(ClientId::random(), &cred);
-    let own = Place::new(mine_seg, Some(write_grant));
     let four_k = Bytes::from(vec![1u8; 4096]);
-    assert_eq!(refused(other.write(&endpoint, own, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        refused(other.write(&endpoint, own.clone(), mine_off, four_k.clone()).await),
+        ErrorCode::PermissionDenied
+    );
     let b = data(me, &c.credential("tenant:b", S1));
-    assert_eq!(refused(b.write(&endpoint, own, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    assert_eq!(refused(b.write(&endpoint, own.clone(), mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
     // A write grant does not read, and a read grant does not write.
     assert_eq!(refused(t.read(&endpoint, own, mine_off, 4096).await), ErrorCode::PermissionDenied);
     let end = MasterRequest::PutEnd { client: me, tenant: "a".into(), key: key(), checksum: None };
     master.call(&end).await.unwrap();
     let get = MasterRequest::GetReplicaList { tenant: "a".into(), key: key() };
     let Ok(MasterResponse::ReplicaList(list)) = master.call(&get).await else { panic!("get failed") };
-    let read_grant = list.replicas[0].grant.expect("a replica list carries read grants");
-    let readable = Place::new(mine_seg, Some(read_grant));
-    assert_eq!(t.read(&endpoint, readable, mine_off, 4096).await.unwrap(), vec![7u8; 4096]);
-    assert_eq!(refused(t.write(&endpoint, readable, mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
+    let read_grant = own_grant(&list.replicas[0].grant);
+    let readable = Place::new(mine_seg, Some(read_grant.clone()));
+    assert_eq!(t.read(&endpoint, readable.clone(), mine_off, 4096).await.unwrap(), vec![7u8; 4096]);
+    assert_eq!(
+        refused(t.write(&endpoint, readable.clone(), mine_off, four_k.clone()).await),
+        ErrorCode::PermissionDenied
+    );
     // Its read grant on the victim's range.
     let peek = Place::new(segment, Some(read_grant));
     assert_eq!(refused(t.read(&endpoint, peek, offset, length).await), ErrorCode::PermissionDenied);
@@ -290,12 +301,66 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     let ring = Keyring::parse(S1).unwrap();
     let bearer = Bearer::new("tenant:a".parse().unwrap(), Some(me));
     let node = ring.host_keys(&"node".parse().unwrap(), None);
-    let stale = node.seal_grant(GrantOp::Write, &mine_seg, &bearer, mine_off, 4096, unix_ms() - 1);
-    let expired = Place::new(mine_seg, Some(stale));
-    assert_eq!(refused(t.write(&endpoint, expired, mine_off, four_k).await), ErrorCode::GrantExpired);
+    let range = vec![GrantRange { offset: mine_off, length: 4096 }];
+    let stale = node.seal_grant(GrantOp::Write, &mine_seg, &bearer, range, unix_ms() - 1);
+    let expired = Place::new(mine_seg, Some(RangeGrant::own(stale)));
+    assert_eq!(refused(t.write(&endpoint, expired, mine_off, four_k.clone()).await), ErrorCode::GrantExpired);
 
     assert_eq!(victim.get("victim").await.unwrap(), value, "the victim's bytes are unchanged");
     assert_eq!(t.read(&endpoint, readable, mine_off, 4096).await.unwrap(), vec![7u8; 4096], "and its own too");
+    // A batch's write grant: one for the batch's ranges on the segment, each descriptor pointing into it.
+    let keys: Vec<(WireKey, u64)> = (0..3).map(|i| (WireKey::Key(format!("b{i}")), 4096)).collect();
+    let start = MasterRequest::BatchPutStart {
+        client: me,
+        tenant: "a".into(),
+        items: Batch(keys.clone()),
+        config: Default::default(),
+        group_ids: None,
+        upsert: false,
+    };
+    let Ok(MasterResponse::BatchReplicas(batch)) = master.call(&start).await else { panic!("batch start failed") };
+    assert_eq!(batch.grants.len(), 1, "one grant for the batch's ranges on the one segment");
+    let shared = Arc::new(batch.grants[0].clone());
+    let mut writes = Vec::new();
+    for (k, item) in batch.items.iter().enumerate() {
+        let d = &item.as_ref().expect("started")[0];
+        let (ReplicaLocation::Memory { segment_id, offset, length, .. }, Some(GrantRef::Shared { grant: 0, range })) =
+            (&d.location, &d.grant)
+        else {
+            panic!("unexpected descriptor {d:?}");
+        };
+        assert_eq!((*range as usize, shared.ranges[k]), (k, GrantRange { offset: *offset, length: *length }));
+        let grant = Some(RangeGrant::new(shared.clone(), k as u16));
+        writes.push(BatchWrite { segment: *segment_id, grant, offset: *offset, data: &four_k[..] });
+    }
+    // Each of its ranges, named by index, on the victim's range: refused, in a batch and alone.
+    let mut hostile = writes.clone();
+    for w in &mut hostile {
+        (w.segment, w.offset) = (segment, offset);
+    }
+    for r in t.write_batch(&endpoint, &hostile).await {
+        assert_eq!(refused(r), ErrorCode::PermissionDenied);
+    }
+    let at_victim = Place::new(segment, hostile[1].grant.clone());
+    assert_eq!(refused(t.write(&endpoint, at_victim, offset, junk.clone()).await), ErrorCode::PermissionDenied);
+    // One range's index on another of its ranges, and an index past its ranges.
+    let mut swapped = writes[0].clone();
+    swapped.grant = Some(RangeGrant::new(shared.clone(), 1));
+    let mut past = writes[0].clone();
+    past.grant = Some(RangeGrant::new(shared.clone(), 3));
+    for r in t.write_batch(&endpoint, &[swapped, past]).await {
+        assert_eq!(refused(r), ErrorCode::PermissionDenied);
+    }
+    // Used as granted, it writes all three.
+    assert!(t.write_batch(&endpoint, &writes).await.iter().all(Result::is_ok));
+    let revoke = MasterRequest::BatchPutRevoke {
+        client: me,
+        tenant: "a".into(),
+        keys: Batch(keys.into_iter().map(|(k, _)| k).collect()),
+    };
+    master.call(&revoke).await.unwrap();
+
+    assert_eq!(victim.get("victim").await.unwrap(), value, "the victim's bytes are still unchanged");
     // Batches go through grants as well.
     let a = c.client("tenant:a", "a");
     let items: Vec<(String, Vec<u8>)> = (0..8).map(|i| (format!("batch-{i}"), vec![i as u8; 3000])).collect();

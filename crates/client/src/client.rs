@@ -18,12 +18,16 @@ use crescent_net::auth::CredentialSource;
 use crescent_net::poll::InFlight;
 use crescent_net::tls::TlsClient;
 use crescent_proto::batch;
+use crescent_proto::rpc::GrantedBatch;
+use crescent_proto::transfer::{Grant, GrantRef};
 use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
 use crescent_proto::{
     ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest, MasterResponse,
     ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
 };
-use crescent_transfer::{BatchRead, BatchWrite, Place, SegmentRegistry, Tickets, TransferClient, TransferConfig};
+use crescent_transfer::{
+    BatchRead, BatchWrite, Place, RangeGrant, SegmentRegistry, Tickets, TransferClient, TransferConfig,
+};
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -351,12 +355,24 @@ fn fit<'b>(list: &GetReplicaListResponse, buf: &'b mut [u8]) -> Result<&'b mut [
 }
 
 /// Replica location for the data plane: `(endpoint, segment, offset, length, place)`, the place carrying the
-/// master's grant for the range.
-fn address(d: &ReplicaDescriptor) -> Option<(&str, crescent_proto::SegmentId, u64, u64, Place)> {
+/// master's grant for the range (its own, or one of `grants`, the grants of the batch reply `d` came in).
+fn address<'a>(
+    d: &'a ReplicaDescriptor,
+    grants: &[Arc<Grant>],
+) -> Option<(&'a str, crescent_proto::SegmentId, u64, u64, Place)> {
     match &d.location {
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
         | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
-            Some((endpoint, *segment_id, *offset, *length, Place::new(*segment_id, d.grant)))
+            let grant = match &d.grant {
+                None => None,
+                Some(GrantRef::Own(g)) => Some(RangeGrant::own(g.clone())),
+                // A range index past `u16` is no range of a grant (a node would refuse it): sent without one.
+                Some(GrantRef::Shared { grant, range }) => grants
+                    .get(*grant as usize)
+                    .zip(u16::try_from(*range).ok())
+                    .map(|(g, range)| RangeGrant::new(g.clone(), range)),
+            };
+            Some((endpoint, *segment_id, *offset, *length, Place::new(*segment_id, grant)))
         }
         ReplicaLocation::LocalDisk { .. } => None,
     }
@@ -449,6 +465,22 @@ impl Client {
         }
     }
 
+    /// [`Client::batch_call`] for a batch reply with data-plane grants: its items and its grants.
+    async fn granted_call<T>(
+        &self,
+        req: &MasterRequest,
+        n: usize,
+        pick: impl FnOnce(MasterResponse) -> Option<GrantedBatch<T>>,
+    ) -> Result<(Vec<Result<T, ErrorCode>>, Vec<Arc<Grant>>), ErrorCode> {
+        match self.inner.master.call(req).await {
+            Ok(r) => pick(r)
+                .filter(|b| b.items.len() == n)
+                .map(|b| (b.items, b.grants.into_iter().map(Arc::new).collect()))
+                .ok_or(ErrorCode::InternalError),
+            Err(e) => Err(e.code()),
+        }
+    }
+
     /// Stores `value` (the caller's buffer, sent without copying) under `key` if the key is free; an existing
     /// key keeps its value and this reports success (put-if-absent, the original's semantics).
     pub async fn put_from(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<(), ClientError> {
@@ -536,7 +568,7 @@ impl Client {
         replicas: &[ReplicaDescriptor],
     ) -> Result<Option<u32>, (ClientError, Vec<crescent_proto::SegmentId>)> {
         let writes = replicas.iter().enumerate().map(|(i, d)| async move {
-            let Some((endpoint, segment, offset, _, place)) = address(d) else {
+            let Some((endpoint, segment, offset, _, place)) = address(d, &[]) else {
                 return Err((ClientError::Code(ErrorCode::InvalidReplica), None));
             };
             let t = &self.inner.transfer;
@@ -618,11 +650,11 @@ impl Client {
             upsert: mode == PutMode::Upsert,
         };
         let pick = |r| if let MasterResponse::BatchReplicas(v) = r { Some(v) } else { None };
-        let starts = match self.batch_call(&req, items.len(), pick).await {
+        let (starts, grants) = match self.granted_call(&req, items.len(), pick).await {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
-        let (written, unreachable) = self.write_batch_replicas(items, &starts).await;
+        let (written, unreachable) = self.write_batch_replicas(items, &starts, &grants).await;
         let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
         let mut to_end = Vec::new();
         let mut to_revoke = Vec::new();
@@ -672,13 +704,14 @@ impl Client {
         &self,
         items: &[(&str, &[u8])],
         starts: &[Result<Vec<ReplicaDescriptor>, ErrorCode>],
+        grants: &[Arc<Grant>],
     ) -> (Vec<Written>, Vec<crescent_proto::SegmentId>) {
         let mut written: Vec<Written> =
             starts.iter().map(|s| if s.is_ok() { Written::Done } else { Written::NotStarted }).collect();
         let mut by_peer: HashMap<&str, (Vec<usize>, Vec<BatchWrite<'_>>)> = HashMap::new();
         for (i, ((_, data), start)) in items.iter().zip(starts).enumerate() {
             for d in start.iter().flatten() {
-                match address(d) {
+                match address(d, grants) {
                     Some((endpoint, segment, offset, _, place)) => {
                         let (idx, writes) = by_peer.entry(endpoint).or_default();
                         idx.push(i);
@@ -777,7 +810,7 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         for d in self.ranked(list) {
-            let Some((endpoint, segment, offset, _, place)) = address(d) else { continue };
+            let Some((endpoint, segment, offset, _, place)) = address(d, &[]) else { continue };
             if let Some(e) = unreached.skip(endpoint) {
                 last = e;
                 continue;
@@ -874,7 +907,7 @@ impl Client {
     ) -> Result<usize, ClientError> {
         let buf = fit(list, buf)?;
         let n = buf.len();
-        self.read_replica(key, list, buf, started, unreached).await.map(|()| n)
+        self.read_replica(key, list, &[], buf, started, unreached).await.map(|()| n)
     }
 
     /// Orders replicas: this process's segments, then the same host, then remote.
@@ -884,7 +917,7 @@ impl Client {
             .replicas
             .iter()
             .filter_map(|d| {
-                let (endpoint, segment, _, _, _) = address(d)?;
+                let (endpoint, segment, _, _, _) = address(d, &[])?;
                 let rank = if self.inner.local.get(&segment).is_some() {
                     0
                 } else if host.is_some_and(|h| endpoint.rsplit_once(':').is_some_and(|(ip, _)| ip == h)) {
@@ -900,18 +933,20 @@ impl Client {
     }
 
     /// Reads the best readable replica (falling back to the next on a transfer error, skipping nodes this
-    /// read could not reach before) and verifies it.
+    /// read could not reach before) and verifies it. `grants` are those of the batch reply `list` came in.
+    #[allow(clippy::too_many_arguments)] // a read's object, its grants, its buffer and the read's state
     async fn read_replica(
         &self,
         key: &str,
         list: &GetReplicaListResponse,
+        grants: &[Arc<Grant>],
         buf: &mut [u8],
         started: Instant,
         unreached: &Unreached,
     ) -> Result<(), ClientError> {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         for d in self.ranked(list) {
-            let Some((endpoint, segment, offset, _, place)) = address(d) else { continue };
+            let Some((endpoint, segment, offset, _, place)) = address(d, grants) else { continue };
             if let Some(e) = unreached.skip(endpoint) {
                 last = e;
                 continue;
@@ -942,10 +977,20 @@ impl Client {
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
         let unreached = Unreached::default();
         let mut out = self.batch_read_once(items, &unreached).await;
-        let expired: Vec<usize> =
-            (0..out.len()).filter(|&i| matches!(out[i], Err(ClientError::LeaseExpired { .. }))).collect();
+        // As for a single read (`once_more_on_expiry`): reads that outlived their leases, or whose grants a node
+        // refused as expired, are looked up again once.
+        let expired: Vec<usize> = (0..out.len())
+            .filter(|&i| match &out[i] {
+                Err(ClientError::LeaseExpired { .. }) => true,
+                Err(e) => e.code() == ErrorCode::GrantExpired,
+                Ok(_) => false,
+            })
+            .collect();
         if !expired.is_empty() {
-            tracing::debug!(keys = expired.len(), "reads outlived their leases; fetching their replica lists again");
+            tracing::debug!(
+                keys = expired.len(),
+                "reads outlived their leases or grants; fetching their replica lists again"
+            );
             let mut chosen: Vec<(&str, &mut [u8])> = Vec::with_capacity(expired.len());
             let mut want = expired.iter().copied().peekable();
             for (i, (key, buf)) in items.iter_mut().enumerate() {
@@ -974,7 +1019,7 @@ impl Client {
         let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
         let req = MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys };
         let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
-        let lists = match self.batch_call(&req, items.len(), pick).await {
+        let (lists, grants) = match self.granted_call(&req, items.len(), pick).await {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
@@ -1000,7 +1045,11 @@ impl Client {
                     continue;
                 }
             };
-            let first = self.ranked(list).into_iter().filter_map(address).find(|a| unreached.skip(a.0).is_none());
+            let first = self
+                .ranked(list)
+                .into_iter()
+                .filter_map(|d| address(d, &grants))
+                .find(|a| unreached.skip(a.0).is_none());
             match first {
                 Some((endpoint, segment, offset, _, place)) if self.inner.local.get(&segment).is_none() => {
                     let read = BatchRead { segment, grant: place.grant, offset, buf };
@@ -1009,7 +1058,7 @@ impl Client {
                 _ => single.push((i, *key, list, buf)),
             }
         }
-        let (t, lists) = (&self.inner.transfer, &lists);
+        let (t, lists, grants) = (&self.inner.transfer, &lists, &grants);
         let pipelined = by_peer.into_iter().map(|(endpoint, group)| async move {
             let (idx, mut reads): (Vec<usize>, Vec<BatchRead<'_>>) = group.into_iter().unzip();
             let crcs = t.read_batch_checksummed(endpoint, &mut reads).await;
@@ -1024,7 +1073,7 @@ impl Client {
                         // An unreachable node is noted first, so this object's retry (and every other
                         // object's of this run) skips it rather than waiting on it again.
                         unreached.note(endpoint, read.segment, &ClientError::from(e));
-                        self.read_replica(key, list, read.buf, started, unreached).await
+                        self.read_replica(key, list, grants, read.buf, started, unreached).await
                     }
                 };
                 done.push((i, r.map(|()| n)));
@@ -1033,7 +1082,7 @@ impl Client {
         });
         let singles = single.into_iter().map(|(i, key, list, buf)| async move {
             let n = buf.len();
-            vec![(i, self.read_replica(key, list, buf, started, unreached).await.map(|()| n))]
+            vec![(i, self.read_replica(key, list, grants, buf, started, unreached).await.map(|()| n))]
         });
         let (pipelined, singles) = tokio::join!(join_all(pipelined), join_all(singles));
         for (i, r) in pipelined.into_iter().chain(singles).flatten() {

@@ -596,3 +596,25 @@ fn holds_ending_out_of_their_freeing_order_are_released_each_at_its_own_end() {
     }
     assert!(place_on(&p, "a", 4 * MIB).is_ok(), "all of it free again");
 }
+
+#[test]
+fn a_short_handout_never_shortens_a_hold_and_a_new_allocation_starts_its_own() {
+    let (p, s, clock) = held_pool();
+    let first = place_on(&p, "a", 4 * MIB).unwrap();
+    // A grant of 1 s right after the allocation: the allocation's 10 s window still holds.
+    first.hold_for(Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2));
+    drop(first);
+    clock.advance(Duration::from_millis(7_999));
+    assert!(place_on(&p, "a", MIB).is_err(), "held to the end of the allocation's window");
+    clock.advance(Duration::from_millis(1));
+    // The same space (and allocator slot) again: held by its own window and handouts only.
+    let second = place_on(&p, "a", 4 * MIB).unwrap();
+    clock.advance(Duration::from_secs(30));
+    second.hold_for(Duration::from_secs(3));
+    drop(second);
+    assert_eq!(p.segment(s.id).unwrap().usage.held, 4 * MIB);
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(p.segment(s.id).unwrap().usage.held, 0, "its handout over, nothing of the first one's lingers");
+    assert!(place_on(&p, "a", 4 * MIB).is_ok());
+}

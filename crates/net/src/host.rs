@@ -21,7 +21,7 @@
 use crate::auth::{self, AuthConfigError, AuthFailure, Credential, GRANT_GRACE, Key, Keyring, SecretId, ServerProof};
 use crate::grant::{self, Bearer, GrantOp, GrantRefusal};
 use crescent_proto::auth::{SealedTicket, TICKET_LEN};
-use crescent_proto::transfer::Grant;
+use crescent_proto::transfer::{Grant, GrantRange};
 use crescent_proto::wire::AUTH_LEN;
 use crescent_proto::{ClientId, Principal, SegmentId};
 use hmac::{Hmac, Mac};
@@ -69,34 +69,31 @@ impl HostKeys {
         Self::from_key(credential.key())
     }
 
-    /// Seals a grant for `bearer` to perform `op` on `[offset, offset + length)` of `segment` (one of this
-    /// host's) until `expires_ms` (Unix ms), of no master term (epoch 0).
+    /// Seals a grant for `bearer` to perform `op` on any of `ranges` of `segment` (one of this host's) until
+    /// `expires_ms` (Unix ms), of no master term (epoch 0).
     pub fn seal_grant(
         &self,
         op: GrantOp,
         segment: &SegmentId,
         bearer: &Bearer,
-        offset: u64,
-        length: u64,
+        ranges: Vec<GrantRange>,
         expires_ms: u64,
     ) -> Grant {
-        grant::seal(&self.grant, op, segment, bearer, (offset, length), expires_ms, 0)
+        grant::seal(&self.grant, op, segment, bearer, ranges, expires_ms, 0)
     }
 
     /// Seals a grant of the master term `epoch` that lasts `ttl` from now, less the clock-skew slack (at most
     /// half of `ttl`).
-    #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
     pub fn seal_grant_for(
         &self,
         op: GrantOp,
         segment: &SegmentId,
         bearer: &Bearer,
-        offset: u64,
-        length: u64,
+        ranges: Vec<GrantRange>,
         ttl: Duration,
         epoch: u64,
     ) -> Grant {
-        grant::seal(&self.grant, op, segment, bearer, (offset, length), grant::expiry_for(ttl), epoch)
+        grant::seal(&self.grant, op, segment, bearer, ranges, grant::expiry_for(ttl), epoch)
     }
 
     /// The session key of a ticket for `client` (principal and id) expiring at `expires_ms`.
@@ -341,28 +338,30 @@ impl NodeKeys {
         self.state().credentials[0].clone()
     }
 
-    /// Whether `grant` lets `bearer` perform `op` on `[offset, offset + length)` of `segment` at `now_ms` (see
-    /// `crate::grant`); every valid key is tried. A valid grant of a master term older than the newest this host
-    /// has honoured is refused as expired (the client asks the current master again).
-    #[allow(clippy::too_many_arguments)] // the exact tuple a grant binds
-    pub fn check_grant(
+    /// Whether `grant` lets `bearer` perform `op` on `segment` at `now_ms` (see `crate::grant`; which range a
+    /// request may touch is [`HeldGrants`](crate::grant::HeldGrants)' check); every valid key is tried. A valid
+    /// grant of a master term older than the newest this host has honoured is refused as expired (the client
+    /// asks the current master again).
+    pub fn verify_grant(
         &self,
         op: GrantOp,
         segment: &SegmentId,
         bearer: &Bearer,
-        grant: Option<&Grant>,
-        offset: u64,
-        length: u64,
+        grant: &Grant,
         now_ms: u64,
     ) -> Result<(), GrantRefusal> {
         let state = self.state();
-        grant::check(state.verifying().map(|k| &k.grant), op, segment, bearer, grant, offset, length, now_ms)?;
+        grant::verify(state.verifying().map(|k| &k.grant), op, segment, bearer, grant, now_ms)?;
         // Only a grant whose tag checked raises the term: a peer cannot make one up.
-        let epoch = grant.map_or(0, |g| g.epoch);
-        if epoch < self.epoch.fetch_max(epoch, Ordering::Relaxed) {
+        if grant.epoch < self.epoch.fetch_max(grant.epoch, Ordering::Relaxed) {
             return Err(GrantRefusal::Expired);
         }
         Ok(())
+    }
+
+    /// Whether a grant of the master term `epoch` is still honoured: no newer term's grant has been.
+    pub fn honours_term(&self, epoch: u64) -> bool {
+        epoch >= self.epoch.load(Ordering::Relaxed)
     }
 
     /// The host's check of a lane's hello: `mac` proves the session key of a ticket for `client` (principal and
@@ -421,16 +420,28 @@ mod tests {
         let ring = Keyring::parse(S1).unwrap();
         let (seg, bearer) = (SegmentId::random(), Bearer::new(node("tenant:a"), Some(ClientId::random())));
         let a = NodeKeys::fixed(ring.credential(node("node:a")));
-        let for_a = ring.host_keys(&node("node:a"), None).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
-        assert_eq!(a.check_grant(GrantOp::Write, &seg, &bearer, Some(&for_a), 0, 64, 0), Ok(()));
+        let for_a = ring.host_keys(&node("node:a"), None).seal_grant(
+            GrantOp::Write,
+            &seg,
+            &bearer,
+            vec![GrantRange { offset: 0, length: 64 }],
+            u64::MAX,
+        );
+        assert_eq!(a.verify_grant(GrantOp::Write, &seg, &bearer, &for_a, 0), Ok(()));
         // Every other host (another named node, the shared `node` credential, a tenant's store) refuses it, and a
         // host forging with its own keys is refused by `a`.
         for other in ["node:b", "node", "tenant:b"] {
             let b = NodeKeys::fixed(ring.credential(node(other)));
-            let refused = b.check_grant(GrantOp::Write, &seg, &bearer, Some(&for_a), 0, 64, 0);
+            let refused = b.verify_grant(GrantOp::Write, &seg, &bearer, &for_a, 0);
             assert_eq!(refused, Err(GrantRefusal::Invalid), "{other}");
-            let forged = HostKeys::of(&b.credential()).seal_grant(GrantOp::Write, &seg, &bearer, 0, 64, u64::MAX);
-            let refused = a.check_grant(GrantOp::Write, &seg, &bearer, Some(&forged), 0, 64, 0);
+            let forged = HostKeys::of(&b.credential()).seal_grant(
+                GrantOp::Write,
+                &seg,
+                &bearer,
+                vec![GrantRange { offset: 0, length: 64 }],
+                u64::MAX,
+            );
+            let refused = a.verify_grant(GrantOp::Write, &seg, &bearer, &forged, 0);
             assert_eq!(refused, Err(GrantRefusal::Invalid), "forged by {other}");
         }
     }
@@ -474,11 +485,22 @@ mod tests {
         let (seg, bearer) = (SegmentId::random(), Bearer::new(node("admin"), None));
         let host = NodeKeys::parse(&old.credential(node("node")).to_text()).unwrap();
         let proved = crate::auth::SecretId::of(S1.as_bytes());
-        let g =
-            rotating.host_keys(&node("node"), Some(proved)).seal_grant(GrantOp::Read, &seg, &bearer, 0, 8, u64::MAX);
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Ok(()));
-        let current = rotating.host_keys(&node("node"), None).seal_grant(GrantOp::Read, &seg, &bearer, 0, 8, u64::MAX);
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&current), 0, 8, 0), Err(GrantRefusal::Invalid));
+        let g = rotating.host_keys(&node("node"), Some(proved)).seal_grant(
+            GrantOp::Read,
+            &seg,
+            &bearer,
+            vec![GrantRange { offset: 0, length: 8 }],
+            u64::MAX,
+        );
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()));
+        let current = rotating.host_keys(&node("node"), None).seal_grant(
+            GrantOp::Read,
+            &seg,
+            &bearer,
+            vec![GrantRange { offset: 0, length: 8 }],
+            u64::MAX,
+        );
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &current, 0), Err(GrantRefusal::Invalid));
         // The host takes both credentials, then drops the old one: its grants hold for the grace only.
         let both = format!(
             "{}\n{}",
@@ -486,15 +508,15 @@ mod tests {
             old.credential(node("node")).to_text().as_str()
         );
         assert_eq!(host.replace_with(&both, Duration::ZERO).unwrap(), 2);
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&current), 0, 8, 0), Ok(()));
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &current, 0), Ok(()));
         let new_only = rotating.credential(node("node")).to_text();
         host.replace_with(&new_only, Duration::from_secs(30)).unwrap();
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Ok(()), "within the grace");
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()), "within the grace");
         host.replace_with(&new_only, Duration::ZERO).unwrap();
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Ok(()), "its own deadline");
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()), "its own deadline");
         let fresh = NodeKeys::parse(&both).unwrap();
         fresh.replace_with(&new_only, Duration::ZERO).unwrap();
-        assert_eq!(fresh.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Err(GrantRefusal::Invalid));
+        assert_eq!(fresh.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Err(GrantRefusal::Invalid));
         let other = old.credential(node("admin")).to_text();
         assert!(fresh.replace_with(&other, Duration::ZERO).is_err(), "a reload keeps the principal");
     }
@@ -507,14 +529,16 @@ mod tests {
         let master = ring.host_keys(&node("node"), None);
         let ttl = Duration::from_secs(60);
         let (old, new) = (1_000, 2_000);
-        let check = |g: &Grant| host.check_grant(GrantOp::Read, &seg, &bearer, Some(g), 0, 8, grant::unix_ms());
-        let g_old = master.seal_grant_for(GrantOp::Read, &seg, &bearer, 0, 8, ttl, old);
+        let check = |g: &Grant| host.verify_grant(GrantOp::Read, &seg, &bearer, g, grant::unix_ms());
+        let g_old =
+            master.seal_grant_for(GrantOp::Read, &seg, &bearer, vec![GrantRange { offset: 0, length: 8 }], ttl, old);
         assert_eq!(check(&g_old), Ok(()), "the only term seen so far");
         // A forged newer term does not check, and does not move the host on.
-        assert_eq!(check(&Grant { epoch: new + 1, ..g_old }), Err(GrantRefusal::Invalid));
+        assert_eq!(check(&Grant { epoch: new + 1, ..g_old.clone() }), Err(GrantRefusal::Invalid));
         assert_eq!(check(&g_old), Ok(()));
         // The successor's first grant moves it on: the predecessor's live grants are refused from then on.
-        let g_new = master.seal_grant_for(GrantOp::Read, &seg, &bearer, 0, 8, ttl, new);
+        let g_new =
+            master.seal_grant_for(GrantOp::Read, &seg, &bearer, vec![GrantRange { offset: 0, length: 8 }], ttl, new);
         assert_eq!(check(&g_new), Ok(()));
         assert_eq!(check(&g_old), Err(GrantRefusal::Expired));
         assert_eq!(check(&g_new), Ok(()));
@@ -528,8 +552,14 @@ mod tests {
         assert_eq!(host.credential().to_text(), ring.credential(node("node")).to_text());
         ring.replace_with(S2).unwrap();
         assert_eq!(host.credential().to_text(), ring.credential(node("node")).to_text());
-        let g = ring.host_keys(&node("node"), None).seal_grant(GrantOp::Read, &seg, &bearer, 0, 8, u64::MAX);
-        assert_eq!(host.check_grant(GrantOp::Read, &seg, &bearer, Some(&g), 0, 8, 0), Ok(()));
+        let g = ring.host_keys(&node("node"), None).seal_grant(
+            GrantOp::Read,
+            &seg,
+            &bearer,
+            vec![GrantRange { offset: 0, length: 8 }],
+            u64::MAX,
+        );
+        assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()));
     }
 
     #[test]

@@ -31,8 +31,8 @@ pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 pub use rpc::{
-    ClientStatus, ClusterInfo, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterOp, MasterReply, MasterRequest,
-    MasterResponse, ObjectStat, RemoveAllReport, TenantInfo,
+    ClientStatus, ClusterInfo, GetReplicaListResponse, GrantedBatch, KeyPage, LocalSsdInfo, MasterOp, MasterReply,
+    MasterRequest, MasterResponse, ObjectStat, RemoveAllReport, TenantInfo,
 };
 pub use segment::{SegmentKind, SegmentSpec, SegmentStatus};
 pub use tenant::{TenantId, TenantIdError};

@@ -1,7 +1,7 @@
 //! Where an object's bytes live.
 
 use crate::ids::{ClientId, SegmentId};
-use crate::transfer::Grant;
+use crate::transfer::GrantRef;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -89,8 +89,9 @@ pub struct ReplicaDescriptor {
     /// Write state.
     pub status: ReplicaStatus,
     /// The data-plane grant for this range, sealed by the master for the client it answered (write grants in
-    /// put replies, read grants in replica lists) when the cluster authenticates; `None` otherwise.
-    pub grant: Option<Grant>,
+    /// put replies, read grants in replica lists) when the cluster authenticates; `None` otherwise. In a batch
+    /// reply it points into the reply's shared grants.
+    pub grant: Option<GrantRef>,
 }
 
 #[cfg(test)]

@@ -32,6 +32,24 @@ pub struct GetReplicaListResponse {
     pub size: u64,
 }
 
+/// A batch reply whose items lead to transfers: per item, in input order, and the data-plane grants their
+/// descriptors share ([`GrantRef::Shared`](crate::transfer::GrantRef) indexes `grants`; empty on a cluster
+/// without a secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantedBatch<T> {
+    /// Per item, in input order.
+    pub items: Vec<Result<T, ErrorCode>>,
+    /// One grant per segment and operation (per [`MAX_GRANT_RANGES`](crate::transfer::MAX_GRANT_RANGES) ranges).
+    pub grants: Vec<crate::transfer::Grant>,
+}
+
+impl<T> GrantedBatch<T> {
+    /// A batch of `items` with no grants (what the service answers; the network edge seals them).
+    pub fn new(items: Vec<Result<T, ErrorCode>>) -> Self {
+        Self { items, grants: Vec::new() }
+    }
+}
+
 /// An object as it stands, looked at without leasing it (what `crescent stat` shows).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectStat {
@@ -344,11 +362,11 @@ pub enum MasterResponse {
     /// A segment's status.
     Status(SegmentStatus),
     /// Batch of descriptor lists.
-    BatchReplicas(Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>),
+    BatchReplicas(GrantedBatch<Vec<ReplicaDescriptor>>),
     /// Batch of unit results.
     BatchDone(Vec<Result<(), ErrorCode>>),
     /// Batch of replica lists.
-    BatchReplicaList(Vec<Result<GetReplicaListResponse, ErrorCode>>),
+    BatchReplicaList(GrantedBatch<GetReplicaListResponse>),
     /// Batch of existence answers.
     BatchExists(Vec<Result<bool, ErrorCode>>),
     /// RemoveAll: removed and skipped objects (appended last: variants are numbered in order on the wire).

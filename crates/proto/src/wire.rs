@@ -23,9 +23,10 @@ use tokio_util::codec::{Decoder, Encoder};
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 4;
-/// The oldest version this build accepts (3 added authentication to the hello, 4 data-plane tickets).
-pub const MIN_PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
+/// The oldest version this build accepts (3 added authentication to the hello, 4 data-plane tickets, 5 grants
+/// shared by a batch's ranges).
+pub const MIN_PROTOCOL_VERSION: u16 = 5;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
 /// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).
@@ -199,30 +200,50 @@ impl FrameShape {
     }
 }
 
-/// Room for a frame prefix and a small header (a data-plane request header is at most ~110 bytes with its grant).
+/// Room for a frame prefix and a usual header on the stack (a data-plane request header is at most ~80 bytes
+/// with a grant slot it names; one carrying a grant of many ranges is encoded on the heap).
 pub const HEAD_CAP: usize = 192;
 
-/// A frame's prefix and header encoded on the stack, for frames whose payload is written from elsewhere
-/// (segment or caller memory) in the same vectored write.
+/// A frame's prefix and header, for frames whose payload is written from elsewhere (segment or caller memory) in
+/// the same vectored write: on the stack unless the header is larger than [`HEAD_CAP`] allows.
 pub struct Head {
-    buf: [u8; HEAD_CAP],
-    len: usize,
+    buf: HeadBuf,
+}
+
+enum HeadBuf {
+    Inline([u8; HEAD_CAP], usize),
+    Heap(Vec<u8>),
 }
 
 impl Head {
     /// Encodes `Envelope { id, body }` as a header for a frame carrying `payload_len` payload bytes.
     pub fn encode<T: Serialize>(id: u64, body: &T, payload_len: usize) -> Result<Head, WireError> {
+        let envelope = Envelope { id, body };
         let mut buf = [0u8; HEAD_CAP];
-        let header_len = postcard::to_slice(&Envelope { id, body }, &mut buf[FRAME_PREFIX..])
-            .map_err(|e| WireError::Decode(e.to_string()))?
-            .len();
-        buf[..FRAME_PREFIX].copy_from_slice(&frame_prefix(header_len, payload_len)?);
-        Ok(Head { buf, len: FRAME_PREFIX + header_len })
+        let buf = match postcard::to_slice(&envelope, &mut buf[FRAME_PREFIX..]) {
+            Ok(header) => {
+                let header_len = header.len();
+                buf[..FRAME_PREFIX].copy_from_slice(&frame_prefix(header_len, payload_len)?);
+                HeadBuf::Inline(buf, FRAME_PREFIX + header_len)
+            }
+            Err(postcard::Error::SerializeBufferFull) => {
+                let header = postcard::to_stdvec(&envelope).map_err(|e| WireError::Decode(e.to_string()))?;
+                let mut out = Vec::with_capacity(FRAME_PREFIX + header.len());
+                out.extend_from_slice(&frame_prefix(header.len(), payload_len)?);
+                out.extend_from_slice(&header);
+                HeadBuf::Heap(out)
+            }
+            Err(e) => return Err(WireError::Decode(e.to_string())),
+        };
+        Ok(Head { buf })
     }
 
     /// The encoded prefix and header.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        match &self.buf {
+            HeadBuf::Inline(buf, len) => &buf[..*len],
+            HeadBuf::Heap(buf) => buf,
+        }
     }
 }
 
@@ -543,13 +564,7 @@ mod tests {
     #[test]
     fn heads_fit_the_largest_data_request_and_announce_their_payload() {
         let id = crate::SegmentId::random();
-        let grant = crate::transfer::Grant {
-            offset: u64::MAX,
-            length: u64::MAX,
-            expires_ms: u64::MAX,
-            epoch: u64::MAX,
-            tag: [0xff; 16],
-        };
+        let grant = crate::transfer::GrantUse::Held { slot: u8::MAX, range: u16::MAX };
         let req = crate::transfer::TransferRequest::Read {
             segment: id,
             offset: u64::MAX,

@@ -1164,7 +1164,7 @@ impl Store {
                 let pick = |r| if let MasterResponse::BatchReplicaList(l) = r { Some(l) } else { None };
                 match live.block_on(live.client.master().call_expect(&req, pick)) {
                     Ok(lists) => {
-                        for (key, list) in chunk.iter().zip(lists) {
+                        for (key, list) in chunk.iter().zip(lists.items) {
                             if let Ok(list) = list {
                                 out.insert(key.clone(), list.replicas.iter().map(ReplicaDescriptor::from).collect());
                             }

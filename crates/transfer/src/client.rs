@@ -28,7 +28,7 @@ use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
 use crescent_net::tls::{self, TlsClient};
-use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Grant, GrantUse, MAX_GRANT_SLOTS, TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError, caps};
 use crescent_proto::{ClientId, ErrorCode, SegmentId};
 use futures_util::future::{BoxFuture, join_all};
@@ -111,18 +111,67 @@ pub trait Tickets: Send + Sync + std::fmt::Debug {
 
 /// Where a transfer goes: a segment, and the master's grant for the range when the cluster authenticates (a
 /// bare [`SegmentId`] converts to a place without one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place {
     /// The segment.
     pub segment: SegmentId,
     /// The grant covering the transfer's range (every stripe carries it; the node checks each lies inside).
-    pub grant: Option<Grant>,
+    pub grant: Option<RangeGrant>,
 }
 
 impl Place {
     /// A place in `segment` under `grant`.
-    pub fn new(segment: SegmentId, grant: Option<Grant>) -> Self {
+    pub fn new(segment: SegmentId, grant: Option<RangeGrant>) -> Self {
         Self { segment, grant }
+    }
+}
+
+/// The master's grant for one range: the grant (which a batch's ranges on one segment share) and the index of
+/// the range in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeGrant {
+    /// The grant, shared by the transfers of its ranges.
+    pub grant: Arc<Grant>,
+    /// Which of its ranges this is.
+    pub range: u16,
+}
+
+impl RangeGrant {
+    /// Range `range` of `grant`.
+    pub fn new(grant: Arc<Grant>, range: u16) -> Self {
+        Self { grant, range }
+    }
+
+    /// A single range's own grant (its range 0).
+    pub fn own(grant: Grant) -> Self {
+        Self { grant: Arc::new(grant), range: 0 }
+    }
+}
+
+/// Which grants one run of requests on a lane has carried into which of the connection's slots (see
+/// [`GrantUse`]): the first request of a grant carries it, the others name its slot. The node holds what the
+/// run's requests put there, in order, so a run never relies on an earlier run's slots.
+#[derive(Debug, Default)]
+pub(crate) struct GrantSlots {
+    /// `(grant's address, slot)`: a run's grants are alive for the whole run, so an address names one.
+    carried: Vec<(usize, u8)>,
+    next: u8,
+}
+
+impl GrantSlots {
+    /// How a request of this run shows `grant`.
+    pub(crate) fn use_of(&mut self, grant: Option<&RangeGrant>) -> Option<GrantUse> {
+        let g = grant?;
+        let key = Arc::as_ptr(&g.grant) as usize;
+        if let Some(&(_, slot)) = self.carried.iter().find(|(k, _)| *k == key) {
+            return Some(GrantUse::Held { slot, range: g.range });
+        }
+        // More grants than slots in one run: the oldest slot is reused (its grant is carried again if named).
+        let slot = self.next;
+        self.next = (self.next + 1) % MAX_GRANT_SLOTS as u8;
+        self.carried.retain(|(_, s)| *s != slot);
+        self.carried.push((key, slot));
+        Some(GrantUse::Carried { slot, range: g.range, grant: (*g.grant).clone() })
     }
 }
 
@@ -197,7 +246,7 @@ impl TransferClient {
         let stripe = self.write_stripe_bytes(&peer);
         let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &op, place, offset, &data, false).await.map(|_| ());
+            return self.write_stripe(&peer, &op, &place, offset, &data, false).await.map(|_| ());
         }
         // Write stripes run as tasks: on the sending side the kernel does the copy and (over loopback) much of the
         // TCP work, so one task sending every stripe would cap a large write at one core. The `JoinSet` aborts the
@@ -206,9 +255,9 @@ impl TransferClient {
         let mut stripes = JoinSet::new();
         for at in (0..data.len()).step_by(stripe) {
             let chunk = data.slice(at..(at + stripe).min(data.len()));
-            let (client, peer, op) = (self.clone(), peer.clone(), op.clone());
+            let (client, peer, op, place) = (self.clone(), peer.clone(), op.clone(), place.clone());
             let offset = offset + at as u64;
-            stripes.spawn(async move { client.write_stripe(&peer, &op, place, offset, &chunk, false).await });
+            stripes.spawn(async move { client.write_stripe(&peer, &op, &place, offset, &chunk, false).await });
         }
         let mut result = Ok(());
         while let Some(joined) = stripes.join_next().await {
@@ -264,10 +313,10 @@ impl TransferClient {
         let stripe = self.write_stripe_bytes(&peer);
         let op = self.op();
         if data.len() <= stripe {
-            return self.write_stripe(&peer, &op, place, offset, data, checksum).await;
+            return self.write_stripe(&peer, &op, &place, offset, data, checksum).await;
         }
         let stripes = data.chunks(stripe).enumerate().map(|(i, chunk)| {
-            let write = self.write_stripe(&peer, &op, place, offset + (i * stripe) as u64, chunk, checksum);
+            let write = self.write_stripe(&peer, &op, &place, offset + (i * stripe) as u64, chunk, checksum);
             async move { write.await.map(|crc| (crc, chunk.len() as u64)) }
         });
         joined_checksum(join_all(stripes).await)
@@ -350,13 +399,13 @@ impl TransferClient {
         let stripe = self.stripe(&peer);
         let op = self.op().polling_if(polls_for(buf.len()));
         if buf.len() <= stripe {
-            return self.read_stripe(&peer, &op, place, offset, buf, checksum).await;
+            return self.read_stripe(&peer, &op, &place, offset, buf, checksum).await;
         }
         // `chunks_mut` splits the buffer into disjoint stripes, each filled by its own concurrent exchange (all
         // polled by this task: no spawning, and the borrows of `buf` stay local).
         let stripes = buf.chunks_mut(stripe).enumerate().map(|(i, chunk)| {
             let len = chunk.len() as u64;
-            let read = self.read_stripe(&peer, &op, place, offset + (i * stripe) as u64, chunk, checksum);
+            let read = self.read_stripe(&peer, &op, &place, offset + (i * stripe) as u64, chunk, checksum);
             async move { read.await.map(|crc| (crc, len)) }
         });
         joined_checksum(join_all(stripes).await)
@@ -408,7 +457,7 @@ impl TransferClient {
         &self,
         peer: &Peer,
         op: &Op,
-        place: Place,
+        place: &Place,
         offset: u64,
         data: &[u8],
         checksum: bool,
@@ -423,7 +472,7 @@ impl TransferClient {
         &self,
         peer: &Peer,
         op: &Op,
-        place: Place,
+        place: &Place,
         offset: u64,
         buf: &mut [u8],
         checksum: bool,
@@ -706,13 +755,14 @@ impl Lane {
     /// stays usable, the range released: the caller sends the bytes instead).
     async fn locally(
         &mut self,
-        place: Place,
+        place: &Place,
         offset: u64,
         len: usize,
         write: bool,
         mut copy: impl FnMut(&RemoteProcess, u64) -> Result<u32, CopyError>,
     ) -> Result<Option<u32>, TransferError> {
-        let (mut done, denied) = self.locate_and_copy(&[(0, place, offset, len)], write, |_, r, at| copy(r, at)).await;
+        let (mut done, denied) =
+            self.locate_and_copy(&[(0, place.clone(), offset, len)], write, |_, r, at| copy(r, at)).await;
         if !denied.is_empty() {
             return Ok(None);
         }
@@ -732,7 +782,7 @@ impl Lane {
     }
 
     /// One WRITE exchange of `data`; returns its crc32c, summed as it is sent, if `checksum`.
-    async fn write(&mut self, place: Place, offset: u64, data: &[u8], checksum: bool) -> Result<u32, TransferError> {
+    async fn write(&mut self, place: &Place, offset: u64, data: &[u8], checksum: bool) -> Result<u32, TransferError> {
         if self.copies(data.len())
             && let Some(crc) =
                 self.locally(place, offset, data.len(), true, |r, at| r.write(at, data, checksum)).await?
@@ -741,7 +791,8 @@ impl Lane {
         }
         self.clean = false;
         let id = self.next_id();
-        let req = TransferRequest::Write { segment: place.segment, offset, grant: place.grant };
+        let grant = GrantSlots::default().use_of(place.grant.as_ref());
+        let req = TransferRequest::Write { segment: place.segment, offset, grant };
         let head = Head::encode(id, &req, data.len())?;
         self.check_size(head.as_bytes().len() + data.len())?;
         // Header and payload in vectored writes, the payload straight from the caller's buffer.
@@ -765,7 +816,7 @@ impl Lane {
     }
 
     /// One READ exchange into `buf`; returns the crc32c of the bytes, summed as they land, if `checksum`.
-    async fn read(&mut self, place: Place, offset: u64, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
+    async fn read(&mut self, place: &Place, offset: u64, buf: &mut [u8], checksum: bool) -> Result<u32, TransferError> {
         if self.copies(buf.len())
             && let Some(crc) = self.locally(place, offset, buf.len(), false, |r, at| r.read(at, buf, checksum)).await?
         {
@@ -773,8 +824,8 @@ impl Lane {
         }
         self.clean = false;
         let id = self.next_id();
-        let req =
-            TransferRequest::Read { segment: place.segment, offset, length: buf.len() as u64, grant: place.grant };
+        let grant = GrantSlots::default().use_of(place.grant.as_ref());
+        let req = TransferRequest::Read { segment: place.segment, offset, length: buf.len() as u64, grant };
         let head = Head::encode(id, &req, 0)?;
         self.check_size(head.as_bytes().len() + buf.len())?;
         self.send(&mut [IoSlice::new(head.as_bytes())]).await?;

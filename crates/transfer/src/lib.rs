@@ -32,7 +32,7 @@ mod registry;
 mod server;
 mod vm;
 
-pub use client::{BatchRead, BatchWrite, Place, Tickets, TransferClient, TransferConfig};
+pub use client::{BatchRead, BatchWrite, Place, RangeGrant, Tickets, TransferClient, TransferConfig};
 pub use error::TransferError;
 pub use local::local_lane_address;
 pub use memory::{SegmentMemory, SegmentMut, SegmentRef};

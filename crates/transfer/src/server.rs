@@ -34,14 +34,14 @@ use crate::registry::SegmentRegistry;
 use crescent_net::auth::{AuthFailures, Plane};
 use crescent_net::conn::{Conn, Stream};
 use crescent_net::frame::{self as frames, ShapeError};
-use crescent_net::grant::{self, Bearer, GrantOp};
+use crescent_net::grant::{self, Bearer, GrantOp, HeldGrants};
 use crescent_net::hello::Verifier;
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::host::NodeKeys;
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, TlsServer};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
-use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{GrantUse, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use std::io::{self, IoSlice};
@@ -404,6 +404,8 @@ struct Connection {
     keys: Option<Arc<NodeKeys>>,
     /// Who the hello proved the peer is: the bearer its grants must name (set with keys only).
     bearer: Option<Bearer>,
+    /// The grants requests carried in, for the requests after them that name their slots.
+    grants: HeldGrants,
     /// Whether this is a local lane (a peer on this host), the only kind that may `Locate`.
     local: bool,
     /// The ranges `Locate`d and not yet released: held, and kept mapped, while the peer copies.
@@ -446,6 +448,7 @@ impl Connection {
             peer,
             keys,
             bearer: None,
+            grants: HeldGrants::default(),
             local,
             pins: Vec::new(),
         }
@@ -553,13 +556,13 @@ impl Connection {
         match body {
             TransferRequest::Write { segment, offset, grant } => {
                 let len = shape.payload_len;
-                match self.check_grant(GrantOp::Write, &segment, grant.as_ref(), offset, len as u64) {
+                match self.check_grant(GrantOp::Write, &segment, grant, offset, len as u64) {
                     Ok(()) => self.write(id, segment, offset, len).await?,
                     Err(code) => self.refuse_write(id, len, code).await?,
                 }
             }
             TransferRequest::Read { segment, offset, length, grant } if shape.payload_len == 0 => {
-                match self.check_grant(GrantOp::Read, &segment, grant.as_ref(), offset, length) {
+                match self.check_grant(GrantOp::Read, &segment, grant, offset, length) {
                     Ok(()) => self.read(id, segment, offset, length).await?,
                     Err(code) => self.queue(id, &TransferResponse::Error(code))?,
                 }
@@ -568,7 +571,7 @@ impl Connection {
                 if shape.payload_len == 0 && self.local =>
             {
                 let op = if write { GrantOp::Write } else { GrantOp::Read };
-                let located = self.check_grant(op, &segment, grant.as_ref(), offset, length).and_then(|()| {
+                let located = self.check_grant(op, &segment, grant, offset, length).and_then(|()| {
                     if self.pins.len() >= MAX_PINS || length > MAX_TRANSFER {
                         return Err(ErrorCode::InvalidParams);
                     }
@@ -595,19 +598,21 @@ impl Connection {
         Ok(Step::Continue)
     }
 
-    /// With keys, whether the peer holds a grant for this transfer (one HMAC, no round trip).
+    /// With keys, whether the peer holds a grant for this transfer (one HMAC per grant it carries, none per
+    /// request naming a grant held; no round trip).
     fn check_grant(
-        &self,
+        &mut self,
         op: GrantOp,
         segment: &SegmentId,
-        grant: Option<&Grant>,
+        grant: Option<GrantUse>,
         offset: u64,
         length: u64,
     ) -> Result<(), ErrorCode> {
         let Some(keys) = &self.keys else { return Ok(()) };
         // An authenticating server admits only proven peers, so a bearer is always known here.
         let Some(bearer) = &self.bearer else { return Err(ErrorCode::PermissionDenied) };
-        keys.check_grant(op, segment, bearer, grant, offset, length, grant::unix_ms()).map_err(|why| {
+        let now = grant::unix_ms();
+        self.grants.check(keys, op, segment, bearer, grant, offset, length, now).map_err(|why| {
             self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = ?self.peer, ?op, %segment, offset, length, %why, "transfer refused");
             why.code()

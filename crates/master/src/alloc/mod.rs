@@ -118,6 +118,12 @@ impl Allocation {
     pub fn size(&self) -> u64 {
         self.size
     }
+
+    /// The allocator's slot for it: dense, unique among the allocator's live allocations, reused after a free
+    /// (what per-allocation side tables index by).
+    pub fn slot(&self) -> u32 {
+        self.node
+    }
 }
 
 /// One live allocation in an [`AllocatorSnapshot`].

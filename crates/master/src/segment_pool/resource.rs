@@ -9,7 +9,7 @@ use crate::alloc::{AllocError, Allocation, OffsetAllocator};
 use crate::clock::{Clock, Timestamp};
 use crescent_proto::{ReplicaLocation, SegmentId, SegmentKind};
 use parking_lot::Mutex;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -96,14 +96,15 @@ pub struct RegionResource {
 }
 
 /// What a region with a write hold tracks: kept here rather than in each buffer, so a replica stays as small
-/// without authentication as with it (the hold costs a map entry per allocation or handout of the last window).
+/// without authentication as with it (the hold costs 8 bytes per allocator slot of a region that has one).
 #[derive(Debug, Default)]
 struct Holding {
-    /// Until when each recent allocation's space must stay out of reuse once freed, by offset: its allocation
-    /// plus the window, pushed later by each handout of it (`AllocatedBuffer::hold_for`: a grant's life plus slack).
-    until: HashMap<u64, Timestamp>,
-    /// The same as recorded (a renewal records anew), to forget entries once they are over.
-    order: VecDeque<(Timestamp, u64)>,
+    /// Until when each live allocation's space must stay out of reuse once freed, by its allocator slot
+    /// (`Allocation::slot`, dense and recycled): its allocation plus the window, pushed later by each handout of
+    /// it (`AllocatedBuffer::hold_for`: a grant's life plus slack). A slot's entry is set anew when an allocation
+    /// takes it (a slot is recycled only once its previous allocation's hold is over), so nothing is forgotten
+    /// and no entry outlives its use — no map, no expiry queue on the put and get paths.
+    until: Vec<Timestamp>,
     /// Freed allocations still in their hold, the first to end on top: a release takes only what is due, not a
     /// walk over everything held (under a stream of overwrites that is every free of the last window).
     held: BinaryHeap<Held>,
@@ -139,27 +140,16 @@ impl Ord for Held {
 }
 
 impl Holding {
-    /// Forgets entries that are over at `now`.
-    fn forget_old(&mut self, now: Timestamp) {
-        while let Some(&(until, offset)) = self.order.front() {
-            if until > now {
-                break;
-            }
-            self.order.pop_front();
-            // Renewed or re-allocated since: only an entry still saying this goes.
-            if self.until.get(&offset) == Some(&until) {
-                self.until.remove(&offset);
-            }
+    /// The space of the allocation in `slot` must be held, once freed, until `until` at least; a `birth` (a new
+    /// allocation in the slot) replaces what the slot's previous allocation had.
+    fn hold_until(&mut self, slot: u32, until: Timestamp, birth: bool) {
+        let i = slot as usize;
+        if self.until.len() <= i {
+            self.until.resize(i + 1, Timestamp(0));
         }
-    }
-
-    /// The space at `offset` must be held, once freed, until `until` at least.
-    fn hold_until(&mut self, now: Timestamp, offset: u64, until: Timestamp) {
-        self.forget_old(now);
-        let e = self.until.entry(offset).or_insert(Timestamp(0));
-        if until > *e {
+        let e = &mut self.until[i];
+        if birth || until > *e {
             *e = until;
-            self.order.push_back((until, offset));
         }
     }
 }
@@ -211,15 +201,15 @@ impl RegionResource {
     fn note_birth(&self, alloc: &Allocation) {
         let Some(h) = self.hold.get() else { return };
         let now = h.clock.now();
-        self.holding.lock().hold_until(now, alloc.offset(), now.saturating_add(h.window));
+        self.holding.lock().hold_until(alloc.slot(), now.saturating_add(h.window), true);
     }
 
-    /// Notes that the allocation at `offset` was handed out now for a transfer a node honours for at most `life`
-    /// on any clock: once freed, its space is held until then.
-    fn hold_for(&self, offset: u64, life: Duration) {
+    /// Notes that the live allocation `alloc` was handed out now for a transfer a node honours for at most
+    /// `life` on any clock: once freed, its space is held until then.
+    fn hold_for(&self, alloc: &Allocation, life: Duration) {
         let Some(h) = self.hold.get() else { return };
         let now = h.clock.now();
-        self.holding.lock().hold_until(now, offset, now.saturating_add(life));
+        self.holding.lock().hold_until(alloc.slot(), now.saturating_add(life), false);
     }
 
     /// Releases the held allocations whose hold has ended.
@@ -257,8 +247,7 @@ impl RegionResource {
         if let Some(h) = self.hold.get().filter(|_| self.is_live()) {
             let now = h.clock.now();
             let mut holding = self.holding.lock();
-            holding.forget_old(now);
-            if let Some(until) = holding.until.remove(&alloc.offset()).filter(|u| *u > now) {
+            if let Some(until) = holding.until.get(alloc.slot() as usize).copied().filter(|u| *u > now) {
                 holding.held.push(Held { until, alloc: *alloc });
                 holding.held_bytes += alloc.size();
                 self.next_due.fetch_min(until.0, Ordering::AcqRel);
@@ -441,7 +430,7 @@ impl AllocatedBuffer {
     /// removal that follows at once (even forced) cannot free the space under a grant about to be sealed for it.
     pub fn hold_for(&self, life: Duration) {
         if let Some(r) = self.region.upgrade() {
-            r.hold_for(self.alloc.offset(), life);
+            r.hold_for(&self.alloc, life);
         }
     }
 

@@ -1,17 +1,22 @@
 //! Grants for the data plane: the master seals, into each reply that leads to a transfer, the capability for
 //! exactly the ranges it hands out (see `crescent_net::grant`).
 //!
-//! Puts get a write grant per allocated replica range, valid for the write window
-//! (`MasterConfig::grant_write_window_ms`); gets get a read grant per readable range, valid while the lease
-//! holds. The service knows nothing of grants: they are sealed here, at the network edge, for the bearer the
-//! connection's hello proved, after the service answered.
+//! Puts get write grants for their allocated replica ranges, valid for the write window
+//! (`MasterConfig::grant_write_window_ms`); gets get read grants for their readable ranges, valid while the lease
+//! holds. A single object's reply gets a grant per range; a batch reply one grant per segment and operation,
+//! listing that segment's ranges in the reply (a new one every `MAX_GRANT_RANGES`), which its descriptors point
+//! into — so a batch costs a seal here and a check at the node per segment, not per object. The service knows
+//! nothing of grants: they are sealed here, at the network edge, for the bearer the connection's hello proved,
+//! after the service answered.
 
 use super::hosts::Hosts;
 use crate::service::{MasterConfig, MasterService};
 use crescent_net::grant::{Bearer, GrantOp, SKEW_MS};
 use crescent_net::host::HostKeys;
-use crescent_proto::rpc::{GetReplicaListResponse, MasterReply, MasterResponse};
+use crescent_proto::rpc::{MasterReply, MasterResponse};
+use crescent_proto::transfer::{Grant, GrantRange, GrantRef, MAX_GRANT_RANGES};
 use crescent_proto::{ReplicaDescriptor, ReplicaLocation, SegmentId};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,44 +27,129 @@ use std::time::Duration;
 /// host is unknown here gets no grant (its node refuses the transfer until its host reconnects).
 pub fn seal(svc: &MasterService, hosts: &Hosts, bearer: &Bearer, reply: &mut MasterReply) {
     let write_window = Duration::from_millis(svc.config().grant_write_window_ms);
-    let epoch = svc.epoch_ms();
-    // Replicas of one reply often share segments: the last one's keys are kept.
-    let mut last: Option<(SegmentId, Option<Arc<HostKeys>>)> = None;
-    let mut sealed = |op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration| {
-        let (ReplicaLocation::Memory { segment_id, offset, length, .. }
-        | ReplicaLocation::Nof { segment_id, offset, length, .. }) = &r.location
-        else {
-            return; // a local-disk replica: no node serves it
-        };
-        let keys = match &last {
-            Some((s, keys)) if s == segment_id => keys.clone(),
-            _ => {
-                let keys = hosts.of_segment(svc, *segment_id).map(|(_, k)| k);
-                last = Some((*segment_id, keys.clone()));
-                keys
-            }
-        };
-        r.grant = keys.map(|k| k.seal_grant_for(op, segment_id, bearer, *offset, *length, ttl, epoch));
-    };
+    let mut sealer = Sealer { svc, hosts, bearer, epoch: svc.epoch_ms(), last: None };
     match reply {
         Ok(MasterResponse::Replicas(replicas)) => {
-            replicas.iter_mut().for_each(|r| sealed(GrantOp::Write, r, write_window));
+            replicas.iter_mut().for_each(|r| sealer.own(GrantOp::Write, r, write_window));
         }
-        Ok(MasterResponse::BatchReplicas(items)) => {
-            items.iter_mut().flatten().flatten().for_each(|r| sealed(GrantOp::Write, r, write_window));
+        Ok(MasterResponse::ReplicaList(list)) => {
+            let lease = Duration::from_millis(list.lease_ttl_ms);
+            list.replicas.iter_mut().for_each(|r| sealer.own(GrantOp::Read, r, lease));
         }
-        Ok(MasterResponse::ReplicaList(list)) => reads(list, &mut sealed),
-        Ok(MasterResponse::BatchReplicaList(items)) => {
-            items.iter_mut().flatten().for_each(|list| reads(list, &mut sealed));
+        Ok(MasterResponse::BatchReplicas(batch)) => {
+            let mut shared = Shared::default();
+            for r in batch.items.iter_mut().flatten().flatten() {
+                sealer.share(&mut shared, GrantOp::Write, r, write_window);
+            }
+            batch.grants = shared.seal(&sealer);
+        }
+        Ok(MasterResponse::BatchReplicaList(batch)) => {
+            let mut shared = Shared::default();
+            for list in batch.items.iter_mut().flatten() {
+                let lease = Duration::from_millis(list.lease_ttl_ms);
+                list.replicas.iter_mut().for_each(|r| sealer.share(&mut shared, GrantOp::Read, r, lease));
+            }
+            batch.grants = shared.seal(&sealer);
         }
         _ => {}
     }
 }
 
-/// Read grants for a replica list's readable replicas, living the lease.
-fn reads(list: &mut GetReplicaListResponse, sealed: &mut impl FnMut(GrantOp, &mut ReplicaDescriptor, Duration)) {
-    let lease = Duration::from_millis(list.lease_ttl_ms);
-    list.replicas.iter_mut().for_each(|r| sealed(GrantOp::Read, r, lease));
+/// What one reply's grants are sealed for, and the last segment's host keys (a reply's replicas often share
+/// segments).
+struct Sealer<'a> {
+    svc: &'a MasterService,
+    hosts: &'a Hosts,
+    bearer: &'a Bearer,
+    epoch: u64,
+    last: Option<(SegmentId, Option<Arc<HostKeys>>)>,
+}
+
+impl Sealer<'_> {
+    /// A node-served replica's segment and range, and its host's keys (if the host is known).
+    fn range_of(&mut self, r: &ReplicaDescriptor) -> Option<(SegmentId, GrantRange, Arc<HostKeys>)> {
+        let (ReplicaLocation::Memory { segment_id, offset, length, .. }
+        | ReplicaLocation::Nof { segment_id, offset, length, .. }) = &r.location
+        else {
+            return None; // a local-disk replica: no node serves it
+        };
+        let keys = match &self.last {
+            Some((s, keys)) if s == segment_id => keys.clone(),
+            _ => {
+                let keys = self.hosts.of_segment(self.svc, *segment_id).map(|(_, k)| k);
+                self.last = Some((*segment_id, keys.clone()));
+                keys
+            }
+        };
+        Some((*segment_id, GrantRange { offset: *offset, length: *length }, keys?))
+    }
+
+    /// Seals `r`'s own grant.
+    fn own(&mut self, op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration) {
+        r.grant = self.range_of(r).map(|(segment, range, keys)| {
+            GrantRef::Own(keys.seal_grant_for(op, &segment, self.bearer, vec![range], ttl, self.epoch))
+        });
+    }
+
+    /// Points `r` into the batch's grant for its segment and operation (adding its range to it).
+    fn share(&mut self, shared: &mut Shared, op: GrantOp, r: &mut ReplicaDescriptor, ttl: Duration) {
+        r.grant = self.range_of(r).map(|(segment, range, keys)| shared.add(op, segment, ttl, range, keys));
+    }
+}
+
+/// A batch reply's grants as they fill: one open per segment, operation and life.
+#[derive(Default)]
+struct Shared {
+    pending: Vec<Pending>,
+    open: HashMap<(SegmentId, GrantOp, Duration), usize>,
+}
+
+/// One grant of a batch, to be sealed once all its ranges are known.
+struct Pending {
+    op: GrantOp,
+    segment: SegmentId,
+    ttl: Duration,
+    keys: Arc<HostKeys>,
+    ranges: Vec<GrantRange>,
+}
+
+impl Shared {
+    /// Adds `range` to the open grant for `(segment, op, ttl)` (opening one if there is none or it is full).
+    fn add(
+        &mut self,
+        op: GrantOp,
+        segment: SegmentId,
+        ttl: Duration,
+        range: GrantRange,
+        keys: Arc<HostKeys>,
+    ) -> GrantRef {
+        let pending = &mut self.pending;
+        let index = *self
+            .open
+            .entry((segment, op, ttl))
+            .and_modify(|i| {
+                if pending[*i].ranges.len() >= MAX_GRANT_RANGES {
+                    *i = pending.len();
+                    pending.push(Pending { op, segment, ttl, keys: keys.clone(), ranges: Vec::new() });
+                }
+            })
+            .or_insert_with(|| {
+                pending.push(Pending { op, segment, ttl, keys, ranges: Vec::new() });
+                pending.len() - 1
+            });
+        let ranges = &mut pending[index].ranges;
+        ranges.push(range);
+        // Both fit: at most `MAX_GRANT_RANGES` ranges, and a reply holds far fewer than 2^32 grants.
+        GrantRef::Shared { grant: index as u32, range: (ranges.len() - 1) as u32 }
+    }
+
+    /// Seals every grant, in index order.
+    fn seal(self, sealer: &Sealer<'_>) -> Vec<Grant> {
+        self.pending
+            .into_iter()
+            .map(|p| p.keys.seal_grant_for(p.op, &p.segment, sealer.bearer, p.ranges, p.ttl, sealer.epoch))
+            .collect()
+    }
 }
 
 /// `config` as a master sealing grants runs it: freed space held out of reuse for the write-grant window plus

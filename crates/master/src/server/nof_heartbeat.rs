@@ -12,8 +12,9 @@ use crescent_net::auth::Credential;
 use crescent_net::grant::{self, Bearer, GrantOp};
 use crescent_net::host::TICKET_TTL;
 use crescent_net::tls::TlsClient;
+use crescent_proto::transfer::GrantRange;
 use crescent_proto::{ClientId, ErrorCode, Principal, SegmentId};
-use crescent_transfer::{Place, SegmentRegistry, Tickets, TransferClient, TransferConfig, TransferError};
+use crescent_transfer::{Place, RangeGrant, SegmentRegistry, Tickets, TransferClient, TransferConfig, TransferError};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,7 +94,15 @@ impl NofProber for TransferProber {
             let (_, keys) = a.hosts.of_segment(&a.svc, segment)?;
             let bearer = Bearer::new(Principal::Node(None), Some(self.id));
             let ttl = self.client.config().io_timeout * 2;
-            Some(keys.seal_grant_for(GrantOp::Read, &segment, &bearer, 0, 1, ttl, a.svc.epoch_ms()))
+            let range = GrantRange { offset: 0, length: 1 };
+            Some(RangeGrant::own(keys.seal_grant_for(
+                GrantOp::Read,
+                &segment,
+                &bearer,
+                vec![range],
+                ttl,
+                a.svc.epoch_ms(),
+            )))
         });
         Box::pin(async move {
             match client.read(&endpoint, Place::new(segment, grant), 0, 1).await {

@@ -25,6 +25,7 @@ use crescent_net::inbound::{FrameBudget, Inbound, Ready};
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, HandshakeFailure, TlsServer};
 use crescent_net::{ServerHandle, Shutdown};
+use crescent_proto::rpc::GrantedBatch;
 use crescent_proto::wire::{Envelope, ErrorFrame, Frame, FrameCodec, Limits, WireError};
 use crescent_proto::{ErrorCode, MasterOp, MasterReply, MasterRequest, MasterResponse, Principal, SegmentId, batch};
 use std::net::SocketAddr;
@@ -156,13 +157,13 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::PutRevoke { client, tenant, key } => svc.put_revoke(*client, tenant, key.as_str()?).map(|()| A::Done),
         R::BatchPutStart { client, tenant, items, config, group_ids, upsert } => {
             if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
-                return Ok(A::BatchReplicas(vec![Err(ErrorCode::InvalidParams); items.0.len()]));
+                return Ok(A::BatchReplicas(GrantedBatch::new(vec![Err(ErrorCode::InvalidParams); items.0.len()])));
             }
             let grouped = group_ids.is_some();
             // Each item carries its group id (when the batch has them: as many as items, checked above).
             let mut groups = group_ids.as_ref().map(|g| g.0.iter().cloned());
             let items = items.0.iter().map(|(k, size)| (k, (*size, groups.as_mut().and_then(Iterator::next))));
-            Ok(A::BatchReplicas(on_valid_keys(items, |valid| {
+            Ok(A::BatchReplicas(GrantedBatch::new(on_valid_keys(items, |valid| {
                 let sub: Vec<(&str, u64)> = valid.iter().map(|(k, (size, _))| (*k, *size)).collect();
                 let groups: Option<Vec<String>> =
                     grouped.then(|| valid.into_iter().filter_map(|(_, (_, g))| g).collect());
@@ -171,7 +172,7 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
                 } else {
                     svc.batch_put_start(*client, tenant, &sub, config, groups.as_deref())
                 }
-            })))
+            }))))
         }
         R::BatchPutEnd { client, tenant, items } => Ok(A::BatchDone(
             items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(*client, tenant, k, *c))).collect(),
@@ -186,9 +187,9 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
             svc.release_leases(tenant, &keys).map(|()| A::Done)
         }
         R::BatchGetReplicaList { tenant, keys } => {
-            Ok(A::BatchReplicaList(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
+            Ok(A::BatchReplicaList(GrantedBatch::new(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {
                 svc.batch_get_replica_list(tenant, &only_keys(valid))
-            })))
+            }))))
         }
         R::ExistKey { tenant, key } => svc.exist_key(tenant, key.as_str()?).map(A::Exists),
         R::BatchExistKey { tenant, keys } => {
@@ -233,9 +234,9 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
 fn failed(reply: &MasterReply) -> bool {
     match reply {
         Err(_) => true,
-        Ok(MasterResponse::BatchReplicas(v)) => batch_failed(v),
+        Ok(MasterResponse::BatchReplicas(v)) => batch_failed(&v.items),
         Ok(MasterResponse::BatchDone(v)) => batch_failed(v),
-        Ok(MasterResponse::BatchReplicaList(v)) => batch_failed(v),
+        Ok(MasterResponse::BatchReplicaList(v)) => batch_failed(&v.items),
         Ok(MasterResponse::BatchExists(v)) => batch_failed(v),
         Ok(_) => false,
     }

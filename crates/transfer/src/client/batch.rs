@@ -9,11 +9,11 @@
 //! run; an I/O or protocol failure fails the range it hit and, with `Closed`, every later range of that run
 //! (the lane is then dropped, as in single transfers).
 
-use super::{Lane, LaneGuard, Peer, Place, TransferClient};
+use super::{GrantSlots, Lane, LaneGuard, Peer, Place, RangeGrant, TransferClient};
 use crate::error::TransferError;
 use crate::vm::{CopyError, RemoteProcess};
 use crescent_proto::SegmentId;
-use crescent_proto::transfer::{Grant, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Head, WireError};
 use futures_util::future::join_all;
 use std::io::IoSlice;
@@ -28,7 +28,7 @@ pub struct BatchRead<'a> {
     /// The segment holding the range.
     pub segment: SegmentId,
     /// The master's read grant covering the range (see [`Place`]).
-    pub grant: Option<Grant>,
+    pub grant: Option<RangeGrant>,
     /// Where the range starts in the segment.
     pub offset: u64,
     /// Receives the bytes.
@@ -36,12 +36,12 @@ pub struct BatchRead<'a> {
 }
 
 /// One range of a batched write: `data` to `offset` of `segment`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BatchWrite<'a> {
     /// The destination segment.
     pub segment: SegmentId,
     /// The master's write grant covering the range (see [`Place`]).
-    pub grant: Option<Grant>,
+    pub grant: Option<RangeGrant>,
     /// Where the range starts in the segment.
     pub offset: u64,
     /// The bytes to write.
@@ -77,7 +77,13 @@ impl TransferClient {
         let striped = singles.into_iter().map(|(i, item)| async move {
             vec![(
                 i,
-                self.read_into_checksummed(endpoint, Place::new(item.segment, item.grant), item.offset, item.buf).await,
+                self.read_into_checksummed(
+                    endpoint,
+                    Place::new(item.segment, item.grant.clone()),
+                    item.offset,
+                    item.buf,
+                )
+                .await,
             )]
         });
         let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
@@ -101,7 +107,7 @@ impl TransferClient {
         let (_inflight, alone) = self.inner.inflight.enter();
         let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
         let striped = singles.into_iter().map(|(i, w)| async move {
-            vec![(i, self.write_from(endpoint, Place::new(w.segment, w.grant), w.offset, w.data).await)]
+            vec![(i, self.write_from(endpoint, Place::new(w.segment, w.grant.clone()), w.offset, w.data).await)]
         });
         let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
         let mut out: Vec<Option<Result<(), TransferError>>> = Vec::new();
@@ -227,8 +233,10 @@ impl Lane {
         let (mut copied, mut sent): (Vec<_>, Vec<_>) =
             run.iter_mut().map(|(i, item)| (*i, &mut **item)).partition(|(_, item)| self.copies(item.buf.len()));
         if !copied.is_empty() {
-            let ranges: Vec<_> =
-                copied.iter().map(|(i, r)| (*i, Place::new(r.segment, r.grant), r.offset, r.buf.len())).collect();
+            let ranges: Vec<_> = copied
+                .iter()
+                .map(|(i, r)| (*i, Place::new(r.segment, r.grant.clone()), r.offset, r.buf.len()))
+                .collect();
             let (done, denied) =
                 self.locate_and_copy(&ranges, false, |k, remote, at| remote.read(at, copied[k].1.buf, true)).await;
             out.extend(done);
@@ -248,13 +256,14 @@ impl Lane {
         self.clean = false;
         let first = self.next_id;
         let mut requests = Vec::with_capacity(run.len() * 48);
+        let mut slots = GrantSlots::default();
         for (_, item) in run.iter() {
             let id = self.next_id();
             let read = TransferRequest::Read {
                 segment: item.segment,
                 offset: item.offset,
                 length: item.buf.len() as u64,
-                grant: item.grant,
+                grant: slots.use_of(item.grant.as_ref()),
             };
             let head = match Head::encode(id, &read, 0) {
                 Ok(h) => h,
@@ -293,8 +302,10 @@ impl Lane {
         let (copied, mut sent): (Vec<_>, Vec<_>) = run.iter().partition(|(_, w)| self.copies(w.data.len()));
         let mut out = Vec::with_capacity(run.len());
         if !copied.is_empty() {
-            let ranges: Vec<_> =
-                copied.iter().map(|(i, w)| (*i, Place::new(w.segment, w.grant), w.offset, w.data.len())).collect();
+            let ranges: Vec<_> = copied
+                .iter()
+                .map(|(i, w)| (*i, Place::new(w.segment, w.grant.clone()), w.offset, w.data.len()))
+                .collect();
             let (done, denied) = self
                 .locate_and_copy(&ranges, true, |k, remote, at| remote.write(at, copied[k].1.data, false).map(|_| ()))
                 .await;
@@ -315,11 +326,13 @@ impl Lane {
         self.clean = false;
         let first = self.next_id;
         let mut heads = Vec::with_capacity(run.len());
+        let mut slots = GrantSlots::default();
         for (_, w) in run {
             let id = self.next_id();
+            let grant = slots.use_of(w.grant.as_ref());
             let head = match Head::encode(
                 id,
-                &TransferRequest::Write { segment: w.segment, offset: w.offset, grant: w.grant },
+                &TransferRequest::Write { segment: w.segment, offset: w.offset, grant },
                 w.data.len(),
             ) {
                 Ok(h) => h,
@@ -374,14 +387,15 @@ impl Lane {
         let all = || ranges.iter().map(|(i, ..)| *i);
         let first = self.next_id;
         let mut requests = Vec::with_capacity(ranges.len() * 64);
-        for &(_, place, offset, len) in ranges {
+        let mut slots = GrantSlots::default();
+        for (_, place, offset, len) in ranges {
             let id = self.next_id();
             let locate = TransferRequest::Locate {
                 segment: place.segment,
-                offset,
-                length: len as u64,
+                offset: *offset,
+                length: *len as u64,
                 write,
-                grant: place.grant,
+                grant: slots.use_of(place.grant.as_ref()),
             };
             match Head::encode(id, &locate, 0) {
                 Ok(head) => requests.extend_from_slice(head.as_bytes()),
