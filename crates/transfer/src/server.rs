@@ -78,6 +78,7 @@ struct Counters {
     open: AtomicUsize,
     malformed: AtomicU64,
     auth_failures: AuthFailures,
+    grants_checked: AtomicU64,
     grant_refusals: AtomicU64,
 }
 
@@ -102,6 +103,8 @@ pub struct ServerStats {
     pub refused: u64,
     /// Peers refused for not proving a ticket for this host (see [`TransferServer::with_keys`]).
     pub auth_failures: u64,
+    /// Grants whose tags this node checked: one per grant a request carried (a batch's later requests name it).
+    pub grants_checked: u64,
     /// Transfers refused for want of a valid grant covering them (missing, forged, expired, out of range, or
     /// another bearer's).
     pub grant_refusals: u64,
@@ -271,6 +274,7 @@ impl TransferServerHandle {
             shed: accept.shed + local.map_or(0, |l| l.shed),
             refused: accept.refused + local.map_or(0, |l| l.refused),
             auth_failures: self.counters.auth_failures.total(),
+            grants_checked: self.counters.grants_checked.load(Ordering::Relaxed),
             grant_refusals: self.counters.grant_refusals.load(Ordering::Relaxed),
         }
     }
@@ -611,6 +615,9 @@ impl Connection {
         let Some(keys) = &self.keys else { return Ok(()) };
         // An authenticating server admits only proven peers, so a bearer is always known here.
         let Some(bearer) = &self.bearer else { return Err(ErrorCode::PermissionDenied) };
+        if matches!(grant, Some(GrantUse::Carried { .. })) {
+            self.counters.grants_checked.fetch_add(1, Ordering::Relaxed);
+        }
         let now = grant::unix_ms();
         self.grants.check(keys, op, segment, bearer, grant, offset, length, now).map_err(|why| {
             self.counters.grant_refusals.fetch_add(1, Ordering::Relaxed);
