@@ -316,28 +316,32 @@ impl Unreached {
     }
 }
 
-/// A single read's outcome, or `None` for one more try: a read that outlived its lease (it waited on a stalled
-/// node, say) or whose grant a node refused as expired fetches the replica list again, once.
+/// Whether a read failed only because what the master gave it ran out: it outlived its lease (it waited on a
+/// stalled node, say), or a node refused its grant as expired (clocks apart, or the node has honoured a newer
+/// master term's grants: a failover since the list was fetched). The current master's list carries fresh ones.
+fn outlived<T>(read: &Result<T, ClientError>) -> bool {
+    match read {
+        Err(ClientError::LeaseExpired { .. }) => true,
+        Err(e) => e.code() == ErrorCode::GrantExpired,
+        Ok(_) => false,
+    }
+}
+
+/// A single read's outcome, or `None` for one more try: a read that [`outlived`] what it was given fetches the
+/// replica list again, once.
 fn once_more_on_expiry<T>(
     key: &str,
     read: Result<T, ClientError>,
     refetched: &mut bool,
 ) -> Option<Result<T, ClientError>> {
-    match read {
-        Err(ClientError::LeaseExpired { .. }) if !*refetched => {
-            tracing::debug!(key, "read outlived its lease; fetching the replica list again");
-            *refetched = true;
-            None
+    if outlived(&read) && !*refetched {
+        if let Err(e) = &read {
+            tracing::debug!(key, error = %e, "the read outlived its lease or grant; fetching the replica list again");
         }
-        // A node refused the grant as expired: clocks apart, or the node has honoured a newer master term's
-        // grants (a failover since the list was fetched). The current master's list carries fresh ones.
-        Err(e) if e.code() == ErrorCode::GrantExpired && !*refetched => {
-            tracing::debug!(key, error = %e, "a node refused the read's grant as expired; fetching the replica list again");
-            *refetched = true;
-            None
-        }
-        r => Some(r),
+        *refetched = true;
+        return None;
     }
+    Some(read)
 }
 
 /// The error of a read that outlived the lease `list` granted.
@@ -977,15 +981,9 @@ impl Client {
     async fn batch_get_valid(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, ClientError>> {
         let unreached = Unreached::default();
         let mut out = self.batch_read_once(items, &unreached).await;
-        // As for a single read (`once_more_on_expiry`): reads that outlived their leases, or whose grants a node
-        // refused as expired, are looked up again once.
-        let expired: Vec<usize> = (0..out.len())
-            .filter(|&i| match &out[i] {
-                Err(ClientError::LeaseExpired { .. }) => true,
-                Err(e) => e.code() == ErrorCode::GrantExpired,
-                Ok(_) => false,
-            })
-            .collect();
+        // As for a single read (`once_more_on_expiry`): the reads that outlived their leases or grants are looked
+        // up again, once.
+        let expired: Vec<usize> = (0..out.len()).filter(|&i| outlived(&out[i])).collect();
         if !expired.is_empty() {
             tracing::debug!(
                 keys = expired.len(),
@@ -1278,5 +1276,8 @@ mod tests {
         let denied = Err::<(), _>(ClientError::Code(ErrorCode::PermissionDenied));
         assert!(once_more_on_expiry("k", denied, &mut refetched).is_some(), "other refusals are final");
         assert!(matches!(once_more_on_expiry("k", Ok(()), &mut refetched), Some(Ok(()))));
+        // The batch read's test of which keys to look up again is the same.
+        assert!(outlived(&expired_grant()) && outlived(&lease()));
+        assert!(!outlived(&Err::<(), _>(ClientError::Code(ErrorCode::PermissionDenied))) && !outlived(&Ok(())));
     }
 }
