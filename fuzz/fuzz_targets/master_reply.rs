@@ -7,19 +7,32 @@
 
 use bytes::Bytes;
 use crescent_fuzz::{reencodes_stably, write_seeds};
+use crescent_proto::rpc::GrantedBatch;
+use crescent_proto::transfer::{GRANT_TAG_LEN, Grant, GrantRange, GrantRef};
 use crescent_proto::wire::{ErrorFrame, Frame, Hello, HelloReply, Limits, PeerRole};
 use crescent_proto::{
     ClientStatus, ClusterInfo, ErrorCode, GetReplicaListResponse, MasterReply, MasterResponse, ObjectStat,
-    RemoveAllReport, SegmentStatus,
+    RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicaStatus, SegmentId, SegmentStatus,
 };
 use libfuzzer_sys::fuzz_target;
 
 fn seeds() -> Vec<Vec<u8>> {
     let list = GetReplicaListResponse { replicas: Vec::new(), lease_ttl_ms: 5000, checksum: Some(3), size: 4096 };
+    let segment_id = SegmentId::random();
+    let replica = |offset, grant| ReplicaDescriptor {
+        id: 1,
+        location: ReplicaLocation::Memory { segment_id, offset, length: 4096, endpoint: "127.0.0.1:1".into() },
+        status: ReplicaStatus::Complete,
+        grant,
+    };
+    let ranges = vec![GrantRange { offset: 0, length: 4096 }, GrantRange { offset: 8192, length: 4096 }];
+    let grant = Grant { ranges, expires_ms: u64::MAX, epoch: 7, tag: [3; GRANT_TAG_LEN] };
+    let shared = |range| Some(GrantRef::Shared { grant: 0, range });
+    let granted = GetReplicaListResponse { replicas: vec![replica(0, shared(0)), replica(8192, shared(1))], ..list.clone() };
     let replies: Vec<MasterReply> = vec![
         Ok(MasterResponse::Pong { status: ClientStatus::Ok, view_version: 0 }),
         Ok(MasterResponse::Done),
-        Ok(MasterResponse::Replicas(Vec::new())),
+        Ok(MasterResponse::Replicas(vec![replica(0, Some(GrantRef::Own(grant.clone())))])),
         Ok(MasterResponse::ReplicaList(list.clone())),
         Ok(MasterResponse::Stat(ObjectStat {
             size: 1,
@@ -43,7 +56,10 @@ fn seeds() -> Vec<Vec<u8>> {
         Ok(MasterResponse::Keys(vec!["a".into(), "b".into()])),
         Ok(MasterResponse::Status(SegmentStatus::Ok)),
         Ok(MasterResponse::BatchDone(vec![Ok(()), Err(ErrorCode::ObjectNotFound)])),
-        Ok(MasterResponse::BatchReplicaList(vec![Ok(list), Err(ErrorCode::InvalidKey)])),
+        Ok(MasterResponse::BatchReplicaList(GrantedBatch {
+            items: vec![Ok(list), Ok(granted), Err(ErrorCode::InvalidKey)],
+            grants: vec![grant],
+        })),
         Ok(MasterResponse::BatchExists(vec![Ok(true), Err(ErrorCode::InvalidParams)])),
         Ok(MasterResponse::RemovedAll(RemoveAllReport { removed: 3, ..Default::default() })),
         Err(ErrorFrame { code: ErrorCode::ObjectNotFound, message: "key \"x\" not found".into() }),

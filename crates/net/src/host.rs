@@ -406,6 +406,15 @@ fn parse_credentials(text: &str) -> Result<Vec<Credential>, AuthConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A grant of `[0, length)` of `seg` under `keys` that never expires.
+    fn sealed(keys: &HostKeys, op: GrantOp, seg: &SegmentId, bearer: &Bearer, length: u64) -> Grant {
+        keys.seal_grant(op, seg, bearer, vec![GrantRange { offset: 0, length }], u64::MAX)
+    }
+
+    fn first_8() -> Vec<GrantRange> {
+        vec![GrantRange { offset: 0, length: 8 }]
+    }
     use crate::auth::{Plane, transcript};
 
     const S1: &str = "0123456789abcdef-first";
@@ -420,13 +429,7 @@ mod tests {
         let ring = Keyring::parse(S1).unwrap();
         let (seg, bearer) = (SegmentId::random(), Bearer::new(node("tenant:a"), Some(ClientId::random())));
         let a = NodeKeys::fixed(ring.credential(node("node:a")));
-        let for_a = ring.host_keys(&node("node:a"), None).seal_grant(
-            GrantOp::Write,
-            &seg,
-            &bearer,
-            vec![GrantRange { offset: 0, length: 64 }],
-            u64::MAX,
-        );
+        let for_a = sealed(&ring.host_keys(&node("node:a"), None), GrantOp::Write, &seg, &bearer, 64);
         assert_eq!(a.verify_grant(GrantOp::Write, &seg, &bearer, &for_a, 0), Ok(()));
         // Every other host (another named node, the shared `node` credential, a tenant's store) refuses it, and a
         // host forging with its own keys is refused by `a`.
@@ -434,13 +437,7 @@ mod tests {
             let b = NodeKeys::fixed(ring.credential(node(other)));
             let refused = b.verify_grant(GrantOp::Write, &seg, &bearer, &for_a, 0);
             assert_eq!(refused, Err(GrantRefusal::Invalid), "{other}");
-            let forged = HostKeys::of(&b.credential()).seal_grant(
-                GrantOp::Write,
-                &seg,
-                &bearer,
-                vec![GrantRange { offset: 0, length: 64 }],
-                u64::MAX,
-            );
+            let forged = sealed(&HostKeys::of(&b.credential()), GrantOp::Write, &seg, &bearer, 64);
             let refused = a.verify_grant(GrantOp::Write, &seg, &bearer, &forged, 0);
             assert_eq!(refused, Err(GrantRefusal::Invalid), "forged by {other}");
         }
@@ -485,21 +482,9 @@ mod tests {
         let (seg, bearer) = (SegmentId::random(), Bearer::new(node("admin"), None));
         let host = NodeKeys::parse(&old.credential(node("node")).to_text()).unwrap();
         let proved = crate::auth::SecretId::of(S1.as_bytes());
-        let g = rotating.host_keys(&node("node"), Some(proved)).seal_grant(
-            GrantOp::Read,
-            &seg,
-            &bearer,
-            vec![GrantRange { offset: 0, length: 8 }],
-            u64::MAX,
-        );
+        let g = sealed(&rotating.host_keys(&node("node"), Some(proved)), GrantOp::Read, &seg, &bearer, 8);
         assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()));
-        let current = rotating.host_keys(&node("node"), None).seal_grant(
-            GrantOp::Read,
-            &seg,
-            &bearer,
-            vec![GrantRange { offset: 0, length: 8 }],
-            u64::MAX,
-        );
+        let current = sealed(&rotating.host_keys(&node("node"), None), GrantOp::Read, &seg, &bearer, 8);
         assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &current, 0), Err(GrantRefusal::Invalid));
         // The host takes both credentials, then drops the old one: its grants hold for the grace only.
         let both = format!(
@@ -530,15 +515,13 @@ mod tests {
         let ttl = Duration::from_secs(60);
         let (old, new) = (1_000, 2_000);
         let check = |g: &Grant| host.verify_grant(GrantOp::Read, &seg, &bearer, g, grant::unix_ms());
-        let g_old =
-            master.seal_grant_for(GrantOp::Read, &seg, &bearer, vec![GrantRange { offset: 0, length: 8 }], ttl, old);
+        let g_old = master.seal_grant_for(GrantOp::Read, &seg, &bearer, first_8(), ttl, old);
         assert_eq!(check(&g_old), Ok(()), "the only term seen so far");
         // A forged newer term does not check, and does not move the host on.
         assert_eq!(check(&Grant { epoch: new + 1, ..g_old.clone() }), Err(GrantRefusal::Invalid));
         assert_eq!(check(&g_old), Ok(()));
         // The successor's first grant moves it on: the predecessor's live grants are refused from then on.
-        let g_new =
-            master.seal_grant_for(GrantOp::Read, &seg, &bearer, vec![GrantRange { offset: 0, length: 8 }], ttl, new);
+        let g_new = master.seal_grant_for(GrantOp::Read, &seg, &bearer, first_8(), ttl, new);
         assert_eq!(check(&g_new), Ok(()));
         assert_eq!(check(&g_old), Err(GrantRefusal::Expired));
         assert_eq!(check(&g_new), Ok(()));
@@ -552,13 +535,7 @@ mod tests {
         assert_eq!(host.credential().to_text(), ring.credential(node("node")).to_text());
         ring.replace_with(S2).unwrap();
         assert_eq!(host.credential().to_text(), ring.credential(node("node")).to_text());
-        let g = ring.host_keys(&node("node"), None).seal_grant(
-            GrantOp::Read,
-            &seg,
-            &bearer,
-            vec![GrantRange { offset: 0, length: 8 }],
-            u64::MAX,
-        );
+        let g = sealed(&ring.host_keys(&node("node"), None), GrantOp::Read, &seg, &bearer, 8);
         assert_eq!(host.verify_grant(GrantOp::Read, &seg, &bearer, &g, 0), Ok(()));
     }
 
