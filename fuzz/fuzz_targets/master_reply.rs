@@ -50,6 +50,7 @@ fn seeds() -> Vec<Vec<u8>> {
             memory_segments: 2,
             memory_capacity: 1 << 30,
             memory_used: 1 << 20,
+            memory_held: 1 << 19,
             eviction_high_watermark: 0.95,
             largest_free: 1 << 29,
         })),

@@ -636,15 +636,18 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         if phases.iter().any(|p| p.writes() || p.reads()) { vec![0u8; usize::try_from(size)?] } else { Vec::new() };
     fastrand::Rng::with_seed(7).fill(&mut base);
     let client = Client::new(cfg.clone());
-    let info = client.cluster_info().await.map_err(|e| anyhow!("{}: asking the master its capacity: {e}", e.code()))?;
+    let info = room(&client, size, a.replicas).await?;
     let key_budget = key_budget(&info, size, a.replicas);
     if key_budget == 0 {
         bail!(
-            "the cluster cannot hold one {} value with {} replica(s): {} memory segment(s), {} free in the largest",
+            "the cluster cannot hold one {} value with {} replica(s): {} memory segment(s), {} free in the largest, \
+             {} used of {}",
             crate::ops::fmt_bytes(size),
             a.replicas,
             info.memory_segments,
-            crate::ops::fmt_bytes(info.largest_free)
+            crate::ops::fmt_bytes(info.largest_free),
+            crate::ops::fmt_bytes(info.memory_used),
+            crate::ops::fmt_bytes(info.memory_capacity)
         );
     }
     eprintln!(
@@ -734,6 +737,44 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
 
 /// How many values of `size` bytes with `replicas` replicas the cluster holds below its eviction watermark,
 /// with a margin for allocator slack and other users' data.
+/// Longest a run waits for held memory to come back before sizing its key set.
+const HELD_WAIT: Duration = Duration::from_secs(60);
+
+/// The cluster's capacity and use, once its held memory no longer stands between the run and its key set: space
+/// a previous run (or any removal) freed stays out of reuse for a while on a master that seals grants (at most
+/// its `write_hold_ms`), and sizing the key set without it would leave nothing, or too little, to write into.
+async fn room(client: &Client, size: u64, replicas: u32) -> Result<ClusterInfo> {
+    let ask = || async {
+        client.cluster_info().await.map_err(|e| anyhow!("{}: asking the master its capacity: {e}", e.code()))
+    };
+    let mut info = ask().await?;
+    let started = Instant::now();
+    let mut said = false;
+    while info.memory_held > 0 && key_budget(&info, size, replicas) < key_budget_released(&info, size, replicas) {
+        if started.elapsed() > HELD_WAIT {
+            break;
+        }
+        if !said {
+            eprintln!(
+                "waiting for {} of recently freed memory, held out of reuse while grants for it may be live",
+                crate::ops::fmt_bytes(info.memory_held)
+            );
+            said = true;
+        }
+        // The master publishes no event for it: its use is polled, a few times a second.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        info = ask().await?;
+    }
+    Ok(info)
+}
+
+/// [`key_budget`] once the held memory is back in use.
+fn key_budget_released(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
+    let released =
+        ClusterInfo { memory_used: info.memory_used.saturating_sub(info.memory_held), memory_held: 0, ..info.clone() };
+    key_budget(&released, size, replicas)
+}
+
 fn key_budget(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
     let usable = info.memory_capacity as f64 * info.eviction_high_watermark * 0.8 - info.memory_used as f64;
     let per_key = size.saturating_mul(u64::from(replicas.max(1))) as f64;
@@ -743,6 +784,25 @@ fn key_budget(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_memory_counts_as_room_once_released_only() {
+        let info = ClusterInfo {
+            multi_tenant: false,
+            lease_ttl_ms: 5000,
+            memory_segments: 1,
+            memory_capacity: 1000 << 20,
+            memory_used: 700 << 20,
+            memory_held: 690 << 20,
+            eviction_high_watermark: 0.9,
+            largest_free: 300 << 20,
+        };
+        // 720 MiB usable below 80 % of the watermark: nothing beside 700 MiB used, 710 MiB once 690 come back.
+        assert_eq!(key_budget(&info, 1 << 20, 1), 20);
+        assert_eq!(key_budget_released(&info, 1 << 20, 1), 710);
+        let settled = ClusterInfo { memory_used: 10 << 20, memory_held: 0, ..info };
+        assert_eq!(key_budget(&settled, 1 << 20, 1), key_budget_released(&settled, 1 << 20, 1));
+    }
 
     #[test]
     fn patterns_identify_their_key() {

@@ -96,8 +96,12 @@ pub struct ClusterInfo {
     pub memory_segments: u32,
     /// Bytes those segments offer.
     pub memory_capacity: u64,
-    /// Bytes held by replicas (allocator slack included).
+    /// Bytes held by replicas (allocator slack included), and space held out of reuse (`memory_held`).
     pub memory_used: u64,
+    /// Of `memory_used`, space already freed but kept out of reuse while a data-plane grant for it may still be
+    /// live (a master that seals grants: the write window after an allocation, a grant's life after a
+    /// handout); free again within that, at most `write_hold_ms` (12 s by default).
+    pub memory_held: u64,
     /// Eviction starts above this share of the capacity.
     pub eviction_high_watermark: f64,
     /// The largest value one segment can hold now: a put at most this large fits without evicting.

@@ -102,13 +102,6 @@ pub struct Grant {
     pub tag: [u8; GRANT_TAG_LEN],
 }
 
-impl Grant {
-    /// Whether range `index` of the grant holds `[offset, offset + length)`.
-    pub fn covers(&self, index: usize, offset: u64, length: u64) -> bool {
-        self.ranges.get(index).is_some_and(|r| r.covers(offset, length))
-    }
-}
-
 /// Where a replica descriptor's grant is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GrantRef {

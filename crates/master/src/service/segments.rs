@@ -304,6 +304,7 @@ impl MasterService {
             memory_segments: u32::try_from(segments.len()).unwrap_or(u32::MAX),
             memory_capacity: segments.iter().map(|s| s.usage.capacity).sum(),
             memory_used: segments.iter().map(|s| s.usage.used + s.usage.slack).sum(),
+            memory_held: segments.iter().map(|s| s.usage.held).sum(),
             eviction_high_watermark: self.config.eviction_high_watermark,
             largest_free: segments
                 .iter()
