@@ -123,21 +123,14 @@ impl Shared {
         range: GrantRange,
         keys: Arc<HostKeys>,
     ) -> GrantRef {
-        let pending = &mut self.pending;
-        let index = *self
-            .open
-            .entry((segment, op, ttl))
-            .and_modify(|i| {
-                if pending[*i].ranges.len() >= MAX_GRANT_RANGES {
-                    *i = pending.len();
-                    pending.push(Pending { op, segment, ttl, keys: keys.clone(), ranges: Vec::new() });
-                }
-            })
-            .or_insert_with(|| {
-                pending.push(Pending { op, segment, ttl, keys, ranges: Vec::new() });
-                pending.len() - 1
-            });
-        let ranges = &mut pending[index].ranges;
+        let key = (segment, op, ttl);
+        let open = self.open.get(&key).copied().filter(|&i| self.pending[i].ranges.len() < MAX_GRANT_RANGES);
+        let index = open.unwrap_or_else(|| {
+            self.pending.push(Pending { op, segment, ttl, keys, ranges: Vec::new() });
+            self.open.insert(key, self.pending.len() - 1);
+            self.pending.len() - 1
+        });
+        let ranges = &mut self.pending[index].ranges;
         ranges.push(range);
         // Both fit: at most `MAX_GRANT_RANGES` ranges, and a reply holds far fewer than 2^32 grants.
         GrantRef::Shared { grant: index as u32, range: (ranges.len() - 1) as u32 }
@@ -157,4 +150,38 @@ impl Shared {
 pub fn hold_for_grants(config: &mut MasterConfig) {
     let needed = config.grant_write_window_ms.saturating_add(2 * SKEW_MS);
     config.write_hold_ms = config.write_hold_ms.max(needed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crescent_net::auth::Keyring;
+
+    #[test]
+    fn a_batch_shares_one_grant_per_segment_operation_and_life_of_at_most_the_most_ranges() {
+        let keys =
+            Arc::new(Keyring::parse("0123456789abcdef-grants").unwrap().host_keys(&"node".parse().unwrap(), None));
+        let (a, b, life) = (SegmentId::random(), SegmentId::random(), Duration::from_secs(5));
+        let range = |i: u64| GrantRange { offset: i << 12, length: 4096 };
+        let mut shared = Shared::default();
+        let mut add = |op, seg, ttl, i| shared.add(op, seg, ttl, range(i), keys.clone());
+        let on_a: Vec<GrantRef> = (0..MAX_GRANT_RANGES as u64 + 2).map(|i| add(GrantOp::Read, a, life, i)).collect();
+        assert_eq!(on_a[0], GrantRef::Shared { grant: 0, range: 0 });
+        assert_eq!(on_a[MAX_GRANT_RANGES - 1], GrantRef::Shared { grant: 0, range: MAX_GRANT_RANGES as u32 - 1 });
+        assert_eq!(
+            on_a[MAX_GRANT_RANGES],
+            GrantRef::Shared { grant: 1, range: 0 },
+            "a full grant is followed by a new one"
+        );
+        assert_eq!(add(GrantOp::Read, b, life, 0), GrantRef::Shared { grant: 2, range: 0 }, "another segment");
+        assert_eq!(add(GrantOp::Write, a, life, 0), GrantRef::Shared { grant: 3, range: 0 }, "another operation");
+        assert_eq!(
+            add(GrantOp::Read, a, Duration::from_secs(9), 0),
+            GrantRef::Shared { grant: 4, range: 0 },
+            "another life"
+        );
+        assert_eq!(add(GrantOp::Read, a, life, 999), GrantRef::Shared { grant: 1, range: 2 }, "back to the open one");
+        let sizes: Vec<usize> = shared.pending.iter().map(|p| p.ranges.len()).collect();
+        assert_eq!(sizes, vec![MAX_GRANT_RANGES, 3, 1, 1, 1]);
+    }
 }
