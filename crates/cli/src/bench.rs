@@ -737,12 +737,14 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
 
 /// How many values of `size` bytes with `replicas` replicas the cluster holds below its eviction watermark,
 /// with a margin for allocator slack and other users' data.
-/// Longest a run waits for held memory to come back before sizing its key set.
-const HELD_WAIT: Duration = Duration::from_secs(60);
+/// Longest a run waits for held memory to come back before sizing its key set (the default hold is 12 s).
+const HELD_WAIT: Duration = Duration::from_secs(30);
 
 /// The cluster's capacity and use, once its held memory no longer stands between the run and its key set: space
 /// a previous run (or any removal) freed stays out of reuse for a while on a master that seals grants (at most
 /// its `write_hold_ms`), and sizing the key set without it would leave nothing, or too little, to write into.
+/// Only a hold that takes more than half the room is waited for: on a cluster others keep writing to, some space
+/// is always held, and a run must not wait out `HELD_WAIT` for it.
 async fn room(client: &Client, size: u64, replicas: u32) -> Result<ClusterInfo> {
     let ask = || async {
         client.cluster_info().await.map_err(|e| anyhow!("{}: asking the master its capacity: {e}", e.code()))
@@ -750,7 +752,7 @@ async fn room(client: &Client, size: u64, replicas: u32) -> Result<ClusterInfo> 
     let mut info = ask().await?;
     let started = Instant::now();
     let mut said = false;
-    while info.memory_held > 0 && key_budget(&info, size, replicas) < key_budget_released(&info, size, replicas) {
+    while info.memory_held > 0 && key_budget(&info, size, replicas) < key_budget_released(&info, size, replicas) / 2 {
         if started.elapsed() > HELD_WAIT {
             break;
         }
