@@ -96,7 +96,7 @@ fn memory(n: u64) {
         svc.put_end(writer, "", &k, None).unwrap();
     }
     let full = rss_bytes();
-    assert_eq!(svc.remove_all(None, true), n);
+    assert_eq!(svc.remove_all(None, true), Ok(n));
     let after = rss_bytes();
     let grown = full.saturating_sub(before);
     println!(

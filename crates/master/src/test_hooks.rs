@@ -8,6 +8,8 @@ type Hook = Box<dyn FnMut()>;
 thread_local! {
     static AFTER_WRITE_TENANT: RefCell<Option<Hook>> = RefCell::new(None);
     static BEFORE_EVICTION_COMMIT: RefCell<Option<Hook>> = RefCell::new(None);
+    static AFTER_EVICTION_UNLOCK: RefCell<Option<Hook>> = RefCell::new(None);
+    static AFTER_UNMOUNT: RefCell<Option<Hook>> = RefCell::new(None);
 }
 
 fn fire(slot: &'static std::thread::LocalKey<RefCell<Option<Hook>>>) {
@@ -34,4 +36,22 @@ pub(crate) fn after_write_tenant() {
 
 pub(crate) fn before_eviction_commit() {
     fire(&BEFORE_EVICTION_COMMIT);
+}
+
+/// Runs `f` (once) right after an eviction on this thread released an evicted object's lock.
+pub fn set_after_eviction_unlock(f: impl FnMut() + 'static) {
+    AFTER_EVICTION_UNLOCK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
+
+/// Runs `f` (once) right after an unmount on this thread took the segment out of the pool.
+pub fn set_after_unmount(f: impl FnMut() + 'static) {
+    AFTER_UNMOUNT.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
+
+pub(crate) fn after_eviction_unlock() {
+    fire(&AFTER_EVICTION_UNLOCK);
+}
+
+pub(crate) fn after_unmount() {
+    fire(&AFTER_UNMOUNT);
 }

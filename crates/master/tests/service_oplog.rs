@@ -107,7 +107,12 @@ async fn a_refused_reservation_changes_nothing() {
     let (used, charged) = (m.used(), m.charged("a"));
     assert_eq!(m.svc.remove("a", "k", true), Err(OPLOG_REFUSED));
     assert_eq!(m.svc.batch_remove("a", &["k"], true), vec![Err(OPLOG_REFUSED)]);
-    assert_eq!(m.svc.remove_all(Some("a"), true), 0);
+    assert_eq!(
+        m.svc.remove_all(Some("a"), true),
+        Err(OPLOG_REFUSED),
+        "a refusal is an error, not \"already removing\""
+    );
+    assert_eq!(m.svc.remove_by_regex("a", "k", true), Err(OPLOG_REFUSED));
     let got = m.svc.get_replica_list("a", "k").unwrap();
     assert_eq!((got.replicas.len(), got.checksum), (1, Some(MIB ^ 0x5a5a)), "still readable, as it was");
     assert_eq!((m.used(), m.charged("a")), (used, charged));
@@ -482,5 +487,104 @@ async fn a_write_that_evicts_for_room_waits_until_the_eviction_is_durable() {
     log.start();
     assert_eq!(put.await.unwrap(), Ok(()), "placed once the eviction is durable");
     assert!(m.svc.get_replica_list("", "late").is_ok());
+    log.stop().await;
+}
+
+/// Names the log cannot hold are refused before anything changes, with `INVALID_PARAMS` naming the limit: a tenant
+/// over 256 bytes or a group over 4096 was once applied on the primary and then refused by the log, the refusal
+/// swallowed (a removal then stayed Removing forever while "removed" was answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_too_long_for_the_log_are_refused_up_front_naming_the_limit() {
+    use crescent_master::server::dispatch;
+    use crescent_proto::{MAX_GROUP_LEN, MAX_TENANT_LEN, MasterRequest, wire::WireKey};
+    let mut m = master(multi_tenant());
+    m.mount(1);
+    let log = held_writer(Arc::new(MemoryKv::new()), WriterConfig::default()).await;
+    m.svc.attach_oplog(log.clone());
+    log.start();
+    let tenant = "t".repeat(MAX_TENANT_LEN + 1);
+    let group = "g".repeat(MAX_GROUP_LEN + 1);
+    let committed = log.last_committed();
+    assert_eq!(m.svc.upsert_tenant_quota(&tenant, MIB), Err(ErrorCode::InvalidParams));
+    assert!(m.svc.tenant_quota(&tenant).is_none());
+    assert_eq!(
+        m.svc.put_start(m.writer, &tenant, "k", MIB, &ReplicateConfig::with_replicas(1)).unwrap_err(),
+        ErrorCode::InvalidParams
+    );
+    m.svc.upsert_tenant_quota("a", 100 * MIB).unwrap();
+    let grouped = ReplicateConfig { group_id: Some(group.clone()), ..ReplicateConfig::with_replicas(1) };
+    assert_eq!(m.svc.put_start(m.writer, "a", "k", MIB, &grouped).unwrap_err(), ErrorCode::InvalidParams);
+    assert_eq!(m.svc.remove_group("a", &group, true), Err(ErrorCode::InvalidParams));
+    assert_eq!(m.used(), 0, "nothing placed");
+    assert_eq!(log.last_committed(), committed + 1, "only the valid quota was logged");
+    // The words of the error name the limit.
+    let why = |req: MasterRequest| dispatch(&m.svc, &req).unwrap_err();
+    let e = why(MasterRequest::SetTenantQuota { tenant: tenant.clone(), bytes: MIB });
+    assert_eq!(e.code, ErrorCode::InvalidParams);
+    assert!(e.message.contains(&format!("the limit is {MAX_TENANT_LEN}")), "{}", e.message);
+    let e = why(MasterRequest::PutStart {
+        client: m.writer,
+        tenant: tenant.clone(),
+        key: WireKey::Key("k".into()),
+        size: MIB,
+        config: ReplicateConfig::with_replicas(1),
+    });
+    assert!(e.message.contains(&format!("the limit is {MAX_TENANT_LEN}")), "{}", e.message);
+    let e = why(MasterRequest::RemoveGroup { tenant: "a".into(), group: group.clone(), force: true });
+    assert!(
+        e.message.contains(&format!("group name is {} bytes, the limit is {MAX_GROUP_LEN}", group.len())),
+        "{}",
+        e.message
+    );
+    log.stop().await;
+}
+
+/// A commit the log refuses after its slot was taken (its writer stopped for good in between) fails the request
+/// with `PERSISTENT_FAIL` and is counted, never answered as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_refused_after_its_reservation_fails_the_request_and_is_counted() {
+    let mut m = master(MasterConfig::default());
+    m.mount(1);
+    let log = held_writer(Arc::new(MemoryKv::new()), WriterConfig::default()).await;
+    m.svc.attach_oplog(log.clone());
+    let slot = log.reserve().unwrap();
+    // An invalid entry is what the writer refuses at commit; a stopped-for-good writer refuses the same way.
+    let bad = crescent_master::ha::MasterEntry::Remove { tenant: "x".repeat(300), key: "k".into() };
+    assert_eq!(slot.commit(bad, None), Err(OPLOG_REFUSED));
+    assert_eq!(log.commit_failures(), 1);
+    log.stop().await;
+}
+
+/// A dead client's segment whose unmount the log refuses (the backend is failing) is cut off at once — no new
+/// object is placed on memory no one serves — and unmounted once the log takes it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_clients_segment_the_log_cannot_unmount_leaves_placement_and_is_unmounted_later() {
+    use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
+    let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
+    let kv: Arc<dyn HaKvBackend> = faulty.clone();
+    let config = WriterConfig {
+        retry_initial: Duration::from_millis(5),
+        retry_max: Duration::from_millis(20),
+        ..WriterConfig::default()
+    };
+    let mut m = master(MasterConfig { disconnect_grace_ms: 0, ..MasterConfig::default() });
+    m.mount(1);
+    let log = held_writer(kv, config).await;
+    m.svc.attach_oplog(log.clone());
+    log.start();
+    m.put("", "k", 4096, 1).unwrap();
+    assert!(eventually(WAIT, || async { log.status().durable.last_seq == 1 }).await);
+    faulty.inject_every(KvOp::Txn, Fault::Fail(KvError::Unavailable("etcd down".into())));
+    m.svc.remove("", "k", true).unwrap();
+    assert!(eventually(WAIT, || async { !log.status().accepting }).await, "admission closes on failure");
+    let (owner, seg) = m.segments[0].clone();
+    m.clock.advance(Duration::from_millis(m.svc.config().client_ttl_ms + 1));
+    assert_eq!(m.svc.step_liveness(), vec![owner]);
+    assert_eq!(m.svc.segment_status(seg.id), Ok(SegmentStatus::Disconnected), "not left allocatable");
+    assert!(!m.svc.pool().is_allocatable(seg.id));
+    faulty.clear();
+    assert!(eventually(WAIT, || async { log.status().accepting }).await);
+    assert_eq!(m.svc.step_graceful_unmounts(), 1);
+    assert_eq!(m.svc.segment_status(seg.id), Err(ErrorCode::SegmentNotFound), "unmounted once the log takes it");
     log.stop().await;
 }

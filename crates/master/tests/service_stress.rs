@@ -247,7 +247,7 @@ fn concurrent_operations_keep_every_invariant() {
     }
     // Removing everything returns every byte and every quota charge.
     h.advance(Duration::from_secs(11));
-    h.svc.remove_all(None, true);
+    h.svc.remove_all(None, true).unwrap();
     let audit = h.svc.audit();
     assert_eq!((audit.objects, audit.replica_bytes), (0, 0));
     assert_eq!(h.svc.pool().usage(SegmentKind::Memory).used, 0);

@@ -56,8 +56,8 @@ fn tenants_are_namespaces_and_writes_need_registration() {
     assert_eq!(h.svc.remove_by_regex("a", "x/", false), Ok(1));
     assert_eq!(h.svc.list_keys("b", "", 10).unwrap(), vec!["k".to_string(), "x/1".to_string()]);
     h.advance(Duration::from_secs(11)); // the read of b/k above leased it
-    assert_eq!(h.svc.remove_all(Some("b"), false), 2);
-    assert_eq!(h.svc.remove_all(Some("_bad"), false), 0);
+    assert_eq!(h.svc.remove_all(Some("b"), false), Ok(2));
+    assert_eq!(h.svc.remove_all(Some("_bad"), false), Ok(0));
     assert_eq!(h.svc.tenant_quota("a").unwrap().charged_bytes, 0);
 }
 

@@ -235,9 +235,9 @@ fn remove_all_and_remove_by_regex() {
     h.get("prefix/0").unwrap();
     assert_eq!(h.svc.remove_by_regex("", "(", false).unwrap_err(), ErrorCode::InvalidParams);
     assert_eq!(h.svc.remove_by_regex("", "fix/[1-3]", false), Ok(3), "search, not full match");
-    assert_eq!(h.svc.remove_all(None, false), 7, "complete, unleased objects only");
+    assert_eq!(h.svc.remove_all(None, false), Ok(7), "complete, unleased objects only");
     assert_eq!(h.svc.key_count(None), 2);
-    assert_eq!(h.svc.remove_all(None, true), 1, "force takes the leased one, never the pending write");
+    assert_eq!(h.svc.remove_all(None, true), Ok(1), "force takes the leased one, never the pending write");
     assert_eq!(h.svc.list_keys("", "", 100).unwrap(), Vec::<String>::new());
 }
 
@@ -249,9 +249,9 @@ fn remove_all_reports_what_it_skipped_and_why() {
     }
     h.get("a").unwrap();
     h.svc.put_start(h.writer, "", "pending", 10, &cfg(1)).unwrap();
-    let r = h.svc.remove_all_report(None, false);
+    let r = h.svc.remove_all_report(None, false).unwrap();
     assert_eq!((r.removed, r.skipped_leased, r.skipped_writing, r.skipped_pinned), (2, 1, 1, 0));
-    let r = h.svc.remove_all_report(Some(""), true);
+    let r = h.svc.remove_all_report(Some(""), true).unwrap();
     assert_eq!((r.removed, r.skipped_leased, r.skipped_writing), (1, 0, 1), "force takes the leased one only");
 }
 

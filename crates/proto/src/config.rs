@@ -33,6 +33,10 @@ pub enum ObjectDataType {
     General = 9,
 }
 
+/// Longest group name in bytes: a group's removal names it in the operation log where a key goes, so it shares the
+/// key's limit; a longer name is refused before anything changes.
+pub const MAX_GROUP_LEN: usize = crate::key::MAX_KEY_LEN;
+
 /// How a write wants its replicas placed and its object retained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicateConfig {

@@ -25,7 +25,7 @@ pub mod transfer;
 pub mod wire;
 
 pub use auth::{Principal, PrincipalError};
-pub use config::{ObjectDataType, ReplicateConfig, SoftPinAction};
+pub use config::{MAX_GROUP_LEN, ObjectDataType, ReplicateConfig, SoftPinAction};
 pub use error::{ErrorCode, ErrorCodeUnknown};
 pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
@@ -35,4 +35,4 @@ pub use rpc::{
     MasterRequest, MasterResponse, ObjectStat, RemoveAllReport, TenantInfo,
 };
 pub use segment::{SegmentKind, SegmentSpec, SegmentStatus};
-pub use tenant::{TenantId, TenantIdError};
+pub use tenant::{MAX_TENANT_LEN, TenantId, TenantIdError};

@@ -4,9 +4,17 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
+/// Longest tenant id in bytes. Every mutation names its tenant in the operation log, whose entries hold at most
+/// this many (the master checks at compile time that the two agree), so a longer id is refused here, before
+/// anything changes, rather than applied and then refused by the log.
+pub const MAX_TENANT_LEN: usize = 256;
+
 /// Why a string is not a valid tenant id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TenantIdError {
+    /// Longer than [`MAX_TENANT_LEN`] bytes.
+    #[error("tenant id is {0} bytes, the limit is {MAX_TENANT_LEN}")]
+    TooLong(usize),
     /// `_` prefixes are reserved for the system.
     #[error("tenant id {0:?} starts with the reserved prefix '_'")]
     ReservedPrefix(String),
@@ -29,6 +37,9 @@ impl TenantId {
     pub fn new(id: &str) -> Result<Self, TenantIdError> {
         if id.is_empty() {
             return Ok(Self::default_tenant());
+        }
+        if id.len() > MAX_TENANT_LEN {
+            return Err(TenantIdError::TooLong(id.len()));
         }
         if id.starts_with('_') {
             return Err(TenantIdError::ReservedPrefix(id.to_owned()));
@@ -95,6 +106,8 @@ mod tests {
     #[test]
     fn reserved_and_control_bytes_are_invalid() {
         assert!(matches!(TenantId::new("_sys"), Err(TenantIdError::ReservedPrefix(_))));
+        assert!(TenantId::new(&"t".repeat(MAX_TENANT_LEN)).is_ok());
+        assert_eq!(TenantId::new(&"t".repeat(MAX_TENANT_LEN + 1)), Err(TenantIdError::TooLong(MAX_TENANT_LEN + 1)));
         for bad in ["a\0b", "line\n", "tab\t", "del\x7f", "\x1f"] {
             assert!(matches!(TenantId::new(bad), Err(TenantIdError::ControlByte(_))), "{bad:?}");
         }

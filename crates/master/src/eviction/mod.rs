@@ -21,14 +21,39 @@
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
-use crate::ha::OpLog;
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
-use crate::service::ha::post_state_entry;
 use crescent_proto::{SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Where a round's decisions are logged: the service's operation log (the kernel knows nothing of entries). The
+/// kernel takes a slot before an object's lock — a refusal means that object is not evicted — and records the
+/// object's post-state inside its lock, right after stripping it, so the log orders the eviction exactly where the
+/// lock did: a removal or a write of the same object can never be logged on the wrong side of it.
+pub trait EvictionLog {
+    /// A reserved place in the log (no sequence yet; dropping it gives it back).
+    type Slot<'a>
+    where
+        Self: 'a;
+    /// Takes a slot with no lock held (may wait briefly while admission is merely full); `None`: refused.
+    fn reserve(&self) -> Option<Self::Slot<'_>>;
+    /// Takes a slot without waiting (under a group lock); `None`: refused.
+    fn try_reserve(&self) -> Option<Self::Slot<'_>>;
+    /// Records `entry`'s post-state `st` in `tenant` (PUT_END of what is left, or REMOVE), called under the
+    /// object's lock; `on_durable` runs once the record is durable. False: the log will never hold it (its writer
+    /// stopped for good), and `on_durable` was dropped unrun.
+    fn record(
+        &self,
+        slot: Self::Slot<'_>,
+        tenant: &TenantState,
+        entry: &ObjectEntry,
+        st: &ObjectState,
+        now: Timestamp,
+        on_durable: Box<dyn FnOnce() + Send>,
+    ) -> bool;
+}
 
 /// Evictions logged but not yet durable, whose space and quota are still held: a write that evicted for its
 /// room waits here (bounded) rather than evicting more, and the watermark loop skips rounds while any are
@@ -214,18 +239,18 @@ fn evictable_at(st: &ObjectState, tier: Tier) -> SmallVec<[(SegmentId, u64); 1]>
         .collect()
 }
 
-struct Committer<'a> {
+struct Committer<'a, L: EvictionLog> {
     tenants: &'a [Arc<TenantState>],
     /// Each evicted object's post-state is logged here (PUT_END of what is left, or REMOVE); its space and
     /// quota are released when that entry is durable.
-    oplog: Option<(&'a OpLog, &'a Arc<PendingFrees>)>,
+    oplog: Option<(&'a L, &'a Arc<PendingFrees>)>,
     tier: Tier,
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
     report: EvictionReport,
 }
 
-impl Committer<'_> {
+impl<L: EvictionLog> Committer<'_, L> {
     /// Gives back what an evicted object held: at once without an oplog, else once `slot`'s entry (the
     /// object's post-state) is durable.
     fn release(&self, tenant: &Arc<TenantState>, replicas: SmallVec<[Replica; 1]>, quota: u64) -> DeferredFree {
@@ -250,9 +275,9 @@ impl Committer<'_> {
         match c.entry.group() {
             None => {
                 // Reserved before the lock: an eviction the log cannot take does not happen.
-                let slot = match self.oplog.map(|(log, _)| log.reserve()).transpose() {
+                let slot = match self.oplog.map(|(log, _)| log.reserve().ok_or(())).transpose() {
                     Ok(slot) => slot,
-                    Err(_) => {
+                    Err(()) => {
                         self.report.skipped += 1;
                         return 0;
                     }
@@ -266,12 +291,16 @@ impl Committer<'_> {
                 self.report.objects += 1;
                 self.report.bytes += bytes_of(&freed, self.tier);
                 let free = self.release(tenant, freed, quota);
-                let entry = slot.map(|slot| (slot, post_state_entry(tenant, &c.entry, &st, self.now)));
-                drop(st);
-                match entry {
-                    Some((slot, e)) => slot.commit(e, Some(Box::new(move |_seq| drop(free)))),
-                    None => drop(free),
+                // Logged inside the object's lock: a removal that takes the lock next is logged after this.
+                match (slot, self.oplog) {
+                    (Some(slot), Some((log, _))) => {
+                        log.record(slot, tenant, &c.entry, &st, self.now, Box::new(move || drop(free)));
+                    }
+                    _ => drop(free),
                 }
+                drop(st);
+                #[cfg(test)]
+                crate::test_hooks::after_eviction_unlock();
                 if retired {
                     tenant.detach(&c.entry);
                 }
@@ -302,8 +331,8 @@ impl Committer<'_> {
             for _ in &members {
                 // Under the group lock: no waiting for admission here.
                 match log.try_reserve() {
-                    Ok(slot) => slots.push(slot),
-                    Err(_) => {
+                    Some(slot) => slots.push(slot),
+                    None => {
                         self.report.skipped += 1;
                         return 0;
                     }
@@ -330,11 +359,11 @@ impl Committer<'_> {
                 bytes += bytes_of(&f, self.tier);
                 let free = self.release(tenant, f, quota);
                 // Committed under the member's lock (the entry order is the lock order); released on durable.
-                match slots.pop() {
-                    Some(slot) => {
-                        slot.commit(post_state_entry(tenant, m, st, self.now), Some(Box::new(move |_| drop(free))))
+                match (slots.pop(), self.oplog) {
+                    (Some(slot), Some((log, _))) => {
+                        log.record(slot, tenant, m, st, self.now, Box::new(move || drop(free)));
                     }
-                    None => drop(free),
+                    _ => drop(free),
                 }
                 if r {
                     retired.push(m);
@@ -477,14 +506,14 @@ fn ranks_on(seg: &SegmentMap, mut mine: Vec<(u64, usize)>) -> Vec<Option<usize>>
 /// allow, the oldest anywhere until the pool is back under its target (so the next watermark round has no
 /// reason to reach the new object). Evicts nothing when no segment has such a hole: a write that cannot be
 /// placed must not empty the cache on its way to failing.
-pub fn make_room(
+pub fn make_room<L: EvictionLog>(
     tenants: &[Arc<TenantState>],
     tier: Tier,
     room: &RoomRequest,
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<(&OpLog, &Arc<PendingFrees>)>,
+    oplog: Option<(&L, &Arc<PendingFrees>)>,
 ) -> RoomReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
@@ -527,14 +556,14 @@ pub fn make_room(
 }
 
 /// Runs one eviction round over `tenants`.
-pub fn run(
+pub fn run<L: EvictionLog>(
     tenants: &[Arc<TenantState>],
     tier: Tier,
     target: EvictionTarget,
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<(&OpLog, &Arc<PendingFrees>)>,
+    oplog: Option<(&L, &Arc<PendingFrees>)>,
 ) -> EvictionReport {
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
     let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };

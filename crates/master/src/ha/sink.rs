@@ -24,7 +24,7 @@ pub struct OpLog {
     writer: OrderedOpLogWriter,
     /// Reservations refused (writer closed, full or terminal).
     admission_failures: AtomicU64,
-    /// Commits refused after a reservation (should stay 0).
+    /// Commits refused after a reservation (0 unless the writer stopped for good).
     commit_failures: AtomicU64,
 }
 
@@ -42,15 +42,30 @@ pub struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    /// Queues the entry (no I/O); `callback` runs once it is durable. A refusal here (the writer stopped for
-    /// good between reserve and commit) is logged: the mutation is already visible and cannot be undone.
-    pub fn commit(self, entry: MasterEntry, callback: Option<DurableCallback>) {
-        if let Err(e) = self.log.writer.commit(self.reservation, entry.encode(), callback) {
-            self.log.commit_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "oplog commit refused after reservation: the mutation is not logged");
-        }
+    /// Queues the entry (no I/O); `callback` runs once it is durable. Call it inside the lock that orders the
+    /// mutation, right after making it. A refusal here (the writer stopped for good between reserve and commit:
+    /// fenced or failed; entries are checked against the log's limits before anything changes, so an invalid
+    /// one is a bug) is counted, logged and answered `PERSISTENT_FAIL`: the caller fails its request, since the
+    /// log will never hold this change. The callback is dropped unrun then.
+    pub fn commit(self, entry: MasterEntry, callback: Option<DurableCallback>) -> Result<u64, ErrorCode> {
+        self.log.writer.commit(self.reservation, entry.encode(), callback).map_err(|e| {
+            let n = self.log.commit_failures.fetch_add(1, Ordering::Relaxed);
+            if n.is_multiple_of(1024) {
+                tracing::error!(error = %e, refused = n + 1, "oplog commit refused after reservation: the mutation is not logged");
+            }
+            OPLOG_REFUSED
+        })
     }
 }
+
+// The vocabulary's limits fit the log's: a tenant, key or group name the service accepts is never refused by the
+// log after the change it names was made (checked when the master compiles).
+const _: () = {
+    use crescent_ha::oplog::codec;
+    assert!(crescent_proto::MAX_TENANT_LEN <= codec::MAX_TENANT_LEN);
+    assert!(crescent_proto::MAX_KEY_LEN <= codec::MAX_ENTRY_KEY_LEN);
+    assert!(crescent_proto::MAX_GROUP_LEN <= codec::MAX_ENTRY_KEY_LEN);
+};
 
 impl OpLog {
     /// A handle on a started (or to be started) writer.

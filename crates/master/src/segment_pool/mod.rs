@@ -72,6 +72,26 @@ pub enum PoolError {
     /// A restored allocation was not found or does not match.
     #[error("no restored allocation at segment {0} offset {1} with that size")]
     NoRestoredAllocation(SegmentId, u64),
+    /// The caller's log refused to record the change (see [`PoolLog`]); nothing changed.
+    #[error("the operation log refused the change ({0:?})")]
+    LogRefused(ErrorCode),
+}
+
+/// Records a pool change in the caller's operation log, called under the pool's write lock right before the
+/// change is made (the log's order is then the pool's order: an unmount racing a remount can never be logged
+/// on the wrong side of it). It must not block or take another lock; an `Err` aborts the change, and nothing
+/// changes. `|_| Ok(())` for a pool without a log.
+pub type PoolLog<'a> = &'a mut dyn FnMut(PoolChange<'_>) -> Result<(), ErrorCode>;
+
+/// A change [`PoolLog`] is asked to record.
+#[derive(Debug, Clone, Copy)]
+pub enum PoolChange<'a> {
+    /// A segment mounted anew (not re-adopted or reconnected: those are in the log already).
+    Mount(&'a SegmentSpec),
+    /// A segment deactivated for unmount (it leaves the pool).
+    Unmount(SegmentId),
+    /// A segment turned gracefully unmounting until the deadline (the grace from now).
+    Graceful(SegmentId),
 }
 
 impl PoolError {
@@ -87,6 +107,7 @@ impl PoolError {
             PoolError::CxlDisabled => ErrorCode::UnavailableInCurrentMode,
             PoolError::CorruptSnapshot(_) => ErrorCode::DeserializeFail,
             PoolError::NoRestoredAllocation(..) => ErrorCode::InvalidReplica,
+            PoolError::LogRefused(code) => *code,
         }
     }
 }
@@ -317,6 +338,16 @@ impl SegmentPool {
     /// the same id with other fields or another owner is `INVALID_PARAMS`; an identical id in a non-OK status is
     /// `UNAVAILABLE_IN_CURRENT_STATUS`.
     pub fn mount(&self, client: ClientId, spec: SegmentSpec) -> Result<MountOutcome, PoolError> {
+        self.mount_logged(client, spec, &mut |_| Ok(()))
+    }
+
+    /// [`SegmentPool::mount`], recording a new segment in `log` under the pool's lock.
+    pub fn mount_logged(
+        &self,
+        client: ClientId,
+        spec: SegmentSpec,
+        log: PoolLog<'_>,
+    ) -> Result<MountOutcome, PoolError> {
         let mut st = self.state.write();
         if let Some(existing) = st.catalog.get(&spec.id) {
             if *existing.spec != spec || existing.client != client {
@@ -334,6 +365,7 @@ impl SegmentPool {
             return Ok(MountOutcome::AlreadyMounted);
         }
         let prepared = st.prepare_new(&spec, &[], self.config.write_hold.as_ref())?;
+        log(PoolChange::Mount(&spec)).map_err(PoolError::LogRefused)?;
         st.commit_and_publish(client, spec, SegmentStatus::Ok, None, prepared)?;
         Ok(MountOutcome::Mounted)
     }
@@ -366,6 +398,17 @@ impl SegmentPool {
     /// already mounted must match exactly and belong to `client`; they are re-adopted as they are. The rest are
     /// mounted. All or nothing: any invalid segment fails the whole call and changes nothing.
     pub fn remount(&self, client: ClientId, specs: &[SegmentSpec]) -> Result<RemountReport, PoolError> {
+        self.remount_logged(client, specs, &mut |_| Ok(()))
+    }
+
+    /// [`SegmentPool::remount`], recording each segment mounted anew in `log` under the pool's lock (all are
+    /// recorded before any is committed: a refusal mounts none).
+    pub fn remount_logged(
+        &self,
+        client: ClientId,
+        specs: &[SegmentSpec],
+        log: PoolLog<'_>,
+    ) -> Result<RemountReport, PoolError> {
         let mut st = self.state.write();
         let mut report = RemountReport::default();
         let mut fresh: Vec<&SegmentSpec> = Vec::new();
@@ -396,6 +439,9 @@ impl SegmentPool {
         for (i, spec) in fresh.iter().enumerate() {
             prepared.push(st.prepare_new(spec, &fresh[..i], self.config.write_hold.as_ref())?);
         }
+        for spec in &fresh {
+            log(PoolChange::Mount(spec)).map_err(PoolError::LogRefused)?;
+        }
         for (spec, p) in fresh.into_iter().zip(prepared) {
             report.mounted.push(spec.id);
             st.commit_and_publish(client, spec.clone(), SegmentStatus::Ok, None, p)?;
@@ -409,11 +455,17 @@ impl SegmentPool {
     /// Phase 1 of unmount: the segment leaves the placement index and every buffer on it becomes unreadable, at
     /// once. Unknown id → `Ok(None)`. Already deactivated → `UNAVAILABLE_IN_CURRENT_STATUS`.
     pub fn deactivate(&self, id: SegmentId) -> Result<Option<DeactivatedSegment>, PoolError> {
+        self.deactivate_logged(id, &mut |_| Ok(()))
+    }
+
+    /// [`SegmentPool::deactivate`], recording the unmount in `log` under the pool's lock.
+    pub fn deactivate_logged(&self, id: SegmentId, log: PoolLog<'_>) -> Result<Option<DeactivatedSegment>, PoolError> {
         let mut st = self.state.write();
         let Some(r) = st.catalog.get(&id) else { return Ok(None) };
         if r.status == SegmentStatus::Unmounting {
             return Err(PoolError::UnavailableInStatus { id, status: r.status });
         }
+        log(PoolChange::Unmount(id)).map_err(PoolError::LogRefused)?;
         let (spec, client) = (r.spec.clone(), r.client);
         st.transition(&id, SegmentStatus::Unmounting, None);
         let resource = st.resource(&spec).cloned();
@@ -450,7 +502,17 @@ impl SegmentPool {
         id: SegmentId,
         sweep: impl FnOnce(&DeactivatedSegment),
     ) -> Result<Option<DeactivatedSegment>, PoolError> {
-        let Some(d) = self.deactivate(id)? else { return Ok(None) };
+        self.unmount_logged(id, &mut |_| Ok(()), sweep)
+    }
+
+    /// [`SegmentPool::unmount`], recording it in `log` under the pool's lock when it deactivates.
+    pub fn unmount_logged(
+        &self,
+        id: SegmentId,
+        log: PoolLog<'_>,
+        sweep: impl FnOnce(&DeactivatedSegment),
+    ) -> Result<Option<DeactivatedSegment>, PoolError> {
+        let Some(d) = self.deactivate_logged(id, log)? else { return Ok(None) };
         sweep(&d);
         self.erase(id)?;
         Ok(Some(d))
@@ -460,6 +522,17 @@ impl SegmentPool {
     /// [`SegmentPool::due_graceful_unmounts`] reports it for a full unmount. Only the owner may ask; asking again is
     /// OK and keeps the first deadline.
     pub fn graceful_unmount(&self, id: SegmentId, client: ClientId, deadline: Timestamp) -> Result<(), PoolError> {
+        self.graceful_unmount_logged(id, client, deadline, &mut |_| Ok(()))
+    }
+
+    /// [`SegmentPool::graceful_unmount`], recording the change (not a repeat) in `log` under the pool's lock.
+    pub fn graceful_unmount_logged(
+        &self,
+        id: SegmentId,
+        client: ClientId,
+        deadline: Timestamp,
+        log: PoolLog<'_>,
+    ) -> Result<(), PoolError> {
         let mut st = self.state.write();
         if st.catalog.ids_for_client(&client).is_empty() {
             return Err(PoolError::NotFound);
@@ -471,6 +544,7 @@ impl SegmentPool {
         match r.status {
             SegmentStatus::GracefullyUnmounting => Ok(()),
             SegmentStatus::Ok | SegmentStatus::Draining => {
+                log(PoolChange::Graceful(id)).map_err(PoolError::LogRefused)?;
                 st.transition(&id, SegmentStatus::GracefullyUnmounting, Some(deadline));
                 Ok(())
             }

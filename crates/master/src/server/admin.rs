@@ -700,7 +700,7 @@ fn bad_request(message: String) -> Response {
 /// it drains); a candidate answers once what the answer depends on is durable, as its RPCs do.
 async fn run(s: &AdminState, req: MasterRequest) -> Result<MasterResponse, Response> {
     let svc = s.svc().map_err(refused)?;
-    let log = svc.oplog().filter(|_| s.target.durable_replies()).cloned();
+    let log = svc.oplog().cloned();
     let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
         .await
         .unwrap_or_else(|e| Err(ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() }));

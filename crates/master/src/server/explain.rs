@@ -5,7 +5,7 @@
 use crate::service::MasterService;
 use crescent_proto::human::fmt_bytes;
 use crescent_proto::wire::WireKey;
-use crescent_proto::{ClientId, ErrorCode, MAX_KEY_LEN, MasterRequest, ObjectKey, TenantId};
+use crescent_proto::{ClientId, ErrorCode, MAX_GROUP_LEN, MAX_KEY_LEN, MasterRequest, ObjectKey, TenantId};
 
 /// The key a single-key request names, if it has one.
 fn key_of(req: &MasterRequest) -> Option<(&str, &WireKey)> {
@@ -19,6 +19,38 @@ fn key_of(req: &MasterRequest) -> Option<(&str, &WireKey)> {
         | R::Stat { tenant, key }
         | R::ExistKey { tenant, key }
         | R::Remove { tenant, key, .. } => Some((tenant, key)),
+        _ => None,
+    }
+}
+
+/// The tenant a request names, if any.
+fn tenant_of(req: &MasterRequest) -> Option<&str> {
+    use MasterRequest as R;
+    match req {
+        R::PutStart { tenant, .. }
+        | R::PutEnd { tenant, .. }
+        | R::PutRevoke { tenant, .. }
+        | R::UpsertStart { tenant, .. }
+        | R::GetReplicaList { tenant, .. }
+        | R::Stat { tenant, .. }
+        | R::ExistKey { tenant, .. }
+        | R::Remove { tenant, .. }
+        | R::BatchPutStart { tenant, .. }
+        | R::RemoveGroup { tenant, .. }
+        | R::RemoveByRegex { tenant, .. } => Some(tenant),
+        R::RemoveAll { tenant, .. } => tenant.as_deref(),
+        _ => None,
+    }
+}
+
+/// The group a request names, if any.
+fn group_of(req: &MasterRequest) -> Option<&str> {
+    use MasterRequest as R;
+    match req {
+        R::PutStart { config, .. } | R::UpsertStart { config, .. } | R::BatchPutStart { config, .. } => {
+            config.group_id.as_deref()
+        }
+        R::RemoveGroup { group, .. } => Some(group),
         _ => None,
     }
 }
@@ -37,6 +69,26 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
     use MasterRequest as R;
     if let Some((_, WireKey::TooLong(len))) = key_of(req) {
         return format!("key is {len} bytes, the limit is {MAX_KEY_LEN}");
+    }
+    if code == ErrorCode::InvalidParams {
+        if let Some(why) = tenant_of(req).and_then(|t| TenantId::new(t).err()) {
+            return why.to_string();
+        }
+        if let Some(len) = group_of(req).map(str::len).filter(|&n| n > MAX_GROUP_LEN) {
+            return format!("group name is {len} bytes, the limit is {MAX_GROUP_LEN}");
+        }
+    }
+    if code == ErrorCode::PersistentFail {
+        let done = match req {
+            R::RemoveAll { .. } | R::RemoveByRegex { .. } => {
+                "the objects removed before the refusal stay removed, the rest were left"
+            }
+            _ => "nothing was changed",
+        };
+        return format!(
+            "the master's operation log cannot take this change now (its backend is failing, full or unreachable; \
+             /health says why): {done}; retry later"
+        );
     }
     if let Some((tenant, WireKey::Key(key))) = key_of(req) {
         if let Err(e) = ObjectKey::check(key) {

@@ -201,7 +201,7 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::BatchRemove { tenant, keys, force } => {
             Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(tenant, k, *force))).collect()))
         }
-        R::RemoveAll { tenant, force } => Ok(A::RemovedAll(svc.remove_all_report(tenant.as_deref(), *force))),
+        R::RemoveAll { tenant, force } => svc.remove_all_report(tenant.as_deref(), *force).map(A::RemovedAll),
         R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(tenant, pattern, *force).map(A::Count),
         R::ListKeys { tenant, prefix, limit } => svc.list_keys(tenant, prefix, *limit as usize).map(A::Keys),
         R::ReportUnreachable { client, segments } => {
@@ -517,13 +517,18 @@ fn holds_until_durable(req: &MasterRequest) -> bool {
             | R::SetTenantQuota { .. }
             | R::UnmountSegment { .. }
             | R::GracefulUnmount { .. }
+            // An upsert onto a readable object logs its REMOVE and hands out the object's own buffers to be
+            // overwritten (or frees them): the writer may touch those bytes only once no failover can serve
+            // them under the old value.
+            | R::UpsertStart { .. }
+            | R::BatchPutStart { upsert: true, .. }
     )
 }
 
-/// Notes that the reply just queued depends on everything `svc`'s oplog has committed (a candidate's
-/// removal-type requests only, see [`holds_until_durable`]).
-fn owe(owed: &mut Owed, svc: &MasterService, hold: bool, shared: &Shared) {
-    if !hold || !shared.target.durable_replies() {
+/// Notes that the reply just queued depends on everything `svc`'s oplog has committed (its
+/// removal-type requests and upserts only, see [`holds_until_durable`]).
+fn owe(owed: &mut Owed, svc: &MasterService, hold: bool) {
+    if !hold {
         return;
     }
     if let Some(log) = svc.oplog() {
@@ -723,7 +728,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                         false => dispatch_by(&svc, &body, by),
                     }
                 };
-                owe(&mut owed, &svc, hold, shared);
+                owe(&mut owed, &svc, hold);
                 if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {
                     super::grants::seal(&svc, hosts, bearer, &mut reply);
                 }

@@ -69,12 +69,6 @@ impl Target {
         }
     }
 
-    /// Whether removal-type replies wait until the log holds them: a candidate's do, so nothing it said is
-    /// gone comes back when another master takes over.
-    pub fn durable_replies(&self) -> bool {
-        matches!(self, Target::Elected(_))
-    }
-
     /// The candidate's state, if this is one.
     pub fn elected(&self) -> Option<&Arc<Elected>> {
         match self {

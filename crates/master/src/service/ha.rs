@@ -49,6 +49,32 @@ impl MasterService {
     }
 }
 
+/// The eviction kernel logs through the service's oplog: each evicted object's post-state (PUT_END of what is
+/// left, or REMOVE), committed under the object's lock.
+impl crate::eviction::EvictionLog for OpLog {
+    type Slot<'a> = Slot<'a>;
+
+    fn reserve(&self) -> Option<Slot<'_>> {
+        OpLog::reserve(self).ok()
+    }
+
+    fn try_reserve(&self) -> Option<Slot<'_>> {
+        OpLog::try_reserve(self).ok()
+    }
+
+    fn record(
+        &self,
+        slot: Slot<'_>,
+        tenant: &TenantState,
+        entry: &ObjectEntry,
+        st: &ObjectState,
+        now: Timestamp,
+        on_durable: Box<dyn FnOnce() + Send>,
+    ) -> bool {
+        slot.commit(post_state_entry(tenant, entry, st, now), Some(Box::new(move |_seq| on_durable()))).is_ok()
+    }
+}
+
 fn tier_number(t: Tier) -> u8 {
     match t {
         Tier::Memory => 0,
@@ -102,25 +128,28 @@ pub(crate) fn remove_entry(tenant: &TenantState, entry: &ObjectEntry) -> MasterE
     MasterEntry::Remove { tenant: tenant.id().to_string(), key: entry.key().to_owned() }
 }
 
-/// The logged erase of an object whose removal was checked under `st` (RFC §13): every replica REMOVED and the
-/// object `Removing` (unreadable at once), the REMOVE entry committed, the route unlinked (the key may be written
-/// again at once, as a new object). Space, quota and group membership are released only by the durable
-/// callback, which re-locks this very entry and acts only if it is still the removal it was given.
+/// The logged erase of an object whose removal was checked under `st` (RFC §13): the REMOVE entry committed,
+/// every replica REMOVED and the object `Removing` (unreadable at once), the route unlinked (the key may be
+/// written again at once, as a new object). Space, quota and group membership are released only by the durable
+/// callback, which re-locks this very entry and acts only if it is still the removal it was given. The entry is
+/// committed first, still under the lock: a log that refuses it (`PERSISTENT_FAIL`) leaves the object as it was.
 pub(super) fn erase_logged(
     tenant: &Arc<TenantState>,
     entry: &Arc<ObjectEntry>,
     mut st: ObjectGuard<'_>,
     slot: Slot<'_>,
-) {
+) -> Result<(), ErrorCode> {
     let ids: SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
+    let (t, e) = (Arc::clone(tenant), Arc::clone(entry));
+    let finalize = move |_seq| finalize_removal(&t, &e, &ids);
+    slot.commit(remove_entry(tenant, entry), Some(Box::new(finalize)))?;
     for r in st.replicas.iter_mut() {
         r.status = ReplicaStatus::Removed;
     }
     st.lifecycle = Lifecycle::Removing;
-    let (t, e) = (Arc::clone(tenant), Arc::clone(entry));
-    slot.commit(remove_entry(tenant, entry), Some(Box::new(move |_seq| finalize_removal(&t, &e, &ids))));
     drop(st);
     tenant.objects().unlink_if_match(entry);
+    Ok(())
 }
 
 /// The durable half of a logged erase.

@@ -21,6 +21,9 @@ mod ssd;
 mod tenants;
 mod write;
 
+#[cfg(test)]
+mod ha_safety_tests;
+
 pub use crescent_proto::{ClientStatus, GetReplicaListResponse};
 pub use nof_health::NofProbe;
 pub use tenants::TenantQuotaSnapshot;
@@ -396,7 +399,8 @@ impl MasterService {
         if tenant.is_empty() {
             return Err(ErrorCode::TenantNotRegistered);
         }
-        let id = TenantId::new(tenant).map_err(|_| ErrorCode::TenantNotRegistered)?;
+        // An id that could never be registered (too long, reserved) is a bad request, not a missing tenant.
+        let id = TenantId::new(tenant).map_err(|_| ErrorCode::InvalidParams)?;
         let op = self.tenants.get(&id).and_then(|t| t.enter(true)).ok_or(ErrorCode::TenantNotRegistered)?;
         op.quota().admit().map_err(|e| e.code())?;
         Ok(op)
@@ -515,7 +519,12 @@ impl MasterService {
 
     /// Frees discarded buffers whose release time has come; returns how many were freed.
     pub fn step_discards(&self) -> usize {
-        self.discards.release_due(self.clock.now())
+        self.discards.release_due(self.clock.now(), self.durable_seq())
+    }
+
+    /// The oplog's durable sequence (`u64::MAX` without an oplog: nothing to wait for).
+    fn durable_seq(&self) -> u64 {
+        self.oplog.get().map_or(u64::MAX, |l| l.status().durable.last_seq)
     }
 
     /// Erases writes abandoned for longer than `put_start_release_timeout` that no new write preempted: their
@@ -550,7 +559,7 @@ impl MasterService {
             });
         }
         // Their release time has passed: free them now rather than at the next discard step.
-        self.discards.release_due(now);
+        self.discards.release_due(now, self.durable_seq());
         n
     }
 

@@ -3,6 +3,7 @@
 use super::MasterService;
 use crate::metadata::{Lifecycle, ObjectEntry, TenantState};
 use crescent_proto::{ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Why a removal was refused (mapped to a wire code by single-key calls; bulk calls just skip).
@@ -61,8 +62,7 @@ impl MasterService {
         let mut st = entry.lock();
         removal_check(&st, force, now)?;
         if let Some(slot) = slot {
-            super::ha::erase_logged(tenant, entry, st, slot);
-            return Ok(());
+            return super::ha::erase_logged(tenant, entry, st, slot);
         }
         let dead = tenant.retire(&mut st);
         drop(st);
@@ -77,6 +77,9 @@ impl MasterService {
     /// every member's route matched-unlinked, and the group dropped from the catalog; buffers and quota are
     /// released after the locks. Returns the number of members removed; `OBJECT_NOT_FOUND` for no such group.
     pub fn remove_group(&self, tenant: &str, group: &str, force: bool) -> Result<u64, ErrorCode> {
+        if group.len() > crescent_proto::MAX_GROUP_LEN {
+            return Err(ErrorCode::InvalidParams);
+        }
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let g = t.objects().group(group).ok_or(ErrorCode::ObjectNotFound)?;
         let slot = self.reserve_oplog()?;
@@ -104,25 +107,30 @@ impl MasterService {
                 // Logged (RFC §13): every member hidden now (REMOVED, Removing), freed member by member by the
                 // durable callback, which re-locks each and leaves alone any that changed.
                 Some(slot) => {
-                    let mut pending = Vec::with_capacity(live.len());
-                    for (m, st) in live.iter().zip(guards.iter_mut()) {
-                        let ids: smallvec::SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
-                        for r in st.replicas.iter_mut() {
-                            r.status = ReplicaStatus::Removed;
-                        }
-                        st.lifecycle = Lifecycle::Removing;
-                        pending.push((Arc::clone(m), ids));
-                    }
+                    let pending: Vec<_> = live
+                        .iter()
+                        .zip(guards.iter())
+                        .map(|(m, st)| {
+                            (Arc::clone(m), st.replicas.iter().map(|r| r.id).collect::<SmallVec<[u64; 2]>>())
+                        })
+                        .collect();
                     let tenant = Arc::clone(&t);
                     let finalize = move |_seq: u64| {
                         for (m, ids) in &pending {
                             super::ha::finalize_removal(&tenant, m, ids);
                         }
                     };
+                    // Committed first, under every lock: a refusal leaves the group as it was.
                     slot.commit(
                         crate::ha::MasterEntry::GroupRemove { tenant: t.id().to_string(), group: group.to_owned() },
                         Some(Box::new(finalize)),
-                    );
+                    )?;
+                    for st in guards.iter_mut() {
+                        for r in st.replicas.iter_mut() {
+                            r.status = ReplicaStatus::Removed;
+                        }
+                        st.lifecycle = Lifecycle::Removing;
+                    }
                 }
             }
         }
@@ -157,49 +165,82 @@ impl MasterService {
     }
 
     /// RemoveAll: removes every complete, unleased (unless `force`) object of one tenant (`Some`) or of every
-    /// tenant (`None`); returns how many were removed. An invalid tenant removes nothing.
-    pub fn remove_all(&self, tenant: Option<&str>, force: bool) -> u64 {
-        self.remove_all_report(tenant, force).removed
+    /// tenant (`None`); returns how many were removed. An invalid tenant removes nothing. A removal the oplog
+    /// refuses stops the scan and fails the whole call with `PERSISTENT_FAIL` (what was removed before it
+    /// stays removed): it is never counted as an object someone else was already removing.
+    pub fn remove_all(&self, tenant: Option<&str>, force: bool) -> Result<u64, ErrorCode> {
+        self.remove_all_report(tenant, force).map(|r| r.removed)
     }
 
     /// [`MasterService::remove_all`], also counting the objects it left and why (what `crescent rm --all`
     /// tells its user).
-    pub fn remove_all_report(&self, tenant: Option<&str>, force: bool) -> RemoveAllReport {
+    pub fn remove_all_report(&self, tenant: Option<&str>, force: bool) -> Result<RemoveAllReport, ErrorCode> {
         let mut report = RemoveAllReport::default();
-        let Ok(tenants) = self.tenants_for_bulk(tenant) else { return report };
+        let Ok(tenants) = self.tenants_for_bulk(tenant) else { return Ok(report) };
+        let mut refused = None;
         for t in tenants {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
+                    if refused.is_some() {
+                        return;
+                    }
                     match self.remove_entry(&t, &e, force, true) {
                         Ok(()) => report.removed += 1,
                         Err(ErrorCode::ObjectHasLease) => report.skipped_leased += 1,
                         Err(ErrorCode::ReplicaIsNotReady) => report.skipped_writing += 1,
                         Err(ErrorCode::ObjectHasReplicationTask) => report.skipped_pinned += 1,
                         // Already being removed by someone else.
-                        Err(_) => {}
+                        Err(ErrorCode::ObjectNotFound) => {}
+                        Err(code) => refused = Some(code),
                     }
                 }
             });
+            if refused.is_some() {
+                break;
+            }
         }
         if report.removed >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }
-        report
+        match refused {
+            Some(code) => {
+                tracing::warn!(removed = report.removed, error = %code, "remove-all stopped: a removal was refused");
+                Err(code)
+            }
+            None => Ok(report),
+        }
     }
 
-    /// RemoveByRegex: removes the tenant's removable objects whose key *contains* a match of `pattern`.
+    /// RemoveByRegex: removes the tenant's removable objects whose key *contains* a match of `pattern`. A
+    /// removal the oplog refuses stops it with that error, as for [`MasterService::remove_all`].
     pub fn remove_by_regex(&self, tenant: &str, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
         let re = regex::Regex::new(pattern).map_err(|_| ErrorCode::InvalidParams)?;
         let tenants = self.tenants_for_bulk(Some(tenant))?;
         let mut n = 0;
+        let mut refused = None;
         for t in tenants {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk.iter().filter(|e| re.is_match(e.key())) {
-                    n += u64::from(self.remove_entry(&t, e, force, true).is_ok());
+                    if refused.is_some() {
+                        return;
+                    }
+                    match self.remove_entry(&t, e, force, true) {
+                        Ok(()) => n += 1,
+                        Err(
+                            ErrorCode::ObjectNotFound
+                            | ErrorCode::ObjectHasLease
+                            | ErrorCode::ReplicaIsNotReady
+                            | ErrorCode::ObjectHasReplicationTask,
+                        ) => {}
+                        Err(code) => refused = Some(code),
+                    }
                 }
             });
         }
-        Ok(n)
+        match refused {
+            Some(code) => Err(code),
+            None => Ok(n),
+        }
     }
 
     /// Number of objects routed in a tenant (`None`: all tenants), any state.

@@ -3,7 +3,7 @@
 
 use super::{MasterService, NofProbe};
 use crate::metadata::{Lifecycle, Replica};
-use crate::segment_pool::{DeactivatedSegment, MountOutcome};
+use crate::segment_pool::{DeactivatedSegment, MountOutcome, PoolChange};
 use crescent_proto::{
     ClientId, ClientStatus, ClusterInfo, ErrorCode, Principal, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
 };
@@ -34,14 +34,18 @@ impl MasterService {
         let host = spec.host_id.clone();
         let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
         self.admit_mounter(client, by)?;
-        let slot = self.reserve_oplog()?;
-        let record = slot.is_some().then(|| crate::ha::SegmentRecord::new(client, &spec, by));
+        let mut slot = self.reserve_oplog()?;
         self.clients.touch(client, self.liveness_deadline());
         self.drop_replaced_instances(client, std::slice::from_ref(&spec), by);
-        let outcome = self.pool.mount(client, spec).map_err(|e| e.code())?;
-        if let (Some(slot), Some(record), MountOutcome::Mounted) = (slot, record, outcome) {
-            slot.commit(crate::ha::MasterEntry::SegmentMount(record), None);
-        }
+        // Logged under the pool's lock, right before the segment is published.
+        let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
+            (PoolChange::Mount(spec), Some(slot)) => {
+                let record = crate::ha::SegmentRecord::new(client, spec, by);
+                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None).map(drop)
+            }
+            _ => Ok(()),
+        };
+        let outcome = self.pool.mount_logged(client, spec, &mut log).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
         if outcome != MountOutcome::AlreadyMounted {
             // Mounted anew or back to OK: its NoF heartbeat (if any) starts fresh.
@@ -79,13 +83,17 @@ impl MasterService {
             }
         }
         self.drop_replaced_instances(client, specs, by);
-        let report = self.pool.remount(client, specs).map_err(|e| e.code())?;
+        // Each segment mounted anew is logged under the pool's lock, before any is published.
+        let mut log = |change: PoolChange<'_>| match (change, slots.pop()) {
+            (PoolChange::Mount(spec), Some(slot)) => {
+                let record = crate::ha::SegmentRecord::new(client, spec, by);
+                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None).map(drop)
+            }
+            _ => Ok(()),
+        };
+        let report = self.pool.remount_logged(client, specs, &mut log).map_err(|e| e.code())?;
         for id in &report.mounted {
             self.nof_health.forget(*id);
-            if let (Some(slot), Some(spec)) = (slots.pop(), specs.iter().find(|s| s.id == *id)) {
-                let record = crate::ha::SegmentRecord::new(client, spec, by);
-                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None);
-            }
         }
         self.clients.mark_remounted(client, self.liveness_deadline());
         if let Some(host) = specs.iter().map(|s| s.host_id.as_str()).find(|h| !h.is_empty()) {
@@ -174,15 +182,23 @@ impl MasterService {
     pub(super) fn unmount(&self, segment: SegmentId) -> Result<bool, ErrorCode> {
         // Reserved first: an unmount the log cannot take does not happen. Its space is the node's, gone with
         // the segment, so the sweep frees at once (nothing to hand to another object before durability).
-        let slot = self.reserve_oplog()?;
-        let done = self.pool.unmount(segment, |d| self.sweep(d)).map_err(|e| e.code())?;
+        let mut slot = self.reserve_oplog()?;
+        // Logged under the pool's lock as the segment leaves it: a remount racing this one either comes first
+        // (and is logged first) or finds it unmounting and is refused.
+        let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
+            (PoolChange::Unmount(id), Some(slot)) => {
+                let entry =
+                    crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id: *id.0.as_bytes() });
+                slot.commit(entry, None).map(drop)
+            }
+            _ => Ok(()),
+        };
+        let done = self.pool.unmount_logged(segment, &mut log, |d| self.sweep(d)).map_err(|e| e.code())?;
         if done.is_none() {
             return Ok(false);
         }
-        if let Some(slot) = slot {
-            let id = *segment.0.as_bytes();
-            slot.commit(crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id }), None);
-        }
+        #[cfg(test)]
+        crate::test_hooks::after_unmount();
         self.nof_health.forget(segment);
         tracing::info!(%segment, "segment unmounted");
         self.recompute_quotas();
@@ -197,17 +213,19 @@ impl MasterService {
         grace: Duration,
     ) -> Result<(), ErrorCode> {
         let deadline = self.clock.now().saturating_add(grace);
-        let slot = self.reserve_oplog()?;
-        self.pool.graceful_unmount(segment, client, deadline).map_err(|e| e.code())?;
-        if let Some(slot) = slot {
-            let update = crate::ha::payload::SegmentUpdate {
-                id: *segment.0.as_bytes(),
-                status: SegmentStatus::GracefullyUnmounting as u8,
-                deadline_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
-            };
-            slot.commit(crate::ha::MasterEntry::SegmentUpdate(update), None);
-        }
-        Ok(())
+        let mut slot = self.reserve_oplog()?;
+        let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
+            (PoolChange::Graceful(id), Some(slot)) => {
+                let update = crate::ha::payload::SegmentUpdate {
+                    id: *id.0.as_bytes(),
+                    status: SegmentStatus::GracefullyUnmounting as u8,
+                    deadline_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+                };
+                slot.commit(crate::ha::MasterEntry::SegmentUpdate(update), None).map(drop)
+            }
+            _ => Ok(()),
+        };
+        self.pool.graceful_unmount_logged(segment, client, deadline, &mut log).map_err(|e| e.code())
     }
 
     /// Unmounts segments whose graceful deadline passed; returns how many.
@@ -343,7 +361,10 @@ impl MasterService {
                 tracing::warn!(client = %c, "client expired: silent for {} ms, its segments are unmounted", self.config.client_ttl_ms);
                 for id in memory {
                     if let Err(e) = self.unmount_segment(id) {
-                        tracing::warn!(segment = %id, error = %e, "unmount of an expired client's segment failed");
+                        // Never left allocatable: cut off now (not logged: a restart brings every segment back
+                        // disconnected anyway), unmounted by a later step once the log takes it.
+                        self.pool.disconnect(id, now);
+                        tracing::warn!(segment = %id, error = %e, "unmount of an expired client's segment failed: disconnected, retried");
                     }
                 }
             } else {

@@ -85,7 +85,7 @@ impl MasterService {
         self.apply_quotas(&p);
         if let Some(slot) = slot {
             let quota = crate::ha::payload::TenantQuota { bytes };
-            slot.commit(crate::ha::MasterEntry::TenantQuotaSet { tenant: id.to_string(), quota }, None);
+            slot.commit(crate::ha::MasterEntry::TenantQuotaSet { tenant: id.to_string(), quota }, None)?;
         }
         Ok(())
     }
@@ -119,7 +119,7 @@ impl MasterService {
         p.remove(&id);
         self.apply_quotas(&p);
         if let Some(slot) = slot {
-            slot.commit(crate::ha::MasterEntry::TenantRemove { tenant: id.to_string() }, None);
+            slot.commit(crate::ha::MasterEntry::TenantRemove { tenant: id.to_string() }, None)?;
         }
         Ok(())
     }
@@ -133,15 +133,25 @@ impl MasterService {
             next.upsert(Self::tenant_id(t)?, *q)?;
         }
         let slot = self.reserve_oplog()?;
+        // The whole set is one entry: one too large for the log is refused before anything changes.
+        let entry = slot.as_ref().map(|_| {
+            let policies = policies.iter().map(|(t, q)| (t.clone(), *q)).collect();
+            crate::ha::MasterEntry::TenantPolicies(crate::ha::payload::TenantPolicies { policies })
+        });
+        if let Some(e) = &entry
+            && let Err(why) = e.encode().validate()
+        {
+            tracing::warn!(tenants = policies.len(), error = %why, "tenant policy set refused: too large for one log entry");
+            return Err(ErrorCode::InvalidParams);
+        }
         let mut p = self.policies.lock();
         for id in next.tenants() {
             self.tenants.get_or_insert_with(id, || TenantState::new(id.clone(), QuotaAccount::closed()));
         }
         *p = next;
         self.apply_quotas(&p);
-        if let Some(slot) = slot {
-            let policies = policies.iter().map(|(t, q)| (t.clone(), *q)).collect();
-            slot.commit(crate::ha::MasterEntry::TenantPolicies(crate::ha::payload::TenantPolicies { policies }), None);
+        if let (Some(slot), Some(entry)) = (slot, entry) {
+            slot.commit(entry, None)?;
         }
         Ok(())
     }

@@ -10,8 +10,8 @@ use crate::metadata::{
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
 use crescent_proto::{
-    ClientId, ErrorCode, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind, SegmentStatus,
-    SoftPinAction,
+    ClientId, ErrorCode, MAX_GROUP_LEN, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind,
+    SegmentStatus, SoftPinAction,
 };
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -61,6 +61,9 @@ impl MasterService {
         config: &'a ReplicateConfig,
     ) -> Result<WriteSpec<'a>, ErrorCode> {
         ObjectKey::check(key).map_err(|e| e.code())?;
+        if config.group_id.as_ref().is_some_and(|g| g.len() > MAX_GROUP_LEN) {
+            return Err(ErrorCode::InvalidParams);
+        }
         if size == 0 || (config.replica_num == 0 && config.nof_replica_num == 0) {
             return Err(ErrorCode::InvalidParams);
         }
@@ -257,10 +260,10 @@ impl MasterService {
             // A stale unfinished write (or an object with nothing left): preempt it and start afresh.
             let discarded = self.take_pending(tenant, &mut st);
             if let Some(slot) = slot {
-                super::ha::erase_logged(tenant, &entry, st, slot);
+                let erased = super::ha::erase_logged(tenant, &entry, st, slot);
                 self.discard(discarded);
                 drop(stale);
-                return Ok(Next::Create);
+                return erased.map(|()| Next::Create);
             }
             let dead = tenant.retire(&mut st);
             drop(st);
@@ -286,10 +289,10 @@ impl MasterService {
         let discarded = self.take_pending(tenant, &mut st);
         if !st.has_readable() {
             if let Some(slot) = slot {
-                super::ha::erase_logged(tenant, &entry, st, slot);
+                let erased = super::ha::erase_logged(tenant, &entry, st, slot);
                 self.discard(discarded);
                 drop(stale);
-                return Ok(Next::Create);
+                return erased.map(|()| Next::Create);
             }
             let dead = tenant.retire(&mut st);
             drop(st);
@@ -308,9 +311,16 @@ impl MasterService {
             return Ok(Next::Replace { entry, hard_pinned });
         }
         // Same size: rewrite in place. The settled charge becomes the write's pending charge. The log forgets
-        // the object until its End (its bytes are being overwritten; the buffers stay the object's own).
-        if let Some(slot) = slot {
-            slot.commit(super::ha::remove_entry(tenant, &entry), None);
+        // the object until its End (its bytes are being overwritten; the buffers stay the object's own). The
+        // RPC server holds this reply until the REMOVE is durable (`holds_until_durable`): the writer must not
+        // overwrite bytes a failover could still serve under the old value.
+        if let Some(slot) = slot
+            && let Err(e) = slot.commit(super::ha::remove_entry(tenant, &entry), None)
+        {
+            drop(st);
+            self.discard(discarded);
+            drop(stale);
+            return Err(e);
         }
         for r in st.replicas.iter_mut() {
             r.status = ReplicaStatus::Processing;
@@ -338,9 +348,15 @@ impl MasterService {
         Discard { release_at, buffers: processing.into_iter().map(|r| r.buffer).collect() }
     }
 
-    /// Queues buffers taken from an object until their release time (called with no object lock held).
+    /// Queues buffers taken from an object until their release time (called with no object lock held), and,
+    /// with an oplog, until everything committed so far is durable: the change that took them from their object
+    /// was committed before this, and space a failover could still show under that object is never reused.
     pub(super) fn discard(&self, d: Discard) {
-        self.discards.push(d.release_at, d.buffers);
+        let after = self.oplog.get().map_or(0, |l| l.last_committed());
+        if after == 0 && d.release_at <= self.clock.now() {
+            return drop(d.buffers);
+        }
+        self.discards.push(d.release_at, after, d.buffers);
     }
 
     /// Charges a new write's quota, evicting the tenant's own objects up to twice when it is over quota.
@@ -637,10 +653,15 @@ impl MasterService {
             drop(replicas);
             return Err(ErrorCode::ObjectAlreadyExists); // retried by start_write
         }
-        // The old replicas stop being readable here (freed when their lease ends): the log forgets the object
-        // until the new write's End.
-        if let Some(slot) = slot {
-            slot.commit(super::ha::remove_entry(tenant, entry), None);
+        // The old replicas stop being readable here (freed when their lease ends and the REMOVE is durable): the
+        // log forgets the object until the new write's End.
+        if let Some(slot) = slot
+            && let Err(e) = slot.commit(super::ha::remove_entry(tenant, entry), None)
+        {
+            drop(st);
+            tenant.release_quota(charge);
+            drop(replicas);
+            return Err(e);
         }
         let old = std::mem::take(&mut st.replicas);
         tenant.release_quota(std::mem::take(&mut st.charged));
@@ -658,7 +679,7 @@ impl MasterService {
         }));
         let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
-        self.discards.push(release_at, old.into_iter().map(|r| r.buffer).collect());
+        self.discard(Discard { release_at, buffers: old.into_iter().map(|r| r.buffer).collect() });
         Ok(d)
     }
 
@@ -750,12 +771,12 @@ impl MasterService {
         st.charged = settled;
         st.version = st.version.wrapping_add(1);
         st.lease = st.lease.max(now);
-        if let Some(slot) = slot {
-            slot.commit(super::ha::post_state_entry(&tenant, &entry, &st, now), None);
-        }
+        // A refusal (the writer stopped for good) fails the request: the log will never hold this object.
+        let logged =
+            slot.map_or(Ok(0), |slot| slot.commit(super::ha::post_state_entry(&tenant, &entry, &st, now), None));
         drop(st);
         drop(stale);
-        Ok(())
+        logged.map(|_| ())
     }
 
     /// PutRevoke: the writer gives up; its `Processing` replicas are freed, and the object with them if nothing
@@ -810,15 +831,20 @@ impl MasterService {
         let (revoked, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
         st.replicas = keep;
+        // The revoked buffers may be an in-place upsert's: space the log held under the old value until the
+        // upsert's REMOVE, so they are freed only once that is durable (at once without an oplog).
+        let revoked =
+            Discard { release_at: self.clock.now(), buffers: revoked.into_iter().map(|r| r.buffer).collect() };
         if st.has_readable() {
             drop(st);
-            drop(revoked);
+            self.discard(revoked);
             return Ok(());
         }
         let dead = tenant.retire(&mut st);
         drop(st);
         tenant.detach(&entry);
-        drop((revoked, dead));
+        self.discard(revoked);
+        drop(dead);
         Ok(())
     }
 }

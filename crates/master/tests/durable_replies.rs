@@ -1,0 +1,87 @@
+//! A master with an oplog — here a lone one (`--data-dir` or `up --etcd`), not a candidate — answers a removal
+//! only once the log holds it (a restart must not bring back what it said was gone), and an upsert onto a
+//! readable object only once its REMOVE is durable (the writer may not overwrite bytes a failover could still
+//! serve under the old value). The backend's next write is held with a fault, so "not answered yet" is a
+//! state the test controls, not a timing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crescent_client::master::MasterConnection;
+use crescent_ha::kv::{Fault, FaultyKv, HaKvBackend, KvOp, MemoryKv};
+use crescent_master::ha::{OpLogOptions, master_writer_config};
+use crescent_master::server::MasterServer;
+use crescent_master::service::MasterConfig;
+use crescent_proto::wire::PeerRole;
+use crescent_proto::{ClientId, MasterRequest, MasterResponse, ReplicateConfig};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// How long a reply that must wait for durability is watched for not arriving (it can only arrive once the
+/// test releases the backend, so this bounds the test's patience, not a race).
+const NOT_YET: Duration = Duration::from_millis(300);
+
+struct Held {
+    entered: Arc<Semaphore>,
+    release: Arc<Semaphore>,
+}
+
+/// Holds the backend's next txn (the writer's next batch) until released.
+async fn hold_next_write(faulty: &FaultyKv<MemoryKv>) -> Held {
+    let held = Held { entered: Arc::new(Semaphore::new(0)), release: Arc::new(Semaphore::new(0)) };
+    faulty.inject_next(KvOp::Txn, Fault::Block { entered: held.entered.clone(), release: held.release.clone() });
+    held
+}
+
+fn key(k: &str) -> crescent_proto::wire::WireKey {
+    crescent_proto::wire::WireKey::Key(k.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable() {
+    let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
+    let kv: Arc<dyn HaKvBackend> = faulty.clone();
+    let oplog = OpLogOptions { kv, cluster: "held".into(), writer: master_writer_config() };
+    let server =
+        MasterServer::builder(MasterConfig::default()).background(false).oplog(Some(oplog)).start().await.unwrap();
+    let svc = server.service().clone();
+    svc.mount_segment(ClientId::random(), crescent_testkit::segment("s", 64 << 20)).unwrap();
+    let writer = ClientId::random();
+    let conn = Arc::new(MasterConnection::new(&server.rpc_addr().to_string(), writer, PeerRole::Client, 1, WAIT));
+    let cfg = ReplicateConfig::with_replicas(1);
+    for k in ["gone", "rewritten"] {
+        svc.put_start(writer, "", k, 4096, &cfg).unwrap();
+        svc.put_end(writer, "", k, Some(1)).unwrap();
+    }
+    let log = svc.oplog().unwrap().clone();
+    log.wait_durable(log.last_committed(), WAIT).await.unwrap();
+
+    for (what, req) in [
+        ("a removal", MasterRequest::Remove { tenant: String::new(), key: key("gone"), force: false }),
+        (
+            "an upsert onto a readable object",
+            MasterRequest::UpsertStart {
+                client: writer,
+                tenant: String::new(),
+                key: key("rewritten"),
+                size: 4096,
+                config: cfg.clone(),
+            },
+        ),
+    ] {
+        let held = hold_next_write(&faulty).await;
+        let c = conn.clone();
+        let mut reply = tokio::spawn(async move { c.call(&req).await });
+        // The change reached the log's backend, which holds it: the reply must wait.
+        tokio::time::timeout(WAIT, held.entered.acquire()).await.unwrap().unwrap().forget();
+        assert!(
+            tokio::time::timeout(NOT_YET, &mut reply).await.is_err(),
+            "{what} was answered before its log entry was durable"
+        );
+        held.release.add_permits(1);
+        let answer = tokio::time::timeout(WAIT, reply).await.unwrap().unwrap().unwrap();
+        assert!(matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
+    }
+    server.shutdown().await;
+}
