@@ -1,7 +1,7 @@
 //! A master with an oplog — here a lone one (`--data-dir` or `up --etcd`), not a candidate — answers a removal
 //! only once the log holds it (a restart must not bring back what it said was gone), and an upsert onto a
 //! readable object only once its REMOVE is durable (the writer may not overwrite bytes a failover could still
-//! serve under the old value). The backend's next write is held with a fault, so "not answered yet" is a
+//! serve under the old value); a write that removes nothing is answered at once. The backend's next write is held with a fault, so "not answered yet" is a
 //! state the test controls, not a timing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -83,5 +83,20 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
         let answer = tokio::time::timeout(WAIT, reply).await.unwrap().unwrap().unwrap();
         assert!(matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
     }
+    // A write that removes nothing (an upsert of a new key) does not wait, even while the backend holds a batch.
+    let held = hold_next_write(&faulty).await;
+    svc.put_start(writer, "", "pending", 4096, &cfg).unwrap();
+    svc.put_end(writer, "", "pending", Some(3)).unwrap();
+    tokio::time::timeout(WAIT, held.entered.acquire()).await.unwrap().unwrap().forget();
+    let fresh = MasterRequest::UpsertStart {
+        client: writer,
+        tenant: String::new(),
+        key: key("fresh"),
+        size: 4096,
+        config: cfg.clone(),
+    };
+    let answer = tokio::time::timeout(WAIT, conn.call(&fresh)).await.expect("answered while the backend is held");
+    assert!(matches!(answer, Ok(MasterResponse::Replicas(_))), "{answer:?}");
+    held.release.add_permits(1);
     server.shutdown().await;
 }

@@ -15,7 +15,7 @@ pub use replay::{
     replay_log, replay_log_after, start_writing,
 };
 pub use role::{HaState, HaStatus, PromoteError};
-pub use sink::{OPLOG_REFUSED, OpLog, Slot};
+pub use sink::{OPLOG_REFUSED, OpLog, Slot, take_hid_objects};
 pub use snapshots::{
     Baseline, SnapshotOptions, Snapshotter, SnapshotterError, SnapshotterHandle, SnapshotterStatus, load_baseline,
     restore_state,

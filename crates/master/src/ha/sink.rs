@@ -48,6 +48,9 @@ impl Slot<'_> {
     /// one is a bug) is counted, logged and answered `PERSISTENT_FAIL`: the caller fails its request, since the
     /// log will never hold this change. The callback is dropped unrun then.
     pub fn commit(self, entry: MasterEntry, callback: Option<DurableCallback>) -> Result<u64, ErrorCode> {
+        if matches!(entry, MasterEntry::Remove { .. } | MasterEntry::GroupRemove { .. }) {
+            HID_OBJECTS.set(true);
+        }
         self.log.writer.commit(self.reservation, entry.encode(), callback).map_err(|e| {
             let n = self.log.commit_failures.fetch_add(1, Ordering::Relaxed);
             if n.is_multiple_of(1024) {
@@ -56,6 +59,20 @@ impl Slot<'_> {
             OPLOG_REFUSED
         })
     }
+}
+
+thread_local! {
+    /// Whether a mutation on this thread logged an object's removal since [`take_hid_objects`] last asked.
+    static HID_OBJECTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a mutation on this thread logged an object's removal (REMOVE, GROUP_REMOVE) since the last call, and
+/// forgets it. The RPC server asks around each request it answers on its own thread: a write that removed an
+/// object along the way (an upsert onto a readable object, a put preempting a stale write) hands out or frees
+/// that object's space, so its reply waits until the removal is durable, while a write of a new key (nothing
+/// logged) is answered at once.
+pub fn take_hid_objects() -> bool {
+    HID_OBJECTS.replace(false)
 }
 
 // The vocabulary's limits fit the log's: a tenant, key or group name the service accepts is never refused by the

@@ -517,16 +517,11 @@ fn holds_until_durable(req: &MasterRequest) -> bool {
             | R::SetTenantQuota { .. }
             | R::UnmountSegment { .. }
             | R::GracefulUnmount { .. }
-            // An upsert onto a readable object logs its REMOVE and hands out the object's own buffers to be
-            // overwritten (or frees them): the writer may touch those bytes only once no failover can serve
-            // them under the old value.
-            | R::UpsertStart { .. }
-            | R::BatchPutStart { upsert: true, .. }
     )
 }
 
 /// Notes that the reply just queued depends on everything `svc`'s oplog has committed (its
-/// removal-type requests and upserts only, see [`holds_until_durable`]).
+/// removal-type requests and writes that removed an object, see [`holds_until_durable`]).
 fn owe(owed: &mut Owed, svc: &MasterService, hold: bool) {
     if !hold {
         return;
@@ -695,7 +690,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
         // block_in_place exists only on the multi-threaded runtime; a current-thread runtime just runs inline.
         let multi_thread =
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let hold = holds_until_durable(&body);
+        let mut hold = holds_until_durable(&body);
         let routed = target.route();
         let allowed = match (&caller, &routed) {
             (Some(c), Ok(svc)) => authz::authorize(c, &body, svc.config().enable_multi_tenants),
@@ -723,10 +718,16 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                     })
                 } else {
                     let by = caller.as_ref().map(|c| &c.principal);
-                    match multi_thread && may_block(&svc, &body) {
+                    // Whatever this thread logged before is not this request's.
+                    crate::ha::take_hid_objects();
+                    let reply = match multi_thread && may_block(&svc, &body) {
                         true => tokio::task::block_in_place(|| dispatch_by(&svc, &body, by)),
                         false => dispatch_by(&svc, &body, by),
-                    }
+                    };
+                    // A write that removed an object on its way (an upsert onto a readable one, a put preempting
+                    // a stale write) hands out or frees that object's space: answered once the removal is durable.
+                    hold |= crate::ha::take_hid_objects();
+                    reply
                 };
                 owe(&mut owed, &svc, hold);
                 if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {
