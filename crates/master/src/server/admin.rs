@@ -450,7 +450,14 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
             "Mutations refused because the oplog was not accepting",
             log.admission_failures(),
         );
-        writer_figures(r, &log.metrics());
+        let metrics = log.metrics();
+        gauge(
+            r,
+            "degraded_milliseconds",
+            "How long /health has said degraded: the oplog writer retrying, fenced or stopped (0: ok)",
+            degraded(&st, &metrics).map_or(0, |(_, d)| d.as_millis() as u64),
+        );
+        writer_figures(r, &metrics);
     }
 }
 
@@ -531,6 +538,24 @@ fn oplog_state(st: &crescent_ha::oplog::WriterStatus) -> (&'static str, u64) {
     }
 }
 
+/// Why a master with an oplog is degraded, and for how long: its writer is not taking mutations (retrying a
+/// failing backend — etcd down, or full under its NOSPACE alarm —, fenced by a newer leader, stopped for good,
+/// or stopping). `None` while it accepts.
+fn degraded(
+    st: &crescent_ha::oplog::WriterStatus,
+    m: &crescent_ha::oplog::WriterMetrics,
+) -> Option<(String, std::time::Duration)> {
+    let (state, _) = oplog_state(st);
+    if state == "accepting" {
+        return None;
+    }
+    let why = match (&st.terminal, &st.last_error) {
+        (Some(e), _) | (None, Some(e)) => e.to_string(),
+        (None, None) => "the writer is stopping".to_owned(),
+    };
+    Some((format!("oplog {state}: {why}"), m.closed_for.unwrap_or_default()))
+}
+
 async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
     let ha = s.target.elected().map(|e| e.status());
     let role = ha.as_ref().map_or("master", HaStatus::role);
@@ -544,6 +569,11 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
     let Ok(svc) = s.svc() else { return Json(body) };
     let oplog = svc.oplog().map(|log| {
         let st = log.status();
+        if let Some((reason, since)) = degraded(&st, &log.metrics()) {
+            body["status"] = "degraded".into();
+            body["reason"] = reason.into();
+            body["degraded_seconds"] = since.as_secs_f64().into();
+        }
         serde_json::json!({
             "state": oplog_state(&st).0,
             "durable_seq": st.durable.last_seq,
