@@ -498,6 +498,12 @@ fn writer_figures(r: &mut Registry, m: &crescent_ha::oplog::WriterMetrics) {
     );
     gauge(r, "oplog_committed_not_durable", "Entries committed, not durable yet", m.committed_not_durable as u64);
     gauge(r, "oplog_callback_queue", "Durable callbacks waiting to run", m.callback_queue as u64);
+    counter(
+        r,
+        "oplog_callback_panics",
+        "Durable callbacks that panicked (caught; the next ones ran)",
+        m.callback_panics,
+    );
     let refused = Family::<Labels, Counter>::default();
     let a = &m.admission_failures;
     for (cause, n) in [
