@@ -895,12 +895,17 @@ mod tests {
             "crescent_master_oplog_write_entries_bucket{le=\"+Inf\"} 1",
             "crescent_master_oplog_committed_not_durable 0",
             "crescent_master_oplog_refused_total{cause=\"queue_full\"} 0",
+            "crescent_master_oplog_callback_panics_total 0",
+            "crescent_master_degraded_milliseconds 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         assert!(text.contains("crescent_master_oplog_commit_to_durable_microseconds{quantile=\"0.99\"}"), "{text}");
+        assert_eq!(degraded(&log.status(), &log.metrics()), None, "accepting: healthy");
         log.stop().await;
         assert!(render(Some(&svc), &rpc, None, None).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+        let (reason, _) = degraded(&log.status(), &log.metrics()).expect("a stopped writer degrades the master");
+        assert_eq!(reason, "oplog stopped: the writer is stopping");
     }
 
     #[test]
