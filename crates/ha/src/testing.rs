@@ -2,6 +2,8 @@
 //! data directory, stopped and removed on drop. A missing `etcd` binary is an error, never a skip.
 
 use crate::kv::{EtcdKv, EtcdKvConfig, KvError};
+pub use etcd_client::AlarmType;
+use etcd_client::{AlarmAction, AlarmOptions, CompactionOptions};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -37,6 +39,8 @@ pub struct EtcdServer {
     client: SocketAddr,
     peer_port: u16,
     bin: PathBuf,
+    /// Extra flags, passed again on a restart.
+    flags: Vec<String>,
     running: bool,
     _dir: tempfile::TempDir,
 }
@@ -63,7 +67,13 @@ fn healthy(addr: SocketAddr) -> bool {
 }
 
 /// Spawns etcd on `dir/data` with a log at `dir/etcd.log` (appended, so a restart keeps the earlier run's).
-fn spawn(bin: &PathBuf, dir: &std::path::Path, client_port: u16, peer_port: u16) -> std::io::Result<Child> {
+fn spawn(
+    bin: &PathBuf,
+    dir: &std::path::Path,
+    client_port: u16,
+    peer_port: u16,
+    flags: &[String],
+) -> std::io::Result<Child> {
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("etcd.log"))?;
@@ -76,6 +86,7 @@ fn spawn(bin: &PathBuf, dir: &std::path::Path, client_port: u16, peer_port: u16)
         .arg(format!("--initial-advertise-peer-urls={peer_url}"))
         .arg(format!("--initial-cluster=test={peer_url}"))
         .arg("--initial-cluster-state=new")
+        .args(flags)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -85,13 +96,20 @@ fn spawn(bin: &PathBuf, dir: &std::path::Path, client_port: u16, peer_port: u16)
 impl EtcdServer {
     /// Starts a server and waits until it reports healthy.
     pub fn start() -> Result<Self, EtcdStartError> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line `flags` (kept for restarts), e.g.
+    /// `--quota-backend-bytes=4194304`, and waits until it reports healthy.
+    pub fn start_with(flags: &[&str]) -> Result<Self, EtcdStartError> {
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
         let bin = etcd_bin();
         if !bin.is_file() {
             return Err(EtcdStartError::MissingBinary(bin));
         }
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&bin)? {
+            match Self::start_once(&bin, &flags)? {
                 Ok(server) => return Ok(server),
                 Err(why) => last = why,
             }
@@ -100,15 +118,16 @@ impl EtcdServer {
     }
 
     /// One attempt: `Ok(Err(why))` when this attempt's server died or stalled (retry with new ports).
-    fn start_once(bin: &PathBuf) -> Result<Result<Self, String>, EtcdStartError> {
+    fn start_once(bin: &PathBuf, flags: &[String]) -> Result<Result<Self, String>, EtcdStartError> {
         let dir = tempfile::Builder::new().prefix("crescent-etcd-").tempdir()?;
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let child = spawn(bin, dir.path(), client_port, peer_port)?;
+        let child = spawn(bin, dir.path(), client_port, peer_port, flags)?;
         let mut server = Self {
             child,
             client: SocketAddr::from((Ipv4Addr::LOCALHOST, client_port)),
             peer_port,
             bin: bin.clone(),
+            flags: flags.to_vec(),
             running: true,
             _dir: dir,
         };
@@ -147,7 +166,7 @@ impl EtcdServer {
         if self.running {
             return Ok(());
         }
-        self.child = spawn(&self.bin, self._dir.path(), self.client.port(), self.peer_port)?;
+        self.child = spawn(&self.bin, self._dir.path(), self.client.port(), self.peer_port, &self.flags)?;
         self.running = true;
         self.await_healthy().map_err(EtcdStartError::NotReady)
     }
@@ -166,6 +185,48 @@ impl EtcdServer {
     /// A backend connected to this server with default settings.
     pub async fn connect(&self) -> Result<EtcdKv, KvError> {
         EtcdKv::connect(EtcdKvConfig::new(vec![self.endpoint()])).await
+    }
+
+    /// A maintenance client (alarms, compaction, defragmentation, status).
+    pub async fn client(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        etcd_client::Client::connect([self.endpoint()], None).await
+    }
+
+    /// The alarms raised now (`Nospace` once a write found the backend quota exceeded).
+    pub async fn alarms(&self) -> Result<Vec<AlarmType>, etcd_client::Error> {
+        let resp = self.client().await?.alarm(AlarmAction::Get, AlarmType::None, None).await?;
+        Ok(resp.alarms().iter().map(|a| a.alarm()).collect())
+    }
+
+    /// The backend database's size in bytes (what the quota is checked against).
+    pub async fn db_size(&self) -> Result<i64, etcd_client::Error> {
+        Ok(self.client().await?.status().await?.db_size())
+    }
+
+    /// What an operator does for a full etcd: compact the history up to the current revision (waiting until it
+    /// is physically applied), defragment (which gives the freed pages back, shrinking the database), then
+    /// disarm every alarm. Returns the database size after defragmentation.
+    pub async fn free_space(&self) -> Result<i64, etcd_client::Error> {
+        let mut c = self.client().await?;
+        // Any read's header names the current revision (reads work under the NOSPACE alarm).
+        let revision = c.get("/", None).await?.header().map_or(0, |h| h.revision());
+        if revision > 0 {
+            match c.compact(revision, Some(CompactionOptions::new().with_physical())).await {
+                Ok(_) => {}
+                // Compacting again to a revision already compacted is refused ("required revision has been
+                // compacted"): nothing more to reclaim from the history.
+                Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("compacted") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        c.defragment().await?;
+        let size = c.status().await?.db_size();
+        for alarm in c.alarm(AlarmAction::Get, AlarmType::None, None).await?.alarms().to_vec() {
+            let mut member = AlarmOptions::new();
+            member.with_member(alarm.member_id());
+            c.alarm(AlarmAction::Deactivate, alarm.alarm(), Some(member)).await?;
+        }
+        Ok(size)
     }
 
     /// Stops the server at once (SIGKILL), as a crash would; the data directory stays until drop.

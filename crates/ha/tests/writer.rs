@@ -452,3 +452,54 @@ async fn stop_waits_for_an_admitted_slot_and_writes_its_entry() {
     assert_eq!(r.durable(1).await, vec![1], "durable before stop returned");
     assert_eq!(r.batches().await.last().unwrap().last_seq, 1, "the aborted slot left no gap");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_callback_does_not_silence_the_later_ones() {
+    let mut r = rig(WriterConfig::default()).await;
+    r.writer.start();
+    r.put(1);
+    let bad: DurableCallback = Box::new(|seq| panic!("callback {seq} fails"));
+    r.writer.commit(r.writer.reserve().unwrap(), entry(2), Some(bad)).unwrap();
+    r.put(3);
+    let limit = std::time::Duration::from_secs(10);
+    let ran = tokio::time::timeout(limit, r.durable(2)).await.expect("the callbacks after the panic never ran");
+    assert_eq!(ran, vec![1, 3]);
+    r.put(4);
+    assert_eq!(tokio::time::timeout(limit, r.durable(1)).await.expect("later batches' callbacks run"), vec![4]);
+    assert_eq!(r.writer.metrics().callback_panics, 1);
+    r.writer.stop().await;
+}
+
+/// A callback task that falls behind holds the writer back once [`CALLBACK_QUEUE_BATCHES`] durable batches
+/// wait for it (back-pressure on admission), instead of queueing without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_callback_task_bounds_its_queue() {
+    use crescent_ha::oplog::CALLBACK_QUEUE_BATCHES;
+    let mut r = rig(WriterConfig::default()).await;
+    r.writer.start();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let tx = r.durable_tx.clone();
+    let stall: DurableCallback = Box::new(move |seq| {
+        let _ = tx.send(seq);
+        let _ = gate_rx.recv();
+    });
+    r.writer.commit(r.writer.reserve().unwrap(), entry(1), Some(stall)).unwrap();
+    assert_eq!(r.durable(1).await, vec![1]);
+    // One-entry batches: batch 1's callback runs (stalled), CALLBACK_QUEUE_BATCHES wait in the queue, and the
+    // writer holds the next durable one while it waits for room.
+    let full = CALLBACK_QUEUE_BATCHES as u64 + 2;
+    for i in 2..=full {
+        let seq = r.put(i);
+        common::eventually("durable", std::time::Duration::from_secs(10), || r.writer.status().durable.last_seq >= seq)
+            .await;
+    }
+    assert_eq!(r.writer.metrics().callback_queue, full as usize);
+    let held = r.put(full + 1);
+    // Nothing to await for something that must not happen: give the writer time it would need to write it.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(r.writer.status().durable.last_seq, full, "the writer waits for room in the callback queue");
+    assert_eq!(r.writer.metrics().callback_queue, full as usize);
+    gate_tx.send(()).unwrap();
+    assert_eq!(r.durable(held as usize - 1).await, (2..=held).collect::<Vec<_>>());
+    r.writer.stop().await;
+}

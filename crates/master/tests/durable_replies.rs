@@ -11,7 +11,7 @@ use crescent_master::ha::{OpLogOptions, master_writer_config};
 use crescent_master::server::MasterServer;
 use crescent_master::service::MasterConfig;
 use crescent_proto::wire::PeerRole;
-use crescent_proto::{ClientId, MasterRequest, MasterResponse, ReplicateConfig};
+use crescent_proto::{ClientId, ErrorCode, MasterRequest, MasterResponse, ReplicateConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -83,11 +83,15 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
         let answer = tokio::time::timeout(WAIT, reply).await.unwrap().unwrap().unwrap();
         assert!(matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
     }
-    // A write that removes nothing (an upsert of a new key) does not wait, even while the backend holds a batch.
+    // A refused removal acknowledges nothing: answered at once, even while the backend holds a batch.
     let held = hold_next_write(&faulty).await;
     svc.put_start(writer, "", "pending", 4096, &cfg).unwrap();
     svc.put_end(writer, "", "pending", Some(3)).unwrap();
     tokio::time::timeout(WAIT, held.entered.acquire()).await.unwrap().unwrap().forget();
+    let missing = MasterRequest::Remove { tenant: String::new(), key: key("never-written"), force: false };
+    let answer = tokio::time::timeout(WAIT, conn.call(&missing)).await.expect("a refusal is answered at once");
+    assert_eq!(answer.map(drop).map_err(|e| e.code()), Err(ErrorCode::ObjectNotFound), "the refusal itself");
+    // A write that removes nothing (an upsert of a new key) does not wait either.
     let fresh = MasterRequest::UpsertStart {
         client: writer,
         tenant: String::new(),

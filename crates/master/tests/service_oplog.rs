@@ -588,3 +588,47 @@ async fn an_expired_clients_segment_the_log_cannot_unmount_leaves_placement_and_
     assert_eq!(m.svc.segment_status(seg.id), Err(ErrorCode::SegmentNotFound), "unmounted once the log takes it");
     log.stop().await;
 }
+
+/// While the backend fails (etcd full or down), a write that needs the room of an eviction waiting for
+/// durability fails at once instead of holding its worker for the wait: that room comes back only once the
+/// writer's stuck batch is written, seconds or an operator away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_backend_fails_a_write_needing_evicted_room_does_not_wait_for_it() {
+    use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
+    use crescent_master::service::EVICTION_DURABLE_WAIT;
+    let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
+    let config = WriterConfig {
+        retry_initial: Duration::from_millis(5),
+        retry_max: Duration::from_millis(20),
+        ..WriterConfig::default()
+    };
+    let mut m = master(MasterConfig::default());
+    m.mount(1);
+    let log = held_writer(faulty.clone(), config).await;
+    m.svc.attach_oplog(log.clone());
+    log.start();
+    for i in 0..15 {
+        m.put("", &format!("fill{i}"), 4 * MIB, 1).unwrap();
+    }
+    assert!(eventually(WAIT, || async { log.status().durable.last_seq == 15 }).await);
+    faulty.inject_every(KvOp::Txn, Fault::Fail(KvError::Exhausted("database space exceeded".into())));
+    let put = |key: &'static str| {
+        let (svc, writer) = (m.svc.clone(), m.writer);
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let r = svc.put_start(writer, "", key, 8 * MIB, &ReplicateConfig::with_replicas(1));
+            (r, started.elapsed())
+        })
+    };
+    // The first write evicts for its room; its REMOVEs cannot be written.
+    let (first, _) = put("late").await.unwrap();
+    assert!(first.is_err(), "{first:?}");
+    assert!(!log.status().accepting && log.status().terminal.is_none());
+    let (second, took) = put("later").await.unwrap();
+    assert_eq!(second.unwrap_err(), OPLOG_REFUSED, "the log is what stands in the way, not a full cluster");
+    assert!(took < EVICTION_DURABLE_WAIT / 2, "waited {took:?} for room that cannot come");
+    faulty.clear();
+    assert!(eventually(WAIT, || async { log.status().accepting && m.used() < 60 * MIB }).await, "freed once durable");
+    assert!(put("again").await.unwrap().0.is_ok());
+    log.stop().await;
+}

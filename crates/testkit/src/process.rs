@@ -155,16 +155,27 @@ pub fn spawn(bin: &Path, master: &str, args: &[&str]) -> std::process::Child {
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
-/// `/health` of the admin server at `addr`, parsed; `None` while it does not answer with JSON.
-pub fn health(addr: &str) -> Option<serde_json::Value> {
+/// The body of `GET path` on the admin server at `addr` (HTTP/1.1, one connection); `None` when it fails.
+fn admin_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;
-    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw);
-    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// `/health` of the admin server at `addr`, parsed; `None` while it does not answer with JSON.
+pub fn health(addr: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(&admin_get(addr, "/health")?).ok()
+}
+
+/// The value of the unlabelled series `name` in `/metrics` of the admin server at `addr`.
+pub fn metric(addr: &str, name: &str) -> Option<f64> {
+    let text = admin_get(addr, "/metrics")?;
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Whether everything the master whose admin server is at `admin` committed to its oplog is durable.

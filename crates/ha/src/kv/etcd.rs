@@ -56,7 +56,11 @@ fn map_err(e: etcd_client::Error, call: Call) -> KvError {
     use etcd_client::Error as E;
     let msg = e.to_string();
     let refused = match &e {
-        E::GRpcStatus(status) => server_refused(i32::from(status.code())),
+        E::GRpcStatus(status) => match classify(i32::from(status.code()), status.message()) {
+            Status::Refused => true,
+            Status::Exhausted => return KvError::Exhausted(msg),
+            Status::Transient => false,
+        },
         E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) | E::InvalidMetadataValue(_) => true,
         _ => false,
     };
@@ -71,10 +75,21 @@ fn map_err(e: etcd_client::Error, call: Call) -> KvError {
     }
 }
 
-/// True for gRPC status codes (numbered as in the gRPC spec, so no direct tonic dependency is needed) that mean
-/// the server refused the request itself; every other code (unavailable, deadline, cancelled, unknown, ...) is
-/// transient.
-fn server_refused(code: i32) -> bool {
+/// What a gRPC status from etcd means for a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// The server refused the request itself: the same request can never succeed.
+    Refused,
+    /// Out of space (the NOSPACE alarm) or too many requests: it passes once space is freed or load drops.
+    Exhausted,
+    /// Unavailable, deadline, cancelled, unknown, ...: the connection or the server may come back.
+    Transient,
+}
+
+/// Classifies a gRPC status code (numbered as in the gRPC spec, so no direct tonic dependency is needed) and
+/// message from etcd.
+fn classify(code: i32, message: &str) -> Status {
+    const INVALID_ARGUMENT: i32 = 3;
     const NOT_FOUND: i32 = 5;
     const ALREADY_EXISTS: i32 = 6;
     const PERMISSION_DENIED: i32 = 7;
@@ -83,19 +98,15 @@ fn server_refused(code: i32) -> bool {
     const OUT_OF_RANGE: i32 = 11;
     const UNIMPLEMENTED: i32 = 12;
     const UNAUTHENTICATED: i32 = 16;
-    const INVALID_ARGUMENT: i32 = 3;
-    matches!(
-        code,
-        INVALID_ARGUMENT
-            | NOT_FOUND
-            | ALREADY_EXISTS
-            | PERMISSION_DENIED
-            | RESOURCE_EXHAUSTED
-            | FAILED_PRECONDITION
-            | OUT_OF_RANGE
-            | UNIMPLEMENTED
-            | UNAUTHENTICATED
-    )
+    match code {
+        // gRPC's own "received message larger than max" is RESOURCE_EXHAUSTED too, and a retry of the same
+        // request cannot help; etcd's "database space exceeded" and "too many requests" pass.
+        RESOURCE_EXHAUSTED if message.contains("larger than max") => Status::Refused,
+        RESOURCE_EXHAUSTED => Status::Exhausted,
+        INVALID_ARGUMENT | NOT_FOUND | ALREADY_EXISTS | PERMISSION_DENIED | FAILED_PRECONDITION | OUT_OF_RANGE
+        | UNIMPLEMENTED | UNAUTHENTICATED => Status::Refused,
+        _ => Status::Transient,
+    }
 }
 
 impl EtcdKv {
@@ -195,5 +206,20 @@ impl HaKvBackend for EtcdKv {
             let resp = c.delete(begin, Some(opts)).await.map_err(|e| map_err(e, Call::Write))?;
             Ok(u64::try_from(resp.deleted()).unwrap_or(0))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_exhaustion_passes_but_oversized_messages_and_refusals_do_not() {
+        assert_eq!(classify(8, "etcdserver: mvcc: database space exceeded"), Status::Exhausted);
+        assert_eq!(classify(8, "etcdserver: too many requests"), Status::Exhausted);
+        assert_eq!(classify(8, "grpc: received message larger than max (2000000 vs. 1572864)"), Status::Refused);
+        assert_eq!(classify(3, "etcdserver: request is too large"), Status::Refused);
+        assert_eq!(classify(14, "transport is closing"), Status::Transient);
+        assert_eq!(classify(4, "context deadline exceeded"), Status::Transient);
     }
 }

@@ -39,6 +39,13 @@ pub enum KvError {
     /// The backend refused the request as malformed or over its limits; retrying the same request cannot help.
     #[error("request rejected: {0}")]
     Rejected(String),
+    /// The backend is out of space or overloaded (etcd's `RESOURCE_EXHAUSTED`: "database space exceeded" under
+    /// its NOSPACE alarm, or "too many requests"). It passes once an operator frees space or the load drops, so
+    /// the same request may be retried after a back-off. A write's outcome is unknown, as with
+    /// [`KvError::Ambiguous`]: etcd applies the write that crosses its quota and still answers "database space
+    /// exceeded".
+    #[error("backend out of space or overloaded: {0}")]
+    Exhausted(String),
     /// The backend offers no transactions.
     #[error("transactions are not supported by this backend")]
     Unsupported,
@@ -48,14 +55,14 @@ pub enum KvError {
 }
 
 impl KvError {
-    /// True when the call's effect is unknown and must be resolved by re-reading.
+    /// True when the call's effect is unknown and must be resolved by re-reading (ambiguous or exhausted).
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self, KvError::Ambiguous(_))
+        matches!(self, KvError::Ambiguous(_) | KvError::Exhausted(_))
     }
 
-    /// True when the same request may succeed later (ambiguous or unavailable).
+    /// True when the same request may succeed later (ambiguous, unavailable or exhausted).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KvError::Ambiguous(_) | KvError::Unavailable(_))
+        matches!(self, KvError::Ambiguous(_) | KvError::Unavailable(_) | KvError::Exhausted(_))
     }
 }
 

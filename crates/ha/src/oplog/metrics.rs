@@ -135,10 +135,14 @@ pub struct WriterMetrics {
     pub in_flight_age: Option<Duration>,
     /// Set while the in-flight batch is failing: how long since its first failure (the stuck batch's age).
     pub stuck_for: Option<Duration>,
+    /// Set while admission is closed (the backend failing, the writer terminal or stopping): for how long.
+    pub closed_for: Option<Duration>,
     /// Committed entries not durable yet (waiting to be sealed plus in flight).
     pub committed_not_durable: usize,
     /// Durable entries whose callbacks have not run yet.
     pub callback_queue: usize,
+    /// Durable callbacks that panicked (each caught; the later ones still ran).
+    pub callback_panics: u64,
     /// Refused admissions, by cause.
     pub admission_failures: AdmissionFailures,
 }

@@ -19,5 +19,6 @@ pub use standby::{
 };
 pub use storage::{BatchLimits, OpLogBatchStorage, StorageConfig, StorageError};
 pub use writer::{
-    DurableCallback, OrderedOpLogWriter, Reservation, WriterConfig, WriterError, WriterMode, WriterStatus,
+    CALLBACK_QUEUE_BATCHES, DurableCallback, OrderedOpLogWriter, Reservation, WriterConfig, WriterError, WriterMode,
+    WriterStatus,
 };

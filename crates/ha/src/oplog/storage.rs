@@ -212,7 +212,7 @@ impl OpLogBatchStorage {
                 puts: vec![KvPair { key: key.clone(), value: base.encode() }],
             };
             let outcome = self.kv.txn(&txn).await;
-            match outcome {
+            match &outcome {
                 Ok(TxnOutcome::Succeeded) => {
                     if latest.is_some() {
                         tracing::info!(keys = ?self.keys, prefix = ?base, "cut the per-entry oplog over to batch records");
@@ -221,7 +221,8 @@ impl OpLogBatchStorage {
                     }
                     return Ok(base);
                 }
-                Ok(TxnOutcome::CompareFailed) | Err(KvError::Ambiguous(_)) => {
+                Err(e) if !e.is_ambiguous() => return Err(e.clone().into()),
+                Ok(TxnOutcome::CompareFailed) | Err(_) => {
                     // Another initialiser won, ours landed without an answer, or `/latest` moved: what is stored
                     // now is the truth.
                     if let Some(p) = self.read_durable_prefix().await? {
@@ -233,7 +234,6 @@ impl OpLogBatchStorage {
                     }
                     tracing::warn!(keys = ?self.keys, "legacy /latest moved during cutover; re-reading");
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         Err(StorageError::Inconsistent("legacy /latest kept moving during cutover: stop the per-entry writer".into()))
@@ -324,7 +324,7 @@ impl OpLogBatchStorage {
         let ambiguous = match self.kv.txn(&txn).await {
             Ok(TxnOutcome::Succeeded) => return Ok(seq),
             Ok(TxnOutcome::CompareFailed) => None,
-            Err(e @ KvError::Ambiguous(_)) => Some(e),
+            Err(e) if e.is_ambiguous() => Some(e),
             Err(e) => return Err(e.into()),
         };
         let unknown = |e: StorageError| match &ambiguous {
@@ -432,7 +432,7 @@ impl OpLogBatchStorage {
                 }
                 // Lost a race or an unknown outcome: the next read decides.
                 Ok(TxnOutcome::CompareFailed) => {}
-                Err(e @ KvError::Ambiguous(_)) => last_err = Some(e),
+                Err(e) if e.is_ambiguous() => last_err = Some(e),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -468,7 +468,7 @@ impl OpLogBatchStorage {
         match self.kv.txn(&txn).await {
             Ok(TxnOutcome::Succeeded) => Ok(target),
             Ok(TxnOutcome::CompareFailed) => self.resolve(batch, &value, expected, view, None).await,
-            Err(e @ KvError::Ambiguous(_)) => self.resolve(batch, &value, expected, view, Some(e)).await,
+            Err(e) if e.is_ambiguous() => self.resolve(batch, &value, expected, view, Some(e)).await,
             Err(e) => Err(e.into()),
         }
     }

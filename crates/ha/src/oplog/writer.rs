@@ -15,6 +15,7 @@ use super::storage::{BatchLimits, OpLogBatchStorage, StorageError};
 use crate::kv::KvError;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
@@ -22,7 +23,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Runs once its entry is durable, with the entry's sequence number, on the writer's callback task. Keep it
-/// short and non-panicking: callbacks run one after another in sequence order.
+/// short: callbacks run one after another in sequence order. One that panics is logged and counted
+/// ([`WriterMetrics::callback_panics`]); the callbacks after it still run.
 pub type DurableCallback = Box<dyn FnOnce(u64) + Send + 'static>;
 
 /// Why the writer refused a call.
@@ -110,6 +112,10 @@ struct Pending {
     committed_at: Instant,
 }
 
+/// Durable batches whose callbacks may wait for the callback task at once. Past this the writer waits before
+/// writing more (a stalled callback turns into back-pressure on admission, not an unbounded queue).
+pub const CALLBACK_QUEUE_BATCHES: usize = 64;
+
 /// Counters and distributions behind [`OrderedOpLogWriter::metrics`] (updated under the state lock).
 struct Stats {
     durable_writes: u64,
@@ -120,6 +126,8 @@ struct Stats {
     callback_latency: LatencyWindow,
     /// Durable entries whose callbacks were handed to the callback task and have not run yet.
     callback_queue: usize,
+    /// Callbacks that panicked.
+    callback_panics: u64,
     admission: AdmissionFailures,
 }
 
@@ -133,6 +141,7 @@ impl Stats {
             commit_to_durable: LatencyWindow::default(),
             callback_latency: LatencyWindow::default(),
             callback_queue: 0,
+            callback_panics: 0,
             admission: AdmissionFailures::default(),
         }
     }
@@ -159,6 +168,9 @@ struct State {
     in_flight_since: Option<Instant>,
     /// First failure of the batch in flight, while it keeps failing.
     stuck_since: Option<Instant>,
+    /// Since when admission has been closed by a failing backend, a terminal error or a stop (`None` while it
+    /// is open).
+    closed_since: Option<Instant>,
     durable: DurablePrefix,
     stats: Stats,
 }
@@ -218,7 +230,7 @@ impl std::fmt::Debug for OrderedOpLogWriter {
 }
 
 fn retryable(e: &StorageError) -> bool {
-    // Backend trouble may pass (etcd back, disk freed); fencing, conflicts and bad data never do.
+    // Backend trouble may pass (etcd back, space freed, load gone); fencing, conflicts and bad data never do.
     matches!(e, StorageError::Kv(k) if !matches!(k, KvError::Rejected(_) | KvError::Unsupported))
 }
 
@@ -244,6 +256,7 @@ impl OrderedOpLogWriter {
             in_flight_commits: VecDeque::new(),
             in_flight_since: None,
             stuck_since: None,
+            closed_since: next_seq.is_none().then(Instant::now),
             durable: initial,
             stats: Stats::new(),
         };
@@ -267,7 +280,7 @@ impl OrderedOpLogWriter {
         if tasks.is_some() {
             return;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(CALLBACK_QUEUE_BATCHES);
         let writer = tokio::spawn(write_loop(Arc::clone(&self.shared), tx));
         let callbacks = tokio::spawn(callback_loop(Arc::clone(&self.shared), rx));
         *tasks = Some((writer, callbacks));
@@ -424,6 +437,8 @@ impl OrderedOpLogWriter {
             retries: s.failed_attempts,
             in_flight_age: s.in_flight_since.map(|t| now - t),
             stuck_for: s.stuck_since.map(|t| now - t),
+            closed_for: s.closed_since.map(|t| now - t),
+            callback_panics: s.stats.callback_panics,
             committed_not_durable: s.committed.len() + s.in_flight_commits.len(),
             callback_queue: s.stats.callback_queue,
             admission_failures: s.stats.admission,
@@ -437,6 +452,7 @@ impl OrderedOpLogWriter {
         {
             let mut s = self.shared.state.lock();
             s.stopping = true;
+            s.closed_since.get_or_insert_with(Instant::now);
         }
         self.shared.wake.notify_one();
         self.shared.stop.notify_waiters();
@@ -514,12 +530,13 @@ fn enter_terminal(shared: &Shared, e: StorageError) {
     {
         let mut s = shared.state.lock();
         s.accepting = false;
+        s.closed_since.get_or_insert_with(Instant::now);
         s.terminal = Some(e);
     }
     shared.durable_changed.notify_waiters();
 }
 
-async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<CallbackBatch>) {
+async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::Sender<CallbackBatch>) {
     loop {
         let woken = shared.wake.notified();
         tokio::pin!(woken);
@@ -545,7 +562,7 @@ async fn write_loop(shared: Arc<Shared>, callbacks: mpsc::UnboundedSender<Callba
                 };
                 let Some(dispatch) = durable else { return };
                 // Ordered: batches are written one at a time and their callbacks queued in that order.
-                send_callbacks(&shared, &callbacks, dispatch);
+                send_callbacks(&shared, &callbacks, dispatch).await;
             }
         }
     }
@@ -566,14 +583,15 @@ async fn write_one(
     Some(dispatch)
 }
 
-/// Hands durable callbacks to the callback task (counted until they run).
-fn send_callbacks(shared: &Shared, callbacks: &mpsc::UnboundedSender<CallbackBatch>, dispatch: Dispatch) {
+/// Hands durable callbacks to the callback task (counted until they run), waiting while it is
+/// [`CALLBACK_QUEUE_BATCHES`] batches behind.
+async fn send_callbacks(shared: &Shared, callbacks: &mpsc::Sender<CallbackBatch>, dispatch: Dispatch) {
     if dispatch.is_empty() {
         return;
     }
     let n = dispatch.len();
     shared.state.lock().stats.callback_queue += n;
-    if callbacks.send((Instant::now(), dispatch)).is_err() {
+    if callbacks.send((Instant::now(), dispatch)).await.is_err() {
         shared.state.lock().stats.callback_queue -= n;
         tracing::warn!("oplog callback task is gone; durable callbacks dropped");
     }
@@ -591,6 +609,9 @@ fn mark_durable(shared: &Shared, prefix: DurablePrefix, entries: usize, bytes: u
     s.last_error = None;
     s.stuck_since = None;
     s.accepting = true;
+    if !s.stopping {
+        s.closed_since = None;
+    }
     for _ in 0..entries {
         if let Some(at) = s.in_flight_commits.pop_front() {
             s.stats.commit_to_durable.record(now - at);
@@ -616,7 +637,7 @@ async fn write_legacy(
     batch: &OpLogBatchRecord,
     expected: DurablePrefix,
     dispatch: Dispatch,
-    callbacks: &mpsc::UnboundedSender<CallbackBatch>,
+    callbacks: &mpsc::Sender<CallbackBatch>,
 ) -> Option<Dispatch> {
     let mut dispatch: VecDeque<(u64, DurableCallback)> = dispatch.into();
     let mut latest = expected.last_seq;
@@ -635,7 +656,7 @@ async fn write_legacy(
         while dispatch.front().is_some_and(|(s, _)| *s <= seq) {
             ready.extend(dispatch.pop_front());
         }
-        send_callbacks(shared, callbacks, ready);
+        send_callbacks(shared, callbacks, ready).await;
     }
     Some(dispatch.into())
 }
@@ -657,11 +678,21 @@ where
                 let stopping = {
                     let mut s = shared.state.lock();
                     if s.last_error.is_none() {
-                        tracing::warn!(error = %e, batch, "oplog write failed; admission closed, retrying");
+                        if matches!(e, StorageError::Kv(KvError::Exhausted(_))) {
+                            tracing::error!(
+                                error = %e,
+                                batch,
+                                "oplog backend out of space or overloaded; admission closed, retrying (a full \
+                                 etcd needs compaction, defragmentation and its NOSPACE alarm disarmed)"
+                            );
+                        } else {
+                            tracing::warn!(error = %e, batch, "oplog write failed; admission closed, retrying");
+                        }
                     }
                     s.accepting = false;
                     s.failed_attempts += 1;
                     s.stuck_since.get_or_insert_with(Instant::now);
+                    s.closed_since.get_or_insert_with(Instant::now);
                     s.last_error = Some(e);
                     s.stopping
                 };
@@ -689,14 +720,19 @@ where
     }
 }
 
-async fn callback_loop(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CallbackBatch>) {
+async fn callback_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<CallbackBatch>) {
     while let Some((durable_at, batch)) = rx.recv().await {
         for (seq, cb) in batch {
             shared.state.lock().stats.callback_latency.record(durable_at.elapsed());
-            // No lock while the callback runs: it may take its own locks or call back into the writer.
-            cb(seq);
+            // No lock while the callback runs: it may take its own locks or call back into the writer. A panic
+            // is caught so the callbacks after it (space freed once durable, replies released) still run.
+            let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| cb(seq))).is_err();
+            if panicked {
+                tracing::error!(seq, "an oplog durable callback panicked; the next ones still run");
+            }
             let mut s = shared.state.lock();
             s.stats.callback_queue = s.stats.callback_queue.saturating_sub(1);
+            s.stats.callback_panics += u64::from(panicked);
         }
     }
 }

@@ -450,7 +450,14 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
             "Mutations refused because the oplog was not accepting",
             log.admission_failures(),
         );
-        writer_figures(r, &log.metrics());
+        let metrics = log.metrics();
+        gauge(
+            r,
+            "degraded_milliseconds",
+            "How long /health has said degraded: the oplog writer retrying, fenced or stopped (0: ok)",
+            degraded(&st, &metrics).map_or(0, |(_, d)| d.as_millis() as u64),
+        );
+        writer_figures(r, &metrics);
     }
 }
 
@@ -491,6 +498,12 @@ fn writer_figures(r: &mut Registry, m: &crescent_ha::oplog::WriterMetrics) {
     );
     gauge(r, "oplog_committed_not_durable", "Entries committed, not durable yet", m.committed_not_durable as u64);
     gauge(r, "oplog_callback_queue", "Durable callbacks waiting to run", m.callback_queue as u64);
+    counter(
+        r,
+        "oplog_callback_panics",
+        "Durable callbacks that panicked (caught; the next ones ran)",
+        m.callback_panics,
+    );
     let refused = Family::<Labels, Counter>::default();
     let a = &m.admission_failures;
     for (cause, n) in [
@@ -531,6 +544,24 @@ fn oplog_state(st: &crescent_ha::oplog::WriterStatus) -> (&'static str, u64) {
     }
 }
 
+/// Why a master with an oplog is degraded, and for how long: its writer is not taking mutations (retrying a
+/// failing backend — etcd down, or full under its NOSPACE alarm —, fenced by a newer leader, stopped for good,
+/// or stopping). `None` while it accepts.
+fn degraded(
+    st: &crescent_ha::oplog::WriterStatus,
+    m: &crescent_ha::oplog::WriterMetrics,
+) -> Option<(String, std::time::Duration)> {
+    let (state, _) = oplog_state(st);
+    if state == "accepting" {
+        return None;
+    }
+    let why = match (&st.terminal, &st.last_error) {
+        (Some(e), _) | (None, Some(e)) => e.to_string(),
+        (None, None) => "the writer is stopping".to_owned(),
+    };
+    Some((format!("oplog {state}: {why}"), m.closed_for.unwrap_or_default()))
+}
+
 async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
     let ha = s.target.elected().map(|e| e.status());
     let role = ha.as_ref().map_or("master", HaStatus::role);
@@ -544,6 +575,11 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
     let Ok(svc) = s.svc() else { return Json(body) };
     let oplog = svc.oplog().map(|log| {
         let st = log.status();
+        if let Some((reason, since)) = degraded(&st, &log.metrics()) {
+            body["status"] = "degraded".into();
+            body["reason"] = reason.into();
+            body["degraded_seconds"] = since.as_secs_f64().into();
+        }
         serde_json::json!({
             "state": oplog_state(&st).0,
             "durable_seq": st.durable.last_seq,
@@ -704,7 +740,8 @@ async fn run(s: &AdminState, req: MasterRequest) -> Result<MasterResponse, Respo
     let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
         .await
         .unwrap_or_else(|e| Err(ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() }));
-    if let Some(log) = log
+    // A refusal acknowledges nothing: answered at once.
+    if let Some(log) = log.filter(|_| reply.is_ok())
         && let Err(e) = log.wait_durable(log.last_committed(), std::time::Duration::from_secs(10)).await
     {
         return Err(refused(ErrorFrame {
@@ -859,12 +896,17 @@ mod tests {
             "crescent_master_oplog_write_entries_bucket{le=\"+Inf\"} 1",
             "crescent_master_oplog_committed_not_durable 0",
             "crescent_master_oplog_refused_total{cause=\"queue_full\"} 0",
+            "crescent_master_oplog_callback_panics_total 0",
+            "crescent_master_degraded_milliseconds 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         assert!(text.contains("crescent_master_oplog_commit_to_durable_microseconds{quantile=\"0.99\"}"), "{text}");
+        assert_eq!(degraded(&log.status(), &log.metrics()), None, "accepting: healthy");
         log.stop().await;
         assert!(render(Some(&svc), &rpc, None, None).lines().any(|l| l == "crescent_master_oplog_state 2"), "stopped");
+        let (reason, _) = degraded(&log.status(), &log.metrics()).expect("a stopped writer degrades the master");
+        assert_eq!(reason, "oplog stopped: the writer is stopping");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::clock::Clock;
 use crate::ha::role::{self, HaState, HaStatus};
 use crate::ha::{OpLog, OpLogOptions, ReplayState, SnapshotOptions, SnapshotterHandle, master_storage, start_writing};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
-use crescent_ha::leader::{Campaign, LeaderCoordinator, LeaderSession};
+use crescent_ha::leader::{Campaign, CoordError, LeaderCoordinator, LeaderSession};
 use crescent_ha::oplog::{
     DurablePrefix, FollowerConfig, FollowerState, OpLogBatchStorage, OpLogStandbyReader, StandbyFollower,
 };
@@ -435,36 +435,52 @@ impl RoleLoop {
             }
         };
         let _ = halt.send(());
-        let exit = match follow.await {
-            Ok(exit) => exit,
-            Err(e) => {
-                tracing::error!(error = %e, "standby follower task failed");
-                return Standby::Failed;
+        let exit = follow.await;
+        let stopping = *stop.borrow();
+        let exit = match (outcome, exit) {
+            (Some(session), Ok(exit)) if !stopping && exit.result.is_ok() => {
+                return Standby::Won(Box::new((session, exit.reader, exit.applier)));
+            }
+            (outcome, exit) => {
+                if let Some(session) = outcome {
+                    // A won lease this candidate will not use: given up now, so another candidate (or this one,
+                    // bootstrapped again) can win at once rather than once it expires — or never, for a
+                    // coordinator without leases.
+                    tracing::warn!(view = session.view().version, "giving up a won lease: not promoting");
+                    session.release().await;
+                }
+                exit
             }
         };
-        if *stop.borrow() {
+        if stopping {
             return Standby::Stop;
         }
-        match (outcome, exit.result) {
-            (Some(session), Ok(())) => Standby::Won(Box::new((session, exit.reader, exit.applier))),
-            (_, Err(e)) => {
-                tracing::error!(error = %e, "standby reader failed closed: bootstrapping again");
-                self.set(|s| {
-                    s.state = HaState::Failed;
-                    s.last_error = Some(e.to_string());
-                });
+        match exit {
+            Err(e) => {
+                tracing::error!(error = %e, "standby follower task failed");
                 Standby::Failed
             }
-            (None, Ok(())) => Standby::Stop,
+            Ok(exit) => match exit.result {
+                Err(e) => {
+                    tracing::error!(error = %e, "standby reader failed closed: bootstrapping again");
+                    self.set(|s| {
+                        s.state = HaState::Failed;
+                        s.last_error = Some(e.to_string());
+                    });
+                    Standby::Failed
+                }
+                Ok(()) => Standby::Stop,
+            },
         }
     }
 
-    /// Campaigns until this candidate wins: while another leads, waits for the view to change.
+    /// Campaigns until this candidate wins: while another leads, waits for the view to change. Cancel-safe: a
+    /// campaign attempt dropped mid-way (the standby period ended) runs on, and a lease it wins is given up.
     async fn campaign(&self) -> LeaderSession {
         let coordinator = &self.options.coordinator;
         loop {
             let known = match coordinator.read_view().await {
-                Ok(None) => match coordinator.campaign(&self.leader, self.admin.as_deref()).await {
+                Ok(None) => match self.attempt().await {
                     Ok(Campaign::Won(session)) => return session,
                     Ok(Campaign::Lost(view)) => view,
                     Err(e) => {
@@ -488,6 +504,15 @@ impl RoleLoop {
                 self.campaign_failed(e.to_string()).await;
             }
         }
+    }
+
+    /// One campaign attempt, on a task of its own: dropping this future (the standby period ended) leaves the
+    /// attempt to finish, and a session it wins is released rather than dropped, so its lease does not outlive
+    /// the attempt.
+    async fn attempt(&self) -> Result<Campaign, CoordError> {
+        let coordinator = Arc::clone(&self.options.coordinator);
+        let (leader, admin) = (self.leader.clone(), self.admin.clone());
+        Attempt(Some(tokio::spawn(async move { coordinator.campaign(&leader, admin.as_deref()).await }))).join().await
     }
 
     async fn campaign_failed(&self, error: String) {
@@ -537,6 +562,37 @@ impl RoleLoop {
                 }
             }
         }
+    }
+}
+
+/// A campaign attempt in flight: if dropped before it is joined, a session it wins is released.
+struct Attempt(Option<tokio::task::JoinHandle<Result<Campaign, CoordError>>>);
+
+impl Attempt {
+    /// The attempt's outcome; dropped before it arrives, the attempt is left to [`Drop`].
+    async fn join(mut self) -> Result<Campaign, CoordError> {
+        let joined = match self.0.as_mut() {
+            Some(task) => task.await,
+            None => return Err(CoordError::Unavailable("campaign attempt already joined".into())),
+        };
+        self.0 = None;
+        joined.unwrap_or_else(|e| Err(CoordError::Unavailable(format!("campaign attempt failed: {e}"))))
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(task) = self.0.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            task.abort();
+            return;
+        };
+        runtime.spawn(async move {
+            if let Ok(Ok(Campaign::Won(session))) = task.await {
+                tracing::warn!(view = session.view().version, "giving up a lease won by an abandoned campaign");
+                session.release().await;
+            }
+        });
     }
 }
 

@@ -81,7 +81,7 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
     if code == ErrorCode::PersistentFail {
         let done = match req {
             R::RemoveAll { .. } | R::RemoveByRegex { .. } => {
-                "the objects removed before the refusal stay removed, the rest were left"
+                "some objects may have been removed before the refusal, the rest were left"
             }
             _ => "nothing was changed",
         };

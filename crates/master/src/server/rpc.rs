@@ -729,7 +729,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                     hold |= crate::ha::take_hid_objects();
                     reply
                 };
-                owe(&mut owed, &svc, hold);
+                // A refusal acknowledges nothing: it goes out at once, even while the log is stuck.
+                owe(&mut owed, &svc, hold && reply.is_ok());
                 if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {
                     super::grants::seal(&svc, hosts, bearer, &mut reply);
                 }

@@ -488,10 +488,17 @@ impl MasterService {
     /// Waits (bounded by [`EVICTION_DURABLE_WAIT`]) for the space and quota of logged evictions to come back,
     /// where waiting is safe: off any runtime, or on a multi-threaded one (as `block_in_place`, so the
     /// writer's tasks keep running). On a single-threaded runtime the writer runs on this very thread, so it
-    /// does not wait: the write fails for want of room and the next one finds it.
+    /// does not wait: the write fails for want of room and the next one finds it. Nor while the oplog writer
+    /// is not accepting.
     pub(super) fn await_eviction_frees(&self) -> bool {
         if !self.eviction_frees_pending() {
             return true;
+        }
+        // A writer not accepting is retrying a failing backend (etcd down or full) or has stopped: the frees wait
+        // for that write, which is seconds or an operator away, so holding a worker for the wait on every
+        // mutation would only pile them up.
+        if self.oplog.get().is_some_and(|l| !l.status().accepting) {
+            return false;
         }
         let frees = &self.eviction_frees;
         match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {

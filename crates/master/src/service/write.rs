@@ -399,6 +399,8 @@ impl MasterService {
         };
         let placement = ReplicaPlacement::new(&self.pool, &self.placement);
         let mut buffers: Vec<AllocatedBuffer> = Vec::new();
+        // Whether the write found no room and had to evict for it.
+        let mut needed_room = false;
         // A buffer the watermark would evict as soon as it is written is refused before anything is evicted.
         if spec.config.replica_num > 0 && self.fits_under_watermark(kind, spec.size) {
             match placement.place(&req) {
@@ -406,6 +408,7 @@ impl MasterService {
                 Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
                     // Allocation failure: free room for it (one round at a time across writers), if any can be.
                     self.need_eviction.store(true, Ordering::Release);
+                    needed_room = true;
                     let _gate = self.eviction_gate.lock();
                     buffers = self.place_with_room(&placement, &req).unwrap_or_default();
                 }
@@ -426,6 +429,7 @@ impl MasterService {
                     Ok(b) => buffers.extend(b),
                     // NoF space is evicted for a failed allocation the same way as memory.
                     Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
+                        needed_room = true;
                         let _gate = self.eviction_gate.lock();
                         buffers.extend(self.place_with_room(&placement, &req).unwrap_or_default());
                     }
@@ -434,6 +438,11 @@ impl MasterService {
             }
         }
         if buffers.is_empty() {
+            // Room an eviction would make cannot come while the log takes nothing (its entries could not be
+            // logged, or are stuck): say so, rather than that the cluster is full.
+            if needed_room && self.oplog.get().is_some_and(|l| !l.status().accepting) {
+                return Err(ErrorCode::PersistentFail);
+            }
             return Err(ErrorCode::NoAvailableHandle);
         }
         Ok(buffers.into_iter().map(|b| Replica::processing(self.next_replica_id(), b)).collect())
