@@ -114,6 +114,14 @@ pub enum OpenError {
     /// The snapshot store failed (an unreachable store is not taken for an empty one).
     #[error("snapshot store: {0}")]
     Snapshot(#[from] crate::snapshot::catalog::CatalogError),
+    /// A standby's own snapshots do not reach the log and no usable one could be had from the leader.
+    #[error("{why}; the leader's snapshot: {fetch}")]
+    Fetch {
+        /// Why the standby's own snapshots did not do.
+        why: String,
+        /// Why the leader's did not either.
+        fetch: String,
+    },
     /// The newest usable snapshot includes more than the log's durable prefix: it belongs to another log.
     #[error("snapshot {id} includes up to seq {snapshot_seq}, beyond the durable prefix {prefix:?}")]
     SnapshotAhead {
