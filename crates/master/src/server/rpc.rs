@@ -216,10 +216,7 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::RegisterLocalSsd { client, enable_offloading } => {
             svc.register_local_ssd(*client, *enable_offloading).map(|()| A::Done)
         }
-        R::UnregisterLocalSsd { client } => {
-            svc.unregister_local_ssd(*client);
-            Ok(A::Done)
-        }
+        R::UnregisterLocalSsd { client } => svc.unregister_local_ssd(*client).map(|()| A::Done),
         R::ReportLocalSsd { client, capacity } => svc.report_local_ssd(*client, *capacity).map(|()| A::Done),
         R::SetLocalSsdOffloading { client, enabled } => {
             svc.set_local_ssd_offloading(*client, *enabled).map(|()| A::Done)
