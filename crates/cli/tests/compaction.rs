@@ -1,6 +1,7 @@
 //! The log does not grow without bound (issue 34 §4): a real `crescent master --etcd … --data-dir DIR` with no
 //! snapshot store configured snapshots into `DIR/snapshots` by default, compacts the oplog's batches below its
-//! snapshot and compacts etcd's revision history, so etcd's database stays bounded under a stream of mutations.
+//! snapshot and compacts etcd's revision history, so etcd's database stays bounded under a stream of mutations;
+//! and a standby with a data directory of its own (nothing shared) bootstraps from the leader's snapshot.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crescent_client::master::MasterConnection;
@@ -149,4 +150,119 @@ async fn an_etcd_master_without_a_store_snapshots_into_its_data_dir_and_keeps_et
         "etcd grew by {grown} bytes over {ROUNDS} rounds of ≥ {round_bytes}: {in_use:?} (baseline {baseline})"
     );
     drop(master);
+}
+
+/// Two `crescent master --etcd … --data-dir` processes of a secured cluster, each with its own data directory
+/// (so its own default snapshot store, nothing shared): the second, started after the first compacted its log,
+/// fetches the leader's snapshot over the master's port, follows, and serves every object after `kill -9` of
+/// the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_with_its_own_data_dir_fetches_the_leaders_snapshot_and_takes_over() {
+    use crescent_net::auth::Keyring;
+    use std::os::unix::fs::PermissionsExt;
+    const SECRET: &str = "the secret of the snapshot fetch test";
+    let etcd = EtcdServer::start().expect("etcd (install etcd-server or set CRESCENT_ETCD_BIN)");
+    let endpoint = etcd.endpoint();
+    let files = tempfile::tempdir().unwrap();
+    let secret = files.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let admin_cred = Keyring::parse(SECRET).unwrap().credential(crescent_proto::Principal::Admin);
+    let candidate = |dir: &Path| {
+        let args = [
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--etcd",
+            &endpoint,
+            "--cluster-id",
+            CLUSTER,
+            "--leader-lease-ttl",
+            "2",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--snapshot-interval",
+            "1s",
+            "--snapshot-retain",
+            "1",
+            "--secret-file",
+            secret.to_str().unwrap(),
+        ];
+        Proc::start(bin(), &args)
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = candidate(dir_a.path());
+    let (addr_a, admin_a) = (a.field("master"), a.field("admin"));
+    assert!(eventually(WAIT, || async { health(&admin_a).is_some_and(|h| h["role"] == "leader") }).await);
+    let conn = |addr: &str, id| {
+        MasterConnection::new(addr, id, PeerRole::Admin, 1, Duration::from_secs(20))
+            .with_credential(Some(admin_cred.clone().into()))
+    };
+    let node = ClientId::random();
+    let spec = SegmentSpec {
+        id: SegmentId::random(),
+        name: "n".into(),
+        base: 1 << 40,
+        size: 1 << 30,
+        endpoint: "127.0.0.1:1".into(),
+        kind: SegmentKind::Memory,
+        host_id: String::new(),
+    };
+    let mount = MasterRequest::MountSegment { client: node, spec: spec.clone() };
+    assert!(matches!(conn(&addr_a, node).call(&mount).await, Ok(MasterResponse::Done)));
+    let writer_id = ClientId::random();
+    let writer = conn(&addr_a, writer_id);
+    let storage =
+        OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
+    let mut keys: Vec<String> = Vec::new();
+    // Writes until the leader's snapshot let it compact its log's first batches.
+    while storage.first_stored_batch().await.unwrap().is_none_or(|b| b <= 1) {
+        let batch: Vec<String> = (keys.len()..keys.len() + BATCH).map(|i| format!("key-{i}")).collect();
+        let items = batch.iter().map(|k| (WireKey::Key(k.clone()), 4096u64)).collect();
+        let start = MasterRequest::BatchPutStart {
+            client: writer_id,
+            tenant: String::new(),
+            items: Batch::new(items),
+            config: ReplicateConfig::default(),
+            group_ids: None,
+            upsert: false,
+        };
+        assert!(matches!(writer.call(&start).await, Ok(MasterResponse::BatchReplicas(_))));
+        let items = batch.iter().map(|k| (WireKey::Key(k.clone()), None)).collect();
+        let end = MasterRequest::BatchPutEnd { client: writer_id, tenant: String::new(), items: Batch::new(items) };
+        assert!(matches!(writer.call(&end).await, Ok(MasterResponse::BatchDone(_))));
+        keys.extend(batch);
+        assert!(keys.len() < 200_000, "the leader never compacted: {:?}", health(&admin_a));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(eventually(WAIT, || async { all_durable(&admin_a) }).await);
+    let seq = durable_seq(&admin_a);
+
+    // B has its own, empty data directory: it fetches A's snapshot and follows A's log.
+    let b = candidate(dir_b.path());
+    let admin_b = b.field("admin");
+    let following = eventually(WAIT, || async {
+        health(&admin_b)
+            .is_some_and(|h| h["ha"]["state"] == "following" && h["ha"]["applied_seq"].as_u64() >= Some(seq))
+    })
+    .await;
+    assert!(following, "b does not follow: {:?}", health(&admin_b));
+    assert!(dir_b.path().join("snapshots").join("latest").is_file(), "b keeps the fetched snapshot");
+
+    a.kill9();
+    assert!(eventually(WAIT, || async { health(&admin_b).is_some_and(|h| h["role"] == "leader") }).await);
+    // The segment's node remounts at the new leader (as a node does by itself): its objects are served again.
+    let remount = MasterRequest::RemountSegments { client: node, specs: Batch::new(vec![spec]) };
+    assert!(matches!(conn(&b.field("master"), node).call(&remount).await, Ok(MasterResponse::Done)));
+    let reader = conn(&b.field("master"), ClientId::random());
+    let exist = MasterRequest::BatchExistKey {
+        tenant: String::new(),
+        keys: Batch::new(keys.iter().map(|k| WireKey::Key(k.clone())).collect()),
+    };
+    let Ok(MasterResponse::BatchExists(found)) = reader.call(&exist).await else { panic!("exist on b") };
+    assert_eq!(found.len(), keys.len());
+    let missing = found.iter().filter(|f| **f != Ok(true)).count();
+    assert_eq!(missing, 0, "of {} keys, {missing} are not on b", keys.len());
 }
