@@ -382,19 +382,18 @@ impl RoleLoop {
     async fn standby(&self, stop: &mut watch::Receiver<bool>) -> Standby {
         self.set(|s| s.state = HaState::Bootstrapping);
         let snapshots = self.term.snapshots.as_ref().map(|o| &*o.store);
-        let retain = self.term.snapshots.as_ref().map_or(1, |o| o.retain);
-        let (reader, state) =
-            match role::bootstrap(&self.storage, snapshots, Some(&self.leader_snapshots()), retain).await {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, "standby bootstrap failed; retrying");
-                    self.set(|s| {
-                        s.state = HaState::Failed;
-                        s.last_error = Some(e.to_string());
-                    });
-                    return Standby::Failed;
-                }
-            };
+        let (leader, retain) = (self.leader_snapshots(), self.term.snapshots.as_ref().map_or(1, |o| o.retain));
+        let (reader, state) = match role::bootstrap(&self.storage, snapshots, Some(&leader), retain).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "standby bootstrap failed; retrying");
+                self.set(|s| {
+                    s.state = HaState::Failed;
+                    s.last_error = Some(e.to_string());
+                });
+                return Standby::Failed;
+            }
+        };
         let follower = StandbyFollower::new(reader, state, self.options.follow);
         let mut status = follower.subscribe();
         let (halt, halted) = tokio::sync::oneshot::channel::<()>();
