@@ -111,16 +111,12 @@ async fn compacted_leader(etcd: &EtcdServer, dir: &Path) -> (CandidateServer, us
     (a, i)
 }
 
-/// The leader's published snapshot payload file.
+/// The payload file of the snapshot `latest` names (retention may still be deleting the one before it).
 fn snapshot_file(dir: &Path) -> PathBuf {
-    let snaps = dir.join("snapshots");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&snaps)
-        .unwrap()
-        .map(|e| e.unwrap().path().join("data.csnp"))
-        .filter(|p| p.is_file())
-        .collect();
-    assert_eq!(files.len(), 1, "retain 1: one snapshot in {}", snaps.display());
-    files.pop().unwrap()
+    let id = std::fs::read_to_string(dir.join("latest")).unwrap();
+    let file = dir.join("snapshots").join(id.trim()).join("data.csnp");
+    assert!(file.is_file(), "{} is missing", file.display());
+    file
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
