@@ -11,7 +11,7 @@
 use crescent_fuzz::{split_first, write_seeds};
 use crescent_ha::oplog::{OpLogApplier, OpLogEntry};
 use crescent_master::clock::{ManualClock, Timestamp};
-use crescent_master::ha::payload::{SegmentRef, SegmentUpdate, TenantPolicies, TenantQuota};
+use crescent_master::ha::payload::{ClientRef, LocalSsdEntry, SegmentRef, SegmentUpdate, TenantPolicies, TenantQuota};
 use crescent_master::ha::{MasterEntry, ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
 use crescent_master::service::{MasterConfig, MasterService};
 use libfuzzer_sys::fuzz_target;
@@ -47,6 +47,8 @@ fn seeds() -> Vec<Vec<u8>> {
         MasterEntry::TenantRemove { tenant: "a".into() },
         MasterEntry::TenantPolicies(TenantPolicies { policies: vec![("a".into(), 5)] }),
         MasterEntry::GroupRemove { tenant: "default".into(), group: "g".into() },
+        MasterEntry::LocalSsdSet(LocalSsdEntry { client: [3; 16], enable_offloading: true, total_capacity: 1 << 30 }),
+        MasterEntry::LocalSsdRemove(ClientRef { client: [3; 16] }),
     ];
     let mut out = Vec::new();
     for e in entries {

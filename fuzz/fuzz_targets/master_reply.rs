@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use crescent_fuzz::{reencodes_stably, write_seeds};
-use crescent_proto::rpc::GrantedBatch;
+use crescent_proto::rpc::{GrantedBatch, SnapshotChunk};
 use crescent_proto::transfer::{GRANT_TAG_LEN, Grant, GrantRange, GrantRef};
 use crescent_proto::wire::{ErrorFrame, Frame, Hello, HelloReply, Limits, PeerRole};
 use crescent_proto::{
@@ -63,6 +63,15 @@ fn seeds() -> Vec<Vec<u8>> {
         })),
         Ok(MasterResponse::BatchExists(vec![Ok(true), Err(ErrorCode::InvalidParams)])),
         Ok(MasterResponse::RemovedAll(RemoveAllReport { removed: 3, ..Default::default() })),
+        Ok(MasterResponse::SnapshotChunk(SnapshotChunk {
+            id: "00000000000000000004-00000000000000000061".into(),
+            batch_id: 4,
+            last_seq: 61,
+            producer_view: 2,
+            size: 9000,
+            crc32c: 0xdead_beef,
+            offset: 4096,
+        })),
         Err(ErrorFrame { code: ErrorCode::ObjectNotFound, message: "key \"x\" not found".into() }),
     ];
     let mut out: Vec<Vec<u8>> = replies

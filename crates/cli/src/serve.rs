@@ -94,11 +94,13 @@ pub struct MasterArgs {
         crescent_master::ha::replay::DEFAULT_CLUSTER_ID,
     ))]
     cluster_id: Option<String>,
-    /// Keep the oplog in an embedded store in this directory.
+    /// The master's local data directory: its embedded oplog (without --etcd) and its snapshots.
     #[arg(long, value_name = "DIR", help = dflt(
-        "Keep the oplog in an embedded store (one file) in DIR, created if absent: a master restarted on the same \
-         DIR replays it before it serves",
-        "no oplog",
+        "The master's local directory, created if absent. Without --etcd the oplog is kept there in an embedded \
+         store (one file): a master restarted on the same DIR replays it before it serves. With --etcd the oplog \
+         stays in etcd and DIR is only local. Either way snapshots go to DIR/snapshots unless --snapshot-dir or \
+         --snapshot-s3 says otherwise, so the log is compacted",
+        "no oplog; with --etcd, no snapshots",
     ))]
     data_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
@@ -107,25 +109,32 @@ pub struct MasterArgs {
     auth: crate::auth::SecretArgs,
 }
 
-/// Where the master's oplog lives: `--etcd` (with `--cluster-id`), `--data-dir`, or neither (none); flags over
-/// `[server]` keys. A flag replaces the file's backend choice as a whole.
-async fn oplog_options(a: &MasterArgs, file: &FileConfig) -> Result<Option<crescent_master::ha::OpLogOptions>> {
-    use crescent_master::ha::OpLogOptions;
+/// `--etcd` and `--data-dir` (flags over `[server]` keys; a flag replaces the file's choice of both as a whole).
+fn backend(a: &MasterArgs, file: &FileConfig) -> (Option<String>, Option<std::path::PathBuf>) {
     let f = &file.server;
-    let from_flags = a.etcd.is_some() || a.data_dir.is_some();
-    let (etcd, data_dir) = if from_flags {
+    if a.etcd.is_some() || a.data_dir.is_some() {
         (a.etcd.clone(), a.data_dir.clone())
     } else {
         (f.etcd.clone(), f.data_dir.clone().map(std::path::PathBuf::from))
-    };
+    }
+}
+
+/// The master's local data directory (`--data-dir`): its embedded oplog without `--etcd`, and with or without
+/// it where its snapshots go by default (`DIR/snapshots`).
+fn data_dir(a: &MasterArgs, file: &FileConfig) -> Option<std::path::PathBuf> {
+    backend(a, file).1
+}
+
+/// Where the master's oplog lives: `--etcd` (with `--cluster-id`; a `--data-dir` beside it is only the master's
+/// local directory), `--data-dir` alone (the embedded store), or neither (none); flags over `[server]` keys. A
+/// flag replaces the file's backend choice as a whole.
+async fn oplog_options(a: &MasterArgs, file: &FileConfig) -> Result<Option<crescent_master::ha::OpLogOptions>> {
+    use crescent_master::ha::OpLogOptions;
+    let f = &file.server;
+    let (etcd, data_dir) = backend(a, file);
     let cluster = a.cluster_id.clone().or_else(|| f.cluster_id.clone());
     match (etcd, data_dir) {
-        (Some(_), Some(_)) => {
-            anyhow::bail!(
-                "--etcd and --data-dir (or [server] etcd and data_dir) are two places for one oplog: give one"
-            )
-        }
-        (Some(endpoints), None) => {
+        (Some(endpoints), _) => {
             let cluster =
                 cluster.ok_or_else(|| anyhow!("--etcd needs --cluster-id (the oplog's namespace in etcd)"))?;
             let endpoints: Vec<String> =
@@ -359,7 +368,8 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
     let Settings { config, listen, admin, poll, limits, keyring, tls } = master_settings(a, file, combined)?;
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let oplog = oplog_options(a, file).await?;
-    let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some())?;
+    let snapshots =
+        crate::snapshots::snapshot_options(&a.snapshots, file, oplog.is_some(), data_dir(a, file).as_deref())?;
     let server = MasterServer::builder(config.clone())
         .rpc_addr(listen)
         .admin_addr(Some(admin))
@@ -520,7 +530,7 @@ async fn candidate(
     };
     let mut options = CandidateOptions::new(coordinator);
     options.advertise = a.advertise.clone().or_else(|| file.server.advertise.clone());
-    let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, true)?;
+    let snapshots = crate::snapshots::snapshot_options(&a.snapshots, file, true, data_dir(&a, file).as_deref())?;
     let s = master_settings(&a, file, false)?;
     let cluster = oplog.cluster.clone();
     let server = MasterServer::builder(s.config.clone())
@@ -663,16 +673,18 @@ mod tests {
     #[tokio::test]
     async fn a_bad_oplog_combination_is_refused_with_its_reason() {
         let none = FileConfig::default();
+        // Beside --etcd, --data-dir is the master's local directory: the oplog stays in etcd (here unreachable).
         let both =
             MasterArgs { etcd: Some("127.0.0.1:1".into()), data_dir: Some("/tmp/x".into()), ..Default::default() };
-        assert!(err(both, &none).await.contains("give one"));
+        assert!(err(both, &none).await.contains("--cluster-id"), "the etcd oplog, not a refusal of the pair");
         let no_cluster = MasterArgs { etcd: Some("127.0.0.1:1".into()), ..Default::default() };
         assert!(err(no_cluster, &none).await.contains("--cluster-id"));
         let lone = MasterArgs { cluster_id: Some("c".into()), ..Default::default() };
         assert!(err(lone, &none).await.contains("needs --etcd or --data-dir"));
         let file = FileConfig::parse("[server]\netcd = \"127.0.0.1:1\"\ndata_dir = \"/tmp/x\"\n")
             .unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(err(MasterArgs::default(), &file).await.contains("give one"));
+        assert!(err(MasterArgs::default(), &file).await.contains("--cluster-id"));
+        assert_eq!(data_dir(&MasterArgs::default(), &file), Some("/tmp/x".into()));
         assert!(oplog_options(&MasterArgs::default(), &none).await.is_ok_and(|o| o.is_none()), "neither: no oplog");
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let file = FileConfig::parse(&format!("[server]\ndata_dir = {:?}\n", dir.path().display().to_string()))

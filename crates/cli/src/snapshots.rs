@@ -1,7 +1,8 @@
 //! `crescent master`'s snapshot options: `--snapshot-dir DIR` or `--snapshot-s3 s3://bucket/prefix` (endpoint
 //! and credentials from flags or the usual AWS environment variables), `--snapshot-interval`,
 //! `--snapshot-retain`; the same under `[server]` as `snapshot_dir`, `snapshot_s3`, `snapshot_s3_endpoint`,
-//! `snapshot_interval`, `snapshot_retain`. Flags over the file.
+//! `snapshot_interval`, `snapshot_retain`. Flags over the file. Without a store, a master with a data directory
+//! snapshots into `DIR/snapshots`.
 
 use crate::config::FileConfig;
 use anyhow::{Context, Result, anyhow};
@@ -44,8 +45,20 @@ pub struct SnapshotArgs {
     pub snapshot_retain: Option<usize>,
 }
 
+/// Where a master with a data directory `DIR` and no snapshot store configured keeps its snapshots:
+/// `DIR/snapshots`.
+pub const DEFAULT_SNAPSHOT_SUBDIR: &str = "snapshots";
+
 /// The snapshot options of `a` and `[server]` (`None`: no snapshots). Snapshots need an oplog (`has_oplog`).
-pub fn snapshot_options(a: &SnapshotArgs, file: &FileConfig, has_oplog: bool) -> Result<Option<SnapshotOptions>> {
+/// Without a store configured, a master with an oplog and a data directory snapshots into
+/// `DIR/`[`DEFAULT_SNAPSHOT_SUBDIR`] (nothing would compact its log otherwise); one without a data directory
+/// (`--etcd` alone) says at start-up that its log will grow until etcd refuses writes.
+pub fn snapshot_options(
+    a: &SnapshotArgs,
+    file: &FileConfig,
+    has_oplog: bool,
+    data_dir: Option<&std::path::Path>,
+) -> Result<Option<SnapshotOptions>> {
     let f = &file.server;
     let from_flags = a.snapshot_dir.is_some() || a.snapshot_s3.is_some();
     let (dir, s3) = if from_flags {
@@ -57,12 +70,35 @@ pub fn snapshot_options(a: &SnapshotArgs, file: &FileConfig, has_oplog: bool) ->
         (Some(_), Some(_)) => {
             anyhow::bail!("--snapshot-dir and --snapshot-s3 are two places for one snapshot set: give one")
         }
-        (None, None) => {
-            if a.snapshot_interval.is_some() || a.snapshot_retain.is_some() {
-                anyhow::bail!("--snapshot-interval/--snapshot-retain need --snapshot-dir or --snapshot-s3");
+        (None, None) => match data_dir.filter(|_| has_oplog) {
+            Some(data) => {
+                let dir = data.join(DEFAULT_SNAPSHOT_SUBDIR);
+                let store =
+                    LocalDirStore::new(&dir).with_context(|| format!("snapshot directory {}", dir.display()))?;
+                tracing::info!(
+                    "snapshots go to {} (the data directory's default: no --snapshot-dir or --snapshot-s3); the \
+                     oplog is compacted below the snapshots kept",
+                    dir.display()
+                );
+                Arc::new(store)
             }
-            return Ok(None);
-        }
+            None => {
+                if a.snapshot_interval.is_some() || a.snapshot_retain.is_some() {
+                    anyhow::bail!(
+                        "--snapshot-interval/--snapshot-retain need a snapshot store: --snapshot-dir, --snapshot-s3 \
+                         or a --data-dir (snapshots in DIR/snapshots)"
+                    );
+                }
+                if has_oplog {
+                    tracing::warn!(
+                        "NO SNAPSHOTS: no --snapshot-dir, --snapshot-s3 or --data-dir, so nothing compacts the oplog: \
+                         it grows in etcd until etcd refuses every write (NOSPACE) and the cluster stops. Give \
+                         --data-dir DIR (snapshots in DIR/snapshots), --snapshot-dir or --snapshot-s3"
+                    );
+                }
+                return Ok(None);
+            }
+        },
         (Some(dir), None) => {
             Arc::new(LocalDirStore::new(&dir).with_context(|| format!("snapshot directory {}", dir.display()))?)
         }

@@ -282,7 +282,8 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::ListKeysPage
         | O::ListTenants
         | O::LocalSsdStatus
-        | O::DataTicket => true,
+        | O::DataTicket
+        | O::FetchSnapshot => true,
         // Writes that set a state: a repeat finds it set and answers OK (mounting a segment the same client
         // mounted is `AlreadyMounted` = OK; unmounting an unknown one is OK; a graceful unmount already under
         // way is OK and keeps its deadline).

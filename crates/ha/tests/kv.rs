@@ -180,3 +180,28 @@ async fn etcd_down_reads_unavailable_writes_ambiguous() {
     let err = kv.txn(&KvTxn { compares: vec![], puts: vec![pair("a", "2")] }).await.unwrap_err();
     assert!(err.is_ambiguous(), "{err:?}");
 }
+
+/// etcd's history: the revision moves with every write; compacting up to it keeps every current value, and
+/// compacting again (or below an earlier compaction) is not an error. The embedded store keeps no history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_history_is_compacted_up_to_a_revision() {
+    use crescent_ha::kv::{EmbeddedKv, EtcdKv, EtcdKvConfig};
+    let server = tokio::task::spawn_blocking(crescent_ha::testing::EtcdServer::start).await.unwrap().expect("etcd");
+    let kv = EtcdKv::connect(EtcdKvConfig::new(vec![server.endpoint()])).await.unwrap();
+    let before = kv.revision().await.unwrap();
+    for i in 0..5 {
+        kv.put(b"k", format!("{i}").as_bytes()).await.unwrap();
+    }
+    let rev = kv.revision().await.unwrap();
+    assert_eq!(rev, before + 5, "each put is a revision");
+    kv.compact(rev).await.unwrap();
+    assert_eq!(kv.get(b"k").await.unwrap(), Some(b"4".to_vec()), "the current value stays");
+    kv.compact(rev).await.unwrap();
+    kv.compact(rev - 2).await.unwrap();
+    assert!(kv.compact(rev + 100).await.is_err(), "a future revision cannot be compacted");
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = EmbeddedKv::open(dir.path()).unwrap();
+    embedded.put(b"k", b"v").await.unwrap();
+    assert_eq!(embedded.revision().await.unwrap(), 0);
+    embedded.compact(7).await.unwrap();
+}

@@ -363,7 +363,7 @@ fn local_ssd_registrations_are_reachable_through_the_service() {
     assert_eq!(s.len(), 1);
     assert_eq!((s[0].client, s[0].enable_offloading, s[0].total_capacity, s[0].used), (c, false, 1 << 30, 0));
     assert_eq!(h.svc.local_ssd_status(None).unwrap(), s);
-    h.svc.unregister_local_ssd(c);
-    h.svc.unregister_local_ssd(c);
+    h.svc.unregister_local_ssd(c).unwrap();
+    h.svc.unregister_local_ssd(c).unwrap();
     assert!(h.svc.local_ssd_status(None).unwrap().is_empty());
 }

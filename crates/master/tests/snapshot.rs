@@ -183,6 +183,29 @@ fn the_object_directory_encoding_is_pinned() {
     assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V2)).unwrap(), v2);
 }
 
+/// An HA snapshot's local SSD registrations (its folded log's) travel in the codec's LocalSSD records and come
+/// back into its state; the golden bytes of a snapshot without any are unchanged (the records were always there).
+#[test]
+fn an_ha_snapshot_carries_the_local_ssd_registrations_of_its_state() {
+    use crescent_master::ha::ReplayState;
+    use crescent_master::snapshot::SnapshotMetadata;
+    let (c1, c2) = (ClientId::random(), ClientId::random());
+    let mut state = ReplayState { last_seq: 5, ..ReplayState::default() };
+    state.local_ssd.insert(c1, LocalSsdRecord { enable_offloading: true, total_capacity: 1 << 30, used: 0 });
+    state.local_ssd.insert(c2, LocalSsdRecord { enable_offloading: false, total_capacity: 0, used: 0 });
+    let view = MasterSnapshotView {
+        metadata: Some(SnapshotMetadata { state, batch_id: 2, producer_view: 3 }),
+        ..MasterSnapshotView::default()
+    };
+    let back = snapshot::decode(&snapshot::encode(&view)).unwrap();
+    assert_eq!(back.metadata, view.metadata, "the registrations are back in the state");
+    let mut listed: Vec<ClientId> = back.local_ssd.iter().map(|(c, _)| *c).collect();
+    listed.sort();
+    let mut want = vec![c1, c2];
+    want.sort();
+    assert_eq!(listed, want, "written in the LocalSSD records");
+}
+
 /// [`GOLDEN_DIRECTORY`] as version 2 wrote it: its segment record ends at the host ("h" = 0168).
 const GOLDEN_DIRECTORY_V2: &str = "43534e500200b09c1d3900000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a3100016801010174800801017401016b640109020202020202020202020202020202020064000107010167010001";
 

@@ -134,6 +134,19 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
         metas.push(meta);
     }
     let (id1, id2, id3) = (snapshot_id(1, 10), snapshot_id(2, 20), snapshot_id(3, 30));
+    // The newest one read in pieces (how a leader sends it to a standby) is the whole payload, checked whole.
+    let newest = catalog.newest_manifest().await.unwrap().unwrap();
+    assert_eq!(newest.id, id3);
+    let mut pieces = Vec::new();
+    for offset in (0..newest.data_size + 10).step_by(7) {
+        pieces.extend_from_slice(&catalog.read_chunk(&newest, offset, 7).await.unwrap().unwrap());
+    }
+    assert_eq!(pieces.len() as u64, newest.data_size, "nothing past the end");
+    let view = crescent_master::snapshot::catalog::verify_payload(&newest, Bytes::from(pieces.clone())).await.unwrap();
+    assert_eq!(view.metadata.unwrap().state.last_seq, 30);
+    pieces.pop();
+    assert!(crescent_master::snapshot::catalog::verify_payload(&newest, Bytes::from(pieces)).await.is_err());
+    assert_eq!(catalog.manifest(&snapshot_id(9, 90)).await.unwrap(), None);
     assert_eq!(catalog.list().await.unwrap(), vec![id2.clone(), id3.clone()], "retention keeps the newest 2");
     assert_eq!(catalog.latest().await.unwrap().as_deref(), Some(id3.as_str()));
     assert!(store.get(&format!("snapshots/{id1}/data.csnp")).await.unwrap().is_none(), "the oldest is gone");

@@ -243,6 +243,33 @@ pub enum MasterRequest {
     /// A data-plane ticket for the host of `segment` (a cluster that authenticates): what the caller's lanes to
     /// that host prove in their hello ([`MasterResponse::Ticket`]).
     DataTicket { segment: SegmentId },
+    /// A piece of the leader's newest published snapshot, for a standby whose own snapshot store has none that
+    /// reaches the log (admin only): `id` `None` asks for the newest one's first piece, then the standby names
+    /// the id it was given and the `offset` it has reached. Answers [`MasterResponse::SnapshotChunk`], the bytes
+    /// in the frame's payload (at most [`SNAPSHOT_CHUNK`] of them).
+    FetchSnapshot { id: Option<String>, offset: u64 },
+}
+
+/// Most snapshot bytes one [`MasterResponse::SnapshotChunk`] carries (well inside a control frame).
+pub const SNAPSHOT_CHUNK: usize = 4 << 20;
+
+/// What a [`MasterRequest::FetchSnapshot`] reply says of the snapshot and of the bytes in its frame's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotChunk {
+    /// The snapshot's id (name it in the next request).
+    pub id: String,
+    /// The last oplog batch it includes.
+    pub batch_id: u64,
+    /// The last oplog sequence it includes.
+    pub last_seq: u64,
+    /// The producer view in force when it was taken.
+    pub producer_view: u64,
+    /// Its whole size in bytes.
+    pub size: u64,
+    /// crc32c of the whole snapshot (check it before use).
+    pub crc32c: u32,
+    /// Where the payload's bytes start in it.
+    pub offset: u64,
 }
 
 /// Declares [`MasterOp`], one per [`MasterRequest`] variant of the same name, with its metric name, and
@@ -319,6 +346,7 @@ master_ops! {
     RemoveGroup => "remove_group",
     ListKeysPage => "list_keys_page",
     DataTicket => "data_ticket",
+    FetchSnapshot => "fetch_snapshot",
 }
 
 impl MasterOp {
@@ -383,6 +411,8 @@ pub enum MasterResponse {
     KeyPage(KeyPage),
     /// A data-plane ticket (DataTicket).
     Ticket(crate::auth::SealedTicket),
+    /// A piece of a snapshot (FetchSnapshot); its bytes are the frame's payload.
+    SnapshotChunk(SnapshotChunk),
 }
 
 /// The reply to one request.
@@ -429,7 +459,9 @@ mod tests {
         assert_eq!(tag(&page), 35);
         let ticket = MasterRequest::DataTicket { segment: crate::SegmentId::random() };
         assert_eq!(tag(&ticket), 36);
-        assert_eq!(MasterOp::ALL.len(), 37, "one operation per request");
+        let fetch = MasterRequest::FetchSnapshot { id: None, offset: 0 };
+        assert_eq!(tag(&fetch), 37);
+        assert_eq!(MasterOp::ALL.len(), 38, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

@@ -207,6 +207,36 @@ impl HaKvBackend for EtcdKv {
             Ok(u64::try_from(resp.deleted()).unwrap_or(0))
         })
     }
+
+    fn revision<'a>(&'a self) -> KvFuture<'a, u64> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            // Any read's header carries the store's revision; counting one key reads nothing back.
+            let resp = c
+                .get(&b"\0"[..], Some(GetOptions::new().with_count_only()))
+                .await
+                .map_err(|e| map_err(e, Call::Read))?;
+            Ok(resp.header().map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0)))
+        })
+    }
+
+    fn compact<'a>(&'a self, revision: u64) -> KvFuture<'a, ()> {
+        let mut c = self.client.clone();
+        Box::pin(async move {
+            let Ok(rev) = i64::try_from(revision) else {
+                return Err(KvError::Rejected(format!("revision {revision} is out of etcd's range")));
+            };
+            if rev <= 0 {
+                return Ok(());
+            }
+            match c.compact(rev, None).await {
+                Ok(_) => Ok(()),
+                // Someone (etcd's own auto-compaction, another master) already compacted past it: nothing to do.
+                Err(e) if e.to_string().contains("required revision has been compacted") => Ok(()),
+                Err(e) => Err(map_err(e, Call::Write)),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

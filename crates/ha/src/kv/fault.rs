@@ -209,6 +209,14 @@ impl<B: HaKvBackend> HaKvBackend for FaultyKv<B> {
     fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
         Box::pin(self.run(KvOp::DeleteRange, self.inner.delete_range(begin, end)))
     }
+
+    fn revision<'a>(&'a self) -> KvFuture<'a, u64> {
+        self.inner.revision()
+    }
+
+    fn compact<'a>(&'a self, revision: u64) -> KvFuture<'a, ()> {
+        self.inner.compact(revision)
+    }
 }
 
 /// Shared backends are backends (so `Arc<dyn HaKvBackend>` can be wrapped and passed around).
@@ -239,6 +247,14 @@ impl<T: HaKvBackend + ?Sized> HaKvBackend for Arc<T> {
 
     fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64> {
         (**self).delete_range(begin, end)
+    }
+
+    fn revision<'a>(&'a self) -> KvFuture<'a, u64> {
+        (**self).revision()
+    }
+
+    fn compact<'a>(&'a self, revision: u64) -> KvFuture<'a, ()> {
+        (**self).compact(revision)
     }
 }
 

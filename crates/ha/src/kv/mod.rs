@@ -1,4 +1,5 @@
-//! The `HaKvBackend` seam: the few KV calls HA needs (get, put, paged range, compare-and-put txn) and nothing
+//! The `HaKvBackend` seam: the few KV calls HA needs (get, put, paged range, compare-and-put txn, range delete,
+//! and compaction of a backend's history) and nothing
 //! about oplogs, leadership or Crescent metadata. Implementations: etcd ([`EtcdKv`]), an embedded durable store
 //! ([`EmbeddedKv`], redb), an in-memory map ([`MemoryKv`]) and a fault-injecting wrapper ([`FaultyKv`]).
 
@@ -211,6 +212,21 @@ pub trait HaKvBackend: Send + Sync + 'static {
     /// were deleted. Oplog compaction is its one user: a half-applied delete would leave the oldest batches
     /// present, which a retry finishes.
     fn delete_range<'a>(&'a self, begin: &'a [u8], end: &'a [u8]) -> KvFuture<'a, u64>;
+
+    /// The backend's current revision: how far its history of changes reaches (0: a backend that keeps no
+    /// history, the default).
+    fn revision<'a>(&'a self) -> KvFuture<'a, u64> {
+        Box::pin(async { Ok(0) })
+    }
+
+    /// Discards the history of changes up to `revision` (etcd's compaction), keeping every key's current value.
+    /// etcd keeps every overwritten or deleted value until it is compacted, so a log that rewrites its prefix key
+    /// and deletes old batches still grows there without it. A revision already compacted is not an error; a
+    /// backend that keeps no history has nothing to do (the default).
+    fn compact<'a>(&'a self, revision: u64) -> KvFuture<'a, ()> {
+        let _ = revision;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The smallest key greater than every key starting with `prefix` (empty = no upper bound), for range ends.

@@ -400,6 +400,20 @@ impl OpLogBatchStorage {
         Ok(deleted)
     }
 
+    /// Discards the backend's history of changes up to its current revision and returns that revision (0: the
+    /// backend keeps no history). etcd keeps every value a key ever had until it is compacted — every batch
+    /// rewrites the durable prefix, and [`OpLogBatchStorage::compact_through`] only deletes the current values —
+    /// so without this its database grows with every write until it refuses writes (`NOSPACE`). The oplog reads
+    /// only current values, never history; nor does anything else here (the leader view is watched from now).
+    pub async fn compact_history(&self) -> Result<u64, StorageError> {
+        let revision = self.kv.revision().await?;
+        if revision > 0 {
+            self.kv.compact(revision).await?;
+            tracing::debug!(keys = ?self.keys, revision, "compacted the backend's history");
+        }
+        Ok(revision)
+    }
+
     /// The id of the first batch key after `after`, if any.
     async fn first_batch_after(&self, after: u64) -> Result<Option<u64>, StorageError> {
         let (begin, end) = self.keys.batches_after(after);

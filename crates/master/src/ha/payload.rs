@@ -39,6 +39,10 @@ pub enum OpCode {
     TenantPolicies = 8,
     /// An explicit group was erased with every member. `key` = group name.
     GroupRemove = 9,
+    /// A client's local SSD registration was made or changed: its whole record. `key` = client id.
+    LocalSsdSet = 10,
+    /// A client's local SSD registration was dropped (unregistered, or its client expired). `key` = client id.
+    LocalSsdRemove = 11,
 }
 
 impl OpCode {
@@ -54,6 +58,8 @@ impl OpCode {
             7 => Self::TenantRemove,
             8 => Self::TenantPolicies,
             9 => Self::GroupRemove,
+            10 => Self::LocalSsdSet,
+            11 => Self::LocalSsdRemove,
             other => return Err(PayloadError::UnknownOp(other)),
         })
     }
@@ -245,6 +251,31 @@ pub struct TenantPolicies {
     pub policies: Vec<(String, u64)>,
 }
 
+/// LOCAL_SSD_SET: a client's local SSD registration as it now stands (usage is runtime state, never logged).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalSsdEntry {
+    /// The client (raw UUID bytes).
+    pub client: [u8; 16],
+    /// Whether the master may offload objects to it.
+    pub enable_offloading: bool,
+    /// The capacity it last reported, in bytes.
+    pub total_capacity: u64,
+}
+
+impl LocalSsdEntry {
+    /// The client.
+    pub fn client_id(&self) -> ClientId {
+        ClientId(Uuid::from_bytes(self.client))
+    }
+}
+
+/// LOCAL_SSD_REMOVE.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientRef {
+    /// The client (raw UUID bytes).
+    pub client: [u8; 16],
+}
+
 /// A decoded entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MasterEntry {
@@ -291,6 +322,10 @@ pub enum MasterEntry {
         /// Group name.
         group: String,
     },
+    /// See [`OpCode::LocalSsdSet`].
+    LocalSsdSet(LocalSsdEntry),
+    /// See [`OpCode::LocalSsdRemove`].
+    LocalSsdRemove(ClientRef),
 }
 
 fn payload<T: Serialize>(body: &T) -> Vec<u8> {
@@ -347,6 +382,8 @@ impl MasterEntry {
             Self::TenantRemove { tenant } => (OpCode::TenantRemove, tenant.clone(), String::new(), payload(&())),
             Self::TenantPolicies(p) => (OpCode::TenantPolicies, String::new(), String::new(), payload(p)),
             Self::GroupRemove { tenant, group } => (OpCode::GroupRemove, tenant.clone(), group.clone(), payload(&())),
+            Self::LocalSsdSet(r) => (OpCode::LocalSsdSet, String::new(), id_key(&r.client), payload(r)),
+            Self::LocalSsdRemove(r) => (OpCode::LocalSsdRemove, String::new(), id_key(&r.client), payload(r)),
         };
         OpLogEntry { op: op as u16, tenant, key, payload }
     }
@@ -396,6 +433,16 @@ impl MasterEntry {
                 empty(p)?;
                 Self::GroupRemove { tenant, group: key }
             }
+            OpCode::LocalSsdSet => {
+                let r: LocalSsdEntry = body(p)?;
+                check_key(&key, &r.client)?;
+                Self::LocalSsdSet(r)
+            }
+            OpCode::LocalSsdRemove => {
+                let r: ClientRef = body(p)?;
+                check_key(&key, &r.client)?;
+                Self::LocalSsdRemove(r)
+            }
         };
         Ok(e)
     }
@@ -403,7 +450,7 @@ impl MasterEntry {
 
 fn check_key(key: &str, id: &[u8; 16]) -> Result<(), PayloadError> {
     if key != id_key(id) {
-        return Err(PayloadError::Invalid(format!("entry key {key:?} is not the segment id {}", id_key(id))));
+        return Err(PayloadError::Invalid(format!("entry key {key:?} is not the id {}", id_key(id))));
     }
     Ok(())
 }
@@ -530,6 +577,15 @@ mod tests {
         assert_eq!(hex(&upd.payload), format!("02{}04ac02", "02".repeat(16)));
         let q = MasterEntry::TenantQuotaSet { tenant: "a".into(), quota: TenantQuota { bytes: 1 } }.encode();
         assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0201".to_owned()));
+        // Local SSD registrations (ops 10 and 11, added after the version-2 schema; earlier ops' bytes are
+        // unchanged): client 16 × 05, offloading 01, capacity 300 = ac02.
+        let ssd =
+            MasterEntry::LocalSsdSet(LocalSsdEntry { client: [5; 16], enable_offloading: true, total_capacity: 300 })
+                .encode();
+        assert_eq!((ssd.op, ssd.key.as_str()), (10, "05050505-0505-0505-0505-050505050505"));
+        assert_eq!(hex(&ssd.payload), format!("02{}01ac02", "05".repeat(16)));
+        let gone = MasterEntry::LocalSsdRemove(ClientRef { client: [5; 16] }).encode();
+        assert_eq!((gone.op, hex(&gone.payload)), (11, format!("02{}", "05".repeat(16))));
     }
 
     #[test]
@@ -542,6 +598,8 @@ mod tests {
             MasterEntry::TenantRemove { tenant: "t".into() },
             MasterEntry::TenantPolicies(TenantPolicies { policies: vec![("a".into(), 5)] }),
             MasterEntry::GroupRemove { tenant: "t".into(), group: "g".into() },
+            MasterEntry::LocalSsdSet(LocalSsdEntry { client: [1; 16], enable_offloading: false, total_capacity: 0 }),
+            MasterEntry::LocalSsdRemove(ClientRef { client: [1; 16] }),
         ];
         for e in entries {
             assert_eq!(MasterEntry::decode(&e.encode()).unwrap(), e);
@@ -585,5 +643,10 @@ mod tests {
         let mut unmount = MasterEntry::SegmentUnmount(SegmentRef { id: [9; 16] }).encode();
         unmount.key = "other".into();
         assert!(matches!(MasterEntry::decode(&unmount), Err(PayloadError::Invalid(_))));
+        let mut ssd = MasterEntry::LocalSsdRemove(ClientRef { client: [9; 16] }).encode();
+        ssd.key = "other".into();
+        assert!(matches!(MasterEntry::decode(&ssd), Err(PayloadError::Invalid(_))), "key and client differ");
+        e.op = 12;
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::UnknownOp(12)));
     }
 }

@@ -1,7 +1,7 @@
 //! Replay: the master's [`OpLogApplier`] and the startup rebuild of a restarted master from its own log.
 //!
 //! The applier folds entries, strictly in sequence order, into a [`ReplayState`]: the segments mounted, the
-//! readable objects (full post-states), the tenant policies. It never allocates: a master's allocator cannot
+//! readable objects (full post-states), the tenant policies, the local SSD registrations. It never allocates: a master's allocator cannot
 //! hand out a given offset, so the state becomes a `MasterService` in one step at the end
 //! (`MasterService::restore_replayed`), through the same restore seam a snapshot uses (every region's
 //! allocator rebuilt from the replicas that lie in it, each replica re-bound, the rest freed). A standby
@@ -10,13 +10,14 @@
 use super::payload::{MasterEntry, ObjectRecord, PayloadError, SegmentRecord};
 use super::sink::OpLog;
 use super::snapshots::{SnapshotOptions, Snapshotter, SnapshotterHandle, restore_state};
+use crate::local_ssd::LocalSsdRecord;
 use crate::service::MasterService;
 use crescent_ha::kv::HaKvBackend;
 use crescent_ha::oplog::{
     ApplyError, DurablePrefix, OpLogApplier, OpLogBatchStorage, OpLogEntry, OrderedOpLogWriter, StorageConfig,
     StorageError, WriterConfig,
 };
-use crescent_proto::{ErrorCode, SegmentId};
+use crescent_proto::{ClientId, ErrorCode, SegmentId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -29,6 +30,8 @@ pub struct ReplayState {
     pub objects: HashMap<(String, String), ObjectRecord>,
     /// Requested tenant quotas (`None`: no tenant entry seen).
     pub policies: Option<BTreeMap<String, u64>>,
+    /// Local SSD registrations by client (usage 0: runtime state, never logged).
+    pub local_ssd: BTreeMap<ClientId, LocalSsdRecord>,
     /// The last sequence number applied (0: none).
     pub last_seq: u64,
 }
@@ -69,6 +72,17 @@ impl ReplayState {
             }
             MasterEntry::GroupRemove { tenant, group } => {
                 self.objects.retain(|(t, _), o| !(t == &tenant && o.group.as_deref() == Some(group.as_str())));
+            }
+            MasterEntry::LocalSsdSet(r) => {
+                let record = LocalSsdRecord {
+                    enable_offloading: r.enable_offloading,
+                    total_capacity: r.total_capacity,
+                    used: 0,
+                };
+                self.local_ssd.insert(r.client_id(), record);
+            }
+            MasterEntry::LocalSsdRemove(r) => {
+                self.local_ssd.remove(&ClientId(uuid::Uuid::from_bytes(r.client)));
             }
         }
     }
@@ -114,6 +128,14 @@ pub enum OpenError {
     /// The snapshot store failed (an unreachable store is not taken for an empty one).
     #[error("snapshot store: {0}")]
     Snapshot(#[from] crate::snapshot::catalog::CatalogError),
+    /// A standby's own snapshots do not reach the log and no usable one could be had from the leader.
+    #[error("{why}; the leader's snapshot: {fetch}")]
+    Fetch {
+        /// Why the standby's own snapshots did not do.
+        why: String,
+        /// Why the leader's did not either.
+        fetch: String,
+    },
     /// The newest usable snapshot includes more than the log's durable prefix: it belongs to another log.
     #[error("snapshot {id} includes up to seq {snapshot_seq}, beyond the durable prefix {prefix:?}")]
     SnapshotAhead {

@@ -1,5 +1,6 @@
-//! The candidate's HA steps (issue 15 §2, reference §6.5): a standby's bootstrap (the newest usable snapshot,
-//! then a reader of the log after it) and promotion with fencing, plus the [`HaStatus`] `/health` and
+//! The candidate's HA steps (issue 15 §2, reference §6.5): a standby's bootstrap (the newest usable snapshot —
+//! its own, or the leader's fetched over the master's port when its own do not reach the log — then a reader of
+//! the log after it) and promotion with fencing, plus the [`HaStatus`] `/health` and
 //! `/metrics` show. The loop that strings them together, and serves, is `server::candidate`.
 //!
 //! Promotion closes the gap the reference records (promotion without fencing): the new leader first claims the
@@ -9,8 +10,10 @@
 
 use super::payload::ObjectRecord;
 use super::replay::{OpenError, ReplayState};
-use super::snapshots::load_baseline;
+use super::snapshots::{Baseline, load_baseline};
+use crate::snapshot::catalog::{Catalog, Manifest, verify_payload};
 use crate::snapshot::store::SnapshotStore;
+use bytes::Bytes;
 use crescent_ha::leader::LeaseGuard;
 use crescent_ha::oplog::{DurablePrefix, OpLogBatchStorage, OpLogStandbyReader, StandbyError, StorageError};
 use serde::Serialize;
@@ -105,18 +108,97 @@ impl HaStatus {
     }
 }
 
+/// What [`SnapshotSource::fetch`] returns.
+pub type FetchFuture<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<(Manifest, Bytes), crate::server::snapshot_fetch::FetchError>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Where a standby gets a snapshot when its own store has none that reaches the log: the leader
+/// (`server::snapshot_fetch`). The bytes are checked here, against the manifest, before any use.
+pub trait SnapshotSource: Send + Sync {
+    /// The newest snapshot the source has: its manifest and its bytes (unchecked).
+    fn fetch(&self) -> FetchFuture<'_>;
+}
+
 /// A standby's starting point: the newest usable snapshot (if any) and a reader of the log after it. A
-/// compacted log with no snapshot covering it is refused, never followed from the middle.
+/// compacted log with no snapshot covering it is refused, never followed from the middle. When the standby's
+/// own `snapshots` hold none that reaches the log's oldest stored batch (no shared store, and the leader
+/// compacted), the newest one is fetched from `source` (the leader), used only once it passes every check a
+/// loaded one does (size and crc32c against its manifest, decode, position), and kept in the standby's own
+/// store (`retain` of them) so a restart need not fetch it again.
 pub async fn bootstrap(
     storage: &OpLogBatchStorage,
     snapshots: Option<&dyn SnapshotStore>,
+    source: Option<&dyn SnapshotSource>,
+    retain: usize,
 ) -> Result<(OpLogStandbyReader, ReplayState), OpenError> {
-    let baseline = load_baseline(snapshots, storage).await?;
+    let first = storage.first_stored_batch().await?;
+    let baseline = match load_baseline(snapshots, storage).await {
+        // Batches after the baseline's continue it exactly (the first stored one is at most the next).
+        Ok(b) if first.is_none_or(|f| f <= b.position.batch_id + 1) => b,
+        Ok(b) => {
+            let why = format!(
+                "the newest own snapshot includes batches up to {}, the log keeps only {} on",
+                b.position.batch_id,
+                first.unwrap_or(0)
+            );
+            fetch_baseline(storage, snapshots, source, retain, why).await?
+        }
+        Err(e @ OpenError::MissingBaseline { .. }) => {
+            fetch_baseline(storage, snapshots, source, retain, e.to_string()).await?
+        }
+        Err(e) => return Err(e),
+    };
     let reader = match &baseline.snapshot {
         Some(_) => OpLogStandbyReader::from(storage.clone(), baseline.position.last_seq, baseline.position.batch_id),
         None => OpLogStandbyReader::new(storage.clone()),
     };
     Ok((reader, baseline.state))
+}
+
+/// The leader's snapshot as a baseline (see [`bootstrap`]); `why` says why the standby's own did not do.
+async fn fetch_baseline(
+    storage: &OpLogBatchStorage,
+    snapshots: Option<&dyn SnapshotStore>,
+    source: Option<&dyn SnapshotSource>,
+    retain: usize,
+    why: String,
+) -> Result<Baseline, OpenError> {
+    let fail = |fetch: String| OpenError::Fetch { why: why.clone(), fetch };
+    let Some(source) = source else { return Err(fail("no leader to fetch from".into())) };
+    let (manifest, bytes) = source.fetch().await.map_err(|e| fail(e.to_string()))?;
+    let view = verify_payload(&manifest, bytes.clone()).await.map_err(|e| fail(e.to_string()))?;
+    let Some(meta) = view.metadata else { return Err(fail("a snapshot without metadata".into())) };
+    let prefix = storage.read_durable_prefix().await?.unwrap_or(DurablePrefix { batch_id: 0, last_seq: 0 });
+    if manifest.last_seq > prefix.last_seq || manifest.batch_id > prefix.batch_id {
+        return Err(OpenError::SnapshotAhead { id: manifest.id, snapshot_seq: manifest.last_seq, prefix });
+    }
+    if let Some(first) = storage.first_stored_batch().await?
+        && first > manifest.batch_id + 1
+    {
+        let e =
+            format!("snapshot {} includes batches up to {}, the log keeps {first} on", manifest.id, manifest.batch_id);
+        return Err(fail(e));
+    }
+    if let Some(store) = snapshots {
+        // Kept so that a restart finds it; a failure only costs a fetch then.
+        let kept = Catalog::new(store)
+            .publish(bytes, manifest.batch_id, manifest.last_seq, manifest.producer_view, retain)
+            .await;
+        if let Err(e) = kept {
+            tracing::warn!(id = %manifest.id, error = %e, "the leader's snapshot could not be kept locally");
+        }
+    }
+    let position = DurablePrefix { batch_id: meta.batch_id, last_seq: meta.state.last_seq };
+    tracing::info!(
+        id = %manifest.id, batch = position.batch_id, seq = position.last_seq, %why,
+        "standby bootstraps from the leader's snapshot"
+    );
+    Ok(Baseline { state: meta.state, position, snapshot: Some(manifest), skipped: Vec::new() })
 }
 
 /// Why a promotion did not complete (the candidate gives the lease up and stays a standby).

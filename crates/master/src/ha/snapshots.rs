@@ -11,7 +11,8 @@
 //! manifest, verify, `latest`, retention) on the runtime.
 //!
 //! After a publish, oplog batches every retained snapshot includes are compacted away
-//! ([`OpLogBatchStorage::compact_through`], never the durable prefix's own batch). A reader whose position is
+//! ([`OpLogBatchStorage::compact_through`], never the durable prefix's own batch), and so is the backend's
+//! history of changes up to now ([`OpLogBatchStorage::compact_history`]: etcd's revisions). A reader whose position is
 //! below the compacted range (a standby far behind) then fails closed with a gap and must bootstrap again from
 //! a snapshot; a restore without a usable snapshot over a compacted log is refused
 //! ([`OpenError::MissingBaseline`]), never completed with what is left.
@@ -172,6 +173,8 @@ pub struct SnapshotterStatus {
     pub last_error: Option<String>,
     /// Oplog batches deleted by compaction.
     pub compacted: u64,
+    /// The backend revision its history was last compacted up to (0: none, or a backend without history).
+    pub history_compacted_to: u64,
 }
 
 /// Follows one master's durable log into a [`ReplayState`] and snapshots it. See the module doc.
@@ -276,7 +279,13 @@ impl Snapshotter {
                 && let Some(batch) = oldest.split_once('-').and_then(|(b, _)| b.parse::<u64>().ok())
             {
                 let deleted = self.storage.compact_through(batch).await?;
-                self.status.send_modify(|s| s.compacted += deleted);
+                // The backend's history (etcd's revisions) of what was deleted and of every overwritten prefix
+                // is needed by nobody: dropped too, or etcd grows until it refuses writes.
+                let revision = self.storage.compact_history().await?;
+                self.status.send_modify(|s| {
+                    s.compacted += deleted;
+                    s.history_compacted_to = s.history_compacted_to.max(revision);
+                });
             }
         }
         Ok(Some(published))

@@ -68,25 +68,61 @@ impl LocalSsdManager {
 
     /// Registers a client's SSD.
     pub fn register(&self, client: ClientId, enable_offloading: bool) -> Result<(), LocalSsdError> {
+        self.register_with(client, enable_offloading, |_| {})
+    }
+
+    /// [`LocalSsdManager::register`], calling `changed` with the new record under the lock that orders changes
+    /// (where the oplog entry is committed).
+    pub fn register_with(
+        &self,
+        client: ClientId,
+        enable_offloading: bool,
+        changed: impl FnOnce(&LocalSsdRecord),
+    ) -> Result<(), LocalSsdError> {
         let mut m = self.clients.write();
         if m.contains_key(&client) {
             return Err(LocalSsdError::AlreadyRegistered(client));
         }
-        m.insert(client, LocalSsdRecord { enable_offloading, ..LocalSsdRecord::default() });
+        let r = m.entry(client).or_insert(LocalSsdRecord { enable_offloading, ..LocalSsdRecord::default() });
+        changed(r);
         Ok(())
     }
 
     /// Removes a registration, returning it (`None` if there was none: unregistering is idempotent).
     pub fn unregister(&self, client: ClientId) -> Option<LocalSsdRecord> {
-        self.clients.write().remove(&client)
+        self.unregister_with(client, || {})
+    }
+
+    /// [`LocalSsdManager::unregister`], calling `changed` under the lock when a registration went.
+    pub fn unregister_with(&self, client: ClientId, changed: impl FnOnce()) -> Option<LocalSsdRecord> {
+        let mut m = self.clients.write();
+        let gone = m.remove(&client);
+        if gone.is_some() {
+            changed();
+        }
+        gone
     }
 
     /// Records a new capacity report; returns `(previous, current)`.
     pub fn report_capacity(&self, client: ClientId, bytes: i64) -> Result<(u64, u64), LocalSsdError> {
+        self.report_capacity_with(client, bytes, |_| {})
+    }
+
+    /// [`LocalSsdManager::report_capacity`], calling `changed` under the lock when the capacity differs from
+    /// the last report (clients report periodically: an unchanged report changes nothing).
+    pub fn report_capacity_with(
+        &self,
+        client: ClientId,
+        bytes: i64,
+        changed: impl FnOnce(&LocalSsdRecord),
+    ) -> Result<(u64, u64), LocalSsdError> {
         let bytes = u64::try_from(bytes).map_err(|_| LocalSsdError::Invalid("negative capacity"))?;
         let mut m = self.clients.write();
         let r = m.get_mut(&client).ok_or(LocalSsdError::NotRegistered(client))?;
         let prev = std::mem::replace(&mut r.total_capacity, bytes);
+        if prev != bytes {
+            changed(r);
+        }
         Ok((prev, bytes))
     }
 
@@ -106,8 +142,21 @@ impl LocalSsdManager {
 
     /// Enables or disables offloading to a client.
     pub fn set_offloading(&self, client: ClientId, enabled: bool) -> Result<(), LocalSsdError> {
+        self.set_offloading_with(client, enabled, |_| {})
+    }
+
+    /// [`LocalSsdManager::set_offloading`], calling `changed` under the lock when the flag changed.
+    pub fn set_offloading_with(
+        &self,
+        client: ClientId,
+        enabled: bool,
+        changed: impl FnOnce(&LocalSsdRecord),
+    ) -> Result<(), LocalSsdError> {
         let mut m = self.clients.write();
-        m.get_mut(&client).ok_or(LocalSsdError::NotRegistered(client))?.enable_offloading = enabled;
+        let r = m.get_mut(&client).ok_or(LocalSsdError::NotRegistered(client))?;
+        if std::mem::replace(&mut r.enable_offloading, enabled) != enabled {
+            changed(r);
+        }
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! What an authenticated principal may ask of the master (one rule, used by the RPC server and the admin HTTP).
 //!
-//! * `admin`: everything: tenant administration, every tenant's objects, any client's segments.
+//! * `admin`: everything: tenant administration, every tenant's objects, any client's segments, the snapshots a
+//!   standby fetches from the leader.
 //! * `node`: its own segments and local SSD (mount, remount, unmount, ping, status, unreachable reports); no
 //!   object operation.
 //! * `tenant:T`: what a node may, plus the objects of tenant `T` alone (an engine's client hosts segments too).
@@ -90,6 +91,8 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         R::ListTenants | R::SetTenantQuota { .. } | R::RemoveTenant { .. } => {
             Err(denied(caller, "tenant administration needs the admin credential"))
         }
+        // A snapshot holds every tenant's metadata: only another master (which holds the secret) reads it.
+        R::FetchSnapshot { .. } => Err(denied(caller, "fetching a snapshot needs the admin credential")),
     }
 }
 

@@ -188,6 +188,7 @@ impl CandidateServer {
             .with_limits(limits)
             .with_hosts(term.hosts.clone())
             .with_tls(term.tls.server.clone())
+            .with_snapshots(term.snapshots.as_ref().map(|o| o.store.clone()))
             .spawn()
             .map_err(bind("rpc", rpc_addr))?;
         let (stop, stopped) = watch::channel(false);
@@ -381,7 +382,8 @@ impl RoleLoop {
     async fn standby(&self, stop: &mut watch::Receiver<bool>) -> Standby {
         self.set(|s| s.state = HaState::Bootstrapping);
         let snapshots = self.term.snapshots.as_ref().map(|o| &*o.store);
-        let (reader, state) = match role::bootstrap(&self.storage, snapshots).await {
+        let (leader, retain) = (self.leader_snapshots(), self.term.snapshots.as_ref().map_or(1, |o| o.retain));
+        let (reader, state) = match role::bootstrap(&self.storage, snapshots, Some(&leader), retain).await {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "standby bootstrap failed; retrying");
@@ -471,6 +473,16 @@ impl RoleLoop {
                 }
                 Ok(()) => Standby::Stop,
             },
+        }
+    }
+
+    /// The leader, as a source of the snapshot a standby bootstraps from when its own do not reach the log.
+    fn leader_snapshots(&self) -> super::snapshot_fetch::LeaderSnapshots {
+        super::snapshot_fetch::LeaderSnapshots {
+            coordinator: self.options.coordinator.clone(),
+            credential: self.term.keyring.as_ref().map(|k| k.credential(crescent_proto::Principal::Admin)),
+            tls: self.term.tls.client.clone(),
+            own: self.leader.clone(),
         }
     }
 

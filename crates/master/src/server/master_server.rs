@@ -204,6 +204,7 @@ impl MasterServerBuilder {
             .with_limits(self.limits)
             .with_hosts(hosts.clone())
             .with_tls(self.tls.server.clone())
+            .with_snapshots(self.snapshots.as_ref().map(|o| o.store.clone()))
             .spawn()
             .map_err(bind("rpc", self.rpc))?;
         let nof_heartbeat = self.background.then(|| {

@@ -14,6 +14,7 @@ mod lister;
 mod master_server;
 mod nof_heartbeat;
 mod rpc;
+pub mod snapshot_fetch;
 mod target;
 
 pub use admin::{ADMIN_HEADER_DEADLINE, ADMIN_MAX_CONNECTIONS, AdminServer, SnapshotSlot, admin_router};

@@ -15,6 +15,7 @@ use super::target::Target;
 use crate::ha::OpLog;
 use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
+use crate::snapshot::store::SnapshotStore;
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::AuthFailure;
 use crescent_net::auth::Plane;
@@ -136,8 +137,8 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
     match req {
         R::Ping { client } => Ok(A::Pong { status: svc.ping(*client), view_version: 0 }),
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
-        // Answered at the network edge (`serve`), which holds the keys; the service has none.
-        R::DataTicket { .. } => Err(ErrorCode::InvalidParams),
+        // Answered at the network edge (`serve`), which holds the keys and the snapshot store; the service has none.
+        R::DataTicket { .. } | R::FetchSnapshot { .. } => Err(ErrorCode::InvalidParams),
         R::MountSegment { client, spec } => svc.mount_segment_as(*client, spec.clone(), by).map(|()| A::Done),
         R::RemountSegments { client, specs } => svc.remount_segments_as(*client, &specs.0, by).map(|()| A::Done),
         R::UnmountSegment { client, segment } => svc.unmount_own_segment(*client, *segment).map(|()| A::Done),
@@ -215,10 +216,7 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::RegisterLocalSsd { client, enable_offloading } => {
             svc.register_local_ssd(*client, *enable_offloading).map(|()| A::Done)
         }
-        R::UnregisterLocalSsd { client } => {
-            svc.unregister_local_ssd(*client);
-            Ok(A::Done)
-        }
+        R::UnregisterLocalSsd { client } => svc.unregister_local_ssd(*client).map(|()| A::Done),
         R::ReportLocalSsd { client, capacity } => svc.report_local_ssd(*client, *capacity).map(|()| A::Done),
         R::SetLocalSsdOffloading { client, enabled } => {
             svc.set_local_ssd_offloading(*client, *enabled).map(|()| A::Done)
@@ -304,6 +302,8 @@ pub struct RpcServer {
     hosts: Option<Arc<Hosts>>,
     /// TLS every connection goes through before its hello (see [`RpcServer::with_tls`]).
     tls: Option<Arc<TlsServer>>,
+    /// The snapshots a standby may fetch (see [`RpcServer::with_snapshots`]).
+    snapshots: Option<Arc<dyn SnapshotStore>>,
 }
 
 /// A running RPC server; dropping it stops accepting and closes every connection.
@@ -344,7 +344,15 @@ impl RpcServer {
             limits: RpcLimits::default(),
             hosts: None,
             tls: None,
+            snapshots: None,
         })
+    }
+
+    /// Serves `FetchSnapshot` (admin only) from `store`'s newest published snapshot, so a standby without shared
+    /// storage can bootstrap (`server::snapshot_fetch`); `None` (the default): refused, no snapshots here.
+    pub fn with_snapshots(mut self, store: Option<Arc<dyn SnapshotStore>>) -> Self {
+        self.snapshots = store;
+        self
     }
 
     /// Takes every connection through a TLS handshake (within the frame deadline) before its hello; `None`
@@ -380,7 +388,7 @@ impl RpcServer {
 
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> std::io::Result<RpcServerHandle> {
-        let RpcServer { listener, target, metrics, poll_window, limits, hosts, tls } = self;
+        let RpcServer { listener, target, metrics, poll_window, limits, hosts, tls, snapshots } = self;
         let shared = Arc::new(Shared {
             target,
             metrics: metrics.clone(),
@@ -391,6 +399,7 @@ impl RpcServer {
             trim: Arc::default(),
             hosts,
             tls,
+            snapshots,
         });
         let handle = crescent_net::accept::spawn(
             "master rpc",
@@ -425,6 +434,8 @@ struct Shared {
     hosts: Option<Arc<Hosts>>,
     /// TLS the connections go through first; `None`: plain TCP.
     tls: Option<Arc<TlsServer>>,
+    /// The snapshots a standby may fetch; `None`: none here.
+    snapshots: Option<Arc<dyn SnapshotStore>>,
 }
 
 /// Claims the hello's client id for the caller's principal; a caller naming an id another principal holds is
@@ -699,11 +710,18 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
         if allowed.is_err() {
             metrics.denied.fetch_add(1, Ordering::Relaxed);
         }
+        // Bytes that travel in the reply frame's payload, never through serde (a snapshot's pieces).
+        let mut payload = Bytes::new();
         let reply = match routed.and_then(|svc| allowed.map(|()| svc)) {
             Err(refusal) => Err(refusal),
             Ok(svc) => {
                 let mut reply = if let MasterRequest::DataTicket { segment } = &body {
                     ticket(hosts.as_deref(), &svc, caller.as_ref(), *segment)
+                } else if let MasterRequest::FetchSnapshot { id, offset } = &body {
+                    let store = shared.snapshots.as_deref();
+                    let (reply, bytes) = super::snapshot_fetch::serve_chunk(store, id.as_deref(), *offset).await;
+                    payload = bytes;
+                    reply
                 } else if is_listing(&body) {
                     // A listing visits the whole index and may wait its turn: on the listing thread, so it holds
                     // no worker on any runtime (inside `crescent up` the master's only thread is the node's too).
@@ -737,7 +755,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                 reply
             }
         };
-        let (frame, failed) = reply_frame(id, op, &reply)?;
+        let (frame, failed) = reply_frame(id, op, &reply, payload)?;
         metrics.record(op, failed);
         codec.encode(frame, &mut out)?;
         if out.len() >= MAX_PENDING_REPLIES {
@@ -764,16 +782,17 @@ fn is_listing(req: &MasterRequest) -> bool {
     matches!(req, MasterRequest::ListKeys { .. } | MasterRequest::ListKeysPage { .. })
 }
 
-/// The frame of a reply and whether it counts as a failure. A reply too large for a control frame could
-/// never be sent (the connection would close with it): it is answered `BUFFER_OVERFLOW` instead, counted a
-/// failure, and the connection lives on.
-fn reply_frame(id: u64, op: MasterOp, reply: &MasterReply) -> Result<(Frame, bool), WireError> {
+/// The frame of a reply (with `payload` after the header when the reply succeeded) and whether it counts as a
+/// failure. A reply too large for a control frame could never be sent (the connection would close with it): it
+/// is answered `BUFFER_OVERFLOW` instead, counted a failure, and the connection lives on.
+fn reply_frame(id: u64, op: MasterOp, reply: &MasterReply, payload: Bytes) -> Result<(Frame, bool), WireError> {
     let max = Limits::CONTROL.max_frame as usize;
     let header = postcard::to_stdvec(&Envelope { id, body: reply }).map_err(|e| WireError::Decode(e.to_string()))?;
-    // The frame's length field counts the header's length field and the header (no payload).
-    let len = 4 + header.len();
+    let payload = if reply.is_ok() { payload } else { Bytes::new() };
+    // The frame's length field counts the header's length field, the header and the payload.
+    let len = 4 + header.len() + payload.len();
     if len <= max {
-        return Ok((Frame { header: Bytes::from(header), payload: Bytes::new() }, failed(reply)));
+        return Ok((Frame { header: Bytes::from(header), payload }, failed(reply)));
     }
     tracing::warn!(op = op.name(), bytes = len, "a reply larger than a frame was answered BUFFER_OVERFLOW");
     let refusal: MasterReply = Err(ErrorFrame {
@@ -790,7 +809,7 @@ mod tests {
     #[test]
     fn a_reply_larger_than_a_frame_is_refused_and_counted_a_failure() {
         let big: MasterReply = Ok(MasterResponse::Keys(vec!["k".repeat(4096); 4500]));
-        let (frame, failed) = reply_frame(7, MasterOp::ListKeys, &big).unwrap();
+        let (frame, failed) = reply_frame(7, MasterOp::ListKeys, &big, Bytes::new()).unwrap();
         assert!(failed, "an unsendable reply is no success");
         let back = frame.decode::<MasterReply>().unwrap();
         assert_eq!(back.id, 7);
@@ -799,7 +818,7 @@ mod tests {
         assert!(refusal.message.starts_with("the list_keys reply is 18"), "{}", refusal.message);
         assert!(frame.wire_len() < 1024);
         let small: MasterReply = Ok(MasterResponse::Keys(vec!["k".into()]));
-        let (frame, failed) = reply_frame(8, MasterOp::ListKeys, &small).unwrap();
+        let (frame, failed) = reply_frame(8, MasterOp::ListKeys, &small, Bytes::new()).unwrap();
         assert!(!failed);
         assert_eq!(frame.decode::<MasterReply>().unwrap().body, small);
     }

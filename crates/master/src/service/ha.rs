@@ -6,6 +6,7 @@ use crate::alloc::{AllocatorSnapshot, OffsetAllocator, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::data_type_from;
 use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayState, ReplicaRecord, Slot};
+use crate::local_ssd::LocalSsdRecord;
 use crate::metadata::{Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, TenantState, Tier};
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ErrorCode, ReplicaStatus, SegmentId, SegmentKind, SegmentStatus, TenantId};
@@ -173,11 +174,38 @@ fn consumed_for(length: u64) -> u64 {
     OffsetAllocator::normalized_size(length).unwrap_or(length).max(length)
 }
 
+/// The allocations of replayed replica ranges `(offset, length, owner)` in one allocator of `capacity` bytes (a
+/// segment's own, or the CXL window all CXL segments share), ascending; a range that overlaps the one before it
+/// or runs past the end is dropped (logged), so its object is not restored on it. Equal ranges count once.
+fn fit_ranges(mut ranges: Vec<(u64, u64, SegmentId)>, capacity: u64) -> Vec<(SnapshotAllocation, SegmentId)> {
+    ranges.sort_unstable();
+    ranges.dedup_by_key(|r| (r.0, r.1));
+    let mut out: Vec<(SnapshotAllocation, SegmentId)> = Vec::with_capacity(ranges.len());
+    for (i, &(offset, length, segment)) in ranges.iter().enumerate() {
+        let end_prev = out.last().map_or(0, |(a, _)| a.offset + a.consumed);
+        let limit = ranges.get(i + 1).map_or(capacity, |n| n.0.min(capacity));
+        let fits = offset >= end_prev && offset.checked_add(length).is_some_and(|e| e <= limit);
+        if !fits {
+            tracing::error!(%segment, offset, length, "replayed replica overlaps another or its region's end: dropped");
+            continue;
+        }
+        let consumed = consumed_for(length).min(limit - offset);
+        out.push((SnapshotAllocation { offset, consumed, requested: length }, segment));
+    }
+    out
+}
+
 impl MasterService {
     /// Rebuilds a fresh service (no segment mounted, nothing written) from a replayed log: tenant policies,
     /// every segment DISCONNECTED until its owner remounts it (for `disconnect_grace_ms`, or one client TTL
-    /// when there is no grace), every object readable once its segment is back. Returns `(objects, segments)`
-    /// restored. CXL segments and replicas that do not fit their segment are dropped (logged).
+    /// when there is no grace), every object readable once its segment is back, and the local SSD
+    /// registrations. Returns `(objects, segments)` restored. CXL segments come back as bindings in the
+    /// configured CXL window holding their replicas' ranges (dropped, logged, on a master without one); replicas
+    /// that do not fit their segment (or the window) are dropped (logged).
+    ///
+    /// A restored local SSD registration is its client's declaration as last logged; the client is given the
+    /// same time as a segment's owner (from now) to ping this master, and is then tracked as any client: one
+    /// that never does is expired and its registration dropped, as on the master that had it.
     pub fn restore_replayed(&self, state: &ReplayState) -> Result<(usize, usize), ErrorCode> {
         if let Some(p) = &state.policies
             && self.config.enable_multi_tenants
@@ -192,43 +220,54 @@ impl MasterService {
         };
         let deadline = now.saturating_add(Duration::from_millis(grace_ms));
         // Every replica's range per segment.
-        let mut ranges: HashMap<SegmentId, Vec<(u64, u64)>> = HashMap::new();
+        let mut ranges: HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = HashMap::new();
         for o in state.objects.values() {
             for r in &o.replicas {
-                ranges.entry(r.segment_id()).or_default().push((r.offset, r.length));
+                ranges.entry(r.segment_id()).or_default().push((r.offset, r.length, r.segment_id()));
             }
         }
-        let mut regions = Vec::new();
+        let mut specs = Vec::with_capacity(state.segments.len());
         for (id, rec) in &state.segments {
             let spec = rec.spec().map_err(|e| {
                 tracing::error!(segment = %id, error = %e, "replayed segment is malformed");
                 ErrorCode::InternalError
             })?;
-            if spec.kind == SegmentKind::Cxl {
-                tracing::warn!(segment = %id, "replayed CXL segment dropped: CXL bindings are not rebuilt from the log");
+            if spec.kind == SegmentKind::Cxl && self.config.cxl_window.is_none() {
+                tracing::warn!(segment = %id, "replayed CXL segment dropped: this master has no CXL window");
                 continue;
             }
-            let mut mine = ranges.remove(id).unwrap_or_default();
-            mine.sort_unstable();
-            mine.dedup();
-            let mut allocations: Vec<SnapshotAllocation> = Vec::with_capacity(mine.len());
-            for (i, &(offset, length)) in mine.iter().enumerate() {
-                let end_prev = allocations.last().map_or(0, |a| a.offset + a.consumed);
-                let limit = mine.get(i + 1).map_or(spec.size, |n| n.0.min(spec.size));
-                let fits = offset >= end_prev && offset.checked_add(length).is_some_and(|e| e <= limit);
-                if !fits {
-                    tracing::error!(segment = %id, offset, length, "replayed replica overlaps another or its segment's end: dropped");
-                    continue;
-                }
-                let consumed = consumed_for(length).min(limit - offset);
-                allocations.push(SnapshotAllocation { offset, consumed, requested: length });
+            specs.push((spec, rec));
+        }
+        // CXL segments are bindings in one shared window: their replicas' ranges are fitted in it together.
+        let mut cxl: HashMap<SegmentId, Vec<u64>> = HashMap::new();
+        let cxl_window = self.config.cxl_window.map(|capacity| {
+            let all = specs
+                .iter()
+                .filter(|(s, _)| s.kind == SegmentKind::Cxl)
+                .flat_map(|(s, _)| ranges.remove(&s.id).unwrap_or_default())
+                .collect();
+            let fitted = fit_ranges(all, capacity);
+            for (a, segment) in &fitted {
+                cxl.entry(*segment).or_default().push(a.offset);
             }
+            AllocatorSnapshot { capacity, allocations: fitted.into_iter().map(|(a, _)| a).collect() }
+        });
+        let mut regions = Vec::with_capacity(specs.len());
+        for (spec, rec) in specs {
+            let alloc = match spec.kind {
+                SegmentKind::Cxl => RegionAllocState::CxlBinding(cxl.remove(&spec.id).unwrap_or_default()),
+                _ => {
+                    let mine = fit_ranges(ranges.remove(&spec.id).unwrap_or_default(), spec.size);
+                    let allocations = mine.into_iter().map(|(a, _)| a).collect();
+                    RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations })
+                }
+            };
             // Checked when decoded (log and snapshot); an unreadable one names nobody.
             if let Ok(Some(p)) = rec.principal() {
                 self.mounters.restore(rec.client_id(), p);
             }
             regions.push(RegionReadView {
-                alloc: RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations }),
+                alloc,
                 spec,
                 client: rec.client_id(),
                 status: SegmentStatus::Disconnected,
@@ -236,7 +275,11 @@ impl MasterService {
             });
         }
         let segments = regions.len();
-        self.pool.restore(SegmentPoolSnapshotView { regions, cxl_window: None }).map_err(|e| {
+        self.local_ssd.restore(state.local_ssd.iter().map(|(c, r)| (*c, *r)).collect());
+        for client in state.local_ssd.keys() {
+            self.clients.touch(*client, deadline);
+        }
+        self.pool.restore(SegmentPoolSnapshotView { regions, cxl_window }).map_err(|e| {
             tracing::error!(error = %e, "restoring the replayed segments failed");
             e.code()
         })?;
@@ -309,12 +352,13 @@ impl MasterService {
     }
 
     /// The live metadata in the oplog's terms: every segment mounted (as SEGMENT_MOUNT records it), every
-    /// readable object (its PUT_END post-state), `last_seq` 0 and no policies. A read view for comparing a
+    /// readable object (its PUT_END post-state), the local SSD registrations, `last_seq` 0 and no policies. A read view for comparing a
     /// master with a restored or standby one (what a log or a snapshot rebuilds); it takes each object's lock
     /// briefly, one at a time, so it is not one atomic cut of a master under load.
     pub fn metadata_view(&self) -> ReplayState {
         let now = self.clock.now();
-        let mut state = ReplayState::default();
+        let local_ssd = self.local_ssd.snapshot().into_iter().map(|(c, r)| (c, LocalSsdRecord { used: 0, ..r }));
+        let mut state = ReplayState { local_ssd: local_ssd.collect(), ..ReplayState::default() };
         for r in self.pool.snapshot_view().regions {
             let record = crate::ha::SegmentRecord::new(r.client, &r.spec, self.mounters.get(r.client).as_ref());
             state.segments.insert(r.spec.id, record);

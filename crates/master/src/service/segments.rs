@@ -379,7 +379,7 @@ impl MasterService {
                     self.pool.disconnect(id, deadline);
                 }
             }
-            self.local_ssd.unregister(*c);
+            self.expire_local_ssd(*c);
             self.metrics.expired_clients.fetch_add(1, Ordering::Relaxed);
         }
         expired

@@ -46,6 +46,14 @@ pub enum CatalogError {
     /// A snapshot needs its object directory and oplog position.
     #[error("a published snapshot needs metadata (the object directory and its oplog position)")]
     NoMetadata,
+    /// A snapshot failed its checks (manifest, size, checksum, decode, position).
+    #[error("snapshot {id} is unusable: {detail}")]
+    Unusable {
+        /// The snapshot id.
+        id: String,
+        /// What was wrong.
+        detail: String,
+    },
 }
 
 /// A snapshot's manifest.
@@ -84,7 +92,8 @@ fn parse_id(id: &str) -> Option<(u64, u64)> {
     Some((b.parse().ok()?, s.parse().ok()?))
 }
 
-fn data_key(id: &str) -> String {
+/// The key of snapshot `id`'s payload.
+pub fn data_key(id: &str) -> String {
     format!("{SNAPSHOTS_PREFIX}{id}/data.csnp")
 }
 
@@ -133,6 +142,34 @@ enum Unhealthy {
     Position { batch: u64, seq: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The checks every snapshot payload passes before it is used: the manifest's size and crc32c, the codec's own
+/// checks (magic, version, checksum, records), metadata present at the manifest's position.
+async fn check_payload(m: &Manifest, data: Bytes) -> Result<MasterSnapshotView, Unhealthy> {
+    if data.len() as u64 != m.data_size {
+        return Err(Unhealthy::Size { got: data.len() as u64, want: m.data_size });
+    }
+    if crc32c::crc32c(&data) != m.data_crc32c {
+        return Err(Unhealthy::Checksum);
+    }
+    // Decoding a large directory is CPU work: off the async workers.
+    let view = tokio::task::spawn_blocking(move || super::decode(&data))
+        .await
+        .map_err(|e| Unhealthy::Store(StoreError::Io(format!("decode task: {e}"))))??;
+    let Some(meta) = &view.metadata else {
+        return Err(Unhealthy::Decode(SnapshotError::Corrupt("no metadata in an HA snapshot".into())));
+    };
+    if (meta.batch_id, meta.state.last_seq) != (m.batch_id, m.last_seq) {
+        return Err(Unhealthy::Position { batch: meta.batch_id, seq: meta.state.last_seq });
+    }
+    Ok(view)
+}
+
+/// A snapshot payload obtained outside a store (a standby fetched it from the leader), checked as a loaded one
+/// is against its manifest: size, crc32c, decode, position. Nothing that fails is used.
+pub async fn verify_payload(m: &Manifest, data: Bytes) -> Result<MasterSnapshotView, CatalogError> {
+    check_payload(m, data).await.map_err(|e| CatalogError::Unusable { id: m.id.clone(), detail: e.to_string() })
 }
 
 /// The snapshot catalog over one store.
@@ -284,25 +321,33 @@ impl<'a> Catalog<'a> {
         Ok(Some(m))
     }
 
+    /// The manifest of snapshot `id` (`None`: there is none), checked against its id.
+    pub async fn manifest(&self, id: &str) -> Result<Option<Manifest>, CatalogError> {
+        self.read_manifest(id).await.map_err(|e| match e {
+            Unhealthy::Store(e) => CatalogError::Store(e),
+            e => CatalogError::Unusable { id: id.to_owned(), detail: e.to_string() },
+        })
+    }
+
+    /// The manifest of the snapshot `latest` points to, if any.
+    pub async fn newest_manifest(&self) -> Result<Option<Manifest>, CatalogError> {
+        match self.latest().await? {
+            Some(id) => self.manifest(&id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `len` bytes of snapshot `m`'s payload from `offset` (fewer at its end; `None`: the payload is
+    /// gone, e.g. deleted by retention since the manifest was read).
+    pub async fn read_chunk(&self, m: &Manifest, offset: u64, len: usize) -> Result<Option<Bytes>, CatalogError> {
+        let len = len.min(usize::try_from(m.data_size.saturating_sub(offset)).unwrap_or(usize::MAX));
+        Ok(self.store.get_range(&m.data_key, offset, len).await?)
+    }
+
     async fn load_one(&self, id: &str) -> Result<(Manifest, MasterSnapshotView), Unhealthy> {
         let m = self.read_manifest(id).await?.ok_or(Unhealthy::NoManifest)?;
         let data = self.store.get(&m.data_key).await?.ok_or(Unhealthy::NoData)?;
-        if data.len() as u64 != m.data_size {
-            return Err(Unhealthy::Size { got: data.len() as u64, want: m.data_size });
-        }
-        if crc32c::crc32c(&data) != m.data_crc32c {
-            return Err(Unhealthy::Checksum);
-        }
-        // Decoding a large directory is CPU work: off the async workers.
-        let view = tokio::task::spawn_blocking(move || super::decode(&data))
-            .await
-            .map_err(|e| Unhealthy::Store(StoreError::Io(format!("decode task: {e}"))))??;
-        let Some(meta) = &view.metadata else {
-            return Err(Unhealthy::Decode(SnapshotError::Corrupt("no metadata in an HA snapshot".into())));
-        };
-        if (meta.batch_id, meta.state.last_seq) != (m.batch_id, m.last_seq) {
-            return Err(Unhealthy::Position { batch: meta.batch_id, seq: meta.state.last_seq });
-        }
+        let view = check_payload(&m, data).await?;
         Ok((m, view))
     }
 

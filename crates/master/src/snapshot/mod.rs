@@ -48,7 +48,8 @@ pub const HEADER_LEN: usize = 4 + 2 + 4;
 pub struct MasterSnapshotView {
     /// Mounted Memory/CXL regions and their allocator states.
     pub pool: SegmentPoolSnapshotView,
-    /// LocalSSD registrations, by client (usage is runtime state, rebuilt from metadata on restore).
+    /// LocalSSD registrations, by client (usage is runtime state, rebuilt from metadata on restore). With
+    /// metadata, its `state.local_ssd` is written here too, and decoded back into it.
     pub local_ssd: Vec<(ClientId, LocalSsdRecord)>,
     /// The object directory, segments and tenant policies at one oplog position (`None`: a pool-only snapshot).
     pub metadata: Option<SnapshotMetadata>,
@@ -201,8 +202,13 @@ pub fn encode(view: &MasterSnapshotView) -> Vec<u8> {
             },
         })
         .collect();
-    let local_ssd = view
-        .local_ssd
+    // An HA snapshot's registrations are its metadata's (the folded log's); a pool snapshot's are the view's.
+    let mut registrations: Vec<(ClientId, LocalSsdRecord)> = view.local_ssd.clone();
+    if let Some(m) = &view.metadata {
+        let listed: HashSet<ClientId> = registrations.iter().map(|(c, _)| *c).collect();
+        registrations.extend(m.state.local_ssd.iter().filter(|(c, _)| !listed.contains(c)).map(|(c, r)| (*c, *r)));
+    }
+    let local_ssd = registrations
         .iter()
         .map(|(c, r)| WireLocalSsd {
             client: *c,
@@ -278,7 +284,10 @@ where
         })
         .collect();
     let pool = SegmentPoolSnapshotView { regions, cxl_window: wire.cxl_window.map(Into::into) };
-    let metadata = wire.metadata.map(metadata_from_wire).transpose()?;
+    let mut metadata = wire.metadata.map(metadata_from_wire).transpose()?;
+    if let Some(m) = &mut metadata {
+        m.state.local_ssd = local_ssd.iter().copied().collect();
+    }
     Ok(MasterSnapshotView { pool, local_ssd, metadata })
 }
 
@@ -371,6 +380,6 @@ fn metadata_from_wire<S: Clone + Into<SegmentRecord>>(
             objects.insert((tenant.clone(), key.into_owned()), o.into_owned());
         }
     }
-    let state = ReplayState { segments, objects, policies, last_seq: w.last_seq };
+    let state = ReplayState { segments, objects, policies, local_ssd: BTreeMap::new(), last_seq: w.last_seq };
     Ok(SnapshotMetadata { state, batch_id: w.batch_id, producer_view: w.producer_view })
 }
