@@ -1,0 +1,123 @@
+//! `crescent-chaos`: the fault campaign's tools (`scripts/chaos.sh` drives them).
+//!
+//! * `workload`: client tasks on a few hundred keys of self-describing values, writing a history;
+//! * `check`: judges the history (and the servers' logs) and prints a summary; exits 1 on any violation;
+//! * `etcd-fill` / `etcd-clear`: the NOSPACE fault and its repair;
+//! * `free-port`: a free loopback port (for etcd, which cannot pick its own).
+
+mod check;
+mod etcd;
+mod history;
+mod value;
+mod workload;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "crescent-chaos", about = "Fault campaign tools: workload with history, history checker, etcd faults")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs the workload and writes its history.
+    Workload(workload::WorkloadArgs),
+    /// Checks histories and server logs; prints a summary, exits 1 on any violation.
+    Check {
+        /// History files (JSON lines).
+        #[arg(long = "history", required = true)]
+        histories: Vec<PathBuf>,
+        /// A directory of server logs scanned for panics.
+        #[arg(long)]
+        logs: Option<PathBuf>,
+        /// The campaign's fault log (one fault a line: `SECONDS KIND TARGET`), summarised by kind.
+        #[arg(long)]
+        faults: Option<PathBuf>,
+    },
+    /// Fills etcd with junk until its space quota raises the NOSPACE alarm.
+    EtcdFill {
+        /// etcd's client URL.
+        #[arg(long)]
+        endpoint: String,
+        /// Gives up after this many bytes.
+        #[arg(long, default_value_t = 1 << 30)]
+        max_bytes: u64,
+    },
+    /// Deletes the junk, compacts, defragments and disarms the alarms.
+    EtcdClear {
+        /// etcd's client URL.
+        #[arg(long)]
+        endpoint: String,
+    },
+    /// Prints a free loopback port.
+    FreePort,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("crescent-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Workload(args) => {
+            let n = workload::run(args)?;
+            eprintln!("workload: {n} operations recorded");
+        }
+        Cmd::Check { histories, logs, faults } => {
+            let mut ops = Vec::new();
+            for h in &histories {
+                ops.extend(history::read(h)?);
+            }
+            let mut report = check::check(&ops);
+            if let Some(dir) = &logs {
+                let files = check::scan_logs(dir, &mut report)?;
+                println!("server logs scanned for panics: {files}");
+            }
+            if let Some(f) = &faults {
+                println!("{}", fault_summary(&std::fs::read_to_string(f)?));
+            }
+            print!("{}", report.summary());
+            if !report.violations.is_empty() {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Cmd::EtcdFill { endpoint, max_bytes } => {
+            let n = runtime()?.block_on(etcd::fill(&endpoint, max_bytes, Duration::from_secs(120)))?;
+            println!("{n}");
+        }
+        Cmd::EtcdClear { endpoint } => runtime()?.block_on(etcd::clear(&endpoint, Duration::from_secs(60)))?,
+        Cmd::FreePort => {
+            let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+            println!("{}", l.local_addr()?.port());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `faults: N (kind n, …)` from a fault log of `SECONDS KIND TARGET…` lines.
+fn fault_summary(log: &str) -> String {
+    let mut by: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for l in log.lines() {
+        if let Some(kind) = l.split_whitespace().nth(1) {
+            *by.entry(kind).or_default() += 1;
+        }
+    }
+    let total: u64 = by.values().sum();
+    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    format!("faults injected: {total} ({})", parts.join(", "))
+}
