@@ -213,8 +213,25 @@ IFS=, read -r -a FAULTS <<<"${CHAOS_FAULTS:-$(IFS=,; echo "${ALL_FAULTS[*]}")}"
 for f in "${FAULTS[@]}"; do
     [[ " ${ALL_FAULTS[*]} " == *" $f "* ]] || { echo "chaos: unknown fault $f (${ALL_FAULTS[*]})" >&2; exit 2; }
 done
+# A master or node that exited although no fault killed it: recorded (with its exit status) and started again.
+reap() {
+    local i rc
+    for i in 0 1 2; do
+        if ! kill -0 "${MPID[i]}" 2>/dev/null; then
+            rc=0; wait "${MPID[i]}" 2>/dev/null || rc=$?
+            echo "$(( $(date +%s) - T0 )) master-$i exit $rc" >>"$DIR/exits.log"; log "master-$i exited by itself ($rc)"
+            start_master "$i"
+        fi
+        if ! kill -0 "${NPID[i]}" 2>/dev/null; then
+            rc=0; wait "${NPID[i]}" 2>/dev/null || rc=$?
+            echo "$(( $(date +%s) - T0 )) node-$i exit $rc" >>"$DIR/exits.log"; log "node-$i exited by itself ($rc)"
+            start_node "$i"
+        fi
+    done
+}
 inject() {
     local l
+    reap
     case ${FAULTS[RANDOM % ${#FAULTS[@]}]} in
         kill_leader) l=$(leader 20); if [ -n "$l" ]; then kill_master "$l" leader; else fault "kill_leader none (no leader)"; fi ;;
         kill_standby) l=$(leader 20); kill_master "$(standby "$l")" standby ;;
@@ -243,6 +260,7 @@ log "cluster up: leader master-$(leader 10)"
 WORKLOAD_PID=$!
 started "$WORKLOAD_PID"
 : >"$DIR/faults.log"
+: >"$DIR/exits.log"
 END=$((T0 + RUN_S))
 sleep 2 # let the load start on a healthy cluster
 while [ "$(date +%s)" -lt $((END - 3)) ] && kill -0 "$WORKLOAD_PID" 2>/dev/null; do
@@ -255,11 +273,8 @@ log "healing"
 kill -CONT "$ETCD_PID" 2>/dev/null || true
 kill -0 "$ETCD_PID" 2>/dev/null || start_etcd || true
 "$CHAOS" etcd-clear --endpoint "$ETCD_URL" 2>>"$DIR/etcd-faults.log" || log "etcd-clear failed at the end"
-for i in 0 1 2; do
-    kill -CONT "${MPID[i]}" "${NPID[i]}" 2>/dev/null || true
-    kill -0 "${MPID[i]}" 2>/dev/null || start_master "$i"
-    kill -0 "${NPID[i]}" 2>/dev/null || start_node "$i"
-done
+for i in 0 1 2; do kill -CONT "${MPID[i]}" "${NPID[i]}" 2>/dev/null || true; done
+reap
 HEALED_OK=1
 l=$(leader 600)
 if [ -z "$l" ]; then
@@ -269,11 +284,18 @@ else
     log "leader after healing: master-$l"
 fi
 touch "$DIR/healed"
+# The workload's final sweep is bounded by its own heal timeout (180 s); this bounds the wait for it regardless.
+for _ in $(seq 1 3000); do kill -0 "$WORKLOAD_PID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$WORKLOAD_PID" 2>/dev/null; then
+    log "the workload did not finish; killing it"
+    kill -9 "$WORKLOAD_PID" 2>/dev/null || true
+fi
 WORKLOAD_RC=0
 wait "$WORKLOAD_PID" || WORKLOAD_RC=$?
 tail -3 "$DIR/workload.log" >&2 || true
 
 echo "campaign: $RUN_S s (total $(( $(date +%s) - T0 )) s), seed $SEED"
+echo "servers that exited by themselves: $(wc -l <"$DIR/exits.log")"
 set +e
 "$CHAOS" check --history "$DIR/history.jsonl" --logs "$LOGS" --faults "$DIR/faults.log"
 CHECK_RC=$?

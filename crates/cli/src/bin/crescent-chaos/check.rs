@@ -138,6 +138,9 @@ pub struct Report {
     pub sweep: BTreeMap<Outcome, u64>,
     /// rm-alls that left objects (they fence only the keys no write could have been in progress on).
     pub partial_rm_alls: u64,
+    /// Misses of a key whose last change was an acknowledged write, nothing else on the key since it began
+    /// (the write was lost, or evicted: both allowed).
+    pub lost_writes: u64,
     /// The violations found.
     pub violations: Vec<Violation>,
     /// The history's span, in ns.
@@ -176,6 +179,11 @@ impl Report {
         let _ = writeln!(s, "  final sweep gets: {}", if sweep.is_empty() { "none".into() } else { sweep.join(", ") });
         let _ = writeln!(s, "  gets with a value checked: {}", self.gets_checked);
         let _ = writeln!(s, "  rm-alls that left objects: {}", self.partial_rm_alls);
+        let _ = writeln!(
+            s,
+            "  misses right after an acknowledged write, nothing else on the key (lost or evicted): {}",
+            self.lost_writes
+        );
         let kinds = self.by_kind();
         let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(
@@ -267,6 +275,7 @@ pub fn check(ops: &[Op]) -> Report {
             }
         }
     }
+    r.lost_writes = lost_writes(ops, &writes_of, &rm_alls);
     let removals: HashMap<&str, Fences> = removals.into_iter().map(|(k, v)| (k, Fences::build(v))).collect();
     let acked: HashMap<&str, Fences> = acked.into_iter().map(|(k, v)| (k, Fences::build(v))).collect();
     let none = Fences::build(Vec::new());
@@ -314,6 +323,51 @@ pub fn check(ops: &[Op]) -> Report {
         }
     }
     r
+}
+
+/// Misses whose key's last change before them was an acknowledged write that began after every earlier change
+/// of the key ended and completed before the get began: the cache lost or evicted an acknowledged value.
+fn lost_writes(ops: &[Op], writes_of: &HashMap<&str, Vec<usize>>, rm_alls: &[usize]) -> u64 {
+    // Every change of each key (writes, removals and rm-alls of any outcome), sorted by invocation.
+    let mut changes: HashMap<&str, Vec<usize>> =
+        writes_of.iter().map(|(k, v)| (*k, v.iter().chain(rm_alls).copied().collect())).collect();
+    let all_rm_alls: Vec<usize> = (0..ops.len()).filter(|&i| ops[i].kind == Kind::RmAll).collect();
+    for (i, op) in ops.iter().enumerate() {
+        if op.kind == Kind::Remove {
+            changes.entry(op.key.as_deref().unwrap_or("")).or_default().push(i);
+        }
+    }
+    let mut misses: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for get in ops.iter().filter(|g| g.kind == Kind::Get && g.outcome == Outcome::Missing) {
+        misses.entry(get.key.as_deref().unwrap_or("")).or_default().push(get);
+    }
+    let mut lost = 0;
+    for (key, mut list) in changes {
+        let Some(misses) = misses.get(key) else { continue };
+        list.extend(all_rm_alls.iter().filter(|i| !rm_alls.contains(i)));
+        list.sort_unstable_by_key(|&i| (ops[i].t0, i));
+        list.dedup();
+        // The latest completion among the changes before each position.
+        let mut max_t1_before = Vec::with_capacity(list.len());
+        let mut m = None;
+        for &i in &list {
+            max_t1_before.push(m);
+            m = m.max(Some(ops[i].t1));
+        }
+        for get in misses {
+            let j = list.partition_point(|&i| ops[i].t0 < get.t1);
+            let Some(last) = j.checked_sub(1) else { continue };
+            let w = &ops[list[last]];
+            if matches!(w.kind, Kind::Put | Kind::Upsert)
+                && w.outcome == Outcome::Ok
+                && w.t1 < get.t0
+                && max_t1_before[last].is_none_or(|m| m < w.t0)
+            {
+                lost += 1;
+            }
+        }
+    }
+    lost
 }
 
 /// Adds a `Panic` violation for every line saying `panicked` in the files of `dir` (server logs).
@@ -467,12 +521,29 @@ mod tests {
         let mut refused = write(Kind::Upsert, "a", 3, 60, 70, Outcome::Failed);
         refused.code = Some("PERSISTENT_FAIL".into());
         let r = check(&[put("a", 1, 0, 10), remove("a", 20, 30), get("a", 1, 40, 50), miss, refused]);
+        assert_eq!(r.lost_writes, 0, "the miss followed a removal and overlaps a write");
         assert_eq!(r.outcomes[&(Kind::Get, Outcome::Missing)], 1);
         assert_eq!(r.codes[&(Kind::Upsert, "PERSISTENT_FAIL".to_owned())], 1);
         assert_eq!(r.sweep[&Outcome::Missing], 1);
         let s = r.summary();
         assert!(s.contains("violations: 1 (resurrected 1)"), "{s}");
         assert!(s.contains("\"kind\":\"remove\""), "{s}");
+    }
+
+    #[test]
+    fn misses_of_acknowledged_writes_are_counted() {
+        let miss = |t0, t1| op(Kind::Get, "a", t0, t1, Outcome::Missing);
+        // Lost: the last change was an acknowledged write, alone on the key.
+        assert_eq!(check(&[put("a", 1, 0, 10), miss(20, 30)]).lost_writes, 1);
+        assert_eq!(check(&[remove("a", 0, 5), upsert("a", 1, 6, 10), miss(20, 30)]).lost_writes, 1);
+        // Not lost: a removal, a concurrent change, a failed write, or a get overlapping the write.
+        assert_eq!(check(&[put("a", 1, 0, 10), remove("a", 12, 14), miss(20, 30)]).lost_writes, 0);
+        assert_eq!(check(&[put("a", 1, 0, 10), rm_all(12, 14, 0), miss(20, 30)]).lost_writes, 0);
+        assert_eq!(check(&[remove("a", 0, 8), put("a", 1, 5, 10), miss(20, 30)]).lost_writes, 0);
+        let failed = write(Kind::Upsert, "a", 1, 0, 10, Outcome::Failed);
+        assert_eq!(check(&[failed, miss(20, 30)]).lost_writes, 0);
+        assert_eq!(check(&[put("a", 1, 0, 10), miss(5, 30)]).lost_writes, 0);
+        assert_eq!(check(&[put("b", 1, 0, 10), miss(20, 30)]).lost_writes, 0);
     }
 
     #[test]

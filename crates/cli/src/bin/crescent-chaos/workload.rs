@@ -111,6 +111,9 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<u64> {
         out.flush()?;
         Ok(n)
     });
+    // Times in the history count from here; this line maps them to the servers' log timestamps.
+    let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    eprintln!("workload: history time 0 = unix {:.3} s", epoch.as_secs_f64());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let shared = Arc::new(Shared {
         rec: Recorder { start: Instant::now(), tx },
