@@ -4,8 +4,9 @@
 //!   no put or upsert of that key issued, or one whose put-if-absent found the key taken (never written), or
 //!   one whose write began only after the get had completed;
 //! * **resurrected**: the value's write was acknowledged before an acknowledged removal of the key (a removal
-//!   of it, answered ok or "not found", or an rm-all that removed everything or left only objects other than this
-//!   key's) was invoked, and the get was invoked after that removal completed;
+//!   of it, answered ok or "not found", or an rm-all that removed everything, or left objects but none that can
+//!   be this key's: no write of it may have been in progress, and, when it left leased objects, no read of it
+//!   began within a lease before it) was invoked, and the get was invoked after that removal completed;
 //! * **stale**: the value's write was acknowledged before another acknowledged write of the key was invoked, and
 //!   the get was invoked after that one completed;
 //! * **panic**: a server log says `panicked`.
@@ -258,19 +259,34 @@ pub fn check(ops: &[Op]) -> Report {
         }
     }
     r.span_ns = last.saturating_sub(first.min(last));
-    // An rm-all fences every key, except (when it left objects) the keys a write may have been in progress on.
+    // An rm-all fences every key, except (when it left objects) the keys a write may have been in progress on,
+    // and (when it left leased objects) the keys read within a lease before it.
+    let mut reads_of: HashMap<&str, Vec<u64>> = HashMap::new();
+    for op in ops.iter().filter(|op| op.kind == Kind::Get && op.outcome != Outcome::Missing) {
+        reads_of.entry(op.key.as_deref().unwrap_or("")).or_default().push(op.t0);
+    }
+    reads_of.values_mut().for_each(|v| v.sort_unstable());
     let keys: Vec<&str> = writes_of.keys().copied().collect();
     for &i in &rm_alls {
         let rm = &ops[i];
         let partial = rm.left.unwrap_or(0) > 0;
+        let leased = partial && rm.leased.is_none_or(|n| n > 0);
         r.partial_rm_alls += u64::from(partial);
         for &k in &keys {
-            let busy = partial
+            let writing = partial
                 && writes_of[k].iter().any(|&w| {
                     let w = &ops[w];
                     w.t0 < rm.t1 && (w.t1 > rm.t0 || !matches!(w.outcome, Outcome::Ok | Outcome::Existed))
                 });
-            if !busy {
+            let read = leased
+                && rm.lease_ms.is_none_or(|lease| {
+                    // A read's lease starts when the master answers it, after it began; a second of slack.
+                    let since = rm.t0.saturating_sub((lease + 1000) * 1_000_000);
+                    let reads = reads_of.get(k).map(Vec::as_slice).unwrap_or_default();
+                    let from = reads.partition_point(|&t| t < since);
+                    reads.get(from).is_some_and(|&t| t < rm.t1)
+                });
+            if !writing && !read {
                 removals.entry(k).or_default().push((rm.t0, rm.t1, i));
             }
         }
@@ -420,6 +436,14 @@ mod tests {
         let mut o = Op::new(0, Kind::RmAll, None, t0);
         o.t1 = t1;
         o.left = Some(left);
+        o.leased = Some(0);
+        o
+    }
+    /// An rm-all that left `leased` objects held by leases of `lease_ms`.
+    fn rm_all_leased(t0: u64, t1: u64, leased: u64, lease_ms: Option<u64>) -> Op {
+        let mut o = rm_all(t0, t1, leased);
+        o.leased = Some(leased);
+        o.lease_ms = lease_ms;
         o
     }
     fn kinds(ops: &[Op]) -> Vec<&'static str> {
@@ -456,6 +480,9 @@ mod tests {
                 rm_all(20, 30, 1),
                 get("a", 1, 40, 50),
             ],
+            // An rm-all that left leased objects does not fence a key read within a lease before it (ms here).
+            vec![put("a", 1, 0, 10), get("a", 1, 15, 16), rm_all_leased(20, 30, 1, Some(0)), get("a", 1, 40, 50)],
+            vec![put("a", 1, 0, 10), rm_all_leased(20, 30, 1, None), get("a", 1, 40, 50)],
             // The value's own write, read after it.
             vec![upsert("a", 1, 0, 10), upsert("a", 2, 20, 30), upsert("a", 3, 40, 50), get("a", 3, 60, 70)],
         ];
@@ -488,6 +515,17 @@ mod tests {
         // An rm-all that left objects still fences a key no write was in progress on.
         assert_eq!(
             kinds(&[put("a", 1, 0, 10), upsert("b", 2, 15, 25), rm_all(20, 30, 1), get("a", 1, 40, 50)]),
+            ["resurrected"]
+        );
+        // An rm-all that left leased objects still fences a key not read within a lease before it.
+        let ms = 1_000_000;
+        assert_eq!(
+            kinds(&[
+                put("a", 1, 0, 10),
+                get("a", 1, 12, 14),
+                rm_all_leased(20 + 3000 * ms, 21 + 3000 * ms, 1, Some(1000)),
+                get("a", 1, 22 + 3000 * ms, 23 + 3000 * ms)
+            ]),
             ["resurrected"]
         );
         // A failed removal fences nothing.

@@ -71,6 +71,13 @@ pub struct Op {
     /// removal of every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left: Option<u64>,
+    /// For an rm-all: of those left, the ones held by a reader's lease or a replication task's pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased: Option<u64>,
+    /// For an rm-all: the read lease the cluster grants, in ms (a key read less than this before the rm-all may
+    /// still be leased).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
     /// A removal's `force`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force: bool,
@@ -94,6 +101,8 @@ impl Op {
             got: None,
             torn: None,
             left: None,
+            leased: None,
+            lease_ms: None,
             force: false,
             sweep: false,
         }

@@ -90,6 +90,8 @@ struct Shared {
     wids: AtomicU64,
     ops: AtomicU64,
     deadline: Instant,
+    /// The cluster's read lease (ms), as it said at the start.
+    lease_ms: Option<u64>,
 }
 
 fn key_name(i: usize) -> String {
@@ -115,12 +117,14 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<u64> {
     let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     eprintln!("workload: history time 0 = unix {:.3} s", epoch.as_secs_f64());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let lease_ms = rt.block_on(lease_ms(&args.master));
     let shared = Arc::new(Shared {
         rec: Recorder { start: Instant::now(), tx },
         deadline: Instant::now() + Duration::from_secs(args.seconds),
         args,
         wids: AtomicU64::new(1),
         ops: AtomicU64::new(0),
+        lease_ms,
     });
     rt.block_on(async {
         // A few clients (each its own master connections), the tasks spread over them.
@@ -159,6 +163,22 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<u64> {
     Ok(total)
 }
 
+/// The read lease the cluster grants (asked for 30 s at most; `None` if it never answered).
+async fn lease_ms(master: &str) -> Option<u64> {
+    let client = Client::new(ClientConfig::new(master));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.cluster_info().await {
+            Ok(info) => return Some(info.lease_ttl_ms),
+            Err(e) if Instant::now() > deadline => {
+                eprintln!("workload: no cluster info ({e}): rm-alls that leave leased objects fence no key");
+                return None;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// One client task: random operations until the deadline.
 async fn load(id: u32, client: Client, s: Arc<Shared>) {
     let a = &s.args;
@@ -174,6 +194,8 @@ async fn load(id: u32, client: Client, s: Arc<Shared>) {
             let r = client.remove_all_report(op.force).await;
             if let Ok(rep) = &r {
                 op.left = Some(rep.skipped_leased + rep.skipped_writing + rep.skipped_pinned);
+                op.leased = Some(rep.skipped_leased + rep.skipped_pinned);
+                op.lease_ms = s.lease_ms;
             }
             s.rec.done(op, &r);
             s.ops.fetch_add(1, Ordering::Relaxed);
