@@ -86,21 +86,27 @@ PEER=$("$CHAOS" free-port)
 ETCD_URL=http://127.0.0.1:$EP
 ETCD_ADDR=127.0.0.1:$EP
 start_etcd() {
-    "$ETCD" --name chaos --data-dir "$DIR/etcd" \
-        --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
-        --listen-peer-urls "http://127.0.0.1:$PEER" --initial-advertise-peer-urls "http://127.0.0.1:$PEER" \
-        --initial-cluster "chaos=http://127.0.0.1:$PEER" --initial-cluster-state new \
-        --quota-backend-bytes "$QUOTA" --auto-compaction-mode periodic --auto-compaction-retention 1m \
-        >>"$DIR/etcd.log" 2>&1 &
-    ETCD_PID=$!
-    started "$ETCD_PID"
-    local i
-    for i in $(seq 1 200); do
-        curl -s -m 1 "$ETCD_URL/health" 2>/dev/null | grep -q '"health":"true"' && return 0
-        kill -0 "$ETCD_PID" 2>/dev/null || break
-        sleep 0.1
+    local try i
+    for try in 1 2 3 4 5; do
+        "$ETCD" --name chaos --data-dir "$DIR/etcd" \
+            --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+            --listen-peer-urls "http://127.0.0.1:$PEER" --initial-advertise-peer-urls "http://127.0.0.1:$PEER" \
+            --initial-cluster "chaos=http://127.0.0.1:$PEER" --initial-cluster-state new \
+            --quota-backend-bytes "$QUOTA" --auto-compaction-mode periodic --auto-compaction-retention 1m \
+            >>"$DIR/etcd.log" 2>&1 &
+        ETCD_PID=$!
+        started "$ETCD_PID"
+        for i in $(seq 1 200); do
+            curl -s -m 1 "$ETCD_URL/health" 2>/dev/null | grep -q '"health":"true"' && return 0
+            kill -0 "$ETCD_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        # Exited (a port briefly taken by someone else) or stalled: again, on the same ports and data.
+        kill -9 "$ETCD_PID" 2>/dev/null || true
+        wait "$ETCD_PID" 2>/dev/null || true
+        log "etcd did not start (attempt $try); see $DIR/etcd.log"
+        sleep 1
     done
-    log "etcd did not become healthy; see $DIR/etcd.log"
     return 1
 }
 

@@ -54,7 +54,8 @@ enum Cmd {
         #[arg(long)]
         endpoint: String,
     },
-    /// Prints a free loopback port.
+    /// Prints a free loopback port below the kernel's ephemeral range, so no outgoing connection takes it while
+    /// the server that owns it is down (etcd restarts on the ports it had).
     FreePort,
 }
 
@@ -101,12 +102,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{n}");
         }
         Cmd::EtcdClear { endpoint } => runtime()?.block_on(etcd::clear(&endpoint, Duration::from_secs(60)))?,
-        Cmd::FreePort => {
-            let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
-            println!("{}", l.local_addr()?.port());
-        }
+        Cmd::FreePort => println!("{}", free_port()?),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A free loopback port below the ephemeral range (`ip_local_port_range`), or any free port when that range
+/// leaves too little room below it.
+fn free_port() -> anyhow::Result<u16> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    if low > 12_000 {
+        let mut rng = fastrand::Rng::new();
+        for _ in 0..200 {
+            let port = rng.u16(10_000..low);
+            if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    Ok(std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
 /// `faults: N (kind n, …)` from a fault log of `SECONDS KIND TARGET…` lines.
