@@ -63,10 +63,7 @@ pause() { local t=$(( $1 + RANDOM % ($2 - $1 + 1) )); sleep "$((t / 10)).$((t % 
 
 cleanup() {
     local rc=$?
-    for p in "${ALL_PIDS[@]}"; do
-        kill -CONT "$p" 2>/dev/null || true
-        kill -9 "$p" 2>/dev/null || true
-    done
+    for p in "${ALL_PIDS[@]}"; do sig CONT "$p"; sig KILL "$p"; done
     for p in "${ALL_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     if [ "$rc" -eq 0 ] && [ "${CHAOS_KEEP:-0}" != 1 ] && [ -z "${CHAOS_DIR:-}" ]; then
         rm -rf "$DIR"
@@ -79,6 +76,22 @@ trap cleanup EXIT
 trap 'exit 2' INT TERM
 
 started() { ALL_PIDS+=("$1"); }
+# Whether $1 is still a process of this campaign (its command line names the work directory or the cluster's
+# etcd address), so a pid that ended and was reused by an unrelated process is never signalled.
+ours() {
+    local cmd
+    cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+    [[ "$cmd" == *"$DIR"* || "$cmd" == *"etcd://$ETCD_ADDR/"* ]]
+}
+# Sends signal $1 to each further pid that is still ours.
+sig() {
+    local s=$1 p
+    shift
+    for p in "$@"; do
+        if [ -n "$p" ] && ours "$p"; then kill "-$s" "$p" 2>/dev/null || true; fi
+    done
+}
+alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ours "$1"; }
 
 # --- etcd ---------------------------------------------------------------------------------------------------
 EP=$("$CHAOS" free-port)
@@ -98,11 +111,11 @@ start_etcd() {
         started "$ETCD_PID"
         for i in $(seq 1 200); do
             curl -s -m 1 "$ETCD_URL/health" 2>/dev/null | grep -q '"health":"true"' && return 0
-            kill -0 "$ETCD_PID" 2>/dev/null || break
+            alive "$ETCD_PID" || break
             sleep 0.1
         done
         # Exited (a port briefly taken by someone else) or stalled: again, on the same ports and data.
-        kill -9 "$ETCD_PID" 2>/dev/null || true
+        sig KILL "$ETCD_PID"
         wait "$ETCD_PID" 2>/dev/null || true
         log "etcd did not start (attempt $try); see $DIR/etcd.log"
         sleep 1
@@ -163,21 +176,21 @@ standby() {
 # --- faults (each healed before it returns) -----------------------------------------------------------------
 kill_master() { # $1 index, $2 role
     fault "kill_$2 master-$1"
-    kill -9 "${MPID[$1]}" 2>/dev/null || true
+    sig KILL "${MPID[$1]}"
     wait "${MPID[$1]}" 2>/dev/null || true
     pause 5 40
     start_master "$1"
 }
 stop_master() {
     fault "stop_$2 master-$1"
-    kill -STOP "${MPID[$1]}" 2>/dev/null || true
+    sig STOP "${MPID[$1]}"
     pause 10 60 # up to three lease TTLs: a stopped leader may or may not lose its lease
-    kill -CONT "${MPID[$1]}" 2>/dev/null || true
+    sig CONT "${MPID[$1]}"
 }
 kill_node() {
     local i=$((RANDOM % 3))
     fault "kill_node node-$i"
-    kill -9 "${NPID[i]}" 2>/dev/null || true
+    sig KILL "${NPID[i]}"
     wait "${NPID[i]}" 2>/dev/null || true
     pause 5 40
     start_node "$i"
@@ -185,19 +198,19 @@ kill_node() {
 stop_node() {
     local i=$((RANDOM % 3))
     fault "stop_node node-$i"
-    kill -STOP "${NPID[i]}" 2>/dev/null || true
+    sig STOP "${NPID[i]}"
     pause 10 60
-    kill -CONT "${NPID[i]}" 2>/dev/null || true
+    sig CONT "${NPID[i]}"
 }
 stop_etcd() {
     fault "stop_etcd etcd"
-    kill -STOP "$ETCD_PID" 2>/dev/null || true
+    sig STOP "$ETCD_PID"
     pause 10 50
-    kill -CONT "$ETCD_PID" 2>/dev/null || true
+    sig CONT "$ETCD_PID"
 }
 restart_etcd() {
     fault "restart_etcd etcd"
-    kill -9 "$ETCD_PID" 2>/dev/null || true
+    sig KILL "$ETCD_PID"
     wait "$ETCD_PID" 2>/dev/null || true
     pause 5 30
     start_etcd
@@ -223,12 +236,12 @@ done
 reap() {
     local i rc
     for i in 0 1 2; do
-        if ! kill -0 "${MPID[i]}" 2>/dev/null; then
+        if ! alive "${MPID[i]}"; then
             rc=0; wait "${MPID[i]}" 2>/dev/null || rc=$?
             echo "$(( $(date +%s) - T0 )) master-$i exit $rc" >>"$DIR/exits.log"; log "master-$i exited by itself ($rc)"
             start_master "$i"
         fi
-        if ! kill -0 "${NPID[i]}" 2>/dev/null; then
+        if ! alive "${NPID[i]}"; then
             rc=0; wait "${NPID[i]}" 2>/dev/null || rc=$?
             echo "$(( $(date +%s) - T0 )) node-$i exit $rc" >>"$DIR/exits.log"; log "node-$i exited by itself ($rc)"
             start_node "$i"
@@ -269,17 +282,17 @@ started "$WORKLOAD_PID"
 : >"$DIR/exits.log"
 END=$((T0 + RUN_S))
 sleep 2 # let the load start on a healthy cluster
-while [ "$(date +%s)" -lt $((END - 3)) ] && kill -0 "$WORKLOAD_PID" 2>/dev/null; do
+while [ "$(date +%s)" -lt $((END - 3)) ] && alive "$WORKLOAD_PID"; do
     inject || log "a fault's repair failed"
     pause 5 $((GAP * 10))
 done
 
 # Heal everything: every process running and awake, etcd without alarms, a leader.
 log "healing"
-kill -CONT "$ETCD_PID" 2>/dev/null || true
-kill -0 "$ETCD_PID" 2>/dev/null || start_etcd || true
+sig CONT "$ETCD_PID"
+alive "$ETCD_PID" || start_etcd || true
 "$CHAOS" etcd-clear --endpoint "$ETCD_URL" 2>>"$DIR/etcd-faults.log" || log "etcd-clear failed at the end"
-for i in 0 1 2; do kill -CONT "${MPID[i]}" "${NPID[i]}" 2>/dev/null || true; done
+for i in 0 1 2; do sig CONT "${MPID[i]}" "${NPID[i]}"; done
 reap
 HEALED_OK=1
 l=$(leader 600)
@@ -291,10 +304,10 @@ else
 fi
 touch "$DIR/healed"
 # The workload's final sweep is bounded by its own heal timeout (180 s); this bounds the wait for it regardless.
-for _ in $(seq 1 3000); do kill -0 "$WORKLOAD_PID" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$WORKLOAD_PID" 2>/dev/null; then
+for _ in $(seq 1 3000); do alive "$WORKLOAD_PID" || break; sleep 0.1; done
+if alive "$WORKLOAD_PID"; then
     log "the workload did not finish; killing it"
-    kill -9 "$WORKLOAD_PID" 2>/dev/null || true
+    sig KILL "$WORKLOAD_PID"
 fi
 WORKLOAD_RC=0
 wait "$WORKLOAD_PID" || WORKLOAD_RC=$?
