@@ -16,7 +16,7 @@
 # success), CHAOS_KEYS (300), CHAOS_CLIENTS (8), CHAOS_SEGMENT (node segment size, 24MiB), CHAOS_QUOTA (etcd
 # backend quota in bytes, 128 MiB), CHAOS_GAP (most seconds between two faults, 4), CHAOS_FAULTS (the kinds
 # drawn from, comma-separated; default all: kill_leader, kill_standby, stop_leader, stop_standby, kill_node,
-# stop_node, stop_etcd, restart_etcd, nospace).
+# stop_node, stop_etcd, restart_etcd, nospace; `none` alone runs the load without faults).
 set -euo pipefail
 
 usage() { echo "usage: $0 SECONDS [SEED]" >&2; exit 2; }
@@ -63,8 +63,10 @@ pause() { local t=$(( $1 + RANDOM % ($2 - $1 + 1) )); sleep "$((t / 10)).$((t % 
 
 cleanup() {
     local rc=$?
+    exec 3>&2 2>/dev/null # the shell's "Killed" notices of its jobs
     for p in "${ALL_PIDS[@]}"; do sig CONT "$p"; sig KILL "$p"; done
     for p in "${ALL_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    exec 2>&3 3>&-
     if [ "$rc" -eq 0 ] && [ "${CHAOS_KEEP:-0}" != 1 ] && [ -z "${CHAOS_DIR:-}" ]; then
         rm -rf "$DIR"
     else
@@ -80,7 +82,7 @@ started() { ALL_PIDS+=("$1"); }
 # etcd address), so a pid that ended and was reused by an unrelated process is never signalled.
 ours() {
     local cmd
-    cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+    cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
     [[ "$cmd" == *"$DIR"* || "$cmd" == *"etcd://$ETCD_ADDR/"* ]]
 }
 # Sends signal $1 to each further pid that is still ours.
@@ -230,7 +232,7 @@ nospace() {
 ALL_FAULTS=(kill_leader kill_standby stop_leader stop_standby kill_node stop_node stop_etcd restart_etcd nospace)
 IFS=, read -r -a FAULTS <<<"${CHAOS_FAULTS:-$(IFS=,; echo "${ALL_FAULTS[*]}")}"
 for f in "${FAULTS[@]}"; do
-    [[ " ${ALL_FAULTS[*]} " == *" $f "* ]] || { echo "chaos: unknown fault $f (${ALL_FAULTS[*]})" >&2; exit 2; }
+    [[ " ${ALL_FAULTS[*]} none " == *" $f "* ]] || { echo "chaos: unknown fault $f (${ALL_FAULTS[*]})" >&2; exit 2; }
 done
 # A master or node that exited although no fault killed it: recorded (with its exit status) and started again.
 reap() {
@@ -261,11 +263,12 @@ inject() {
         stop_etcd) stop_etcd ;;
         restart_etcd) restart_etcd ;;
         nospace) nospace ;;
+        none) ;; # a baseline: the same load without faults
     esac
 }
 
 # --- the campaign -------------------------------------------------------------------------------------------
-log "seed $SEED, $RUN_S s, work directory $DIR"
+log "seed $SEED, $RUN_S s, work directory $DIR, time 0 = unix $T0"
 start_etcd || exit 2
 for i in 0 1 2; do start_master "$i"; done
 for i in 0 1 2; do ready "$DIR/master-$i.out" || exit 2; done
