@@ -160,11 +160,12 @@ role_of() {
 }
 # The index of the master that says it leads (waits up to $1 tenths of a second); empty if none.
 leader() {
-    local n=${1:-50} t i
-    for t in $(seq 1 "$n"); do
+    local end=$(( $(date +%s%N) / 100000000 + ${1:-50} )) i
+    while :; do
         for i in 0 1 2; do
             [ "$(role_of "$i")" = leader ] && { echo "$i"; return 0; }
         done
+        [ "$(( $(date +%s%N) / 100000000 ))" -lt "$end" ] || return 0
         sleep 0.1
     done
 }
@@ -319,7 +320,8 @@ tail -3 "$DIR/workload.log" >&2 || true
 echo "campaign: $RUN_S s (total $(( $(date +%s) - T0 )) s), seed $SEED"
 echo "servers that exited by themselves: $(wc -l <"$DIR/exits.log")"
 set +e
-"$CHAOS" check --history "$DIR/history.jsonl" --logs "$LOGS" --faults "$DIR/faults.log"
+"$CHAOS" check --history "$DIR/history.jsonl" --logs "$LOGS" --faults "$DIR/faults.log" \
+    --violations "$DIR/violations.txt"
 CHECK_RC=$?
 set -e
 if [ "$WORKLOAD_RC" -ne 0 ]; then

@@ -38,6 +38,9 @@ enum Cmd {
         /// The campaign's fault log (one fault a line: `SECONDS KIND TARGET`), summarised by kind.
         #[arg(long)]
         faults: Option<PathBuf>,
+        /// Writes every violation with its history lines here (the summary shows the first few of each kind).
+        #[arg(long)]
+        violations: Option<PathBuf>,
     },
     /// Fills etcd with junk until its space quota raises the NOSPACE alarm.
     EtcdFill {
@@ -79,7 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let n = workload::run(args)?;
             eprintln!("workload: {n} operations recorded");
         }
-        Cmd::Check { histories, logs, faults } => {
+        Cmd::Check { histories, logs, faults, violations } => {
             let mut ops = Vec::new();
             for h in &histories {
                 ops.extend(history::read(h)?);
@@ -93,6 +96,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", fault_summary(&std::fs::read_to_string(f)?));
             }
             print!("{}", report.summary());
+            if let Some(path) = &violations {
+                let all: Vec<String> = report.violations.iter().map(check::Violation::describe).collect();
+                std::fs::write(path, all.join("\n") + "\n")?;
+            }
             if !report.violations.is_empty() {
                 return Ok(ExitCode::from(1));
             }
