@@ -539,8 +539,9 @@ async fn names_too_long_for_the_log_are_refused_up_front_naming_the_limit() {
     log.stop().await;
 }
 
-/// A commit the log refuses after its slot was taken (its writer stopped for good in between) fails the request
-/// with `PERSISTENT_FAIL` and is counted, never answered as done.
+/// `Slot::commit` answers an entry its writer will not take (here an invalid one; a writer stopped for good between
+/// reserve and commit answers the same) with `PERSISTENT_FAIL`, which every caller returns as its request's error,
+/// and counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_refused_after_its_reservation_fails_the_request_and_is_counted() {
     let mut m = master(MasterConfig::default());

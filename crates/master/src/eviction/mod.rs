@@ -96,19 +96,35 @@ impl PendingFrees {
 }
 
 /// What one evicted object gives back — its buffers and its tenant's quota — held until its entry is
-/// durable. Releasing on drop means a callback the writer drops unrun (it stopped for good) still frees.
+/// durable ([`DeferredFree::release`]). One dropped unreleased — its entry's callback dropped unrun because the
+/// log stopped for good, so the log may still name the object at that space — keeps the space out of reuse for
+/// good (the term ends with its log; a leak is safe, a reuse is not).
 struct DeferredFree {
     replicas: SmallVec<[Replica; 1]>,
     tenant: Arc<TenantState>,
     quota: u64,
     pending: Option<Arc<PendingFrees>>,
+    released: bool,
+}
+
+impl DeferredFree {
+    /// Gives the space and quota back: the eviction is durable (or nothing logs it).
+    fn release(mut self) {
+        self.released = true;
+    }
 }
 
 impl Drop for DeferredFree {
     fn drop(&mut self) {
-        // Buffers first, then the quota that accounts for them.
-        drop(std::mem::take(&mut self.replicas));
-        self.tenant.release_quota(self.quota);
+        let replicas = std::mem::take(&mut self.replicas);
+        if self.released {
+            // Buffers first, then the quota that accounts for them.
+            drop(replicas);
+            self.tenant.release_quota(self.quota);
+        } else {
+            tracing::warn!(buffers = replicas.len(), "an eviction the log never held keeps its space out of reuse");
+            std::mem::forget(replicas);
+        }
         if let Some(p) = &self.pending {
             p.end();
         }
@@ -258,7 +274,7 @@ impl<L: EvictionLog> Committer<'_, L> {
             p.begin();
             Arc::clone(p)
         });
-        DeferredFree { replicas, tenant: Arc::clone(tenant), quota, pending }
+        DeferredFree { replicas, tenant: Arc::clone(tenant), quota, pending, released: false }
     }
 
     /// Evicts one candidate (its whole group for a member). Returns objects evicted.
@@ -294,9 +310,9 @@ impl<L: EvictionLog> Committer<'_, L> {
                 // Logged inside the object's lock: a removal that takes the lock next is logged after this.
                 match (slot, self.oplog) {
                     (Some(slot), Some((log, _))) => {
-                        log.record(slot, tenant, &c.entry, &st, self.now, Box::new(move || drop(free)));
+                        log.record(slot, tenant, &c.entry, &st, self.now, Box::new(move || free.release()));
                     }
-                    _ => drop(free),
+                    _ => free.release(),
                 }
                 drop(st);
                 #[cfg(test)]
@@ -361,9 +377,9 @@ impl<L: EvictionLog> Committer<'_, L> {
                 // Committed under the member's lock (the entry order is the lock order); released on durable.
                 match (slots.pop(), self.oplog) {
                     (Some(slot), Some((log, _))) => {
-                        log.record(slot, tenant, m, st, self.now, Box::new(move || drop(free)));
+                        log.record(slot, tenant, m, st, self.now, Box::new(move || free.release()));
                     }
-                    _ => drop(free),
+                    _ => free.release(),
                 }
                 if r {
                     retired.push(m);

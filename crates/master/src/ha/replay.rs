@@ -39,8 +39,16 @@ pub struct ReplayState {
 impl ReplayState {
     fn apply_entry(&mut self, e: MasterEntry) {
         match e {
-            MasterEntry::PutEnd { tenant, key, object } => {
-                self.objects.insert((tenant, key), object);
+            MasterEntry::PutEnd { tenant, key, mut object } => {
+                // A write's End can be logged just after its segment's UNMOUNT (the unmount takes the pool's
+                // lock, the End the object's); the primary's sweep dropped that replica. A later MOUNT of the
+                // same segment id must not bring it back over space given to another object.
+                object.replicas.retain(|r| self.segments.contains_key(&r.segment_id()));
+                if object.replicas.is_empty() {
+                    self.objects.remove(&(tenant, key));
+                } else {
+                    self.objects.insert((tenant, key), object);
+                }
             }
             MasterEntry::Remove { tenant, key } => {
                 self.objects.remove(&(tenant, key));

@@ -46,7 +46,10 @@ impl Slot<'_> {
     /// mutation, right after making it. A refusal here (the writer stopped for good between reserve and commit:
     /// fenced or failed; entries are checked against the log's limits before anything changes, so an invalid
     /// one is a bug) is counted, logged and answered `PERSISTENT_FAIL`: the caller fails its request, since the
-    /// log will never hold this change. The callback is dropped unrun then.
+    /// log will never hold this change. The callback is dropped unrun then. Most callers commit before they change
+    /// anything; a few (a write's End, tenant policy changes, a put preempting a stale write) change first, so a
+    /// refusal leaves that change on this primary unacknowledged — reachable only with a writer stopped for good,
+    /// whose term ends with it.
     pub fn commit(self, entry: MasterEntry, callback: Option<DurableCallback>) -> Result<u64, ErrorCode> {
         if matches!(entry, MasterEntry::Remove { .. } | MasterEntry::GroupRemove { .. }) {
             HID_OBJECTS.set(true);
@@ -115,8 +118,13 @@ impl OpLog {
 
     /// [`OpLog::reserve`] for bulk operations (remove-all, regex removal) run off the async workers: while
     /// admission is merely full (the writer is sealing), waits for room up to `patience` instead of failing
-    /// every key past the admission limit. Closed or terminal writers still fail at once.
+    /// every key past the admission limit (not on a current-thread runtime, which runs the writer itself). Closed
+    /// or terminal writers still fail at once.
     pub fn reserve_within(&self, patience: Duration) -> Result<Slot<'_>, ErrorCode> {
+        // On a current-thread runtime the writer runs on this very thread: waiting could only delay the refusal.
+        let current_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        let patience = if current_thread { Duration::ZERO } else { patience };
         let start = std::time::Instant::now();
         let mut result = self.writer.reserve();
         while matches!(result, Err(WriterError::QueueFull(_))) && start.elapsed() < patience {

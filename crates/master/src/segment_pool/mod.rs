@@ -502,17 +502,7 @@ impl SegmentPool {
         id: SegmentId,
         sweep: impl FnOnce(&DeactivatedSegment),
     ) -> Result<Option<DeactivatedSegment>, PoolError> {
-        self.unmount_logged(id, &mut |_| Ok(()), sweep)
-    }
-
-    /// [`SegmentPool::unmount`], recording it in `log` under the pool's lock when it deactivates.
-    pub fn unmount_logged(
-        &self,
-        id: SegmentId,
-        log: PoolLog<'_>,
-        sweep: impl FnOnce(&DeactivatedSegment),
-    ) -> Result<Option<DeactivatedSegment>, PoolError> {
-        let Some(d) = self.deactivate_logged(id, log)? else { return Ok(None) };
+        let Some(d) = self.deactivate(id)? else { return Ok(None) };
         sweep(&d);
         self.erase(id)?;
         Ok(Some(d))

@@ -83,12 +83,13 @@ fn tier_number(t: Tier) -> u8 {
     }
 }
 
-/// An object's readable post-state as PUT_END records it (replicas whose segment is gone are left out).
+/// An object's readable post-state as PUT_END records it (replicas whose segment is gone or unmounting are left
+/// out: an UNMOUNT may already be logged for it).
 pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestamp) -> ObjectRecord {
     let replicas = st
         .replicas
         .iter()
-        .filter(|r| r.status == ReplicaStatus::Complete)
+        .filter(|r| r.status == ReplicaStatus::Complete && r.buffer.is_live())
         .filter_map(|r| {
             Some(ReplicaRecord {
                 id: r.id,

@@ -222,7 +222,7 @@ pub struct MasterService {
     /// When this service (one master term: a lone master's run, or one leader term) began, in wall-clock Unix
     /// ms: the term its data-plane grants name (`crescent_net::grant`), so nodes refuse an earlier term's.
     epoch_ms: u64,
-    pool: SegmentPool,
+    pool: Arc<SegmentPool>,
     placement: Placer,
     local_ssd: LocalSsdManager,
     tenants: TenantRegistry,
@@ -275,7 +275,8 @@ impl MasterService {
     pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
         let write_hold = (config.write_hold_ms > 0)
             .then(|| WriteHold { clock: clock.clone(), window: Duration::from_millis(config.write_hold_ms) });
-        let pool = SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?;
+        let pool =
+            Arc::new(SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?);
         let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
             epoch_ms: crescent_net::grant::unix_ms(),

@@ -8,6 +8,7 @@ use crescent_proto::{
     ClientId, ClientStatus, ClusterInfo, ErrorCode, Principal, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
 };
 use smallvec::SmallVec;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -180,22 +181,37 @@ impl MasterService {
 
     /// [`MasterService::unmount_segment`], saying whether this call unmounted it (false: unknown id).
     pub(super) fn unmount(&self, segment: SegmentId) -> Result<bool, ErrorCode> {
-        // Reserved first: an unmount the log cannot take does not happen. Its space is the node's, gone with
-        // the segment, so the sweep frees at once (nothing to hand to another object before durability).
+        // Reserved first: an unmount the log cannot take does not happen.
         let mut slot = self.reserve_oplog()?;
-        // Logged under the pool's lock as the segment leaves it: a remount racing this one either comes first
-        // (and is logged first) or finds it unmounting and is refused.
+        let logged = slot.is_some();
+        // Logged under the pool's lock as the segment leaves placement: a remount racing this one either comes
+        // first (and is logged first) or finds it unmounting and is refused. The segment stays in the catalog,
+        // unmounting, until the entry is durable: its owner may remount the same id (same memory) only then, or
+        // a failover before it would restore the old objects over bytes given to new ones. Erased by the entry's
+        // durable callback (never, if the writer stops for good: the term ends with it).
+        let pool = Arc::clone(&self.pool);
         let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
             (PoolChange::Unmount(id), Some(slot)) => {
                 let entry =
                     crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id: *id.0.as_bytes() });
-                slot.commit(entry, None).map(drop)
+                let pool = Arc::clone(&pool);
+                let erase = move |_seq| {
+                    if let Err(e) = pool.erase(id) {
+                        tracing::warn!(segment = %id, error = %e, "erasing an unmounted segment failed");
+                    }
+                };
+                slot.commit(entry, Some(Box::new(erase))).map(drop)
             }
             _ => Ok(()),
         };
-        let done = self.pool.unmount_logged(segment, &mut log, |d| self.sweep(d)).map_err(|e| e.code())?;
-        if done.is_none() {
+        let Some(deactivated) = self.pool.deactivate_logged(segment, &mut log).map_err(|e| e.code())? else {
             return Ok(false);
+        };
+        // Its space was the node's: the sweep drops the objects' replicas at once (no other object can be placed
+        // there, logged or not, while it is out of placement).
+        self.sweep(&deactivated);
+        if !logged {
+            self.pool.erase(segment).map_err(|e| e.code())?;
         }
         #[cfg(test)]
         crate::test_hooks::after_unmount();

@@ -664,16 +664,23 @@ impl MasterService {
         }
         // The old replicas stop being readable here (freed when their lease ends and the REMOVE is durable): the
         // log forgets the object until the new write's End.
-        if let Some(slot) = slot
-            && let Err(e) = slot.commit(super::ha::remove_entry(tenant, entry), None)
-        {
-            drop(st);
-            tenant.release_quota(charge);
-            drop(replicas);
-            return Err(e);
+        // The old value's quota, like its space, comes back once the REMOVE is durable (at once without a log).
+        let old_charge = std::mem::take(&mut st.charged);
+        match slot {
+            Some(slot) => {
+                let t = Arc::clone(tenant);
+                let release = move |_seq| t.release_quota(old_charge);
+                if let Err(e) = slot.commit(super::ha::remove_entry(tenant, entry), Some(Box::new(release))) {
+                    st.charged = old_charge;
+                    drop(st);
+                    tenant.release_quota(charge);
+                    drop(replicas);
+                    return Err(e);
+                }
+            }
+            None => tenant.release_quota(old_charge),
         }
         let old = std::mem::take(&mut st.replicas);
-        tenant.release_quota(std::mem::take(&mut st.charged));
         // Readers may still be reading the old bytes under their lease.
         let release_at = st.lease.max(now);
         st.replicas = replicas.into_iter().collect();
