@@ -66,6 +66,15 @@ async fn held_writer(kv: Arc<dyn HaKvBackend>, config: WriterConfig) -> Arc<OpLo
     Arc::new(OpLog::new(OrderedOpLogWriter::new(storage, 1, prefix, config)))
 }
 
+/// A writer config that retries a failing backend every few milliseconds (tests of outages).
+fn quick_retries() -> WriterConfig {
+    WriterConfig {
+        retry_initial: Duration::from_millis(5),
+        retry_max: Duration::from_millis(20),
+        ..WriterConfig::default()
+    }
+}
+
 fn multi_tenant() -> MasterConfig {
     MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() }
 }
@@ -278,11 +287,7 @@ async fn while_the_backend_fails_mutations_fail_fast_reads_go_on_and_it_recovers
     use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
     let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
     let kv: Arc<dyn HaKvBackend> = faulty.clone();
-    let config = WriterConfig {
-        retry_initial: Duration::from_millis(5),
-        retry_max: Duration::from_millis(20),
-        ..WriterConfig::default()
-    };
+    let config = quick_retries();
     let mut m = master(MasterConfig::default());
     m.mount(1);
     let log = held_writer(kv, config).await;
@@ -563,11 +568,7 @@ async fn an_expired_clients_segment_the_log_cannot_unmount_leaves_placement_and_
     use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
     let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
     let kv: Arc<dyn HaKvBackend> = faulty.clone();
-    let config = WriterConfig {
-        retry_initial: Duration::from_millis(5),
-        retry_max: Duration::from_millis(20),
-        ..WriterConfig::default()
-    };
+    let config = quick_retries();
     let mut m = master(MasterConfig { disconnect_grace_ms: 0, ..MasterConfig::default() });
     m.mount(1);
     let log = held_writer(kv, config).await;
@@ -599,11 +600,7 @@ async fn while_the_backend_fails_a_write_needing_evicted_room_does_not_wait_for_
     use crescent_ha::kv::{Fault, FaultyKv, KvError, KvOp};
     use crescent_master::service::EVICTION_DURABLE_WAIT;
     let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
-    let config = WriterConfig {
-        retry_initial: Duration::from_millis(5),
-        retry_max: Duration::from_millis(20),
-        ..WriterConfig::default()
-    };
+    let config = quick_retries();
     let mut m = master(MasterConfig::default());
     m.mount(1);
     let log = held_writer(faulty.clone(), config).await;

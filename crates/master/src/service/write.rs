@@ -312,8 +312,8 @@ impl MasterService {
         }
         // Same size: rewrite in place. The settled charge becomes the write's pending charge. The log forgets
         // the object until its End (its bytes are being overwritten; the buffers stay the object's own). The
-        // RPC server holds this reply until the REMOVE is durable (`holds_until_durable`): the writer must not
-        // overwrite bytes a failover could still serve under the old value.
+        // RPC server holds this reply until the REMOVE is durable (it logged a removal: `ha::take_hid_objects`):
+        // the writer must not overwrite bytes a failover could still serve under the old value.
         if let Some(slot) = slot
             && let Err(e) = slot.commit(super::ha::remove_entry(tenant, &entry), None)
         {
@@ -663,8 +663,8 @@ impl MasterService {
             return Err(ErrorCode::ObjectAlreadyExists); // retried by start_write
         }
         // The old replicas stop being readable here (freed when their lease ends and the REMOVE is durable): the
-        // log forgets the object until the new write's End.
-        // The old value's quota, like its space, comes back once the REMOVE is durable (at once without a log).
+        // log forgets the object until the new write's End. Their quota comes back once the REMOVE is durable
+        // too (at once without a log).
         let old_charge = std::mem::take(&mut st.charged);
         match slot {
             Some(slot) => {
