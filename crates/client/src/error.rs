@@ -89,6 +89,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether a master refused the request because it does not lead (a standby, or a deposed leader): it did
+    /// nothing, and the same request may go to the leader once one is known.
+    pub fn is_not_leader(&self) -> bool {
+        matches!(self, ClientError::Refused(e) if crate::master::refused_as_not_leader(e))
+    }
+
     /// The wire code for this error (what the CLI prints).
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -323,7 +323,7 @@ const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_millis(500);
 
 /// A refusal that says the master does not lead (a standby or a deposed leader): it did nothing.
-fn refused_as_not_leader(e: &ErrorFrame) -> bool {
+pub(crate) fn refused_as_not_leader(e: &ErrorFrame) -> bool {
     e.code == ErrorCode::UnavailableInCurrentStatus && is_not_leader(&e.message)
 }
 

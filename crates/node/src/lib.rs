@@ -140,9 +140,18 @@ async fn mount_all(master: &MasterConnection, id: ClientId, specs: &[SegmentSpec
     remount(master, id, specs).await
 }
 
+/// Whether a failed mount should be tried again: no master could be reached, or (`etcd://` addresses) none leads
+/// yet, or the one asked had just stopped leading (leadership moving while the node starts).
+fn waits_for_master(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. } | ClientError::Wire(_) | ClientError::Timeout | ClientError::NoLeader { .. }
+    ) || e.is_not_leader()
+}
+
 /// [`mount_all`], retried with `retry`'s backoff while the master cannot be reached or (`etcd://` addresses)
-/// no master leads yet (each attempt said at warn level); an answer from the master (even a refusal) ends the
-/// retries.
+/// no master leads yet, or a master that no longer leads refused it (each attempt said at warn level); any other
+/// answer from the master (even a refusal) ends the retries.
 async fn mount_retrying(
     master: &MasterConnection,
     addr: &str,
@@ -153,12 +162,10 @@ async fn mount_retrying(
     let mut delay = retry.map(|r| r.initial);
     loop {
         match mount_all(master, id, specs).await {
-            Err(
-                e @ (ClientError::Unreachable { .. }
-                | ClientError::Wire(_)
-                | ClientError::Timeout
-                | ClientError::NoLeader { .. }),
-            ) if let Some(d) = delay => {
+            Err(e)
+                if waits_for_master(&e)
+                    && let Some(d) = delay =>
+            {
                 let why = match &e {
                     ClientError::Unreachable { reason, .. } => reason.clone(),
                     e => e.to_string(),
@@ -367,5 +374,29 @@ impl Drop for StorageNode {
         if let Some(p) = self.pinger.take() {
             p.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waits_for_master;
+    use crescent_client::ClientError;
+    use crescent_proto::ErrorCode;
+    use crescent_proto::wire::ErrorFrame;
+
+    /// A node started while leadership moves keeps trying to mount: a master that stopped leading refuses it as
+    /// not the leader (once made a node started mid-failover exit); other refusals end the retries.
+    #[test]
+    fn a_not_the_leader_refusal_is_waited_out_other_refusals_are_not() {
+        let refused = |code, message: &str| ClientError::Refused(ErrorFrame { code, message: message.into() });
+        let standby = refused(
+            ErrorCode::UnavailableInCurrentStatus,
+            "this master is not the leader: the leader is 127.0.0.1:4000 (view 7)",
+        );
+        assert!(waits_for_master(&standby));
+        assert!(waits_for_master(&ClientError::Timeout));
+        assert!(!waits_for_master(&refused(ErrorCode::InvalidParams, "segment is already mounted")));
+        assert!(!waits_for_master(&refused(ErrorCode::UnavailableInCurrentStatus, "segment s is Unmounting")));
+        assert!(!waits_for_master(&ClientError::Code(ErrorCode::PermissionDenied)));
     }
 }
