@@ -9,15 +9,16 @@ use crescent_ha::leader::LocalCoordinator;
 use crescent_ha::oplog::{
     FollowerConfig, OpLogBatchStorage, OrderedOpLogWriter, StorageConfig, StorageError, WriterConfig, WriterError,
 };
-use crescent_master::ha::{
-    HaState, HaStatus, MasterEntry, OpLogOptions, ReplayState, SnapshotOptions, master_writer_config,
-};
+use crescent_master::ha::{HaState, HaStatus, MasterEntry, OpLogOptions, SnapshotOptions, master_writer_config};
 use crescent_master::server::{CandidateOptions, CandidateServer, MasterServer, NOT_LEADER};
 use crescent_master::service::{MasterConfig, MasterService};
 use crescent_master::snapshot::store::LocalDirStore;
 use crescent_proto::{ClientId, ErrorCode, Principal, ReplicateConfig};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::{durable, until, without_pins};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(20);
@@ -50,32 +51,9 @@ async fn candidate_with(
         .unwrap()
 }
 
-/// Waits until `c`'s status satisfies `f`.
-async fn until(c: &CandidateServer, what: &str, f: impl Fn(&HaStatus) -> bool) -> HaStatus {
-    let mut rx = c.subscribe();
-    match tokio::time::timeout(WAIT, rx.wait_for(|s| f(s))).await {
-        Ok(Ok(s)) => s.clone(),
-        _ => panic!("{what}: not reached within {WAIT:?}; status {:?}", c.status()),
-    }
-}
-
 fn put(svc: &MasterService, writer: ClientId, key: &str, size: u64) {
     svc.put_start(writer, "", key, size, &ReplicateConfig::with_replicas(1)).unwrap();
     svc.put_end(writer, "", key, Some(size)).unwrap();
-}
-
-/// Waits until everything `svc` committed is durable; returns the last sequence.
-async fn durable(svc: &MasterService) -> u64 {
-    let log = svc.oplog().unwrap();
-    let seq = log.last_committed();
-    log.wait_durable(seq, WAIT).await.unwrap();
-    seq
-}
-
-fn without_pins(mut s: ReplayState) -> ReplayState {
-    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
-    s.last_seq = 0;
-    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

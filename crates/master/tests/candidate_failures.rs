@@ -11,13 +11,16 @@ use crescent_ha::kv::{HaKvBackend, MemoryKv};
 use crescent_ha::leader::coordinator::{CoordFuture, Release};
 use crescent_ha::leader::{Campaign, LeaderCoordinator, LeaderSession, LocalCoordinator, MasterView};
 use crescent_ha::oplog::{DurablePrefix, FollowerConfig, OpLogBatchRecord, OpLogBatchStorage, StorageConfig};
-use crescent_master::ha::{HaState, HaStatus, MasterEntry, OpLogOptions, master_writer_config};
+use crescent_master::ha::{HaState, MasterEntry, OpLogOptions, master_writer_config};
 use crescent_master::server::{CandidateOptions, CandidateServer, MasterServer, NOT_LEADER};
 use crescent_master::service::MasterConfig;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
+
+mod common;
+use common::until;
 
 const WAIT: Duration = Duration::from_secs(20);
 const CLUSTER: &str = "fail";
@@ -144,14 +147,6 @@ async fn candidate(
         .start_candidate(o)
         .await
         .unwrap()
-}
-
-async fn until(c: &CandidateServer, what: &str, f: impl Fn(&HaStatus) -> bool) -> HaStatus {
-    let mut rx = c.subscribe();
-    match tokio::time::timeout(WAIT, rx.wait_for(|s| f(s))).await {
-        Ok(Ok(s)) => s.clone(),
-        _ => panic!("{what}: not reached within {WAIT:?}; status {:?}", c.status()),
-    }
 }
 
 /// A standby that serves nothing: never promoted, no service, requests refused as not-leader.

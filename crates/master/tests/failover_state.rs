@@ -18,6 +18,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+use common::{durable, until, without_pins};
+
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(30);
 const CLUSTER: &str = "state";
@@ -50,27 +53,6 @@ async fn candidate(etcd: &EtcdServer, clock: Arc<ManualClock>, snapshots: Option
         .start_candidate(options)
         .await
         .unwrap()
-}
-
-async fn until(c: &CandidateServer, what: &str, f: impl Fn(&HaStatus) -> bool) -> HaStatus {
-    let mut rx = c.subscribe();
-    match tokio::time::timeout(WAIT, rx.wait_for(|s| f(s))).await {
-        Ok(Ok(s)) => s.clone(),
-        _ => panic!("{what}: not reached within {WAIT:?}; status {:?}", c.status()),
-    }
-}
-
-async fn durable(svc: &MasterService) -> u64 {
-    let log = svc.oplog().unwrap();
-    let seq = log.last_committed();
-    log.wait_durable(seq, WAIT).await.unwrap();
-    seq
-}
-
-fn without_pins(mut s: ReplayState) -> ReplayState {
-    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
-    s.last_seq = 0;
-    s
 }
 
 fn ssd(svc: &MasterService) -> Vec<LocalSsdInfo> {

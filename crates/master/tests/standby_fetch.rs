@@ -9,7 +9,7 @@
 use crescent_ha::leader::{EtcdCoordinator, EtcdCoordinatorConfig};
 use crescent_ha::oplog::{FollowerConfig, OpLogBatchStorage, StorageConfig};
 use crescent_ha::testing::EtcdServer;
-use crescent_master::ha::{HaState, HaStatus, OpLogOptions, ReplayState, SnapshotOptions};
+use crescent_master::ha::{HaState, HaStatus, OpLogOptions, SnapshotOptions};
 use crescent_master::server::snapshot_fetch::{FetchError, fetch_snapshot};
 use crescent_master::server::{CandidateOptions, CandidateServer, MasterServer};
 use crescent_master::service::{MasterConfig, MasterService};
@@ -19,6 +19,9 @@ use crescent_proto::{ClientId, ErrorCode, Principal, ReplicateConfig, TenantId};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::{durable, until, without_pins};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(30);
@@ -50,30 +53,9 @@ async fn candidate(etcd: &EtcdServer, dir: &Path) -> CandidateServer {
         .unwrap()
 }
 
-async fn until(c: &CandidateServer, what: &str, f: impl Fn(&HaStatus) -> bool) -> HaStatus {
-    let mut rx = c.subscribe();
-    match tokio::time::timeout(WAIT, rx.wait_for(|s| f(s))).await {
-        Ok(Ok(s)) => s.clone(),
-        _ => panic!("{what}: not reached within {WAIT:?}; status {:?}", c.status()),
-    }
-}
-
 fn put(svc: &MasterService, writer: ClientId, key: &str) {
     svc.put_start(writer, "", key, 4096, &ReplicateConfig::with_replicas(1)).unwrap();
     svc.put_end(writer, "", key, Some(4096)).unwrap();
-}
-
-async fn durable(svc: &MasterService) -> u64 {
-    let log = svc.oplog().unwrap();
-    let seq = log.last_committed();
-    log.wait_durable(seq, WAIT).await.unwrap();
-    seq
-}
-
-fn without_pins(mut s: ReplayState) -> ReplayState {
-    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
-    s.last_seq = 0;
-    s
 }
 
 /// A leader of [`CLUSTER`] with a segment and objects, whose log was compacted below its snapshot; returns it

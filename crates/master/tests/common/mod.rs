@@ -87,3 +87,33 @@ impl Harness {
         self.svc.pool().usage(SegmentKind::Memory).used
     }
 }
+
+use crescent_master::ha::{HaStatus, ReplayState};
+use crescent_master::server::CandidateServer;
+
+/// How long the HA tests wait for a candidate's state or the log's durability.
+pub const HA_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until `c`'s status satisfies `f`.
+pub async fn until(c: &CandidateServer, what: &str, f: impl Fn(&HaStatus) -> bool) -> HaStatus {
+    let mut rx = c.subscribe();
+    match tokio::time::timeout(HA_WAIT, rx.wait_for(|s| f(s))).await {
+        Ok(Ok(s)) => s.clone(),
+        _ => panic!("{what}: not reached within {HA_WAIT:?}; status {:?}", c.status()),
+    }
+}
+
+/// Waits until everything `svc` committed is durable; returns the last sequence.
+pub async fn durable(svc: &MasterService) -> u64 {
+    let log = svc.oplog().unwrap();
+    let seq = log.last_committed();
+    log.wait_durable(seq, HA_WAIT).await.unwrap();
+    seq
+}
+
+/// `s` without what two masters holding the same metadata may differ in: soft-pin remainders, the last sequence.
+pub fn without_pins(mut s: ReplayState) -> ReplayState {
+    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
+    s.last_seq = 0;
+    s
+}
