@@ -12,6 +12,23 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// The pool's log of segments mounted anew: each one's SEGMENT_MOUNT (naming `by`, the mounting principal)
+/// committed with one of `slots` under the pool's lock, right before it is published (re-adopted or reconnected
+/// segments are in the log already and take none).
+fn log_mounts<'a>(
+    slots: &'a mut Vec<crate::ha::Slot<'_>>,
+    client: ClientId,
+    by: Option<&'a Principal>,
+) -> impl FnMut(PoolChange<'_>) -> Result<(), ErrorCode> + 'a {
+    move |change| match (change, slots.pop()) {
+        (PoolChange::Mount(spec), Some(slot)) => {
+            let record = crate::ha::SegmentRecord::new(client, spec, by);
+            slot.commit(crate::ha::MasterEntry::SegmentMount(record), None).map(drop)
+        }
+        _ => Ok(()),
+    }
+}
+
 impl MasterService {
     fn liveness_deadline(&self) -> crate::clock::Timestamp {
         self.clock.now().saturating_add(Duration::from_millis(self.config.client_ttl_ms))
@@ -35,18 +52,11 @@ impl MasterService {
         let host = spec.host_id.clone();
         let (id, name, size, endpoint) = (spec.id, spec.name.clone(), spec.size, spec.endpoint.clone());
         self.admit_mounter(client, by)?;
-        let mut slot = self.reserve_oplog()?;
+        let mut slots: Vec<_> = self.reserve_oplog()?.into_iter().collect();
         self.clients.touch(client, self.liveness_deadline());
         self.drop_replaced_instances(client, std::slice::from_ref(&spec), by);
-        // Logged under the pool's lock, right before the segment is published.
-        let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
-            (PoolChange::Mount(spec), Some(slot)) => {
-                let record = crate::ha::SegmentRecord::new(client, spec, by);
-                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None).map(drop)
-            }
-            _ => Ok(()),
-        };
-        let outcome = self.pool.mount_logged(client, spec, &mut log).map_err(|e| e.code())?;
+        let outcome =
+            self.pool.mount_logged(client, spec, &mut log_mounts(&mut slots, client, by)).map_err(|e| e.code())?;
         self.clients.set_host(client, &host);
         if outcome != MountOutcome::AlreadyMounted {
             // Mounted anew or back to OK: its NoF heartbeat (if any) starts fresh.
@@ -84,15 +94,8 @@ impl MasterService {
             }
         }
         self.drop_replaced_instances(client, specs, by);
-        // Each segment mounted anew is logged under the pool's lock, before any is published.
-        let mut log = |change: PoolChange<'_>| match (change, slots.pop()) {
-            (PoolChange::Mount(spec), Some(slot)) => {
-                let record = crate::ha::SegmentRecord::new(client, spec, by);
-                slot.commit(crate::ha::MasterEntry::SegmentMount(record), None).map(drop)
-            }
-            _ => Ok(()),
-        };
-        let report = self.pool.remount_logged(client, specs, &mut log).map_err(|e| e.code())?;
+        let report =
+            self.pool.remount_logged(client, specs, &mut log_mounts(&mut slots, client, by)).map_err(|e| e.code())?;
         for id in &report.mounted {
             self.nof_health.forget(*id);
         }
@@ -189,12 +192,11 @@ impl MasterService {
         // unmounting, until the entry is durable: its owner may remount the same id (same memory) only then, or
         // a failover before it would restore the old objects over bytes given to new ones. Erased by the entry's
         // durable callback (never, if the writer stops for good: the term ends with it).
-        let pool = Arc::clone(&self.pool);
         let mut log = |change: PoolChange<'_>| match (change, slot.take()) {
             (PoolChange::Unmount(id), Some(slot)) => {
                 let entry =
                     crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id: *id.0.as_bytes() });
-                let pool = Arc::clone(&pool);
+                let pool = Arc::clone(&self.pool);
                 let erase = move |_seq| {
                     if let Err(e) = pool.erase(id) {
                         tracing::warn!(segment = %id, error = %e, "erasing an unmounted segment failed");
