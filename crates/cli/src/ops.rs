@@ -302,6 +302,9 @@ pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
             ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
                 (format!("NoF on {endpoint}, segment {segment_id}, offset {offset}"), *length)
             }
+            ReplicaLocation::Disk { segment_id, offset, length, endpoint } => {
+                (format!("disk tier of {endpoint}, segment {segment_id}, offset {offset}"), *length)
+            }
             ReplicaLocation::LocalDisk { client_id, length, endpoint } => {
                 (format!("local disk of client {client_id} at {endpoint}"), *length)
             }
@@ -314,14 +317,25 @@ pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
 fn replica_json(d: &crescent_proto::ReplicaDescriptor) -> serde_json::Value {
     match &d.location {
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
-        | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => serde_json::json!({
-            "id": d.id, "segment": segment_id.to_string(), "offset": offset, "length": length,
-            "endpoint": endpoint.as_ref(), "status": format!("{:?}", d.status),
+        | ReplicaLocation::Nof { segment_id, offset, length, endpoint }
+        | ReplicaLocation::Disk { segment_id, offset, length, endpoint } => serde_json::json!({
+            "id": d.id, "tier": tier_name(&d.location), "segment": segment_id.to_string(), "offset": offset,
+            "length": length, "endpoint": endpoint.as_ref(), "status": format!("{:?}", d.status),
         }),
         ReplicaLocation::LocalDisk { client_id, length, endpoint } => serde_json::json!({
             "id": d.id, "client": client_id.to_string(), "length": length, "endpoint": endpoint.as_ref(),
             "status": format!("{:?}", d.status),
         }),
+    }
+}
+
+/// The tier a replica is in, as listings name it.
+fn tier_name(l: &ReplicaLocation) -> &'static str {
+    match l {
+        ReplicaLocation::Memory { .. } => "memory",
+        ReplicaLocation::Nof { .. } => "nof",
+        ReplicaLocation::Disk { .. } => "disk",
+        ReplicaLocation::LocalDisk { .. } => "local_disk",
     }
 }
 

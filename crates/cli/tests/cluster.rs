@@ -215,11 +215,7 @@ trait Endpoint {
 
 impl Endpoint for crescent_proto::ReplicaDescriptor {
     fn location_endpoint(&self) -> String {
-        match &self.location {
-            crescent_proto::ReplicaLocation::Memory { endpoint, .. }
-            | crescent_proto::ReplicaLocation::Nof { endpoint, .. }
-            | crescent_proto::ReplicaLocation::LocalDisk { endpoint, .. } => endpoint.to_string(),
-        }
+        self.location.endpoint().to_owned()
     }
 }
 

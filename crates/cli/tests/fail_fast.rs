@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crescent_client::Client;
-use crescent_proto::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
+use crescent_proto::{ReplicaDescriptor, ReplicateConfig};
 use crescent_testkit::{Proc, ProcCluster, pattern};
 use std::io::Read;
 use std::path::Path;
@@ -237,11 +237,7 @@ async fn two_replicas(keys: usize) -> (ProcCluster, Client) {
 
 /// Where a replica lives.
 fn endpoint(d: &ReplicaDescriptor) -> String {
-    match &d.location {
-        ReplicaLocation::Memory { endpoint, .. }
-        | ReplicaLocation::Nof { endpoint, .. }
-        | ReplicaLocation::LocalDisk { endpoint, .. } => endpoint.to_string(),
-    }
+    d.location.endpoint().to_owned()
 }
 
 /// The node process serving `endpoint`.

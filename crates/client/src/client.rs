@@ -365,8 +365,10 @@ fn address<'a>(
     grants: &[Arc<Grant>],
 ) -> Option<(&'a str, crescent_proto::SegmentId, u64, u64, Place)> {
     match &d.location {
+        // A disk replica is read like a memory one: its node reads the range off its disk for the transfer.
         ReplicaLocation::Memory { segment_id, offset, length, endpoint }
-        | ReplicaLocation::Nof { segment_id, offset, length, endpoint } => {
+        | ReplicaLocation::Nof { segment_id, offset, length, endpoint }
+        | ReplicaLocation::Disk { segment_id, offset, length, endpoint } => {
             let grant = match &d.grant {
                 None => None,
                 Some(GrantRef::Own(g)) => Some(RangeGrant::own(g.clone())),

@@ -296,6 +296,9 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::UnregisterLocalSsd
         | O::ReportLocalSsd
         | O::SetLocalSsdOffloading => true,
+        // A node's disk-task poll: an outcome applies once (a repeat finds its task gone and is ignored), and
+        // the copies a lost reply handed out expire at their deadline.
+        O::DiskTasks => true,
         // A repeat answers otherwise (exists already, not found, wrong status) or acts twice (a lease
         // released twice may end another reader's).
         O::PutStart

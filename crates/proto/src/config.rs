@@ -63,6 +63,9 @@ pub struct ReplicateConfig {
     pub group_id: Option<String>,
     /// Stored with the object.
     pub data_type: ObjectDataType,
+    /// When memory eviction takes the object, keep its bytes on the disk tier of the node that held them
+    /// (default); `false` marks it not worth keeping: it is dropped.
+    pub offload: bool,
 }
 
 impl Default for ReplicateConfig {
@@ -79,6 +82,7 @@ impl Default for ReplicateConfig {
             host_id: None,
             group_id: None,
             data_type: ObjectDataType::Unknown,
+            offload: true,
         }
     }
 }

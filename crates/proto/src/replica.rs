@@ -49,6 +49,17 @@ pub enum ReplicaLocation {
         /// The target's endpoint.
         endpoint: Arc<str>,
     },
+    /// A range of a storage node's disk segment (its SSD tier), read through that node.
+    Disk {
+        /// The segment.
+        segment_id: SegmentId,
+        /// Byte offset inside the segment.
+        offset: u64,
+        /// Object bytes stored there.
+        length: u64,
+        /// The node's transfer endpoint.
+        endpoint: Arc<str>,
+    },
     /// An object file on a client's local SSD.
     LocalDisk {
         /// The client that holds the file.
@@ -66,14 +77,32 @@ impl ReplicaLocation {
         match self {
             ReplicaLocation::Memory { length, .. }
             | ReplicaLocation::Nof { length, .. }
+            | ReplicaLocation::Disk { length, .. }
             | ReplicaLocation::LocalDisk { length, .. } => *length,
         }
+    }
+
+    /// The transfer endpoint that serves it.
+    pub fn endpoint(&self) -> &str {
+        match self {
+            ReplicaLocation::Memory { endpoint, .. }
+            | ReplicaLocation::Nof { endpoint, .. }
+            | ReplicaLocation::Disk { endpoint, .. }
+            | ReplicaLocation::LocalDisk { endpoint, .. } => endpoint,
+        }
+    }
+
+    /// On a disk (the SSD tier or a client's local SSD), not in memory.
+    pub fn is_disk(&self) -> bool {
+        matches!(self, ReplicaLocation::Disk { .. } | ReplicaLocation::LocalDisk { .. })
     }
 
     /// The segment, for segment-addressed locations.
     pub fn segment_id(&self) -> Option<SegmentId> {
         match self {
-            ReplicaLocation::Memory { segment_id, .. } | ReplicaLocation::Nof { segment_id, .. } => Some(*segment_id),
+            ReplicaLocation::Memory { segment_id, .. }
+            | ReplicaLocation::Nof { segment_id, .. }
+            | ReplicaLocation::Disk { segment_id, .. } => Some(*segment_id),
             ReplicaLocation::LocalDisk { .. } => None,
         }
     }

@@ -248,6 +248,89 @@ pub enum MasterRequest {
     /// the id it was given and the `offset` it has reached. Answers [`MasterResponse::SnapshotChunk`], the bytes
     /// in the frame's payload (at most [`SNAPSHOT_CHUNK`] of them).
     FetchSnapshot { id: Option<String>, offset: u64 },
+    /// A storage node's disk tier asks for work and reports what it did: the outcomes of the copies it was
+    /// given (`done`), the ranges of its disks it could not read (`faults`), its disks' counters; answered with
+    /// the next copies, waiting up to `wait_ms` (at most [`DISK_TASK_WAIT_MAX_MS`]) for one to arrive
+    /// ([`MasterResponse::DiskTasks`]). Sent on a connection of its own, so the wait delays no other request.
+    DiskTasks {
+        client: ClientId,
+        done: Vec<DiskTaskResult>,
+        faults: Vec<DiskFault>,
+        counters: Vec<DiskCounters>,
+        wait_ms: u32,
+    },
+}
+
+/// Longest a [`MasterRequest::DiskTasks`] waits for work before answering with none.
+pub const DISK_TASK_WAIT_MAX_MS: u32 = 1000;
+
+/// Which way a disk task copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DiskTaskKind {
+    /// Memory → disk: an object memory eviction chose, kept on the node's disk instead of dropped.
+    Offload,
+    /// Disk → memory: an object read from disk, brought back to memory.
+    Promote,
+}
+
+/// A copy between two segments of one storage node, which the master asks of the node that hosts both (no
+/// network hop): `length` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskTask {
+    /// The master's id for it (the node reports its outcome under it).
+    pub id: u64,
+    /// Direction.
+    pub kind: DiskTaskKind,
+    /// Source segment.
+    pub src: SegmentId,
+    /// Byte offset in the source.
+    pub src_offset: u64,
+    /// Destination segment.
+    pub dst: SegmentId,
+    /// Byte offset in the destination.
+    pub dst_offset: u64,
+    /// Bytes to copy.
+    pub length: u64,
+    /// Unix ms after which the node must not start the copy: the master holds the destination's space for the
+    /// task until then (and a margin), so a late copy can never land in space given to another object.
+    pub deadline_unix_ms: u64,
+}
+
+/// What became of a [`DiskTask`]: the crc32c of the bytes copied, or why it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskTaskResult {
+    /// The task's id.
+    pub id: u64,
+    /// crc32c of the bytes written, or the failure.
+    pub outcome: Result<u32, ErrorCode>,
+}
+
+/// A range of a disk segment its node failed to read (a disk error): the master drops the replica there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFault {
+    /// The disk segment.
+    pub segment: SegmentId,
+    /// Start of the unreadable range.
+    pub offset: u64,
+    /// Its length.
+    pub length: u64,
+}
+
+/// A disk segment's activity as its node counts it (cumulative since the node started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskCounters {
+    /// The disk segment.
+    pub segment: SegmentId,
+    /// Reads served (readers' and promotions').
+    pub reads: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Writes (offloads).
+    pub writes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// I/O errors.
+    pub errors: u64,
 }
 
 /// Most snapshot bytes one [`MasterResponse::SnapshotChunk`] carries (well inside a control frame).
@@ -347,6 +430,7 @@ master_ops! {
     ListKeysPage => "list_keys_page",
     DataTicket => "data_ticket",
     FetchSnapshot => "fetch_snapshot",
+    DiskTasks => "disk_tasks",
 }
 
 impl MasterOp {
@@ -413,6 +497,8 @@ pub enum MasterResponse {
     Ticket(crate::auth::SealedTicket),
     /// A piece of a snapshot (FetchSnapshot); its bytes are the frame's payload.
     SnapshotChunk(SnapshotChunk),
+    /// The copies a storage node is to make (DiskTasks).
+    DiskTasks(Vec<DiskTask>),
 }
 
 /// The reply to one request.
@@ -461,7 +547,15 @@ mod tests {
         assert_eq!(tag(&ticket), 36);
         let fetch = MasterRequest::FetchSnapshot { id: None, offset: 0 };
         assert_eq!(tag(&fetch), 37);
-        assert_eq!(MasterOp::ALL.len(), 38, "one operation per request");
+        let disk = MasterRequest::DiskTasks {
+            client: ClientId::random(),
+            done: vec![],
+            faults: vec![],
+            counters: vec![],
+            wait_ms: 0,
+        };
+        assert_eq!(tag(&disk), 38);
+        assert_eq!(MasterOp::ALL.len(), 39, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

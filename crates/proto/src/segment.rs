@@ -12,7 +12,13 @@ pub enum SegmentKind {
     Cxl,
     /// NVMe-over-Fabrics namespace; `base` is a namespace offset and may be 0.
     Nof,
+    /// A storage node's local disk tier (a file on its SSD): only the master's offloads write it, readers read it
+    /// through the node; ranges are 4 KiB-aligned.
+    Disk,
 }
+
+/// The block of a disk segment: its size and every range in it are whole blocks (direct I/O needs them aligned).
+pub const DISK_BLOCK: u64 = 4096;
 
 /// A segment as its owner describes it at mount. Identity is `id`; every field must match on a repeated mount.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

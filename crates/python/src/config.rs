@@ -120,6 +120,10 @@ pub struct ReplicateConfig {
     /// Explicit groups: one id for every key of the call, or one per key of a batch (any other count is refused).
     #[pyo3(get, set)]
     pub group_ids: Option<Vec<String>>,
+    /// When memory eviction takes the object, keep it on the disk tier of the node that held it (default);
+    /// false drops it (a Crescent extension).
+    #[pyo3(get, set)]
+    pub offload: bool,
 }
 
 impl Default for ReplicateConfig {
@@ -137,6 +141,7 @@ impl Default for ReplicateConfig {
             prefer_alloc_in_same_node: false,
             data_type: ObjectDataType::UNKNOWN,
             group_ids: None,
+            offload: true,
         }
     }
 }
@@ -159,7 +164,7 @@ impl ReplicateConfig {
     #[pyo3(signature = (*, replica_num=1, nof_replica_num=0, dfs_replica_num=0, soft_pin_action=SoftPinAction::PRESERVE,
         soft_pin_ttl_ms=None, with_hard_pin=false, preferred_segments=Vec::new(), preferred_segment=String::new(),
         preferred_nof_segments=Vec::new(), prefer_alloc_in_same_node=false, data_type=ObjectDataType::UNKNOWN,
-        group_ids=None))]
+        group_ids=None, offload=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         replica_num: u64,
@@ -174,6 +179,7 @@ impl ReplicateConfig {
         prefer_alloc_in_same_node: bool,
         data_type: ObjectDataType,
         group_ids: Option<Vec<String>>,
+        offload: bool,
     ) -> PyResult<Self> {
         Ok(Self {
             replica_num,
@@ -188,6 +194,7 @@ impl ReplicateConfig {
             prefer_alloc_in_same_node,
             data_type,
             group_ids,
+            offload,
         })
     }
 
@@ -203,7 +210,8 @@ impl ReplicateConfig {
         format!(
             "ReplicateConfig: {{ replica_num: {}, nof_replica_num: {}, dfs_replica_num: {}, soft_pin_action: {:?}, \
              soft_pin_ttl_ms: {ttl}, with_hard_pin: {}, preferred_segments: {:?}, preferred_segment: {:?}, \
-             preferred_nof_segments: {:?}, prefer_alloc_in_same_node: {}, data_type: {:?}, group_ids: {groups} }}",
+             preferred_nof_segments: {:?}, prefer_alloc_in_same_node: {}, data_type: {:?}, group_ids: {groups}, \
+             offload: {} }}",
             self.replica_num,
             self.nof_replica_num,
             self.dfs_replica_num,
@@ -214,6 +222,7 @@ impl ReplicateConfig {
             self.preferred_nof_segments,
             self.prefer_alloc_in_same_node,
             self.data_type,
+            self.offload,
         )
     }
 
@@ -265,6 +274,7 @@ impl ReplicateConfig {
             host_id: None,
             group_id,
             data_type: self.data_type.to_proto(),
+            offload: self.offload,
         })
     }
 }

@@ -46,7 +46,8 @@ pub struct MemoryDescriptor {
     pub buffer_descriptor: Descriptor,
 }
 
-/// A disk replica's file (the original's DFS tier; Crescent places none, so none is ever returned).
+/// A disk replica's place: in Crescent a range of a storage node's disk tier, named
+/// `crescent-disk://ENDPOINT/SEGMENT@OFFSET` (the original's shared-filesystem file path).
 #[pyclass(module = "crescent.store", name = "DiskDescriptor", frozen)]
 #[derive(Clone, Debug)]
 pub struct DiskDescriptor {
@@ -66,6 +67,8 @@ pub struct ReplicaDescriptor {
     #[pyo3(get)]
     pub status: ReplicaStatus,
     location: ReplicaLocation,
+    /// The object's bytes (a disk replica's range is rounded up to whole blocks).
+    object_size: u64,
 }
 
 #[pymethods]
@@ -75,9 +78,9 @@ impl ReplicaDescriptor {
         matches!(self.location, ReplicaLocation::Memory { .. } | ReplicaLocation::Nof { .. })
     }
 
-    /// True for a DFS replica (never, in Crescent).
+    /// True for a replica on a storage node's disk tier (an object memory eviction kept on disk).
     fn is_disk_replica(&self) -> bool {
-        false
+        matches!(self.location, ReplicaLocation::Disk { .. })
     }
 
     /// True for a replica on a client's local SSD.
@@ -97,27 +100,37 @@ impl ReplicaDescriptor {
                     segment_id: segment_id.to_string(),
                 },
             }),
-            ReplicaLocation::LocalDisk { .. } => Err(PyRuntimeError::new_err("Expected MemoryDescriptor")),
+            ReplicaLocation::Disk { .. } | ReplicaLocation::LocalDisk { .. } => {
+                Err(PyRuntimeError::new_err("Expected MemoryDescriptor"))
+            }
         }
     }
 
-    /// The file of a disk replica; RuntimeError for any other (Crescent has none).
+    /// Where a disk replica lies; RuntimeError for any other.
     fn get_disk_descriptor(&self) -> PyResult<DiskDescriptor> {
-        Err(PyRuntimeError::new_err("Expected DiskDescriptor"))
+        match &self.location {
+            ReplicaLocation::Disk { segment_id, offset, endpoint, .. } => Ok(DiskDescriptor {
+                file_path: format!("crescent-disk://{endpoint}/{segment_id}@{offset}"),
+                object_size: self.object_size,
+            }),
+            _ => Err(PyRuntimeError::new_err("Expected DiskDescriptor")),
+        }
     }
 
     fn __repr__(&self) -> String {
         let kind = match self.location {
             ReplicaLocation::Memory { .. } => "memory",
             ReplicaLocation::Nof { .. } => "nof",
+            ReplicaLocation::Disk { .. } => "disk",
             ReplicaLocation::LocalDisk { .. } => "local_disk",
         };
         format!("<ReplicaDescriptor {kind} status={:?} size={}>", self.status, self.location.length())
     }
 }
 
-impl From<&Wire> for ReplicaDescriptor {
-    fn from(d: &Wire) -> Self {
+impl ReplicaDescriptor {
+    /// The descriptor of `d`, a replica of an object of `object_size` bytes.
+    pub fn of(d: &Wire, object_size: u64) -> Self {
         let status = match d.status {
             WireStatus::Undefined => ReplicaStatus::UNDEFINED,
             WireStatus::Initialized => ReplicaStatus::INITIALIZED,
@@ -126,7 +139,7 @@ impl From<&Wire> for ReplicaDescriptor {
             WireStatus::Removed => ReplicaStatus::REMOVED,
             WireStatus::Failed => ReplicaStatus::FAILED,
         };
-        Self { status, location: d.location.clone() }
+        Self { status, location: d.location.clone(), object_size }
     }
 }
 

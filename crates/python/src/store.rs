@@ -1140,7 +1140,7 @@ impl Store {
             let req = MasterRequest::GetReplicaList { tenant: live.tenant.clone(), key: WireKey::from(key.as_str()) };
             let pick = |r| if let MasterResponse::ReplicaList(l) = r { Some(l) } else { None };
             match live.block_on(live.client.master().call_expect(&req, pick)) {
-                Ok(list) => list.replicas.iter().map(ReplicaDescriptor::from).collect(),
+                Ok(list) => list.replicas.iter().map(|d| ReplicaDescriptor::of(d, list.size)).collect(),
                 Err(e) => {
                     tracing::debug!(key, error = %e, "get_replica_desc failed");
                     Vec::new()
@@ -1166,7 +1166,8 @@ impl Store {
                     Ok(lists) => {
                         for (key, list) in chunk.iter().zip(lists.items) {
                             if let Ok(list) = list {
-                                out.insert(key.clone(), list.replicas.iter().map(ReplicaDescriptor::from).collect());
+                                let descs = list.replicas.iter().map(|d| ReplicaDescriptor::of(d, list.size)).collect();
+                                out.insert(key.clone(), descs);
                             }
                         }
                     }

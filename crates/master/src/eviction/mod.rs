@@ -22,7 +22,7 @@
 
 use crate::clock::Timestamp;
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
-use crescent_proto::{SegmentId, TenantId};
+use crescent_proto::{ReplicaStatus, SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -55,6 +55,27 @@ pub trait EvictionLog {
     ) -> bool;
 }
 
+/// Where a memory eviction may keep an object's bytes instead of dropping them: the disk tier of the node that
+/// holds them (the service's `DiskTier`). Asked inside the object's lock, for an object the round may evict.
+pub trait Offload {
+    /// Readies room on the disk that would take `entry` (disk eviction, oldest first), with no lock held; false:
+    /// it will not be offloaded (plain eviction).
+    fn prepare(&self, entry: &ObjectEntry) -> bool;
+    /// Starts keeping `st` on disk — a `Processing` disk replica and a copy task for its node — and returns true;
+    /// the object then stays in memory until the copy is done (it is then stripped of its memory replicas, logged
+    /// and freed as an eviction). False: nothing changed, the round evicts it as usual.
+    fn start(&self, tenant: &Arc<TenantState>, entry: &Arc<ObjectEntry>, st: &mut ObjectState) -> bool;
+}
+
+/// Where a round's decisions go: the log that records them (with the count of frees waiting for it), and the disk
+/// tier that may keep a memory round's objects.
+pub struct Outlets<'a, L> {
+    /// The log, if any.
+    pub oplog: Option<(&'a L, &'a Arc<PendingFrees>)>,
+    /// The disk tier, for a memory round on a master that has one.
+    pub offload: Option<&'a dyn Offload>,
+}
+
 /// Evictions logged but not yet durable, whose space and quota are still held: a write that evicted for its
 /// room waits here (bounded) rather than evicting more, and the watermark loop skips rounds while any are
 /// pending (the pool's usage does not show them yet).
@@ -82,11 +103,13 @@ impl PendingFrees {
         true
     }
 
-    fn begin(&self) {
+    /// One more free waiting (an eviction logged, or an offload under way whose memory is freed when it ends).
+    pub(crate) fn begin(&self) {
         *self.count.lock() += 1;
     }
 
-    fn end(&self) {
+    /// One free settled.
+    pub(crate) fn end(&self) {
         let mut n = self.count.lock();
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -203,6 +226,17 @@ pub struct EvictionReport {
     pub bytes: u64,
     /// Candidates that failed revalidation at commit (leased meanwhile, group member leased, ...).
     pub skipped: u64,
+    /// Objects whose bytes went to a disk tier instead (their memory is freed when each copy is done).
+    pub offloading: u64,
+    /// Memory bytes those objects free once copied (counted toward a byte goal: they are on their way out).
+    pub offloading_bytes: u64,
+}
+
+impl EvictionReport {
+    /// Memory bytes freed, or to be freed once the copies under way are done.
+    pub fn bytes_going(&self) -> u64 {
+        self.bytes + self.offloading_bytes
+    }
 }
 
 struct Candidate {
@@ -222,6 +256,7 @@ fn eligible(st: &ObjectState, tier: Tier, now: Timestamp, allow_soft: bool) -> b
         && !st.leased(now)
         && (allow_soft || !st.soft_pinned(now))
         && st.evictable_bytes(tier) > 0
+        && !st.offloading()
 }
 
 /// Takes the evictable replicas in `tier`; retires the object if nothing valid remains. Returns the replicas
@@ -260,6 +295,8 @@ struct Committer<'a, L: EvictionLog> {
     /// Each evicted object's post-state is logged here (PUT_END of what is left, or REMOVE); its space and
     /// quota are released when that entry is durable.
     oplog: Option<(&'a L, &'a Arc<PendingFrees>)>,
+    /// A memory round's disk tier, if any node has one.
+    offload: Option<&'a dyn Offload>,
     tier: Tier,
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
@@ -290,6 +327,8 @@ impl<L: EvictionLog> Committer<'_, L> {
         }
         match c.entry.group() {
             None => {
+                // Room on the disk is made before the object's lock (it evicts other objects there).
+                let offload = self.offload.filter(|o| self.tier == Tier::Memory && o.prepare(&c.entry));
                 // Reserved before the lock: an eviction the log cannot take does not happen.
                 let slot = match self.oplog.map(|(log, _)| log.reserve().ok_or(())).transpose() {
                     Ok(slot) => slot,
@@ -302,6 +341,13 @@ impl<L: EvictionLog> Committer<'_, L> {
                 if !eligible(&st, self.tier, self.now, allow_soft) || st.version != c.version {
                     self.report.skipped += 1;
                     return 0;
+                }
+                let going = st.evictable_bytes(self.tier);
+                if offload.is_some_and(|o| o.start(tenant, &c.entry, &mut st)) {
+                    // Counts toward the round's target: its memory is freed when the copy is done.
+                    self.report.offloading += 1;
+                    self.report.offloading_bytes += going;
+                    return 1;
                 }
                 let (freed, quota, retired) = strip(&mut st, self.tier);
                 self.report.objects += 1;
@@ -414,7 +460,7 @@ fn census(
                 let (in_base, candidate, soft_pinned, lease, version, at) = {
                     let st = entry.lock();
                     let in_base = st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_bytes(tier) > 0;
-                    let candidate = in_base && !st.leased(now);
+                    let candidate = in_base && !st.leased(now) && !st.offloading();
                     let at = if candidate && per_seg { evictable_at(&st, tier) } else { SmallVec::new() };
                     (in_base, candidate, st.soft_pinned(now), st.lease, st.version, at)
                 };
@@ -529,8 +575,9 @@ pub fn make_room<L: EvictionLog>(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<(&L, &Arc<PendingFrees>)>,
+    outlets: Outlets<'_, L>,
 ) -> RoomReport {
+    let Outlets { oplog, offload } = outlets;
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
     // Rank = eviction order: oldest lease first, soft-pinned after all others.
@@ -553,7 +600,7 @@ pub fn make_room<L: EvictionLog>(
     let Some((seg, window)) = choice else {
         return RoomReport { segment: None, report };
     };
-    let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report };
     let mut done = vec![false; ordered.len()];
     for &r in &window.ranks {
         done[r] = true;
@@ -561,7 +608,7 @@ pub fn make_room<L: EvictionLog>(
         k.commit(c, allow_soft);
     }
     for (i, (c, allow_soft)) in ordered.iter().enumerate() {
-        if k.report.bytes >= room.total {
+        if k.report.bytes_going() >= room.total {
             break;
         }
         if !done[i] {
@@ -569,6 +616,149 @@ pub fn make_room<L: EvictionLog>(
         }
     }
     RoomReport { segment: Some(seg), report: k.report }
+}
+
+/// Evicts one disk replica (`replica`, of `entry` in `tenant`): the disk tier's own eviction, oldest first, when
+/// its node's disk has no room, or (`unreadable`) a replica its node could not read. Skipped (`None`) when gone,
+/// or while the object is read (leased) unless unreadable; otherwise the replica is taken and the object's
+/// post-state logged under its lock (the object is retired when nothing valid is left), its space released once
+/// that is durable, as any eviction's. Returns the bytes freed.
+pub fn evict_disk_replica<L: EvictionLog>(
+    tenant: &Arc<TenantState>,
+    entry: &Arc<ObjectEntry>,
+    replica: u64,
+    unreadable: bool,
+    now: Timestamp,
+    oplog: Option<(&L, &Arc<PendingFrees>)>,
+) -> Option<u64> {
+    let k = Committer {
+        tenants: &[],
+        oplog,
+        offload: None,
+        tier: Tier::Disk,
+        now,
+        groups_done: HashSet::new(),
+        report: EvictionReport::default(),
+    };
+    if tenant.lifecycle() == TenantLifecycle::Removed {
+        return None;
+    }
+    let slot = match oplog.map(|(log, _)| log.reserve().ok_or(())).transpose() {
+        Ok(slot) => slot,
+        Err(()) => return None,
+    };
+    let mut st = entry.lock();
+    let at = st.replicas.iter().position(|r| r.id == replica && r.is_evictable(Tier::Disk))?;
+    if st.lifecycle != Lifecycle::Active || (st.leased(now) && !unreadable) {
+        return None;
+    }
+    let taken = st.replicas.remove(at);
+    let bytes = taken.buffer.size();
+    let mut freed: SmallVec<[Replica; 1]> = SmallVec::new();
+    freed.push(taken);
+    let mut quota = TenantState::resettle_unreleased(&mut st);
+    let retired = !st.replicas.iter().any(Replica::is_valid);
+    if retired {
+        let (rest, retired_quota) = TenantState::retire_unreleased(&mut st);
+        freed.extend(rest);
+        quota += retired_quota;
+    }
+    let free = k.release(tenant, freed, quota);
+    match (slot, oplog) {
+        (Some(slot), Some((log, _))) => {
+            log.record(slot, tenant, entry, &st, now, Box::new(move || free.release()));
+        }
+        _ => free.release(),
+    }
+    drop(st);
+    if retired {
+        tenant.detach(entry);
+    }
+    Some(bytes)
+}
+
+/// What became of an offload when its node reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadEnd {
+    /// The disk replica is readable; the memory replicas went (freed once durable) unless a reader came.
+    Kept {
+        /// Memory bytes the object gave up.
+        freed: u64,
+    },
+    /// The copy failed (or its bytes did not match the object's checksum): the disk replica is dropped, the
+    /// object left in memory.
+    Failed,
+    /// The object was removed or rewritten meanwhile: nothing to do (its removal freed the disk range).
+    Gone,
+}
+
+/// Ends an offload of `entry` to its `Processing` disk replica `replica`: `crc` is the crc32c of the bytes the
+/// node wrote (`None`: the copy failed). Under the object's lock: a copy whose bytes match the object's checksum
+/// (or whose object has none) turns the replica readable, and, when no reader holds a lease, the memory
+/// replicas go as a memory eviction's do — the post-state logged under the lock, their space and quota released
+/// once durable; a failed copy's replica is dropped (its space stays held past the task's deadline: see the disk
+/// hold). With no place in the log the offload counts as failed and only the disk replica goes.
+pub fn complete_offload<L: EvictionLog>(
+    tenant: &Arc<TenantState>,
+    entry: &Arc<ObjectEntry>,
+    replica: u64,
+    crc: Option<u32>,
+    now: Timestamp,
+    oplog: Option<(&L, &Arc<PendingFrees>)>,
+) -> OffloadEnd {
+    let k = Committer {
+        tenants: &[],
+        oplog,
+        offload: None,
+        tier: Tier::Memory,
+        now,
+        groups_done: HashSet::new(),
+        report: EvictionReport::default(),
+    };
+    let slot = oplog.map(|(log, _)| log.reserve());
+    let mut st = entry.lock();
+    let Some(at) = st.replicas.iter().position(|r| r.id == replica && r.status == ReplicaStatus::Processing) else {
+        return OffloadEnd::Gone;
+    };
+    if st.lifecycle != Lifecycle::Active {
+        return OffloadEnd::Gone;
+    }
+    let matches = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == u64::from(c));
+    let slot = match slot {
+        None => None,
+        Some(Some(slot)) if matches => Some(slot),
+        // No place in the log, or a failed copy: the replica goes (it was never logged).
+        Some(_) => {
+            drop(st.replicas.remove(at));
+            return OffloadEnd::Failed;
+        }
+    };
+    if !matches {
+        drop(st.replicas.remove(at));
+        return OffloadEnd::Failed;
+    }
+    st.replicas[at].status = ReplicaStatus::Complete;
+    // The node's copy is over: no late write can land in the range any more.
+    st.replicas[at].buffer.end_hold();
+    let mut freed_bytes = 0;
+    let (freed, quota) = if st.leased(now) {
+        (SmallVec::new(), 0)
+    } else {
+        let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+            std::mem::take(&mut st.replicas).into_iter().partition(|r| r.is_evictable(Tier::Memory));
+        st.replicas = keep;
+        freed_bytes = bytes_of(&taken, Tier::Memory);
+        (taken, TenantState::resettle_unreleased(&mut st))
+    };
+    let free = k.release(tenant, freed, quota);
+    // A record the log refuses (its writer stopped for good) keeps the freed space out of reuse for good.
+    match (slot, oplog) {
+        (Some(slot), Some((log, _))) => {
+            log.record(slot, tenant, entry, &st, now, Box::new(move || free.release()));
+        }
+        _ => free.release(),
+    }
+    OffloadEnd::Kept { freed: freed_bytes }
 }
 
 /// Runs one eviction round over `tenants`.
@@ -579,10 +769,11 @@ pub fn run<L: EvictionLog>(
     now: Timestamp,
     allow_evict_soft_pinned: bool,
     census_chunk: usize,
-    oplog: Option<(&L, &Arc<PendingFrees>)>,
+    outlets: Outlets<'_, L>,
 ) -> EvictionReport {
+    let Outlets { oplog, offload } = outlets;
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
-    let mut k = Committer { tenants, oplog, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report };
     let mut evicted = 0u64;
     match target {
         EvictionTarget::Fraction { target, lower } => {
@@ -618,7 +809,7 @@ pub fn run<L: EvictionLog>(
                 if allow_evict_soft_pinned { &[(&normal, false), (&soft, true)] } else { &[(&normal, false)] };
             'outer: for (list, allow_soft) in passes {
                 for c in list.iter() {
-                    if k.report.bytes >= goal {
+                    if k.report.bytes_going() >= goal {
                         break 'outer;
                     }
                     k.commit(c, *allow_soft);

@@ -99,7 +99,7 @@ pub struct ReplicaRecord {
     pub offset: u64,
     /// Bytes (the object's size).
     pub length: u64,
-    /// 0 = memory/CXL, 1 = NoF.
+    /// 0 = memory/CXL, 1 = NoF, 2 = disk.
     pub tier: u8,
 }
 
@@ -460,8 +460,15 @@ pub(crate) fn check_object(o: &ObjectRecord) -> Result<(), PayloadError> {
         return Err(PayloadError::Invalid("an object needs a size and a replica".into()));
     }
     data_type_from(o.data_type)?;
+    let block = crescent_proto::DISK_BLOCK;
     for r in &o.replicas {
-        if r.tier > 1 || r.length != o.size || r.offset.checked_add(r.length).is_none() {
+        // A disk replica takes whole blocks (tier 2); the others exactly the object.
+        let shape_ok = match r.tier {
+            0 | 1 => r.length == o.size,
+            2 => r.length == o.size.div_ceil(block).saturating_mul(block) && r.offset.is_multiple_of(block),
+            _ => false,
+        };
+        if !shape_ok || r.offset.checked_add(r.length).is_none() {
             return Err(PayloadError::Invalid(format!("replica {} is malformed", r.id)));
         }
     }
@@ -474,6 +481,7 @@ pub fn kind_number(kind: SegmentKind) -> u8 {
         SegmentKind::Memory => 0,
         SegmentKind::Cxl => 1,
         SegmentKind::Nof => 2,
+        SegmentKind::Disk => 3,
     }
 }
 
@@ -482,6 +490,7 @@ fn kind_from(n: u8) -> Result<SegmentKind, PayloadError> {
         0 => SegmentKind::Memory,
         1 => SegmentKind::Cxl,
         2 => SegmentKind::Nof,
+        3 => SegmentKind::Disk,
         n => return Err(PayloadError::Invalid(format!("segment kind {n}"))),
     })
 }

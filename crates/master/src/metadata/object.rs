@@ -35,6 +35,8 @@ pub enum Tier {
     Memory,
     /// A NoF (NVMe-oF) segment.
     Nof,
+    /// A storage node's disk tier: filled by offloads of memory evictions, evicted oldest first when full.
+    Disk,
 }
 
 impl Tier {
@@ -43,6 +45,7 @@ impl Tier {
         match kind {
             SegmentKind::Memory | SegmentKind::Cxl => Tier::Memory,
             SegmentKind::Nof => Tier::Nof,
+            SegmentKind::Disk => Tier::Disk,
         }
     }
 }
@@ -95,6 +98,39 @@ impl Replica {
     }
 }
 
+/// An object's switches, packed in one byte (every object carries them: its size is watched).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectFlags(u8);
+
+impl ObjectFlags {
+    const CHECKSUM: u8 = 1;
+    const NO_OFFLOAD: u8 = 2;
+
+    fn set(&mut self, bit: u8, on: bool) {
+        if on { self.0 |= bit } else { self.0 &= !bit }
+    }
+
+    /// Whether the object's `checksum` holds the writer's value.
+    pub fn has_checksum(self) -> bool {
+        self.0 & Self::CHECKSUM != 0
+    }
+
+    /// Says whether `checksum` holds a value.
+    pub fn set_checksum(&mut self, on: bool) {
+        self.set(Self::CHECKSUM, on);
+    }
+
+    /// Dropped, not kept on a disk tier, when memory eviction takes it (its writer said it is not worth keeping).
+    pub fn no_offload(self) -> bool {
+        self.0 & Self::NO_OFFLOAD != 0
+    }
+
+    /// Says whether the object is dropped rather than kept on a disk tier.
+    pub fn set_no_offload(&mut self, on: bool) {
+        self.set(Self::NO_OFFLOAD, on);
+    }
+}
+
 /// A soft-pin change requested by a write, committed when the write's first replica completes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SoftPinRequest {
@@ -126,8 +162,8 @@ pub struct ObjectState {
     pub hard_pinned: bool,
     /// Stored with the object.
     pub data_type: ObjectDataType,
-    /// Whether `checksum` holds a value.
-    pub has_checksum: bool,
+    /// Whether `checksum` holds a value, and whether the object is dropped rather than kept on a disk tier.
+    pub flags: ObjectFlags,
     /// Object bytes.
     pub size: u64,
     /// Writer-supplied checksum (crc32c of the object), returned to readers.
@@ -161,7 +197,7 @@ impl ObjectState {
             lifecycle: Lifecycle::Active,
             hard_pinned: false,
             data_type: ObjectDataType::Unknown,
-            has_checksum: false,
+            flags: ObjectFlags::default(),
             size,
             checksum: 0,
             lease: Timestamp(0),
@@ -217,6 +253,16 @@ impl ObjectState {
             .filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid())
             .count();
         self.size.saturating_mul(n as u64)
+    }
+
+    /// Whether a copy of it to a disk tier is under way (a `Processing` disk replica: only offloads make one).
+    pub fn offloading(&self) -> bool {
+        self.replicas.iter().any(|r| r.tier == Tier::Disk && r.status == ReplicaStatus::Processing)
+    }
+
+    /// Whether a disk tier holds a readable copy.
+    pub fn on_disk(&self) -> bool {
+        self.replicas.iter().any(|r| r.tier == Tier::Disk && r.is_readable())
     }
 
     /// Bytes eviction may take from this object in `tier`: complete replicas there, unpinned by refcount,

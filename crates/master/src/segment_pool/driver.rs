@@ -89,6 +89,12 @@ impl OwnAllocatorDriver {
     pub fn nof() -> Self {
         Self { kind: SegmentKind::Nof, regions: HashMap::new() }
     }
+
+    /// The disk driver: base is a file offset, 0 is valid; the size must be whole 4 KiB blocks (the node's
+    /// direct I/O needs aligned ranges, and the service rounds every disk allocation up to blocks).
+    pub fn disk() -> Self {
+        Self { kind: SegmentKind::Disk, regions: HashMap::new() }
+    }
 }
 
 impl RegionDriver for OwnAllocatorDriver {
@@ -100,6 +106,13 @@ impl RegionDriver for OwnAllocatorDriver {
         validate_common(spec)?;
         if self.kind == SegmentKind::Memory && spec.base == 0 {
             return Err(PoolError::InvalidSpec("memory segment base is 0".into()));
+        }
+        if self.kind == SegmentKind::Disk && !spec.size.is_multiple_of(crescent_proto::DISK_BLOCK) {
+            return Err(PoolError::InvalidSpec(format!(
+                "a disk segment's size must be a multiple of {} bytes, not {}",
+                crescent_proto::DISK_BLOCK,
+                spec.size
+            )));
         }
         Ok(())
     }
@@ -254,6 +267,7 @@ impl RegionDriver for CxlDriver {
 pub struct RegionDriverRegistry {
     pub(crate) memory: OwnAllocatorDriver,
     pub(crate) nof: OwnAllocatorDriver,
+    pub(crate) disk: OwnAllocatorDriver,
     pub(crate) cxl: Option<CxlDriver>,
 }
 
@@ -263,6 +277,7 @@ impl RegionDriverRegistry {
         Ok(Self {
             memory: OwnAllocatorDriver::memory(),
             nof: OwnAllocatorDriver::nof(),
+            disk: OwnAllocatorDriver::disk(),
             cxl: cxl_window.map(CxlDriver::new).transpose()?,
         })
     }
@@ -272,6 +287,7 @@ impl RegionDriverRegistry {
         match kind {
             SegmentKind::Memory => Ok(&self.memory),
             SegmentKind::Nof => Ok(&self.nof),
+            SegmentKind::Disk => Ok(&self.disk),
             SegmentKind::Cxl => self.cxl.as_ref().map(|d| d as &dyn RegionDriver).ok_or(PoolError::CxlDisabled),
         }
     }
@@ -281,6 +297,7 @@ impl RegionDriverRegistry {
         match kind {
             SegmentKind::Memory => Ok(&mut self.memory),
             SegmentKind::Nof => Ok(&mut self.nof),
+            SegmentKind::Disk => Ok(&mut self.disk),
             SegmentKind::Cxl => self.cxl.as_mut().map(|d| d as &mut dyn RegionDriver).ok_or(PoolError::CxlDisabled),
         }
     }

@@ -92,6 +92,7 @@ pub struct PlacementIndex {
     memory: KindIndex,
     cxl: KindIndex,
     nof: KindIndex,
+    disk: KindIndex,
 }
 
 impl PlacementIndex {
@@ -100,6 +101,7 @@ impl PlacementIndex {
             SegmentKind::Memory => &self.memory,
             SegmentKind::Cxl => &self.cxl,
             SegmentKind::Nof => &self.nof,
+            SegmentKind::Disk => &self.disk,
         }
     }
 
@@ -108,6 +110,7 @@ impl PlacementIndex {
             SegmentKind::Memory => &mut self.memory,
             SegmentKind::Cxl => &mut self.cxl,
             SegmentKind::Nof => &mut self.nof,
+            SegmentKind::Disk => &mut self.disk,
         }
     }
 

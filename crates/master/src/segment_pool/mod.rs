@@ -120,6 +120,19 @@ pub struct PoolConfig {
     /// Keeps space freed soon after its allocation out of reuse (a master sealing write grants); `None`: freed
     /// space is reusable at once.
     pub write_hold: Option<WriteHold>,
+    /// The hold of disk segments, always set by a master (a disk task's destination is held past the task's
+    /// deadline, grants or not: a node's late copy must never land in space given to another object).
+    pub disk_hold: Option<WriteHold>,
+}
+
+impl PoolConfig {
+    /// The write hold of a region of `kind`.
+    pub(crate) fn hold(&self, kind: SegmentKind) -> Option<&WriteHold> {
+        match kind {
+            SegmentKind::Disk => self.disk_hold.as_ref().or(self.write_hold.as_ref()),
+            _ => self.write_hold.as_ref(),
+        }
+    }
 }
 
 /// What a mount did.
@@ -364,7 +377,7 @@ impl SegmentPool {
             }
             return Ok(MountOutcome::AlreadyMounted);
         }
-        let prepared = st.prepare_new(&spec, &[], self.config.write_hold.as_ref())?;
+        let prepared = st.prepare_new(&spec, &[], self.config.hold(spec.kind))?;
         log(PoolChange::Mount(&spec)).map_err(PoolError::LogRefused)?;
         st.commit_and_publish(client, spec, SegmentStatus::Ok, None, prepared)?;
         Ok(MountOutcome::Mounted)
@@ -437,7 +450,7 @@ impl SegmentPool {
         }
         let mut prepared = Vec::with_capacity(fresh.len());
         for (i, spec) in fresh.iter().enumerate() {
-            prepared.push(st.prepare_new(spec, &fresh[..i], self.config.write_hold.as_ref())?);
+            prepared.push(st.prepare_new(spec, &fresh[..i], self.config.hold(spec.kind))?);
         }
         for spec in &fresh {
             log(PoolChange::Mount(spec)).map_err(PoolError::LogRefused)?;
@@ -681,6 +694,41 @@ impl SegmentPool {
     pub fn is_allocatable(&self, id: SegmentId) -> bool {
         let st = self.state.read();
         st.catalog.get(&id).is_some_and(|r| st.placement.contains(r.spec.kind, &r.spec.name, &id))
+    }
+
+    /// `client`'s allocatable disk segment (a storage node's disk tier), if it mounted one.
+    pub fn disk_of(&self, client: ClientId) -> Option<SegmentId> {
+        let st = self.state.read();
+        st.catalog.ids_for_client(&client).into_iter().find(|id| {
+            st.catalog.get(id).is_some_and(|r| {
+                r.spec.kind == SegmentKind::Disk && st.placement.contains(r.spec.kind, &r.spec.name, id)
+            })
+        })
+    }
+
+    /// Whether `size` bytes can be allocated in segment `id` now (false for an unknown or unallocatable one).
+    pub fn can_fit(&self, id: SegmentId, size: u64) -> bool {
+        let st = self.state.read();
+        st.catalog
+            .get(&id)
+            .filter(|r| st.placement.contains(r.spec.kind, &r.spec.name, &id))
+            .and_then(|r| st.resource(&r.spec))
+            .is_some_and(|res| res.is_live() && res.can_fit(size))
+    }
+
+    /// Allocates `size` bytes in segment `id`, which must be allocatable (status OK), under the pool's shared
+    /// lock (a deactivation cannot slip in between the check and the allocation).
+    pub fn allocate_in(&self, id: SegmentId, size: u64) -> Result<AllocatedBuffer, AllocError> {
+        let st = self.state.read();
+        let none = AllocError::NoSpace { requested: size, largest_free: 0 };
+        let res = st
+            .catalog
+            .get(&id)
+            .filter(|r| st.placement.contains(r.spec.kind, &r.spec.name, &id))
+            .and_then(|r| st.resource(&r.spec))
+            .filter(|res| res.is_live())
+            .ok_or(none)?;
+        res.allocate(size)
     }
 
     /// Number of mounted segments (any status).

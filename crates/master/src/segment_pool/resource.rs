@@ -212,6 +212,13 @@ impl RegionResource {
         self.holding.lock().hold_until(alloc.slot(), now.saturating_add(life), false);
     }
 
+    /// Ends the hold on the live allocation `alloc` now: what it was held for (a disk copy into it) is over.
+    fn end_hold(&self, alloc: &Allocation) {
+        let Some(h) = self.hold.get() else { return };
+        let now = h.clock.now();
+        self.holding.lock().hold_until(alloc.slot(), now, true);
+    }
+
     /// Releases the held allocations whose hold has ended.
     fn reap(&self) {
         let Some(h) = self.hold.get() else { return };
@@ -434,6 +441,14 @@ impl AllocatedBuffer {
         }
     }
 
+    /// Ends this live buffer's hold at once: the transfer it was held for is known to be over (a disk copy its
+    /// node reported), so once freed its space may be reused at once (until the next handout holds it again).
+    pub fn end_hold(&self) {
+        if let Some(r) = self.region.upgrade() {
+            r.end_hold(&self.alloc);
+        }
+    }
+
     /// Object bytes this buffer holds (the requested size).
     pub fn size(&self) -> u64 {
         self.alloc.size()
@@ -472,6 +487,7 @@ impl AllocatedBuffer {
         Some(match r.kind {
             SegmentKind::Memory | SegmentKind::Cxl => ReplicaLocation::Memory { segment_id, offset, length, endpoint },
             SegmentKind::Nof => ReplicaLocation::Nof { segment_id, offset, length, endpoint },
+            SegmentKind::Disk => ReplicaLocation::Disk { segment_id, offset, length, endpoint },
         })
     }
 }

@@ -98,7 +98,7 @@ impl SegmentPool {
                 return Err(PoolError::CorruptSnapshot(format!("segment {} has status {:?}", rec.spec.id, rec.status)));
             }
             let prepared = next.drivers.driver_mut(rec.spec.kind)?.prepare_adopt(&rec.spec, &rec.alloc)?;
-            prepared.resource.hold_writes(self.config.write_hold.as_ref());
+            prepared.resource.hold_writes(self.config.hold(rec.spec.kind));
             next.validate_new(&rec.spec, &[])?;
             next.commit_and_publish(rec.client, rec.spec, rec.status, rec.graceful_deadline, prepared)?;
         }

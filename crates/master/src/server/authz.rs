@@ -66,7 +66,8 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         | R::RegisterLocalSsd { client, .. }
         | R::UnregisterLocalSsd { client }
         | R::ReportLocalSsd { client, .. }
-        | R::SetLocalSsdOffloading { client, .. } => own(client),
+        | R::SetLocalSsdOffloading { client, .. }
+        | R::DiskTasks { client, .. } => own(client),
         R::PutStart { client, tenant, .. }
         | R::PutEnd { client, tenant, .. }
         | R::PutRevoke { client, tenant, .. }

@@ -136,6 +136,9 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
     use MasterResponse as A;
     match req {
         R::Ping { client } => Ok(A::Pong { status: svc.ping(*client), view_version: 0 }),
+        R::DiskTasks { client, done, faults, counters, .. } => {
+            svc.disk_tasks(*client, done, faults, counters).map(A::DiskTasks)
+        }
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
         // Answered at the network edge (`serve`), which holds the keys and the snapshot store; the service has none.
         R::DataTicket { .. } | R::FetchSnapshot { .. } => Err(ErrorCode::InvalidParams),
@@ -722,6 +725,19 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                     let (reply, bytes) = super::snapshot_fetch::serve_chunk(store, id.as_deref(), *offset).await;
                     payload = bytes;
                     reply
+                } else if let MasterRequest::DiskTasks { client, wait_ms, .. } = &body {
+                    // A node's disk-task poll: with nothing to hand out it waits (bounded) for a task, on its own
+                    // connection, so the wait delays nothing else.
+                    let waiter = svc.disk_tier().waiter(*client);
+                    let reply = dispatch_by(&svc, &body, caller.as_ref().map(|c| &c.principal));
+                    match reply {
+                        Ok(MasterResponse::DiskTasks(tasks)) if tasks.is_empty() && *wait_ms > 0 => {
+                            let wait = u64::from((*wait_ms).min(crescent_proto::DISK_TASK_WAIT_MAX_MS));
+                            let _ = tokio::time::timeout(Duration::from_millis(wait), waiter.notified()).await;
+                            Ok(MasterResponse::DiskTasks(svc.disk_tier().take(*client)))
+                        }
+                        other => other,
+                    }
                 } else if is_listing(&body) {
                     // A listing visits the whole index and may wait its turn: on the listing thread, so it holds
                     // no worker on any runtime (inside `crescent up` the master's only thread is the node's too).

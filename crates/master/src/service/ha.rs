@@ -80,6 +80,7 @@ fn tier_number(t: Tier) -> u8 {
     match t {
         Tier::Memory => 0,
         Tier::Nof => 1,
+        Tier::Disk => 2,
     }
 }
 
@@ -103,7 +104,7 @@ pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestam
     ObjectRecord {
         size: st.size,
         replicas,
-        checksum: st.has_checksum.then_some(st.checksum),
+        checksum: st.flags.has_checksum().then_some(st.checksum),
         group: entry.group().map(|g| g.name().to_string()),
         hard_pinned: st.hard_pinned,
         soft_pin_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
@@ -300,7 +301,11 @@ impl MasterService {
                         buffer,
                         status: ReplicaStatus::Complete,
                         refcnt: 0,
-                        tier: if r.tier == 1 { Tier::Nof } else { Tier::Memory },
+                        tier: match r.tier {
+                            1 => Tier::Nof,
+                            2 => Tier::Disk,
+                            _ => Tier::Memory,
+                        },
                     }),
                     Err(e) => tracing::warn!(key, replica = r.id, error = %e, "replayed replica not restored"),
                 }
@@ -311,7 +316,6 @@ impl MasterService {
             let mut st = ObjectState {
                 hard_pinned: o.hard_pinned,
                 data_type: data_type_from(o.data_type).unwrap_or_default(),
-                has_checksum: o.checksum.is_some(),
                 checksum: o.checksum.unwrap_or(0),
                 soft_pin: if o.soft_pin_ms > 0 {
                     now.saturating_add(Duration::from_millis(o.soft_pin_ms))
@@ -321,6 +325,7 @@ impl MasterService {
                 replicas,
                 ..ObjectState::new(o.size)
             };
+            st.flags.set_checksum(o.checksum.is_some());
             st.charged = st.settled_charge();
             t.quota().force_charge(st.charged);
             let charged = st.charged;

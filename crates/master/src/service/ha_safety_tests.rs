@@ -253,7 +253,7 @@ fn an_eviction_the_log_refuses_to_record_frees_nothing() {
         Ts(u64::MAX / 2),
         false,
         1024,
-        Some((&Refusing, &pending)),
+        crate::eviction::Outlets { oplog: Some((&Refusing, &pending)), offload: None },
     );
     assert_eq!(report.objects, 1);
     assert!(!pending.any(), "nothing left waiting");

@@ -10,6 +10,7 @@
 
 mod clients;
 mod discard;
+pub mod disk;
 pub(crate) mod ha;
 pub mod listing;
 mod mounters;
@@ -99,6 +100,12 @@ pub struct MasterConfig {
     /// Space freed within this long of its allocation is kept out of reuse until then (ms; 0 = off). Set, to the
     /// write-grant window plus clock slack, by a master that seals grants (see `segment_pool::WriteHold`).
     pub write_hold_ms: u64,
+    /// Memory evictions keep objects on the disk tier of the node that held them, where it has one (off: they
+    /// are dropped, as on a node without a disk).
+    pub disk_offload: bool,
+    /// A node must start a disk copy within this long of its task (ms); the master ends the task as failed after
+    /// twice that, and holds its disk range out of reuse for three times that.
+    pub disk_task_timeout_ms: u64,
     /// A client's report that it could not reach a node is checked by the master's own probe before the
     /// segment turns SUSPECT (set by a master that authenticates: there a report is a tenant's word, and a
     /// tenant must not be able to take every segment out of placement). Off: reports are believed at once.
@@ -127,6 +134,8 @@ impl Default for MasterConfig {
             nof_heartbeat_failures: 3,
             grant_write_window_ms: 10_000,
             write_hold_ms: 0,
+            disk_offload: true,
+            disk_task_timeout_ms: 10_000,
             verify_unreachable_reports: false,
         }
     }
@@ -244,8 +253,13 @@ pub struct MasterService {
     seen_capacity: AtomicU64,
     /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
     eviction_gate: Mutex<()>,
-    /// Evictions logged but not yet durable (their space and quota still held).
+    /// Evictions logged but not yet durable (their space and quota still held), and offloads under way (their
+    /// memory is freed when the copy is done).
     eviction_frees: Arc<crate::eviction::PendingFrees>,
+    /// Disk evictions logged but not yet durable (their disk space still held).
+    disk_frees: Arc<crate::eviction::PendingFrees>,
+    /// The disk tier: offload tasks, disks' eviction order and counters.
+    disk: disk::DiskTier,
     next_object_id: AtomicU64,
     next_replica_id: AtomicU64,
     metrics: Metrics,
@@ -275,8 +289,12 @@ impl MasterService {
     pub fn new(config: MasterConfig, clock: Arc<dyn Clock>) -> Result<Self, ErrorCode> {
         let write_hold = (config.write_hold_ms > 0)
             .then(|| WriteHold { clock: clock.clone(), window: Duration::from_millis(config.write_hold_ms) });
-        let pool =
-            Arc::new(SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold }).map_err(|e| e.code())?);
+        // Disk regions always hold: a disk task's range stays out of reuse past the task's deadline.
+        let disk_hold = Some(WriteHold { clock: clock.clone(), window: Duration::from_millis(config.write_hold_ms) });
+        let pool = Arc::new(
+            SegmentPool::new(PoolConfig { cxl_window: config.cxl_window, write_hold, disk_hold })
+                .map_err(|e| e.code())?,
+        );
         let nof_health = nof_health::NofHealth::new(&config)?;
         let svc = Self {
             epoch_ms: crescent_net::grant::unix_ms(),
@@ -297,6 +315,8 @@ impl MasterService {
             seen_capacity: AtomicU64::new(0),
             eviction_gate: Mutex::new(()),
             eviction_frees: Arc::default(),
+            disk_frees: Arc::default(),
+            disk: disk::DiskTier::default(),
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
@@ -427,6 +447,8 @@ impl MasterService {
         let kind = match tier {
             Tier::Memory => SegmentKind::Memory,
             Tier::Nof => SegmentKind::Nof,
+            // A disk is evicted only to make room for an offload (oldest first), never on a watermark.
+            Tier::Disk => return EvictionStep::default(),
         };
         let usage = self.pool.usage(kind);
         if tier == Tier::Memory {
@@ -463,6 +485,7 @@ impl MasterService {
             EvictionScope::All => self.tenants.all(),
             EvictionScope::Tenant(t) => self.tenants.get(t).into_iter().collect(),
         };
+        let offloader = self.offloader().filter(|_| tier == Tier::Memory);
         let report = crate::eviction::run(
             &tenants,
             tier,
@@ -470,7 +493,10 @@ impl MasterService {
             self.clock.now(),
             self.config.allow_evict_soft_pinned,
             self.config.census_chunk,
-            self.eviction_log(),
+            crate::eviction::Outlets {
+                oplog: self.eviction_log(),
+                offload: offloader.as_ref().map(|o| o as &dyn crate::eviction::Offload),
+            },
         );
         self.record_eviction(tier, &report);
         report
@@ -492,7 +518,12 @@ impl MasterService {
     /// does not wait: the write fails for want of room and the next one finds it. Nor while the oplog writer
     /// is not accepting.
     pub(super) fn await_eviction_frees(&self) -> bool {
-        if !self.eviction_frees_pending() {
+        self.await_frees(&self.eviction_frees)
+    }
+
+    /// [`MasterService::await_eviction_frees`] for any count of frees.
+    fn await_frees(&self, frees: &crate::eviction::PendingFrees) -> bool {
+        if !frees.any() {
             return true;
         }
         // A writer not accepting is retrying a failing backend (etcd down or full) or has stopped: the frees wait
@@ -501,7 +532,6 @@ impl MasterService {
         if self.oplog.get().is_some_and(|l| !l.status().accepting) {
             return false;
         }
-        let frees = &self.eviction_frees;
         match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Err(_) => frees.wait_settled(EVICTION_DURABLE_WAIT),
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
@@ -593,6 +623,7 @@ impl MasterService {
                     svc.step_liveness();
                     svc.step_graceful_unmounts();
                     svc.step_discards();
+                    svc.step_disk_tasks();
                 }
                 if ticks.is_multiple_of(6000) {
                     svc.step_stale_writes();

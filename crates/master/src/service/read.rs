@@ -136,7 +136,7 @@ impl MasterService {
             let half = self.config.lease_ttl_ms / 2;
             let near_expiry = st.lease.0 <= now.0.saturating_add(half);
             st.grant_lease(now, deadline);
-            let checksum = st.has_checksum.then_some(st.checksum);
+            let checksum = st.flags.has_checksum().then_some(st.checksum);
             (Lookup::Found { descriptors, checksum, size: st.size }, near_expiry)
         };
         if entry.group().is_some() {
@@ -172,7 +172,7 @@ impl MasterService {
         let leased = st.leased(now);
         Ok(ObjectStat {
             size: st.size,
-            checksum: st.has_checksum.then_some(st.checksum),
+            checksum: st.flags.has_checksum().then_some(st.checksum),
             replicas: st.replicas.iter().filter_map(Replica::descriptor).collect(),
             lease_remaining_ms: if leased { st.lease.0 - now.0 } else { 0 },
             lease_readers: if leased { u32::from(st.readers) } else { 0 },

@@ -1,7 +1,7 @@
 //! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex; key counts.
 
 use super::MasterService;
-use crate::metadata::{Lifecycle, ObjectEntry, TenantState};
+use crate::metadata::{Lifecycle, ObjectEntry, TenantState, Tier};
 use crescent_proto::{ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -18,7 +18,10 @@ fn removal_check(
     if !force && st.leased(now) {
         return Err(ErrorCode::ObjectHasLease);
     }
-    if st.pending.is_some() || st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing) {
+    // A copy to a disk tier under way does not block: the removal wins, the copy's late report finds nothing,
+    // and its range stays held past the copy's deadline.
+    if st.pending.is_some() || st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.tier != Tier::Disk)
+    {
         return Err(ErrorCode::ReplicaIsNotReady);
     }
     if st.replicas.iter().any(|r| r.refcnt > 0) {

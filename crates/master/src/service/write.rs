@@ -4,8 +4,8 @@ use super::{Handout, MasterService, OpCounter};
 use crate::clock::Timestamp;
 use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
-    GroupEntry, Lifecycle, ObjectEntry, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest, TenantState,
-    Tier, route_hash,
+    GroupEntry, Lifecycle, ObjectEntry, ObjectFlags, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest,
+    TenantState, Tier, route_hash,
 };
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
@@ -303,7 +303,8 @@ impl MasterService {
         }
         // Another size, or a reader still holding a lease (it may be reading these very buffers): write into
         // new buffers; the old ones are kept until the lease ends.
-        if st.size != spec.size || st.leased(now) {
+        // A disk replica (or a copy to one under way) is never written by a client: new buffers too.
+        if st.size != spec.size || st.leased(now) || st.replicas.iter().any(|r| r.tier == Tier::Disk) {
             let hard_pinned = st.hard_pinned;
             drop(st);
             self.discard(discarded);
@@ -520,6 +521,7 @@ impl MasterService {
             }
             let room = self.room_for(req);
             let tier = Tier::of(req.kind);
+            let offloader = self.offloader().filter(|_| tier == Tier::Memory);
             let round = crate::eviction::make_room(
                 &self.tenants.all(),
                 tier,
@@ -527,7 +529,10 @@ impl MasterService {
                 self.clock.now(),
                 self.config.allow_evict_soft_pinned,
                 self.config.census_chunk,
-                self.eviction_log(),
+                crate::eviction::Outlets {
+                    oplog: self.eviction_log(),
+                    offload: offloader.as_ref().map(|o| o as &dyn crate::eviction::Offload),
+                },
             );
             self.record_eviction(tier, &round.report);
             // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
@@ -593,8 +598,11 @@ impl MasterService {
                 return Err(e);
             }
         };
+        let mut flags = ObjectFlags::default();
+        flags.set_no_offload(!spec.config.offload);
         let state = ObjectState {
             hard_pinned: spec.config.with_hard_pin,
+            flags,
             data_type: spec.config.data_type,
             pending: Some(Box::new(PendingWrite {
                 writer: client,
@@ -686,7 +694,8 @@ impl MasterService {
         st.replicas = replicas.into_iter().collect();
         st.size = spec.size;
         st.hard_pinned = hard_pinned || spec.config.with_hard_pin;
-        st.has_checksum = false;
+        st.flags.set_no_offload(!spec.config.offload);
+        st.flags.set_checksum(false);
         st.pending = Some(Box::new(PendingWrite {
             writer: client,
             started: now,
@@ -774,7 +783,7 @@ impl MasterService {
             SoftPinAction::Enable | SoftPinAction::Disable => st.soft_pin = Timestamp(0),
             SoftPinAction::Preserve => {}
         }
-        st.has_checksum = checksum.is_some();
+        st.flags.set_checksum(checksum.is_some());
         st.checksum = checksum.unwrap_or(0);
         // Settle: the charge becomes size × completed memory replicas; partial placements are refunded here.
         let settled = st.settled_charge();
