@@ -24,6 +24,7 @@
 
 mod checksum;
 mod client;
+pub mod disk;
 mod error;
 mod local;
 mod memory;
