@@ -3,13 +3,17 @@
 
 mod common;
 
+use bytes::Bytes;
 use common::{KIB, MIB, pattern};
-use crescent_proto::ErrorCode;
+use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::{ErrorCode, SegmentId};
 use crescent_testkit::eventually;
-use crescent_transfer::SegmentMemory;
 use crescent_transfer::disk::{
     AlignedBuf, BLOCK, BlockDevice, DATA_FILE, DeviceError, DiskConfig, DiskError, DiskSegment, FaultyDevice,
     FileDevice, MemoryDevice,
+};
+use crescent_transfer::{
+    SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferServer, TransferServerHandle,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -268,4 +272,125 @@ async fn dropping_a_disk_segment_stops_its_threads() {
     assert_eq!(Arc::strong_count(&device), 5);
     drop(disk);
     assert_eq!(Arc::strong_count(&device), 1, "an I/O thread outlived its segment");
+}
+
+/// A process hosting a disk segment (a real `O_DIRECT` file, faults injectable) behind a running transfer
+/// server with local lanes.
+struct DiskNode {
+    segments: SegmentRegistry,
+    segment: SegmentId,
+    disk: Arc<DiskSegment>,
+    device: Arc<FaultyDevice<FileDevice>>,
+    server: TransferServerHandle,
+    endpoint: String,
+    data: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+async fn disk_node(size: u64) -> DiskNode {
+    let dir = scratch();
+    let device = Arc::new(FaultyDevice::new(FileDevice::create(dir.path(), size).unwrap()));
+    let disk = Arc::new(DiskSegment::new(device.clone(), DiskConfig::default()).unwrap());
+    let data = fill(&disk, 21).await;
+    let segments = SegmentRegistry::new();
+    let segment = SegmentId::random();
+    segments.register_disk(segment, disk.clone());
+    let server = TransferServer::bind("127.0.0.1:0".parse().unwrap(), segments.clone()).unwrap();
+    let endpoint = server.local_addr().to_string();
+    let server = server.with_local_lanes(Some(endpoint.clone())).spawn().unwrap();
+    DiskNode { segments, segment, disk, device, server, endpoint, data, _dir: dir }
+}
+
+fn tcp_client() -> TransferClient {
+    TransferClient::new(TransferConfig { local_lanes: false, ..TransferConfig::default() }, SegmentRegistry::new())
+}
+
+/// A disk segment is read like a memory one: over TCP, over local lanes (large ranges `Locate`d: read into a
+/// buffer the node keeps, copied by the client itself), and by a client sharing the node's registry (which
+/// must not take the disk segment for memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_segment_is_read_over_tcp_and_local_lanes() {
+    let n = disk_node(8 * MIB as u64).await;
+    let local = TransferClient::new(TransferConfig::default(), SegmentRegistry::new());
+    let same_process = TransferClient::new(TransferConfig::default(), n.segments.clone());
+    let cases = [
+        (0u64, 1u64),
+        (5, 4096),
+        (4095, 70_000),
+        (12_345, 3 * MIB as u64),
+        (0, 8 * MIB as u64),
+        (8 * MIB as u64 - 1, 1),
+    ];
+    for (name, client) in [("tcp", tcp_client()), ("local", local), ("same process", same_process)] {
+        let before = n.server.stats();
+        for (offset, len) in cases {
+            let got = client
+                .read(&n.endpoint, n.segment, offset, len)
+                .await
+                .unwrap_or_else(|e| panic!("{name} {offset}+{len}: {e}"));
+            assert!(got[..] == n.data[offset as usize..(offset + len) as usize], "{name}: bytes of {offset}+{len}");
+        }
+        let after = n.server.stats();
+        let located = after.located - before.located;
+        assert_eq!(located > 0, name != "tcp", "{name}: large ranges located on local lanes only: {after:?}");
+        assert_eq!(after.disk_errors, 0);
+    }
+    assert!(n.disk.stats().reads > 0);
+}
+
+/// An injected disk error answers `FILE_READ_FAIL` on a live connection, which then serves a good read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_disk_answers_an_error_and_the_same_connection_serves_on() {
+    let n = disk_node(MIB as u64).await;
+    n.device.fail_reads_at(64 * KIB as u64..64 * KIB as u64 + 1);
+    let mut s = common::raw_connect(n.server.local_addr()).await;
+    let read = |offset, length| TransferRequest::Read { segment: n.segment, offset, length, grant: None };
+    common::send(&mut s, 1, &read(60 * KIB as u64, 8 * KIB as u64), &[]).await;
+    let (env, payload) = common::recv::<TransferResponse>(&mut s).await.unwrap();
+    assert_eq!((env.id, env.body, payload.len()), (1, TransferResponse::Error(ErrorCode::FileReadFail), 0));
+    let good = 128 * KIB + 100;
+    common::send(&mut s, 2, &read(good as u64, 200 * KIB as u64), &[]).await;
+    let (env, payload) = common::recv::<TransferResponse>(&mut s).await.unwrap();
+    assert_eq!((env.id, env.body), (2, TransferResponse::Data));
+    assert!(payload == n.data[good..good + 200 * KIB], "the good read after the failed one");
+    let stats = n.server.stats();
+    assert_eq!((stats.accepted, stats.open, stats.malformed, stats.disk_errors), (1, 1, 0, 1), "{stats:?}");
+    // The client sees the code (and its lane stays pooled).
+    let c = tcp_client();
+    let e = c.read(&n.endpoint, n.segment, 64 * KIB as u64, 10).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::FileReadFail, "{e}");
+    assert!(c.read(&n.endpoint, n.segment, 0, 10).await.unwrap()[..] == n.data[..10]);
+    assert_eq!(n.server.stats().disk_errors, 2);
+    // A Locate of a failing range answers the code too.
+    let local = TransferClient::new(TransferConfig::default(), SegmentRegistry::new());
+    let e = local.read(&n.endpoint, n.segment, 0, 512 * KIB as u64).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::FileReadFail, "{e}");
+    n.device.heal();
+    assert!(local.read(&n.endpoint, n.segment, 0, 512 * KIB as u64).await.unwrap()[..] == n.data[..512 * KIB]);
+}
+
+/// Only the node writes its disk: a WRITE (its payload skipped, the connection kept) or a write-`Locate` of a
+/// disk segment is refused with `INVALID_PARAMS`, and the disk is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_disk_segment_are_refused() {
+    let n = disk_node(2 * MIB as u64).await;
+    let mut s = common::raw_connect(n.server.local_addr()).await;
+    let write = TransferRequest::Write { segment: n.segment, offset: 0, grant: None };
+    common::send(&mut s, 1, &write, &[7; 10_000]).await;
+    let (env, _) = common::recv::<TransferResponse>(&mut s).await.unwrap();
+    assert_eq!((env.id, env.body), (1, TransferResponse::Error(ErrorCode::InvalidParams)));
+    let read = TransferRequest::Read { segment: n.segment, offset: 0, length: 10_000, grant: None };
+    common::send(&mut s, 2, &read, &[]).await;
+    let (env, payload) = common::recv::<TransferResponse>(&mut s).await.unwrap();
+    assert_eq!((env.id, env.body), (2, TransferResponse::Data));
+    assert!(payload == n.data[..10_000]);
+    let local = TransferClient::new(TransferConfig::default(), SegmentRegistry::new());
+    for (name, client) in [("tcp", tcp_client()), ("local", local)] {
+        for len in [100, MIB] {
+            let e = client.write(&n.endpoint, n.segment, 0, Bytes::from(vec![9; len])).await.unwrap_err();
+            assert_eq!(e.code(), ErrorCode::InvalidParams, "{name}, {len} B: {e}");
+        }
+    }
+    assert!(*n.disk.read(0, 2 * MIB).await.unwrap() == n.data[..], "a refused write changed the disk");
+    assert_eq!(n.server.stats().located, 0, "no disk range located for writing");
 }
