@@ -68,7 +68,10 @@ async fn check_reads(disk: &DiskSegment, data: &[u8], what: &str) {
 async fn disk_segments_round_trip_every_shape_of_range() {
     let dir = scratch();
     let file = FileDevice::create(dir.path(), 8 * MIB as u64).unwrap();
-    let devices: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemoryDevice::new(8 * MIB as u64).unwrap()), Arc::new(file)];
+    let buffered = FileDevice::create_buffered(&dir.path().join("buffered"), 8 * MIB as u64).unwrap();
+    assert!(!buffered.is_direct() && buffered.describe().starts_with("buffered file "), "{}", buffered.describe());
+    let devices: Vec<Arc<dyn BlockDevice>> =
+        vec![Arc::new(MemoryDevice::new(8 * MIB as u64).unwrap()), Arc::new(file), Arc::new(buffered)];
     for device in devices {
         let what = device.describe();
         let disk = DiskSegment::new(device, DiskConfig::default()).unwrap();
@@ -78,6 +81,11 @@ async fn disk_segments_round_trip_every_shape_of_range() {
         // A short write pads its last block with zeros.
         disk.write(MIB as u64, AlignedBuf::copy_from(b"short").unwrap()).await.unwrap();
         assert_eq!(&*disk.read(MIB as u64, BLOCK).await.unwrap(), &[b"short".as_slice(), &[0; BLOCK - 5]].concat()[..]);
+        // A buffer read from is reused by the next read it fits (no fresh pages to fault in each time).
+        let first = disk.read(2 * MIB as u64, MIB).await.unwrap().as_ptr();
+        let again = disk.read((2 * MIB + BLOCK) as u64, MIB - 10).await.unwrap();
+        assert_eq!(again.as_ptr(), first, "{what}: the buffer was not reused");
+        assert!(*again == data[2 * MIB + BLOCK..3 * MIB + BLOCK - 10], "{what}");
         let stats = disk.stats();
         assert!(stats.writes > 0 && stats.reads >= 45 && stats.errors == 0, "{what}: {stats:?}");
         assert_eq!(stats.write_bytes, 8 * MIB as u64 + BLOCK as u64, "{what}: whole blocks written");

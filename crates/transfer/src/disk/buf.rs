@@ -19,8 +19,8 @@ pub(crate) fn round_up(n: u64) -> Option<u64> {
 }
 
 /// A zero-initialised heap buffer aligned to [`BLOCK`] bytes: a logical length (what [`AlignedBuf::as_slice`]
-/// shows) inside a capacity rounded up to a whole number of blocks (what the device transfers). The bytes past
-/// the logical length are padding.
+/// shows), padded to a whole number of blocks (what a device transfers: [`AlignedBuf::padded`]), inside a
+/// capacity of whole blocks (at least the padded length; more for a buffer reused for a shorter range).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -64,9 +64,26 @@ impl AlignedBuf {
         self.len == 0
     }
 
-    /// The allocation's size: the logical length rounded up to a whole block (at least one).
+    /// The allocation's size: whole blocks, at least one, at least the padded length.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// The logical length rounded up to a whole block (the length of [`AlignedBuf::padded`]).
+    pub fn padded_len(&self) -> usize {
+        // Cannot overflow: at most `capacity`, itself a whole number of blocks.
+        self.len.div_ceil(BLOCK) * BLOCK
+    }
+
+    /// This buffer with logical length `len`, if its capacity holds `len` padded to a block (else it is given
+    /// back). The bytes are whatever the buffer held: for a buffer about to be filled whole by a device read.
+    pub(crate) fn reuse(mut self, len: usize) -> Result<AlignedBuf, AlignedBuf> {
+        if len.div_ceil(BLOCK).checked_mul(BLOCK).is_some_and(|padded| padded <= self.capacity) {
+            self.len = len;
+            Ok(self)
+        } else {
+            Err(self)
+        }
     }
 
     /// The logical bytes.
@@ -80,17 +97,18 @@ impl AlignedBuf {
         &mut self.padded_mut()[..len]
     }
 
-    /// All `capacity` bytes, padding included (what a block device transfers).
+    /// The logical bytes and their padding to a whole block (what a block device transfers).
     pub fn padded(&self) -> &[u8] {
         // SAFETY: `ptr` points to an initialised (zeroed at allocation) block of `capacity` bytes owned by
-        // `self`; the shared borrow of `self` keeps it alive and unmutated for the slice's life.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.capacity) }
+        // `self`, and `padded_len() <= capacity`; the shared borrow of `self` keeps it alive and unmutated for
+        // the slice's life.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.padded_len()) }
     }
 
-    /// All `capacity` bytes, writable.
+    /// The logical bytes and their padding, writable.
     pub fn padded_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `padded`; the exclusive borrow of `self` makes this the only reference to the bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.padded_len()) }
     }
 
     /// Zeroes the padding (whatever a read left there), so a write of this buffer writes zeros past its data.
@@ -127,6 +145,7 @@ mod tests {
             assert_eq!(buf.len(), len);
             assert_eq!(buf.capacity() % BLOCK, 0, "{len}");
             assert!(buf.capacity() >= len.max(1) && buf.capacity() < len + BLOCK + 1, "{len}: {}", buf.capacity());
+            assert_eq!(buf.padded().len(), len.div_ceil(BLOCK) * BLOCK, "{len}");
             assert!(buf.padded().iter().all(|&b| b == 0), "{len}: zeroed");
             buf.as_mut_slice().fill(7);
             assert!(buf.as_slice().iter().all(|&b| b == 7));
@@ -145,6 +164,17 @@ mod tests {
         assert_eq!(buf.capacity(), 3 * BLOCK);
         assert_eq!(AlignedBuf::zeroed(usize::MAX).unwrap_err().kind(), io::ErrorKind::OutOfMemory);
         assert_eq!(AlignedBuf::zeroed(isize::MAX as usize).unwrap_err().kind(), io::ErrorKind::OutOfMemory);
+    }
+
+    #[test]
+    fn a_buffer_is_reused_for_a_range_its_capacity_holds() {
+        let buf = AlignedBuf::zeroed(3 * BLOCK).unwrap();
+        let buf = buf.reuse(BLOCK + 1).unwrap();
+        assert_eq!((buf.len(), buf.padded_len(), buf.capacity()), (BLOCK + 1, 2 * BLOCK, 3 * BLOCK));
+        let buf = buf.reuse(3 * BLOCK).unwrap();
+        assert_eq!(buf.padded().len(), 3 * BLOCK);
+        let buf = buf.reuse(3 * BLOCK + 1).unwrap_err();
+        assert!(buf.reuse(usize::MAX).is_err());
     }
 
     #[test]

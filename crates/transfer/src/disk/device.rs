@@ -76,6 +76,16 @@ impl FileDevice {
     /// lock on it (two nodes cannot share a directory). Falls back to buffered I/O, with a warning, where the
     /// filesystem refuses `O_DIRECT` (see [`FileDevice::is_direct`]).
     pub fn create(dir: &Path, size: u64) -> Result<FileDevice, DeviceError> {
+        Self::create_with(dir, size, true)
+    }
+
+    /// [`FileDevice::create`] with buffered I/O (through the page cache) whatever the filesystem supports: to
+    /// compare with `O_DIRECT`, or where a cache of the disk's bytes in memory is wanted.
+    pub fn create_buffered(dir: &Path, size: u64) -> Result<FileDevice, DeviceError> {
+        Self::create_with(dir, size, false)
+    }
+
+    fn create_with(dir: &Path, size: u64, direct: bool) -> Result<FileDevice, DeviceError> {
         if size == 0 || !size.is_multiple_of(BLOCK as u64) {
             return Err(DeviceError::BadSize(size));
         }
@@ -101,14 +111,15 @@ impl FileDevice {
             Err(rustix::io::Errno::OPNOTSUPP) => lock.set_len(size).map_err(in_dir(&path))?,
             Err(e) => return Err(DeviceError::Dir { path, source: e.into() }),
         }
-        let (io, direct) = match Self::open_direct(&path) {
-            Ok(file) => (file, true),
-            Err(e) if direct_refused(&e) => {
+        let buffered = || OpenOptions::new().read(true).write(true).open(&path).map_err(in_dir(&path));
+        let (io, direct) = match direct.then(|| Self::open_direct(&path)) {
+            None => (buffered()?, false),
+            Some(Ok(file)) => (file, true),
+            Some(Err(e)) if direct_refused(&e) => {
                 tracing::warn!(path = %path.display(), "the filesystem refuses O_DIRECT: disk I/O goes through the page cache");
-                let file = OpenOptions::new().read(true).write(true).open(&path).map_err(in_dir(&path))?;
-                (file, false)
+                (buffered()?, false)
             }
-            Err(e) => return Err(DeviceError::Dir { path, source: e }),
+            Some(Err(e)) => return Err(DeviceError::Dir { path, source: e }),
         };
         Ok(FileDevice { io, _lock: lock, path, size, direct })
     }

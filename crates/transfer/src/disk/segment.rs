@@ -89,9 +89,12 @@ impl From<TransferError> for DiskError {
     }
 }
 
-/// Bytes read from a disk segment: exactly the range asked for, inside the block-aligned buffer read.
+/// Bytes read from a disk segment: exactly the range asked for, inside the block-aligned buffer read (given
+/// back to the segment for its next reads when dropped).
 pub struct DiskBytes {
-    buf: AlignedBuf,
+    /// `None` only while dropping.
+    buf: Option<AlignedBuf>,
+    pool: Arc<Pool>,
     start: usize,
     len: usize,
 }
@@ -99,7 +102,63 @@ pub struct DiskBytes {
 impl Deref for DiskBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf.padded()[self.start..self.start + self.len]
+        match &self.buf {
+            Some(buf) => &buf.padded()[self.start..self.start + self.len],
+            None => &[],
+        }
+    }
+}
+
+impl Drop for DiskBytes {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.give(buf);
+        }
+    }
+}
+
+/// Buffers no longer read from, kept for the next reads: a new buffer is new pages, which the kernel faults in
+/// as the device fills them (measured with `O_DIRECT`: a new 1 MiB buffer per read cut a one-at-a-time
+/// reader's throughput by about 45 %).
+#[derive(Debug, Default)]
+struct Pool {
+    /// The buffers, and their total capacity.
+    free: Mutex<(Vec<AlignedBuf>, usize)>,
+}
+
+/// Most bytes a segment keeps in buffers for reuse.
+const POOL_BYTES: usize = 32 << 20;
+
+impl Pool {
+    /// A buffer of logical length `len`: the last kept one whose capacity holds it (and is not more than twice
+    /// what it needs; the last, as the likeliest still in cache), else a new one. Its bytes are stale: only for a device read that fills it.
+    fn take(&self, len: usize) -> io::Result<AlignedBuf> {
+        let need = round_up(len as u64).and_then(|n| usize::try_from(n).ok()).unwrap_or(usize::MAX).max(BLOCK);
+        let kept = {
+            let mut free = self.free.lock();
+            let fits = free.0.iter().rposition(|b| b.capacity() >= need && b.capacity() / 2 <= need);
+            fits.map(|i| {
+                let buf = free.0.swap_remove(i);
+                free.1 -= buf.capacity();
+                buf
+            })
+        };
+        match kept.map(|buf| buf.reuse(len)) {
+            Some(Ok(buf)) => Ok(buf),
+            _ => AlignedBuf::zeroed(len),
+        }
+    }
+
+    /// Keeps `buf` for reuse, unless the pool is full (then it is freed, outside the lock).
+    fn give(&self, buf: AlignedBuf) {
+        let mut free = self.free.lock();
+        if free.1 + buf.capacity() <= POOL_BYTES {
+            free.1 += buf.capacity();
+            free.0.push(buf);
+        } else {
+            drop(free);
+            drop(buf);
+        }
     }
 }
 
@@ -174,6 +233,7 @@ pub struct DiskSegment {
     threads: Vec<JoinHandle<()>>,
     slots: Arc<Semaphore>,
     counters: Arc<Counters>,
+    pool: Arc<Pool>,
     config: DiskConfig,
     size: u64,
 }
@@ -203,6 +263,7 @@ impl DiskSegment {
             threads: Vec::with_capacity(config.io_threads),
             slots: Arc::new(Semaphore::new(config.queue_depth)),
             counters: counters.clone(),
+            pool: Arc::default(),
             config,
             size,
         };
@@ -255,17 +316,18 @@ impl DiskSegment {
     /// The `len` bytes at `offset` (any alignment: the covering blocks are read).
     pub async fn read(&self, offset: u64, len: usize) -> Result<DiskBytes, DiskError> {
         let end = self.check(offset, len as u64)?;
+        let pool = self.pool.clone();
         if len == 0 {
             let buf = AlignedBuf::zeroed(0).map_err(|e| DiskError::io("read", &e))?;
-            return Ok(DiskBytes { buf, start: 0, len: 0 });
+            return Ok(DiskBytes { buf: Some(buf), pool, start: 0, len: 0 });
         }
         let first = offset & !(BLOCK as u64 - 1);
         // Within the segment: its size is a whole number of blocks.
         let last = round_up(end).ok_or(DiskError::OutOfRange)?;
         let span = usize::try_from(last - first).map_err(|_| DiskError::OutOfRange)?;
-        let buf = AlignedBuf::zeroed(span).map_err(|e| DiskError::io("read", &e))?;
+        let buf = self.pool.take(span).map_err(|e| DiskError::io("read", &e))?;
         let buf = self.submit(false, first, buf).await?;
-        Ok(DiskBytes { buf, start: (offset - first) as usize, len })
+        Ok(DiskBytes { buf: Some(buf), pool, start: (offset - first) as usize, len })
     }
 
     /// Writes `data` at `offset` (a multiple of 4096), followed by zeros to the end of its last block.
@@ -273,9 +335,11 @@ impl DiskSegment {
         if !offset.is_multiple_of(BLOCK as u64) {
             return Err(DiskError::Unaligned(offset));
         }
-        self.check(offset, data.capacity() as u64)?;
+        self.check(offset, data.padded_len() as u64)?;
         data.zero_padding();
-        self.submit(true, offset, data).await.map(drop)
+        let data = self.submit(true, offset, data).await?;
+        self.pool.give(data);
+        Ok(())
     }
 
     /// Copies `len` bytes of `src` at `src_offset` to the disk at `dst_offset` (a multiple of 4096); returns
@@ -291,10 +355,10 @@ impl DiskSegment {
             return Err(DiskError::Unaligned(dst_offset));
         }
         self.check(dst_offset, len)?;
-        let buf = {
-            let lease = src.lease(src_offset, len)?;
-            AlignedBuf::copy_from(&lease).map_err(|e| DiskError::io("write", &e))?
-        };
+        let len = usize::try_from(len).map_err(|_| DiskError::OutOfRange)?;
+        let mut buf = self.pool.take(len).map_err(|e| DiskError::io("write", &e))?;
+        // Every logical byte is overwritten here, and `write` zeroes the padding.
+        buf.as_mut_slice().copy_from_slice(&src.lease(src_offset, len as u64)?);
         let crc = crc32c::crc32c(buf.as_slice());
         self.write(dst_offset, buf).await?;
         Ok(crc)
@@ -333,7 +397,7 @@ impl DiskSegment {
         match result {
             Ok(()) => Ok(buf),
             Err(e) => {
-                tracing::warn!(op, offset, len = buf.capacity(), device = %self.device.describe(), error = %e, "disk i/o failed");
+                tracing::warn!(op, offset, len = buf.padded_len(), device = %self.device.describe(), error = %e, "disk i/o failed");
                 Err(DiskError::io(op, &e))
             }
         }
@@ -353,7 +417,7 @@ fn io_thread(jobs: &Mutex<mpsc::Receiver<Job>>, device: &dyn BlockDevice, counte
         ops.fetch_add(1, Ordering::Relaxed);
         match result {
             Ok(()) => {
-                bytes.fetch_add(buf.capacity() as u64, Ordering::Relaxed);
+                bytes.fetch_add(buf.padded_len() as u64, Ordering::Relaxed);
             }
             Err(_) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
