@@ -24,6 +24,7 @@
 
 mod checksum;
 mod client;
+pub mod disk;
 mod error;
 mod local;
 mod memory;
@@ -33,6 +34,7 @@ mod server;
 mod vm;
 
 pub use client::{BatchRead, BatchWrite, Place, RangeGrant, Tickets, TransferClient, TransferConfig};
+pub use disk::{DiskConfig, DiskError, DiskSegment};
 pub use error::TransferError;
 pub use local::local_lane_address;
 pub use memory::{SegmentMemory, SegmentMut, SegmentRef};

@@ -25,8 +25,17 @@
 //! range checked and held as for a transfer, and its address answered for the client to copy itself (`vm`),
 //! until the client's `Release`, which is answered once they are released (at most [`MAX_PINS`] ranges at once
 //! per connection).
+//!
+//! A disk segment (`SegmentRegistry::register_disk`) is served for reads only: a READ's bytes are read from the
+//! disk by its own I/O threads (awaited, under the same grant check, `MAX_TRANSFER` and I/O timeout as a memory
+//! read) and sent as the reply; a local lane's `Locate` of a disk range reads it into a buffer the connection
+//! keeps until `Release` and answers that buffer's address (at most [`MAX_STAGED`] bytes so kept per
+//! connection). A disk that fails answers `FILE_READ_FAIL` (the connection stays; counted in
+//! [`ServerStats::disk_errors`]). A WRITE or write-`Locate` of a disk segment is refused with `INVALID_PARAMS`:
+//! only the node itself writes its disk.
 
 use crate::MAX_TRANSFER;
+use crate::disk::{DiskBytes, DiskSegment};
 use crate::local;
 use crate::memory::{SegmentMemory, SegmentPin};
 use crate::net::{self, READ_BUFFER};
@@ -66,6 +75,9 @@ const REPLY_TAIL: usize = 4 << 10;
 /// Most ranges one local lane may hold located at once (a pipelined run's worth, see `client::batch`).
 pub(crate) const MAX_PINS: usize = 256;
 
+/// Most bytes of disk segments one local lane may hold read for its peer's copies (`Locate`) at once.
+pub const MAX_STAGED: u64 = 2 * MAX_TRANSFER;
+
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;
 
@@ -80,6 +92,7 @@ struct Counters {
     auth_failures: AuthFailures,
     grants_checked: AtomicU64,
     grant_refusals: AtomicU64,
+    disk_errors: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -108,6 +121,8 @@ pub struct ServerStats {
     /// Transfers refused for want of a valid grant covering them (missing, forged, expired, out of range, or
     /// another bearer's).
     pub grant_refusals: u64,
+    /// Reads of a disk segment the disk failed (answered `FILE_READ_FAIL`, the connection kept).
+    pub disk_errors: u64,
 }
 
 /// A bound, not yet running, transfer server.
@@ -276,6 +291,7 @@ impl TransferServerHandle {
             auth_failures: self.counters.auth_failures.total(),
             grants_checked: self.counters.grants_checked.load(Ordering::Relaxed),
             grant_refusals: self.counters.grant_refusals.load(Ordering::Relaxed),
+            disk_errors: self.counters.disk_errors.load(Ordering::Relaxed),
         }
     }
 
@@ -414,6 +430,10 @@ struct Connection {
     local: bool,
     /// The ranges `Locate`d and not yet released: held, and kept mapped, while the peer copies.
     pins: Vec<SegmentPin>,
+    /// The disk ranges `Locate`d and not yet released: read into buffers kept while the peer copies.
+    staged: Vec<DiskBytes>,
+    /// Bytes in `staged` (at most [`MAX_STAGED`]).
+    staged_bytes: u64,
 }
 
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
@@ -455,6 +475,8 @@ impl Connection {
             grants: HeldGrants::default(),
             local,
             pins: Vec::new(),
+            staged: Vec::new(),
+            staged_bytes: 0,
         }
     }
 
@@ -575,16 +597,10 @@ impl Connection {
                 if shape.payload_len == 0 && self.local =>
             {
                 let op = if write { GrantOp::Write } else { GrantOp::Read };
-                let located = self.check_grant(op, &segment, grant, offset, length).and_then(|()| {
-                    if self.pins.len() >= MAX_PINS || length > MAX_TRANSFER {
-                        return Err(ErrorCode::InvalidParams);
-                    }
-                    let pin = self.segment(&segment)?.pin(offset, length, write).map_err(|e| e.code())?;
-                    let addr = pin.addr();
-                    self.pins.push(pin);
-                    self.counters.located.fetch_add(1, Ordering::Relaxed);
-                    Ok(addr)
-                });
+                let located = match self.check_grant(op, &segment, grant, offset, length) {
+                    Ok(()) => self.locate(segment, offset, length, write).await,
+                    Err(code) => Err(code),
+                };
                 match located {
                     Ok(addr) => self.queue(id, &TransferResponse::Located(addr))?,
                     Err(code) => self.queue(id, &TransferResponse::Error(code))?,
@@ -592,6 +608,8 @@ impl Connection {
             }
             TransferRequest::Release if shape.payload_len == 0 => {
                 self.pins.clear();
+                self.staged.clear();
+                self.staged_bytes = 0;
                 self.queue(id, &TransferResponse::Released)?;
             }
             TransferRequest::Read { .. } | TransferRequest::Locate { .. } | TransferRequest::Release => {
@@ -626,8 +644,54 @@ impl Connection {
         })
     }
 
+    /// The memory segment `segment`; for a disk segment, `INVALID_PARAMS` (what a transfer asks of memory
+    /// only, a disk segment cannot do), else `SEGMENT_NOT_FOUND`.
     fn segment(&self, segment: &SegmentId) -> Result<Arc<SegmentMemory>, ErrorCode> {
-        self.segments.get(segment).ok_or(ErrorCode::SegmentNotFound)
+        match self.segments.get(segment) {
+            Some(mem) => Ok(mem),
+            None if self.segments.disk(segment).is_some() => Err(ErrorCode::InvalidParams),
+            None => Err(ErrorCode::SegmentNotFound),
+        }
+    }
+
+    /// Holds a range for the peer's own copy and answers its address: a memory range pinned in place, a disk
+    /// range (for reading only) read into a buffer kept until `Release`.
+    async fn locate(&mut self, segment: SegmentId, offset: u64, length: u64, write: bool) -> Result<u64, ErrorCode> {
+        if self.pins.len() + self.staged.len() >= MAX_PINS || length > MAX_TRANSFER {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let addr = match self.segments.disk(&segment) {
+            Some(disk) => {
+                if write || self.staged_bytes + length > MAX_STAGED {
+                    return Err(ErrorCode::InvalidParams);
+                }
+                let bytes = self.read_disk(&disk, offset, length).await?;
+                let addr = bytes.as_ptr() as u64;
+                self.staged_bytes += length;
+                self.staged.push(bytes);
+                addr
+            }
+            None => {
+                let pin = self.segment(&segment)?.pin(offset, length, write).map_err(|e| e.code())?;
+                let addr = pin.addr();
+                self.pins.push(pin);
+                addr
+            }
+        };
+        self.counters.located.fetch_add(1, Ordering::Relaxed);
+        Ok(addr)
+    }
+
+    /// `length` bytes of `disk` at `offset`, from its I/O threads; a failing disk is counted and logged.
+    async fn read_disk(&self, disk: &DiskSegment, offset: u64, length: u64) -> Result<DiskBytes, ErrorCode> {
+        let len = usize::try_from(length).map_err(|_| ErrorCode::InvalidParams)?;
+        disk.read(offset, len).await.map_err(|e| {
+            if e.is_device() {
+                self.counters.disk_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = ?self.peer, offset, length, error = %e, "disk read failed");
+            }
+            e.code()
+        })
     }
 
     async fn write(&mut self, id: u64, segment: SegmentId, offset: u64, len: usize) -> Result<(), Close> {
@@ -653,9 +717,9 @@ impl Connection {
     }
 
     async fn read(&mut self, id: u64, segment: SegmentId, offset: u64, length: u64) -> Result<(), Close> {
-        let mem = match self.segment(&segment) {
-            Ok(mem) => mem,
-            Err(code) => return self.queue(id, &TransferResponse::Error(code)),
+        let mem = match self.segments.get(&segment) {
+            Some(mem) => mem,
+            None => return self.read_from_disk(id, segment, offset, length).await,
         };
         if length > MAX_TRANSFER {
             return self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams));
@@ -696,6 +760,30 @@ impl Connection {
         }
         self.out.extend_from_slice(tail);
         drop(src);
+        Ok(())
+    }
+
+    /// A READ of a disk segment: the bytes are read by the disk's threads, then sent (a copy: no lease to end).
+    async fn read_from_disk(&mut self, id: u64, segment: SegmentId, offset: u64, length: u64) -> Result<(), Close> {
+        let Some(disk) = self.segments.disk(&segment) else {
+            return self.queue(id, &TransferResponse::Error(ErrorCode::SegmentNotFound));
+        };
+        if length > MAX_TRANSFER {
+            return self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams));
+        }
+        let bytes = match self.read_disk(&disk, offset, length).await {
+            Ok(bytes) => bytes,
+            Err(code) => return self.queue(id, &TransferResponse::Error(code)),
+        };
+        let head =
+            Head::encode(id, &TransferResponse::Data, bytes.len()).map_err(|e| Close::Io(io::Error::other(e)))?;
+        self.out.extend_from_slice(head.as_bytes());
+        if bytes.len() <= REPLY_TAIL {
+            self.out.extend_from_slice(&bytes);
+        } else {
+            frames::write_all_vectored(self.io.get_mut(), &mut [IoSlice::new(&self.out), IoSlice::new(&bytes)]).await?;
+            self.out.clear();
+        }
         Ok(())
     }
 
