@@ -38,6 +38,8 @@ threads = 3
 max_connections = 1000
 frame_timeout_ms = 20000
 local_lanes = false
+ssd_dir = "/mnt/nvme0/crescent"
+ssd_size = "100GiB"
 [client]
 replicas = 2
 stripe_size = "1MiB"
@@ -146,6 +148,10 @@ pub struct NodeSection {
     /// Serve clients on this host over a Unix socket too, their payloads spared the TCP stack (default true;
     /// never beside TLS).
     pub local_lanes: Option<bool>,
+    /// The disk tier's directory (on the node's SSD); with `ssd_size`. Default: no disk tier.
+    pub ssd_dir: Option<std::path::PathBuf>,
+    /// Bytes of the disk tier (e.g. "100GiB").
+    pub ssd_size: Option<String>,
 }
 
 /// Settings of client commands.

@@ -197,6 +197,17 @@ pub struct SegmentArgs {
     /// Host id for local-first placement.
     #[arg(long, help = dflt("Host id for local-first placement", "the advertised IP"))]
     host_id: Option<String>,
+    /// A disk tier on this directory (its SSD): memory evictions are kept there.
+    #[arg(
+        long,
+        value_name = "DIR",
+        help = "Keep evicted objects on this directory's disk (a disk tier: one file, crescent-ssd.data, wiped at \
+                start, read and written with direct I/O); needs --ssd-size. Default: no disk tier"
+    )]
+    ssd_dir: Option<std::path::PathBuf>,
+    /// Bytes of the disk tier.
+    #[arg(long, value_name = "SIZE", help = "Bytes of the disk tier (e.g. 100GiB; whole 4 KiB blocks)")]
+    ssd_size: Option<String>,
 }
 
 /// Node flags (each also settable under `[node]`).
@@ -419,6 +430,7 @@ fn node_config(
     c.memfd = g.memfd.or(n.memfd).unwrap_or(DEFAULT_MEMFD);
     c.prefault = g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT);
     c.host_id = g.host_id.clone().or_else(|| n.host_id.clone());
+    c.disk = disk_settings(g, n)?;
     c.local_lanes = n.local_lanes.unwrap_or(true);
     // No per-connection polling (see `TransferServer::with_poll_window`): the node's runtime polls all its
     // connections at once before it sleeps (`[node] poll_us`, installed with the runtime).
@@ -443,11 +455,30 @@ fn node_config(
     Ok(c)
 }
 
+/// The disk tier of `--ssd-dir`/`--ssd-size` (or `[node] ssd_dir`/`ssd_size`): both or neither.
+fn disk_settings(g: &SegmentArgs, n: &crate::config::NodeSection) -> Result<Option<crescent_node::DiskSettings>> {
+    let dir = g.ssd_dir.clone().or_else(|| n.ssd_dir.clone());
+    let size = g.ssd_size.as_deref().or(n.ssd_size.as_deref());
+    match (dir, size) {
+        (None, None) => Ok(None),
+        (Some(_), None) => bail!("--ssd-dir needs --ssd-size (the bytes the disk tier may take, e.g. 100GiB)"),
+        (None, Some(_)) => bail!("--ssd-size needs --ssd-dir (the directory on the SSD that holds the tier)"),
+        (Some(dir), Some(size)) => {
+            let bytes = crate::parse_size(size).map_err(|e| anyhow!(e))?;
+            let block = crescent_proto::DISK_BLOCK;
+            if bytes < block {
+                bail!("--ssd-size {size} is less than one {block}-byte block");
+            }
+            Ok(Some(crescent_node::DiskSettings { dir, size: bytes / block * block }))
+        }
+    }
+}
+
 /// One start-up line with a node's effective settings.
 fn log_node_config(c: &NodeConfig) {
     tracing::info!(
         "node starting: master {}, listen {}, advertise {}, {} × {} segment{}, memfd {}, prefault {}, host {}, \
-         at most {} connections, frame timeout {:?}",
+         at most {} connections, frame timeout {:?}, disk tier {}",
         c.master,
         c.listen,
         c.advertise.as_deref().unwrap_or("(auto)"),
@@ -459,6 +490,11 @@ fn log_node_config(c: &NodeConfig) {
         c.host_id.as_deref().unwrap_or("(advertised IP)"),
         crescent_net::accept::fitting_cap(c.max_connections),
         c.frame_timeout,
+        c.disk.as_ref().map_or("none".to_owned(), |d| format!(
+            "{} in {}",
+            crate::ops::fmt_bytes(d.size),
+            d.dir.display()
+        )),
     );
 }
 

@@ -166,6 +166,12 @@ fn a_copy_that_failed_or_does_not_match_leaves_the_object_in_memory() {
     }
     let m = n.svc.disk_tier().metrics();
     assert_eq!(m.offloads_failed.load(std::sync::atomic::Ordering::Relaxed), 2);
+    // Two failures are not a failing disk: the next eviction tries again; a third in a row is.
+    let report = n.evict_all();
+    assert_eq!((report.offloading, report.objects), (2, 0));
+    let tasks = n.poll(vec![]);
+    let failed = tasks.iter().map(|t| DiskTaskResult { id: t.id, outcome: Err(ErrorCode::FileWriteFail) }).collect();
+    assert!(n.poll(failed).is_empty());
     // A failing disk is avoided for a while: the next eviction drops the objects.
     let report = n.evict_all();
     assert_eq!((report.offloading, report.objects), (0, 2));

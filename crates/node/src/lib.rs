@@ -2,7 +2,12 @@
 //! second, remounts by itself when the master answers `NEED_REMOUNT` (e.g. after a master restart, or after a
 //! failover: with an `etcd://` master address the node's master connection follows the cluster's leader, and
 //! the new leader, which has not heard from the node, answers its next ping `NEED_REMOUNT`), and unmounts on
-//! shutdown.
+//! shutdown. With a disk tier (`NodeConfig::disk`) it also hosts a disk segment and makes the copies the master
+//! asks for (module `disk`).
+
+mod disk;
+
+pub use disk::{DiskDevice, DiskSettings};
 
 use crescent_client::ClientError;
 use crescent_client::master::MasterConnection;
@@ -65,6 +70,10 @@ pub struct NodeConfig {
     /// Serve clients on this host over a Unix socket too (`TransferServer::with_local_lanes`; not with TLS).
     /// Default: on.
     pub local_lanes: bool,
+    /// A disk tier on the node's local SSD (evicted objects kept there); `None`: memory only.
+    pub disk: Option<DiskSettings>,
+    /// The disk tier's device when not the file in `disk.dir` (tests: an in-memory or fault-injecting device).
+    pub disk_device: Option<DiskDevice>,
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -104,6 +113,8 @@ impl NodeConfig {
             keys: None,
             tls: Tls::default(),
             local_lanes: true,
+            disk: None,
+            disk_device: None,
         }
     }
 }
@@ -118,6 +129,8 @@ pub struct StorageNode {
     server: Option<TransferServerHandle>,
     stop: watch::Sender<bool>,
     pinger: Option<tokio::task::JoinHandle<()>>,
+    /// The disk tier's task worker, when the node has a disk.
+    disk_worker: Option<tokio::task::JoinHandle<()>>,
     remounts: Arc<AtomicU64>,
 }
 
@@ -258,6 +271,40 @@ impl StorageNode {
             registry.register(id, mem.clone());
             memories.push(mem);
         }
+        let device: Option<Arc<dyn crescent_transfer::disk::BlockDevice>> = match (&config.disk_device, &config.disk) {
+            (Some(device), _) => Some(device.0.clone()),
+            (None, None) => None,
+            (None, Some(d)) => {
+                Some(Arc::new(crescent_transfer::disk::FileDevice::create(&d.dir, d.size).map_err(|e| {
+                    crescent_proto::wire::WireError::Io(std::io::Error::other(format!(
+                        "disk tier at {}: {e}",
+                        d.dir.display()
+                    )))
+                })?))
+            }
+        };
+        let disk = match device {
+            None => None,
+            Some(device) => {
+                let disk =
+                    crescent_transfer::disk::DiskSegment::new(device, crescent_transfer::disk::DiskConfig::default())
+                        .map_err(crescent_proto::wire::WireError::Io)?;
+                tracing::info!("disk tier: {} ({})", fmt_bytes(disk.size()), disk.describe());
+                let disk = Arc::new(disk);
+                let id = SegmentId::random();
+                specs.push(SegmentSpec {
+                    id,
+                    name: endpoint.to_string(),
+                    base: 0,
+                    size: disk.size(),
+                    endpoint: endpoint.to_string(),
+                    kind: SegmentKind::Disk,
+                    host_id: host.clone(),
+                });
+                registry.register_disk(id, disk.clone());
+                Some((id, disk))
+            }
+        };
         let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
         let id = ClientId::random();
         let credential = config.keys.clone().map(CredentialSource::Host);
@@ -269,8 +316,8 @@ impl StorageNode {
         mount_retrying(&master, &config.master, id, &specs, config.master_retry).await?;
         tracing::info!(
             "mounted {} segment{} of {} at master {} as {endpoint} (host {host})",
-            specs.len(),
-            if specs.len() == 1 { "" } else { "s" },
+            config.segments,
+            if config.segments == 1 { "" } else { "s" },
             fmt_bytes(config.segment_size),
             config.master
         );
@@ -279,6 +326,15 @@ impl StorageNode {
         }
         let specs = Arc::new(specs);
         let (stop, mut stopped) = watch::channel(false);
+        let disk_worker = disk.map(|(disk_id, disk)| {
+            // A connection of its own: a poll waits for work, and must not hold the pings back.
+            let conn = Arc::new(
+                MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout)
+                    .with_credential(config.keys.clone().map(CredentialSource::Host))
+                    .with_tls(config.tls.client.clone()),
+            );
+            disk::spawn_worker(conn, id, registry.clone(), disk_id, disk, stopped.clone())
+        });
         let remounts = Arc::new(AtomicU64::new(0));
         let (m, s, r, every) = (master.clone(), specs.clone(), remounts.clone(), config.ping_interval);
         let pinger = tokio::spawn(async move {
@@ -313,6 +369,7 @@ impl StorageNode {
             server: Some(server),
             stop,
             pinger: Some(pinger),
+            disk_worker,
             remounts,
         })
     }
@@ -349,6 +406,9 @@ impl StorageNode {
         if let Some(p) = self.pinger.take() {
             let _ = p.await;
         }
+        if let Some(w) = self.disk_worker.take() {
+            let _ = w.await;
+        }
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         if grace_ms > 0 {
             for spec in self.specs.iter() {
@@ -373,6 +433,9 @@ impl Drop for StorageNode {
         let _ = self.stop.send(true);
         if let Some(p) = self.pinger.take() {
             p.abort();
+        }
+        if let Some(w) = self.disk_worker.take() {
+            w.abort();
         }
     }
 }

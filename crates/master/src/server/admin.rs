@@ -354,6 +354,56 @@ fn snapshot_health(st: &SnapshotterStatus) -> serde_json::Value {
     })
 }
 
+/// The disk tier's series: the master's own counters, and per disk (labelled by node and segment id) its
+/// capacity, use, objects and evictions, and what its node reported of its reads, writes and errors.
+fn disk_figures(r: &mut Registry, svc: &MasterService) {
+    let m = svc.disk_tier().metrics();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    counter(r, "disk_offloads_started", "Memory evictions being copied to a node's disk", load(&m.offloads_started));
+    counter(r, "disk_offloads_done", "Objects kept on a node's disk instead of dropped", load(&m.offloads_done));
+    counter(r, "disk_offloads_failed", "Copies to disk that failed or expired", load(&m.offloads_failed));
+    counter(r, "disk_offloads_refused", "Memory evictions dropped: no room on the disk", load(&m.offloads_refused));
+    counter(r, "disk_evictions", "Disk replicas evicted for room, oldest first", load(&m.disk_evictions));
+    counter(r, "disk_faults", "Disk replicas dropped because their node could not read them", load(&m.disk_faults));
+    let usage = svc.pool().usage(SegmentKind::Disk);
+    gauge(r, "disk_capacity_bytes", "Mounted disk tier capacity", usage.capacity);
+    gauge(r, "disk_used_bytes", "Disk tier bytes used by replicas", usage.used);
+    let families: [(&str, &str); 9] = [
+        ("disk_segment_capacity_bytes", "Capacity per disk"),
+        ("disk_segment_used_bytes", "Used bytes per disk"),
+        ("disk_segment_objects", "Replicas per disk"),
+        ("disk_segment_evictions", "Replicas evicted per disk"),
+        ("disk_segment_reads", "Reads per disk, as its node counts them"),
+        ("disk_segment_read_bytes", "Bytes read per disk"),
+        ("disk_segment_writes", "Writes per disk"),
+        ("disk_segment_write_bytes", "Bytes written per disk"),
+        ("disk_segment_errors", "I/O errors per disk"),
+    ];
+    let gauges: Vec<Family<Labels, Gauge<u64, AtomicU64>>> = families.iter().map(|_| Family::default()).collect();
+    for s in svc.pool().segments().into_iter().filter(|s| s.spec.kind == SegmentKind::Disk) {
+        let d = svc.disk_tier().segment_stats(s.spec.id);
+        let c = d.counters;
+        let values = [
+            s.usage.capacity,
+            s.usage.used,
+            d.objects,
+            d.evictions,
+            c.reads,
+            c.read_bytes,
+            c.writes,
+            c.write_bytes,
+            c.errors,
+        ];
+        let l = vec![("node".to_string(), s.spec.name.clone()), ("id".to_string(), s.spec.id.to_string())];
+        for (g, v) in gauges.iter().zip(values) {
+            g.get_or_create(&l).set(v);
+        }
+    }
+    for ((name, help), g) in families.into_iter().zip(gauges) {
+        r.register(name, help, g);
+    }
+}
+
 /// The service's series.
 fn service_figures(r: &mut Registry, svc: &MasterService) {
     let m = svc.metrics();
@@ -421,6 +471,7 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
     }
     r.register("segment_capacity_bytes", "Capacity per segment", cap);
     r.register("segment_used_bytes", "Used bytes per segment", used);
+    disk_figures(r, svc);
     let contended = Family::<Labels, Counter>::default();
     let waited = Family::<Labels, Counter>::default();
     for class in LockClass::ALL {
@@ -601,14 +652,13 @@ async fn health(State(s): State<AdminState>) -> Json<serde_json::Value> {
 }
 
 async fn segments(State(s): State<AdminState>) -> Result<Json<serde_json::Value>, Response> {
-    let list: Vec<serde_json::Value> = s
-        .svc()
-        .map_err(refused)?
+    let svc = s.svc().map_err(refused)?;
+    let list: Vec<serde_json::Value> = svc
         .pool()
         .segments()
         .into_iter()
         .map(|x| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "segment_id": x.spec.id.to_string(),
                 "name": x.spec.name,
                 "client_id": x.client.to_string(),
@@ -618,7 +668,20 @@ async fn segments(State(s): State<AdminState>) -> Result<Json<serde_json::Value>
                 "host": x.spec.host_id,
                 "capacity_bytes": x.usage.capacity,
                 "used_bytes": x.usage.used,
-            })
+            });
+            if x.spec.kind == SegmentKind::Disk {
+                let d = svc.disk_tier().segment_stats(x.spec.id);
+                v["disk"] = serde_json::json!({
+                    "objects": d.objects,
+                    "evictions": d.evictions,
+                    "reads": d.counters.reads,
+                    "read_bytes": d.counters.read_bytes,
+                    "writes": d.counters.writes,
+                    "write_bytes": d.counters.write_bytes,
+                    "errors": d.counters.errors,
+                });
+            }
+            v
         })
         .collect();
     Ok(Json(serde_json::json!({ "segments": list })))

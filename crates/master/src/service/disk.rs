@@ -36,8 +36,12 @@ const EVICT_FOR_ROOM: usize = 64;
 /// Most tasks one poll hands a node.
 const TASKS_PER_POLL: usize = 256;
 
-/// How long offloads avoid a disk after it failed a copy (a failing disk is not fed the whole eviction).
+/// How long offloads avoid a disk after [`FAILURES_TO_AVOID`] copies to it failed in a row (a failing disk is
+/// not fed the whole eviction; one bad block is not a failing disk).
 const FAILING_FOR: Duration = Duration::from_secs(10);
+
+/// Failed copies in a row after which a disk is avoided for [`FAILING_FOR`].
+const FAILURES_TO_AVOID: u32 = 3;
 
 /// Counters of the tier, master side (read with [`MasterService::disk_stats`]).
 #[derive(Debug, Default)]
@@ -105,8 +109,8 @@ struct State {
     residents: HashMap<SegmentId, VecDeque<Resident>>,
     evictions: HashMap<SegmentId, u64>,
     counters: HashMap<SegmentId, DiskCounters>,
-    /// Disks that failed a copy, avoided until then.
-    failing: HashMap<SegmentId, Timestamp>,
+    /// Per disk: copies failed in a row, and until when offloads avoid it.
+    failing: HashMap<SegmentId, (u32, Timestamp)>,
 }
 
 /// The master's disk tier (see the module docs).
@@ -143,7 +147,7 @@ impl Offloader<'_> {
             let seg = r.buffer.segment_id()?;
             let node = svc.pool.owner(seg)?;
             let disk = svc.pool.disk_of(node)?;
-            let failing = svc.disk.state.lock().failing.get(&disk).is_some_and(|until| now < *until);
+            let failing = svc.disk.state.lock().failing.get(&disk).is_some_and(|(_, until)| now < *until);
             (!failing).then_some((seg, r.buffer.offset(), disk, node))
         })
     }
@@ -403,6 +407,7 @@ impl MasterService {
         let end = eviction::complete_offload(&task.tenant, &task.entry, task.replica, crc, now, self.eviction_log());
         match end {
             OffloadEnd::Kept { freed } => {
+                self.disk.state.lock().failing.remove(&task.wire.dst);
                 self.disk.metrics.offloads_done.fetch_add(1, Ordering::Relaxed);
                 self.metrics.evicted_objects.fetch_add(u64::from(freed > 0), Ordering::Relaxed);
                 self.metrics.evicted_bytes.fetch_add(freed, Ordering::Relaxed);
@@ -412,7 +417,12 @@ impl MasterService {
                 self.disk.metrics.offloads_failed.fetch_add(1, Ordering::Relaxed);
                 let why = outcome.err().map_or("checksum mismatch".to_owned(), |c| c.to_string());
                 tracing::warn!(key = task.entry.key(), disk = %task.wire.dst, %why, "an offload to disk failed");
-                self.disk.state.lock().failing.insert(task.wire.dst, now.saturating_add(FAILING_FOR));
+                let mut st = self.disk.state.lock();
+                let (n, until) = st.failing.entry(task.wire.dst).or_insert((0, Timestamp(0)));
+                *n += 1;
+                if *n >= FAILURES_TO_AVOID {
+                    *until = now.saturating_add(FAILING_FOR);
+                }
             }
             OffloadEnd::Gone => {}
         }

@@ -236,7 +236,14 @@ pub struct DiskSegment {
     pool: Arc<Pool>,
     config: DiskConfig,
     size: u64,
+    /// Ranges reads failed on since the last [`DiskSegment::take_faults`] (at most [`MAX_FAULTS`]): its node tells
+    /// the master, which drops the replicas there.
+    faults: Mutex<Vec<(u64, u64)>>,
 }
+
+/// Most failed ranges kept between two [`DiskSegment::take_faults`] (more are counted, not kept: a disk failing
+/// that much fails its every replica, and the master learns of them as readers fail).
+pub const MAX_FAULTS: usize = 4096;
 
 impl fmt::Debug for DiskSegment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -266,6 +273,7 @@ impl DiskSegment {
             pool: Arc::default(),
             config,
             size,
+            faults: Mutex::default(),
         };
         for i in 0..config.io_threads {
             let (rx, device, counters) = (rx.clone(), device.clone(), counters.clone());
@@ -308,6 +316,12 @@ impl DiskSegment {
         }
     }
 
+    /// The ranges reads failed on since the last call, `(offset, length)`: each holds a replica its node could not
+    /// read (a bad sector, a dying disk).
+    pub fn take_faults(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.faults.lock())
+    }
+
     /// Checks `[offset, offset + len)` against the segment; returns its end.
     fn check(&self, offset: u64, len: u64) -> Result<u64, DiskError> {
         offset.checked_add(len).filter(|&end| end <= self.size).ok_or(DiskError::OutOfRange)
@@ -326,7 +340,14 @@ impl DiskSegment {
         let last = round_up(end).ok_or(DiskError::OutOfRange)?;
         let span = usize::try_from(last - first).map_err(|_| DiskError::OutOfRange)?;
         let buf = self.pool.take(span).map_err(|e| DiskError::io("read", &e))?;
-        let buf = self.submit(false, first, buf).await?;
+        let buf = self.submit(false, first, buf).await.inspect_err(|e| {
+            if matches!(e, DiskError::Io { .. }) {
+                let mut faults = self.faults.lock();
+                if faults.len() < MAX_FAULTS {
+                    faults.push((offset, len as u64));
+                }
+            }
+        })?;
         Ok(DiskBytes { buf: Some(buf), pool, start: (offset - first) as usize, len })
     }
 
