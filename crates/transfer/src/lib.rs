@@ -1,7 +1,8 @@
 //! The data plane: moves object bytes between a client and the segments that hold its replicas.
 //!
 //! * [`SegmentMemory`]: a mounted segment's bytes (an anonymous or memfd-backed mmap), shared by many concurrent
-//!   transfers through range leases (`unsafe` confined to `memory.rs` and, for local copies, `vm.rs`).
+//!   transfers through range leases (`unsafe` confined to `memory.rs`, for local copies `vm.rs`, and for
+//!   aligned disk buffers `disk/buf.rs`).
 //! * [`SegmentRegistry`]: the segments this process hosts.
 //! * [`TransferServer`]: serves one-sided READ/WRITE of `(segment, offset, length)` ranges over TCP, validating
 //!   every range against what it hosts; payloads go between the socket and segment memory without staging.
@@ -14,7 +15,8 @@
 //! `client::batch`, pipelined runs of small ranges), `local` (local lanes: the Unix socket a node on this host
 //! answers under its endpoint's name), `vm` (local copies: `process_vm_writev`/`readv` into a located range),
 //! `net` (socket sizing, payloads into their destination, sendfile), `checksum` (joining crc32c sums of adjacent
-//! pieces), `error` ([`TransferError`]).
+//! pieces), `error` ([`TransferError`]), [`disk`] (the SSD tier's node side: block devices, [`DiskSegment`]
+//! served from its own I/O threads, hosted beside memory segments and served for reads).
 //!
 //! The design keeps the original's one-sided `(addr, len, opcode)` semantics and its "applied" acknowledgement
 //! for writes, and drops its TCP transport's structural limits: no single I/O thread (a task per connection on

@@ -1,8 +1,8 @@
 //! Segment memory: the mmap'd bytes of one mounted segment.
 //!
 //! Many tasks read and write disjoint ranges of one segment at once (several connections, several stripes of
-//! one object), so the memory is shared through `&self` and reached through a raw pointer. This is the only
-//! module of the crate that uses `unsafe`; every block is a few lines and carries its own `SAFETY:` note.
+//! one object), so the memory is shared through `&self` and reached through a raw pointer. This is one of
+//! the crate's three modules that use `unsafe` (with `vm` and `disk::buf`); every block is a few lines and carries its own `SAFETY:` note.
 //!
 //! # Why the accesses are sound
 //! Every access goes through a *range lease*: [`SegmentMemory::lease`] (shared, for reads) or

@@ -76,7 +76,7 @@ const REPLY_TAIL: usize = 4 << 10;
 pub(crate) const MAX_PINS: usize = 256;
 
 /// Most bytes of disk segments one local lane may hold read for its peer's copies (`Locate`) at once.
-pub const MAX_STAGED: u64 = 2 * MAX_TRANSFER;
+pub(crate) const MAX_STAGED: u64 = 2 * MAX_TRANSFER;
 
 /// Replies are batched while more pipelined requests are already buffered, up to this many bytes.
 const MAX_PENDING_REPLIES: usize = 64 << 10;

@@ -6,6 +6,7 @@ mod common;
 use bytes::Bytes;
 use common::{KIB, MIB, pattern};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
+use crescent_proto::wire::{Envelope, Hello, HelloReply, PeerRole, frame_prefix};
 use crescent_proto::{ErrorCode, SegmentId};
 use crescent_testkit::eventually;
 use crescent_transfer::disk::{
@@ -13,11 +14,12 @@ use crescent_transfer::disk::{
     FileDevice, MemoryDevice,
 };
 use crescent_transfer::{
-    SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferServer, TransferServerHandle,
+    MAX_TRANSFER, SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferServer, TransferServerHandle,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A fresh directory on the target's filesystem (the repository's disk, not a tmpfs).
 fn scratch() -> tempfile::TempDir {
@@ -401,4 +403,64 @@ async fn writes_to_a_disk_segment_are_refused() {
     }
     assert!(*n.disk.read(0, 2 * MIB).await.unwrap() == n.data[..], "a refused write changed the disk");
     assert_eq!(n.server.stats().located, 0, "no disk range located for writing");
+}
+
+/// Sends `Envelope { id, body }` (no payload) on any stream.
+async fn send_on<S: AsyncWrite + Unpin, T: serde::Serialize>(s: &mut S, id: u64, body: &T) {
+    let header = postcard::to_stdvec(&Envelope { id, body }).unwrap();
+    let mut buf = frame_prefix(header.len(), 0).unwrap().to_vec();
+    buf.extend_from_slice(&header);
+    s.write_all(&buf).await.unwrap();
+}
+
+/// Reads one payload-less frame's `Envelope<T>` from any stream.
+async fn recv_on<S: AsyncRead + Unpin, T: serde::de::DeserializeOwned>(s: &mut S) -> Envelope<T> {
+    let mut prefix = [0u8; 8];
+    s.read_exact(&mut prefix).await.unwrap();
+    let len = u32::from_be_bytes(prefix[..4].try_into().unwrap()) as usize;
+    let header_len = u32::from_be_bytes(prefix[4..].try_into().unwrap()) as usize;
+    assert_eq!(len, 4 + header_len, "a frame with a payload");
+    let mut header = vec![0u8; header_len];
+    s.read_exact(&mut header).await.unwrap();
+    postcard::from_bytes(&header).unwrap()
+}
+
+/// A local lane keeps at most `2 * MAX_TRANSFER` bytes of disk ranges read for its peer's copies until it says
+/// `Release`; a `Locate` past that, or one for writing, is refused `INVALID_PARAMS` and the lane serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_lane_stages_a_bounded_amount_of_disk_ranges() {
+    let n = disk_node(MAX_TRANSFER).await;
+    let addr = crescent_transfer::local_lane_address(&n.endpoint).unwrap();
+    let std = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    std.set_nonblocking(true).unwrap();
+    let mut s = tokio::net::UnixStream::from_std(std).unwrap();
+    send_on(&mut s, 0, &Hello::new(PeerRole::Client, None)).await;
+    recv_on::<_, HelloReply>(&mut s).await.body.unwrap();
+    let locate =
+        |offset, length, write| TransferRequest::Locate { segment: n.segment, offset, length, write, grant: None };
+    let mut answers = Vec::new();
+    for (id, req) in [
+        locate(0, MAX_TRANSFER, false),
+        locate(0, MAX_TRANSFER, false),
+        locate(0, 1, false),
+        locate(0, BLOCK as u64, true),
+        TransferRequest::Release,
+        locate(0, 1, false),
+        locate(0, 10, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        send_on(&mut s, id as u64 + 1, &req).await;
+        answers.push(recv_on::<_, TransferResponse>(&mut s).await.body);
+    }
+    let located = |r: &TransferResponse| matches!(r, TransferResponse::Located(_));
+    assert!(located(&answers[0]) && located(&answers[1]), "{answers:?}");
+    let refused = TransferResponse::Error(ErrorCode::InvalidParams);
+    assert_eq!(answers[2], refused, "staged past the bound");
+    assert_eq!(answers[3], refused, "a disk range located for writing");
+    assert_eq!(answers[4], TransferResponse::Released);
+    assert!(located(&answers[5]), "after the release: {answers:?}");
+    assert_eq!(answers[6], refused);
+    assert_eq!(n.server.stats().located, 3);
 }
