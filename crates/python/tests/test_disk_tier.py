@@ -107,3 +107,14 @@ def test_a_path_without_the_flag_makes_no_disk_tier(lone_master, tmp_path):
         assert not os.listdir(tmp_path), "the original needs enable_ssd_offload=True"
     finally:
         s.close()
+
+
+def test_offload_without_hosted_memory_makes_no_disk_tier(lone_master, tmp_path):
+    s = MooncakeDistributedStore()
+    rc = s.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", lone_master,
+                 enable_ssd_offload=True, ssd_offload_path=str(tmp_path))
+    assert rc == 0, "a warning, not a failure: the store hosts no memory to offload from"
+    try:
+        assert not os.listdir(tmp_path)
+    finally:
+        s.close()
