@@ -798,6 +798,8 @@ mod tests {
             memory_held: 690 << 20,
             eviction_high_watermark: 0.9,
             largest_free: 300 << 20,
+            memories: Vec::new(),
+            disks: Vec::new(),
         };
         // 720 MiB usable below 80 % of the watermark: nothing beside 700 MiB used, 710 MiB once 690 come back.
         assert_eq!(key_budget(&info, 1 << 20, 1), 20);

@@ -142,7 +142,7 @@ enum Command {
         #[command(flatten)]
         to: ClientFlags,
     },
-    /// Show an object's size, checksum and replicas.
+    /// Show an object's size, checksum and replicas; without a key, every node's memory and disk tier.
     Stat {
         #[command(flatten)]
         args: ops::StatArgs,

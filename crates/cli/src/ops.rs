@@ -70,8 +70,8 @@ pub struct LsArgs {
 /// `stat` flags.
 #[derive(clap::Args, Debug)]
 pub struct StatArgs {
-    /// The key.
-    key: String,
+    /// The key; without one, the cluster's storage tiers per node.
+    key: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -261,15 +261,17 @@ pub async fn ls(a: LsArgs, g: &Global) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `crescent stat`: size, checksum, lease, pins and where each replica lives, without leasing the object.
+/// `crescent stat KEY`: size, checksum, lease, pins and where each replica lives, without leasing the object.
+/// Without a key: the cluster's tiers per node ([`stat_tiers`]).
 pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
-    let s = client(g).await?.stat(&a.key).await?;
+    let Some(key) = a.key else { return stat_tiers(a.json, g).await };
+    let s = client(g).await?.stat(&key).await?;
     if a.json {
         let replicas: Vec<serde_json::Value> = s.replicas.iter().map(replica_json).collect();
         println!(
             "{}",
             serde_json::json!({
-                "key": a.key, "size": s.size, "checksum": s.checksum,
+                "key": key, "size": s.size, "checksum": s.checksum,
                 "lease_remaining_ms": s.lease_remaining_ms, "lease_readers": s.lease_readers,
                 "soft_pin_remaining_ms": s.soft_pin_remaining_ms, "hard_pinned": s.hard_pinned,
                 "writing": s.writing, "replicas": replicas,
@@ -281,7 +283,7 @@ pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
         0 => "none".to_owned(),
         ms => format!("{} left, {} reader{}", fmt_ms(ms), s.lease_readers, plural(s.lease_readers as usize)),
     };
-    println!("key       {:?}", a.key);
+    println!("key       {key:?}");
     println!("size      {}", fmt_bytes(s.size));
     println!("checksum  {}", s.checksum.map_or("none".to_owned(), |c| format!("{c:#010x} (crc32c)")));
     println!("lease     {lease}");
@@ -312,6 +314,113 @@ pub async fn stat(a: StatArgs, g: &Global) -> Result<(), Failure> {
         println!("  #{} {:?}: {}, {where_}", d.id, d.status, fmt_bytes(length));
     }
     Ok(())
+}
+
+/// `crescent stat` without a key: every node's memory segment (capacity, used) and disk tier (capacity, used,
+/// objects, reads, writes, evictions, errors), as the master's `ClusterInfo` reports them.
+async fn stat_tiers(json: bool, g: &Global) -> Result<(), Failure> {
+    let info = client(g).await?.cluster_info().await?;
+    if json {
+        let memory: Vec<serde_json::Value> = info
+            .memories
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "node": m.node, "segment": m.segment.to_string(), "endpoint": m.endpoint,
+                    "status": format!("{:?}", m.status), "capacity": m.capacity, "used": m.used,
+                })
+            })
+            .collect();
+        let disk: Vec<serde_json::Value> = info
+            .disks
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "node": d.node, "segment": d.segment.to_string(), "endpoint": d.endpoint,
+                    "status": format!("{:?}", d.status), "capacity": d.capacity, "used": d.used,
+                    "objects": d.objects, "evictions": d.evictions, "reads": d.reads, "read_bytes": d.read_bytes,
+                    "writes": d.writes, "write_bytes": d.write_bytes, "errors": d.errors,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "memory": memory, "disk": disk }));
+        return Ok(());
+    }
+    print!("{}", tiers_table(&info));
+    Ok(())
+}
+
+/// The tiers table: one row per segment, grouped by node, memory before disk.
+fn tiers_table(info: &crescent_proto::ClusterInfo) -> String {
+    const HEAD: [&str; 11] =
+        ["NODE", "TIER", "STATUS", "CAPACITY", "USED", "OBJECTS", "READS", "WRITES", "EVICTIONS", "ERRORS", "ENDPOINT"];
+    let mut rows: Vec<(String, u8, [String; 11])> = Vec::new();
+    for m in &info.memories {
+        let dash = || "-".to_owned();
+        rows.push((
+            m.node.clone(),
+            0,
+            [
+                m.node.clone(),
+                "memory".into(),
+                format!("{:?}", m.status),
+                fmt_bytes(m.capacity),
+                fmt_bytes(m.used),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                m.endpoint.clone(),
+            ],
+        ));
+    }
+    for d in &info.disks {
+        rows.push((
+            d.node.clone(),
+            1,
+            [
+                d.node.clone(),
+                "disk".into(),
+                format!("{:?}", d.status),
+                fmt_bytes(d.capacity),
+                fmt_bytes(d.used),
+                d.objects.to_string(),
+                format!("{} ({})", d.reads, fmt_bytes(d.read_bytes)),
+                format!("{} ({})", d.writes, fmt_bytes(d.write_bytes)),
+                d.evictions.to_string(),
+                d.errors.to_string(),
+                d.endpoint.clone(),
+            ],
+        ));
+    }
+    rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    let mut width = HEAD.map(str::len);
+    for (_, _, cells) in &rows {
+        for (w, c) in width.iter_mut().zip(cells) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.iter().zip(width).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(&HEAD);
+    for (_, _, cells) in &rows {
+        out.push_str(&line(&cells.each_ref().map(String::as_str)));
+    }
+    if rows.is_empty() {
+        out.push_str("(no segments mounted)\n");
+    }
+    out
 }
 
 fn replica_json(d: &crescent_proto::ReplicaDescriptor) -> serde_json::Value {

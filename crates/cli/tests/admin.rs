@@ -209,3 +209,49 @@ fn the_admin_http_sets_lists_and_removes_tenants_with_status_codes_that_say_why(
     let (status, body) = http(admin, "GET", "/local-ssd", "");
     assert_eq!((status, json(&body)), (200, serde_json::json!({ "local_ssd": [] })));
 }
+
+/// `crescent stat` without a key: the tiers of every node as a table and as JSON, the disk tier's objects
+/// counted once memory evictions were kept there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stat_without_a_key_shows_each_nodes_memory_and_disk_tier() {
+    let master = Proc::start(bin(), &["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let addr = master.field("master");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ssd = dir.path().to_str().unwrap();
+    let args = ["node", "--master", &addr, "--listen", "127.0.0.1:0", "--segment-size", "4MiB"];
+    let _node = Proc::start(bin(), &[&args[..], &["--ssd-dir", ssd, "--ssd-size", "16MiB"]].concat());
+    let table = ok(&addr, &["stat"], b"");
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][..3], ["NODE", "TIER", "STATUS"], "{table}");
+    let memory = rows.iter().find(|r| r[1] == "memory").unwrap_or_else(|| panic!("no memory row: {table}"));
+    let disk = rows.iter().find(|r| r[1] == "disk").unwrap_or_else(|| panic!("no disk row: {table}"));
+    assert_eq!(memory[0], disk[0], "one node holds both: {table}");
+    assert_eq!(memory[3..5], ["4.0", "MiB"], "memory capacity: {table}");
+    assert_eq!(disk[3..5], ["16.0", "MiB"], "disk capacity: {table}");
+
+    // Twice what memory holds, in 256 KiB values: the oldest are evicted to the node's disk.
+    let client = crescent_client::Client::new(crescent_client::ClientConfig::new(addr.clone()));
+    for i in 0..32u64 {
+        client.put(&format!("k{i}"), &crescent_testkit::pattern(256 << 10, i)).await.unwrap();
+    }
+    let disk_json = || {
+        let v: serde_json::Value = serde_json::from_str(&ok(&addr, &["stat", "--json"], b"")).unwrap();
+        v["disk"][0].clone()
+    };
+    assert!(
+        crescent_testkit::wait_for(std::time::Duration::from_secs(20), || disk_json()["objects"].as_u64() > Some(0)),
+        "the disk tier holds evicted objects: {}",
+        disk_json()
+    );
+    let d = disk_json();
+    assert_eq!(d["capacity"], 16 << 20, "{d}");
+    assert!(d["used"].as_u64().unwrap() >= 256 << 10, "{d}");
+    assert!(d["writes"].as_u64().unwrap() >= d["objects"].as_u64().unwrap(), "every object was written: {d}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&addr, &["stat", "--json"], b"")).unwrap();
+    assert_eq!(v["memory"][0]["capacity"], 4 << 20, "{v}");
+    assert_eq!(v["memory"][0]["node"], d["node"], "{v}");
+    let table = ok(&addr, &["stat"], b"");
+    let disk = table.lines().find(|l| l.split_whitespace().nth(1) == Some("disk")).unwrap().to_owned();
+    let objects: u64 = disk.split_whitespace().nth(7).unwrap().parse().unwrap();
+    assert!(objects > 0, "the table counts the disk's objects: {table}");
+}

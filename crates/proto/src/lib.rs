@@ -32,8 +32,8 @@ pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 pub use rpc::{
     ClientStatus, ClusterInfo, DISK_TASK_WAIT_MAX_MS, DiskCounters, DiskFault, DiskTask, DiskTaskKind, DiskTaskResult,
-    GetReplicaListResponse, GrantedBatch, KeyPage, LocalSsdInfo, MasterOp, MasterReply, MasterRequest, MasterResponse,
-    ObjectStat, RemoveAllReport, TenantInfo,
+    DiskTierInfo, GetReplicaListResponse, GrantedBatch, KeyPage, LocalSsdInfo, MasterOp, MasterReply, MasterRequest,
+    MasterResponse, MemoryTierInfo, ObjectStat, RemoveAllReport, TenantInfo,
 };
 pub use segment::{DISK_BLOCK, SegmentKind, SegmentSpec, SegmentStatus};
 pub use tenant::{MAX_TENANT_LEN, TenantId, TenantIdError};

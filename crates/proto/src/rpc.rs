@@ -106,6 +106,59 @@ pub struct ClusterInfo {
     pub eviction_high_watermark: f64,
     /// The largest value one segment can hold now: a put at most this large fits without evicting.
     pub largest_free: u64,
+    /// Every memory segment mounted, per node (any status), by segment id.
+    pub memories: Vec<MemoryTierInfo>,
+    /// Every disk-tier segment mounted, per node (any status), by segment id.
+    pub disks: Vec<DiskTierInfo>,
+}
+
+/// One node's memory segment as `ClusterInfo` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryTierInfo {
+    /// The node's placement name.
+    pub node: String,
+    /// The segment.
+    pub segment: SegmentId,
+    /// Where the node's transfer server listens.
+    pub endpoint: String,
+    /// The segment's status.
+    pub status: SegmentStatus,
+    /// Bytes offered.
+    pub capacity: u64,
+    /// Bytes held by replicas (allocator slack and held-out space included).
+    pub used: u64,
+}
+
+/// One node's disk tier as `ClusterInfo` reports it: space from the master's allocator, objects and evictions
+/// from its metadata, I/O counters as the node last reported them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskTierInfo {
+    /// The node's placement name.
+    pub node: String,
+    /// The disk segment.
+    pub segment: SegmentId,
+    /// Where the node's transfer server listens.
+    pub endpoint: String,
+    /// The segment's status.
+    pub status: SegmentStatus,
+    /// Bytes the disk offers.
+    pub capacity: u64,
+    /// Bytes held by disk replicas.
+    pub used: u64,
+    /// Replicas on the disk.
+    pub objects: u64,
+    /// Replicas evicted from the disk for room.
+    pub evictions: u64,
+    /// Reads the node counted.
+    pub reads: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Writes (offload copies) the node counted.
+    pub writes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// I/O errors the node counted.
+    pub errors: u64,
 }
 
 /// One tenant as an administrator sees it (`ListTenants`, multi-tenant mode).

@@ -118,6 +118,73 @@ struct SetupArgs {
     host_credential: Option<String>,
     /// TLS files from `setup`'s extras, each over its `CRESCENT_TLS_*` variable (see [`tls`]).
     tls: TlsExtras,
+    /// The original's `enable_ssd_offload`, `ssd_offload_path` and the extra `ssd_offload_size` (see
+    /// [`disk_tier`]).
+    offload: OffloadArgs,
+}
+
+/// `setup`'s SSD offload arguments, as given.
+#[derive(Debug, Default)]
+struct OffloadArgs {
+    enabled: bool,
+    path: String,
+    size: Option<u64>,
+}
+
+/// The original's variable for the offload directory, when `ssd_offload_path` is empty.
+const OFFLOAD_PATH_ENV: &str = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH";
+/// The original's variable for the offload size, when `ssd_offload_size` is not given.
+const OFFLOAD_SIZE_ENV: &str = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES";
+
+/// The hosted segment's disk tier from `setup`'s offload arguments: with `enable_ssd_offload`, in
+/// `ssd_offload_path` (else `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`), of `ssd_offload_size` bytes (else
+/// `MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`, else 4 × `global_segment_size`), rounded down to whole 4 KiB blocks.
+/// `None` without the flag or without a segment to offload from (both warned about); `INVALID` when enabled with
+/// no directory or no usable size.
+fn disk_tier(args: &SetupArgs) -> Result<Option<crescent_node::DiskSettings>, i64> {
+    let o = &args.offload;
+    if !o.enabled {
+        if !o.path.is_empty() || o.size.is_some() {
+            tracing::warn!(
+                "setup: ssd_offload_path/ssd_offload_size without enable_ssd_offload=True: no disk tier (the flag \
+                 turns offload on)"
+            );
+        }
+        return Ok(None);
+    }
+    if args.global_segment_size == 0 {
+        tracing::warn!(
+            "setup: enable_ssd_offload with global_segment_size 0: this store hosts no memory to offload from; no \
+             disk tier"
+        );
+        return Ok(None);
+    }
+    let env = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let dir = if o.path.trim().is_empty() { env(OFFLOAD_PATH_ENV) } else { Some(o.path.trim().to_owned()) };
+    let Some(dir) = dir else {
+        tracing::error!(
+            "setup: enable_ssd_offload=True needs a directory on the SSD: ssd_offload_path, or {OFFLOAD_PATH_ENV}"
+        );
+        return Err(INVALID);
+    };
+    let size = match (o.size, env(OFFLOAD_SIZE_ENV)) {
+        (Some(size), _) => size,
+        (None, Some(text)) => match parse_size(&text) {
+            Some(size) => size,
+            None => {
+                tracing::error!("setup: {OFFLOAD_SIZE_ENV}={text:?} is not a size");
+                return Err(INVALID);
+            }
+        },
+        (None, None) => args.global_segment_size.saturating_mul(4),
+    };
+    let block = crescent_proto::DISK_BLOCK;
+    let size = size / block * block;
+    if size == 0 {
+        tracing::error!("setup: the SSD offload size must be at least one {block}-byte block");
+        return Err(INVALID);
+    }
+    Ok(Some(crescent_node::DiskSettings { dir: dir.into(), size }))
 }
 
 /// `setup`'s TLS extras (`tls_cert`, `tls_key`, `tls_ca`, `tls_client_ca`, `tls_server_name`), as
@@ -317,7 +384,34 @@ fn dict_args(d: &Bound<'_, PyDict>) -> PyResult<Option<SetupArgs>> {
             client_ca: get("tls_client_ca")?,
             server_name: get("tls_server_name")?,
         },
+        offload: OffloadArgs {
+            enabled: get("enable_ssd_offload")?.is_some_and(|v| flag(&v)),
+            path: get("ssd_offload_path")?.unwrap_or_default(),
+            size: match get("ssd_offload_size")? {
+                None => None,
+                Some(s) => match parse_size(&s) {
+                    Some(size) => Some(size),
+                    None => {
+                        tracing::error!("setup(dict): ssd_offload_size {s:?} is not a size");
+                        return Ok(None);
+                    }
+                },
+            },
+        },
     }))
+}
+
+/// A dict value's truth (`str()` of a bool or a number, or a word).
+fn flag(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on")
+}
+
+/// A size given as an int or a string (`"64MiB"`).
+fn size_or_text(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if let Ok(text) = v.extract::<String>() {
+        return parse_size(&text).ok_or_else(|| PyTypeError::new_err(format!("{name} {text:?} is not a size")));
+    }
+    size_arg(v, name)
 }
 
 /// The port range a host name without a port gets a free port from (`MC_STORE_CLIENT_MIN_PORT` /
@@ -446,6 +540,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         tracing::error!("setup: no runtime: {e}");
         i64::from(ErrorCode::InternalError.as_i32())
     };
+    let disk = disk_tier(args)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
     let node_rt = if args.global_segment_size > 0 {
         // Sized and polling as `crescent node`'s runtime: half the cores (one on 2), and a worker about to sleep
@@ -483,6 +578,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.host_id = Some(hostname.clone());
         nc.keys = keys.clone();
         nc.tls = tls.clone();
+        nc.disk = disk.clone();
         let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
@@ -618,7 +714,7 @@ impl Store {
         protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false,
         ssd_offload_path=String::new(), tenant_id=String::from("default"), enable_client_http_server=false,
         client_http_port=9300, credential=None, tls_cert=None, tls_key=None, tls_ca=None, tls_client_ca=None,
-        tls_server_name=None, host_credential=None))]
+        tls_server_name=None, host_credential=None, ssd_offload_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn setup(
         &self,
@@ -643,6 +739,7 @@ impl Store {
         tls_client_ca: Option<String>,
         tls_server_name: Option<String>,
         host_credential: Option<String>,
+        ssd_offload_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
             match dict_args(d)? {
@@ -673,13 +770,18 @@ impl Store {
                     client_ca: tls_client_ca,
                     server_name: tls_server_name,
                 },
+                offload: OffloadArgs {
+                    enabled: enable_ssd_offload,
+                    path: ssd_offload_path,
+                    size: ssd_offload_size
+                        .filter(|v| !v.is_none())
+                        .map(|v| size_or_text(v, "ssd_offload_size"))
+                        .transpose()?,
+                },
             }
         };
         if engine.is_some_and(|e| !e.is_none()) {
             tracing::info!("setup: the engine argument is accepted and not used (Crescent moves bytes itself)");
-        }
-        if enable_ssd_offload || !ssd_offload_path.is_empty() {
-            tracing::warn!("setup: SSD offload is not supported by this package; ignored");
         }
         if enable_client_http_server {
             tracing::warn!("setup: the client HTTP server (port {client_http_port}) is not supported; ignored");

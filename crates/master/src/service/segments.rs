@@ -5,7 +5,8 @@ use super::{MasterService, NofProbe};
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome, PoolChange};
 use crescent_proto::{
-    ClientId, ClientStatus, ClusterInfo, ErrorCode, Principal, SegmentId, SegmentKind, SegmentSpec, SegmentStatus,
+    ClientId, ClientStatus, ClusterInfo, DiskTierInfo, ErrorCode, MemoryTierInfo, Principal, SegmentId, SegmentKind,
+    SegmentSpec, SegmentStatus,
 };
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -329,12 +330,43 @@ impl MasterService {
 
     /// ClusterInfo: the mode clients must respect and how much the memory segments hold.
     pub fn cluster_info(&self) -> ClusterInfo {
-        let segments: Vec<_> = self
-            .pool
-            .segments()
-            .into_iter()
-            .filter(|s| s.spec.kind == SegmentKind::Memory && s.status.is_readable())
+        let all = self.pool.segments();
+        let memories = all
+            .iter()
+            .filter(|s| s.spec.kind == SegmentKind::Memory)
+            .map(|s| MemoryTierInfo {
+                node: s.spec.name.clone(),
+                segment: s.spec.id,
+                endpoint: s.spec.endpoint.clone(),
+                status: s.status,
+                capacity: s.usage.capacity,
+                used: s.usage.used + s.usage.slack,
+            })
             .collect();
+        let disks = all
+            .iter()
+            .filter(|s| s.spec.kind == SegmentKind::Disk)
+            .map(|s| {
+                let d = self.disk_tier().segment_stats(s.spec.id);
+                DiskTierInfo {
+                    node: s.spec.name.clone(),
+                    segment: s.spec.id,
+                    endpoint: s.spec.endpoint.clone(),
+                    status: s.status,
+                    capacity: s.usage.capacity,
+                    used: s.usage.used,
+                    objects: d.objects,
+                    evictions: d.evictions,
+                    reads: d.counters.reads,
+                    read_bytes: d.counters.read_bytes,
+                    writes: d.counters.writes,
+                    write_bytes: d.counters.write_bytes,
+                    errors: d.counters.errors,
+                }
+            })
+            .collect();
+        let segments: Vec<_> =
+            all.into_iter().filter(|s| s.spec.kind == SegmentKind::Memory && s.status.is_readable()).collect();
         ClusterInfo {
             multi_tenant: self.config.enable_multi_tenants,
             lease_ttl_ms: self.config.lease_ttl_ms,
@@ -349,6 +381,8 @@ impl MasterService {
                 .map(|s| s.usage.largest_free)
                 .max()
                 .unwrap_or(0),
+            memories,
+            disks,
         }
     }
 

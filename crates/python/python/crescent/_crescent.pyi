@@ -66,7 +66,8 @@ class MemoryDescriptor:
     def buffer_descriptor(self) -> Descriptor: ...
 
 class DiskDescriptor:
-    """A DFS replica's file (Crescent has no DFS tier: never returned)."""
+    """A disk-tier replica (an object memory eviction kept on its node's SSD): ``file_path`` names it as
+    ``crescent-disk://ENDPOINT/SEGMENT@OFFSET`` (not a path to open), ``object_size`` is the object's bytes."""
 
     @property
     def file_path(self) -> str: ...
@@ -84,7 +85,7 @@ class ReplicaDescriptor:
     def get_memory_descriptor(self) -> MemoryDescriptor:
         """The buffer; RuntimeError for a replica that is not in memory."""
     def get_disk_descriptor(self) -> DiskDescriptor:
-        """RuntimeError: Crescent has no disk (DFS) replicas."""
+        """The disk-tier replica's descriptor; RuntimeError for a replica that is not on a disk tier."""
 
 class ReplicaStatus:
     """A replica's state."""
@@ -117,6 +118,9 @@ class ReplicateConfig:
     data_type: ObjectDataType
     group_ids: Optional[list[str]]
     """One id: every key of the call joins that group; one id per key of a batch: each key its own; else −600."""
+    offload: bool
+    """When memory eviction takes the object, keep it on the disk tier of the node that held it (default True);
+    False drops it instead (a Crescent extension)."""
     def __init__(
         self,
         *,
@@ -132,6 +136,7 @@ class ReplicateConfig:
         prefer_alloc_in_same_node: bool = False,
         data_type: ObjectDataType = ...,
         group_ids: Optional[list[str]] = None,
+        offload: bool = True,
     ) -> None: ...
 
 class MooncakeDistributedStore:
@@ -164,6 +169,7 @@ class MooncakeDistributedStore:
         tls_client_ca: Optional[str] = None,
         tls_server_name: Optional[str] = None,
         host_credential: Optional[str] = None,
+        ssd_offload_size: Union[int, str, None] = None,
     ) -> int:
         """Positional form (the first 7 required; ``metadata_server`` accepted and not needed; ``protocol``
         ``"rdma"`` falls back to TCP with a warning) or ``setup(config: dict)`` (sizes like ``"16MB"``).
@@ -179,7 +185,14 @@ class MooncakeDistributedStore:
         cluster, ``tls_ca`` (the CA servers' certificates chain to), ``tls_cert`` / ``tls_key`` (the client
         certificate, and what a hosted segment serves), ``tls_client_ca`` (a hosted segment then requires client
         certificates) and ``tls_server_name`` (PEM file paths, and the name certificates are checked for; also
-        keys of the dict form) each take the place of their ``CRESCENT_TLS_*`` variable. 0 or a negative code."""
+        keys of the dict form) each take the place of their ``CRESCENT_TLS_*`` variable. With
+        ``enable_ssd_offload=True`` a store hosting a segment also hosts a disk tier: the objects memory eviction
+        takes are kept in one file (wiped at setup) in ``ssd_offload_path`` (else
+        ``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``; neither: −600), of ``ssd_offload_size`` bytes (an int or a size
+        like ``"64GB"``; else ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``, else 4 × ``global_segment_size``; rounded
+        down to 4 KiB)
+        and read back from there; a path without the flag is ignored with a warning, as is the flag with
+        ``global_segment_size`` 0. The dict form takes the same three keys. 0 or a negative code."""
     def close(self, /) -> int:
         """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
     def health_check(self) -> int:
