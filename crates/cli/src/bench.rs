@@ -6,6 +6,9 @@
 //! (GetReplicaList of the keys `master-put` made, or of 10 000 keys per worker it makes first) measure the
 //! master alone, as the original's `master_bench` does; they use keys of their own, so `read` never meets
 //! their unwritten values. Values carry a per-key pattern so `--verify` checks every byte read.
+//! `--keys N` sets the key set (writes cycle over it even beyond memory; reads draw from all of it, also keys a
+//! `--keep` run with the same `--run` name wrote) and `--zipf S` draws reads Zipf-distributed over it: the disk
+//! tier's benchmark (`scripts/bench-ssd.sh`) reads a working set three times memory that way.
 //!
 //! Latency percentiles count every request, failed and timed-out ones included, and are corrected for
 //! coordinated omission: a worker waits for its request before sending the next, so a request that stalls for
@@ -69,6 +72,24 @@ pub struct BenchArgs {
     /// Leave the benchmark's keys in the store when done (by default they are removed).
     #[arg(long)]
     keep: bool,
+    /// Key set size: writes cycle over this many keys instead of the ones memory holds below its watermark (so
+    /// a working set larger than memory can be written: older values are evicted, or offloaded to a disk
+    /// tier), and reads draw from all of them, also in a run that writes none (keys a `--keep` run left).
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Reads draw keys Zipf-distributed with this exponent (e.g. 0.99) instead of uniformly: rank r has weight
+    /// 1/(r+1)^S, ranks mapped to keys by a fixed shuffle (seeded), so hot keys are not the first or last written.
+    #[arg(long)]
+    zipf: Option<f64>,
+    /// The run's name in its keys (`bench-NAME-K`); random by default. A later run with the same name and
+    /// `--keys` reads the keys a `--keep` run wrote.
+    #[arg(long)]
+    run: Option<String>,
+    /// A put refused for want of memory (NO_AVAILABLE_HANDLE) is tried again every 20 ms, for up to 60 s, instead
+    /// of counted as failed (the retries are reported): memory a disk tier is still copying out comes back only
+    /// once the copy is done. Single-key writes only (`--batch 1`).
+    #[arg(long)]
+    retry_full: bool,
 }
 
 /// One phase's results.
@@ -91,6 +112,8 @@ pub struct PhaseResult {
     /// The longest single request.
     max_us: u64,
     errors: u64,
+    /// Puts tried again after NO_AVAILABLE_HANDLE (`--retry-full`).
+    retries: u64,
     /// Failed keys by error code (`VERIFY_MISMATCH`: read, but not the bytes written).
     errors_by_code: BTreeMap<&'static str, u64>,
 }
@@ -203,11 +226,19 @@ struct Shared {
     meta_next: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Puts of the current phase tried again after NO_AVAILABLE_HANDLE.
+    retries: AtomicU64,
+    /// `--retry-full`.
+    retry_full: bool,
     /// Failed keys of the current phase by error code.
     errors_by_code: Mutex<BTreeMap<&'static str, u64>>,
     /// Value keys the cluster can hold at once: writes cycle over this many keys (replacing the values they
-    /// wrote before), so reads never meet keys the benchmark's own writes evicted.
+    /// wrote before), so reads never meet keys the benchmark's own writes evicted. With `--keys`, that many.
     key_budget: u64,
+    /// `--keys` was given: reads draw from the whole key set, written by this run or not.
+    fixed_keys: bool,
+    /// Zipf-distributed reads over the key set (`--zipf`).
+    zipf: Option<Zipf>,
 }
 
 impl Shared {
@@ -240,7 +271,21 @@ impl Shared {
             let mut buf = w.owned.take().unwrap_or_else(|| BytesMut::from(&self.base[..]));
             stamp(ks[0] % self.key_budget, &mut buf);
             let value = buf.freeze();
-            let r = self.client.upsert_bytes(&names[0], value.clone(), &self.replicate).await;
+            let deadline = Instant::now() + RETRY_FULL_FOR;
+            let r = loop {
+                let r = self.client.upsert_bytes(&names[0], value.clone(), &self.replicate).await;
+                match &r {
+                    Err(e)
+                        if self.retry_full
+                            && e.code() == crescent_proto::ErrorCode::NoAvailableHandle
+                            && Instant::now() < deadline =>
+                    {
+                        self.retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(RETRY_FULL_EVERY).await;
+                    }
+                    _ => break r,
+                }
+            };
             w.owned = value.try_into_mut().ok();
             return self.tally(&[r]);
         }
@@ -375,7 +420,11 @@ impl Shared {
     }
 
     fn existing_keys(&self, rng: &mut fastrand::Rng) -> Vec<u64> {
-        let n = self.written.load(Ordering::Relaxed).clamp(1, self.key_budget);
+        if let Some(z) = &self.zipf {
+            return (0..self.batch).map(|_| z.sample(rng)).collect();
+        }
+        let n = if self.fixed_keys { self.key_budget } else { self.written.load(Ordering::Relaxed) };
+        let n = n.clamp(1, self.key_budget);
         (0..self.batch).map(|_| rng.u64(..n)).collect()
     }
 }
@@ -546,6 +595,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     }
     s.requests.store(0, Ordering::Relaxed);
     s.errors.store(0, Ordering::Relaxed);
+    s.retries.store(0, Ordering::Relaxed);
     s.errors_by_code.lock().clear();
     let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s, phase)).collect();
     let started = Instant::now();
@@ -610,6 +660,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         p99_us: lat.percentile(0.99),
         max_us: lat.max(),
         errors: s.errors.load(Ordering::Relaxed),
+        retries: s.retries.load(Ordering::Relaxed),
         errors_by_code: std::mem::take(&mut *s.errors_by_code.lock()),
     }
 }
@@ -637,7 +688,17 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
     fastrand::Rng::with_seed(7).fill(&mut base);
     let client = Client::new(cfg.clone());
     let info = room(&client, size, a.replicas).await?;
-    let key_budget = key_budget(&info, size, a.replicas);
+    if a.keys == Some(0) {
+        bail!("--keys must be positive");
+    }
+    if a.retry_full && a.batch > 1 {
+        bail!("--retry-full retries single-key writes only: it needs --batch 1");
+    }
+    let key_budget = a.keys.unwrap_or_else(|| key_budget(&info, size, a.replicas));
+    let zipf = match a.zipf {
+        Some(exponent) => Some(Zipf::new(key_budget, exponent, ZIPF_SEED)?),
+        None => None,
+    };
     if key_budget == 0 {
         bail!(
             "the cluster cannot hold one {} value with {} replica(s): {} memory segment(s), {} free in the largest, \
@@ -651,10 +712,14 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         );
     }
     eprintln!(
-        "key set: {key_budget} keys of {} ({} of memory at the {:.0}% eviction watermark); writes cycle over them",
+        "key set: {key_budget} keys of {} ({} of memory at the {:.0}% eviction watermark); writes cycle over them{}",
         crate::ops::fmt_bytes(size),
         crate::ops::fmt_bytes(info.memory_capacity),
-        info.eviction_high_watermark * 100.0
+        info.eviction_high_watermark * 100.0,
+        match a.zipf {
+            Some(z) => format!("; reads Zipf({z})"),
+            None => String::new(),
+        }
     );
     let shared = Arc::new(Shared {
         tenant: cfg.tenant.clone(),
@@ -662,7 +727,7 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         client,
         size,
         base,
-        run: format!("{:08x}", fastrand::u32(..)),
+        run: a.run.clone().unwrap_or_else(|| format!("{:08x}", fastrand::u32(..))),
         batch: a.batch,
         verify: a.verify,
         owned_reads: a.owned_reads,
@@ -672,8 +737,12 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         meta_next: AtomicU64::new(0),
         requests: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        retries: AtomicU64::new(0),
+        retry_full: a.retry_full,
         errors_by_code: Mutex::new(BTreeMap::new()),
         key_budget,
+        fixed_keys: a.keys.is_some(),
+        zipf,
     });
     let mut json = match &a.json {
         Some(p) => Some(std::fs::File::create(p)?),
@@ -711,6 +780,9 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
             r.max_us,
             r.errors
         );
+        if r.retries > 0 {
+            println!("          {} puts tried again after NO_AVAILABLE_HANDLE (--retry-full)", r.retries);
+        }
         if !r.errors_by_code.is_empty() {
             let by: Vec<String> =
                 r.errors_by_code.iter().map(|(code, n)| format!("{n} {code} ({})", meaning(code))).collect();
@@ -777,6 +849,57 @@ fn key_budget_released(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
     key_budget(&released, size, replicas)
 }
 
+/// How long `--retry-full` tries a put again, and how often.
+const RETRY_FULL_FOR: Duration = Duration::from_secs(60);
+const RETRY_FULL_EVERY: Duration = Duration::from_millis(20);
+
+/// The seed of `--zipf`'s rank-to-key shuffle: the same keys are hot in every run, so runs compare.
+const ZIPF_SEED: u64 = 0x5eed_21bf;
+
+/// Largest key set `--zipf` tabulates (8 bytes a key for the table, 8 for the shuffle).
+const ZIPF_MAX_KEYS: u64 = 1 << 26;
+
+/// Zipf-distributed key numbers over `0..n`: rank `r` drawn with probability proportional to `1/(r+1)^s` by
+/// inverse CDF over a precomputed table (binary search), then mapped to a key through a seeded shuffle.
+struct Zipf {
+    /// Cumulative weights of ranks `0..=r`, normalised so the last is 1.
+    cdf: Vec<f64>,
+    /// The key of each rank.
+    keys: Vec<u64>,
+}
+
+impl Zipf {
+    fn new(n: u64, s: f64, seed: u64) -> Result<Zipf> {
+        if n == 0 || n > ZIPF_MAX_KEYS {
+            bail!("--zipf needs a key set of 1 to {ZIPF_MAX_KEYS} keys, not {n}");
+        }
+        if !s.is_finite() || s < 0.0 {
+            bail!("--zipf exponent must be a finite number ≥ 0, not {s}");
+        }
+        let mut cdf = Vec::with_capacity(n as usize);
+        let mut sum = 0.0;
+        for r in 0..n {
+            sum += 1.0 / ((r + 1) as f64).powf(s);
+            cdf.push(sum);
+        }
+        for c in &mut cdf {
+            *c /= sum;
+        }
+        let mut keys: Vec<u64> = (0..n).collect();
+        fastrand::Rng::with_seed(seed).shuffle(&mut keys);
+        Ok(Zipf { cdf, keys })
+    }
+
+    /// The rank a uniform `u` in [0, 1) falls on.
+    fn rank(&self, u: f64) -> usize {
+        self.cdf.partition_point(|&c| c <= u).min(self.cdf.len() - 1)
+    }
+
+    fn sample(&self, rng: &mut fastrand::Rng) -> u64 {
+        self.keys[self.rank(rng.f64())]
+    }
+}
+
 fn key_budget(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
     let usable = info.memory_capacity as f64 * info.eviction_high_watermark * 0.8 - info.memory_used as f64;
     let per_key = size.saturating_mul(u64::from(replicas.max(1))) as f64;
@@ -822,6 +945,44 @@ mod tests {
         let mut tiny = base[..3].to_vec();
         stamp(5, &mut tiny);
         assert!(check(&base[..3], 5, &tiny));
+    }
+
+    #[test]
+    fn zipf_draws_ranks_in_proportion_to_their_weight() {
+        let n = 1000u64;
+        let z = Zipf::new(n, 0.99, 1).unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let draws = 400_000;
+        let mut by_rank = vec![0u64; n as usize];
+        let rank_of: std::collections::HashMap<u64, usize> = z.keys.iter().enumerate().map(|(r, k)| (*k, r)).collect();
+        for _ in 0..draws {
+            by_rank[rank_of[&z.sample(&mut rng)]] += 1;
+        }
+        let h: f64 = (1..=n).map(|r| 1.0 / (r as f64).powf(0.99)).sum();
+        for r in [0usize, 1, 2, 9, 99] {
+            let expect = draws as f64 / ((r + 1) as f64).powf(0.99) / h;
+            let got = by_rank[r] as f64;
+            assert!((got - expect).abs() < 0.05 * expect + 30.0, "rank {r}: {got} draws, expected {expect:.0}");
+        }
+        // The top 10 % of ranks take their share of the mass (about 70 % at s = 0.99 over 1000 keys).
+        let top: u64 = by_rank[..100].iter().sum();
+        let expect: f64 = (1..=100).map(|r| 1.0 / (r as f64).powf(0.99)).sum::<f64>() / h;
+        assert!((top as f64 / draws as f64 - expect).abs() < 0.01, "{top} of {draws}, expected {expect:.3}");
+        // Hot ranks are spread over the key set, the same keys in every run.
+        assert_ne!(z.keys[..10], (0..10).collect::<Vec<u64>>()[..]);
+        assert_eq!(z.keys, Zipf::new(n, 0.99, 1).unwrap().keys);
+        let mut sorted = z.keys.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..n).collect::<Vec<u64>>(), "a permutation of the key set");
+        // Ends of the unit interval map inside the table; s = 0 is uniform.
+        assert_eq!(z.rank(0.0), 0);
+        assert_eq!(z.rank(1.0), n as usize - 1);
+        let u = Zipf::new(4, 0.0, 1).unwrap();
+        assert_eq!((u.rank(0.1), u.rank(0.3), u.rank(0.6), u.rank(0.9)), (0, 1, 2, 3));
+        assert!(Zipf::new(0, 1.0, 1).is_err());
+        assert!(Zipf::new(10, f64::NAN, 1).is_err());
+        assert!(Zipf::new(10, -1.0, 1).is_err());
+        assert!(Zipf::new(ZIPF_MAX_KEYS + 1, 1.0, 1).is_err());
     }
 
     #[test]

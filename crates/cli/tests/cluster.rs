@@ -448,3 +448,70 @@ async fn a_stranger_cannot_unmount_a_nodes_segment() {
     assert_eq!(client.get("k").await.unwrap(), b"v");
     client.put("k2", b"w").await.unwrap();
 }
+
+/// `bench --keys` writes a working set three times the memory (older values evicted), `--keep --run` leaves it
+/// for a second run, whose `--zipf` reads draw from the whole set: some keys hit, the evicted ones are reported
+/// as not found, and every read is one or the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_writes_a_working_set_larger_than_memory_and_reads_it_zipf_distributed() {
+    let up =
+        Proc::start(bin(), &["up", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--segment-size", "16MiB"]);
+    let addr = up.field("master");
+    let json = std::env::temp_dir().join(format!("crescent-bench-zipf-{}.jsonl", std::process::id()));
+    let bench = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(["--master", &addr, "bench", "--value-size", "1MiB", "--keys", "48", "--run", "zipf"])
+            .args(["--concurrency", "2", "--json", json.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let line = std::fs::read_to_string(&json).unwrap();
+        serde_json::from_str::<serde_json::Value>(line.lines().next().unwrap()).unwrap()
+    };
+    let write = bench(&["--phases", "write", "--count", "48", "--keep"]);
+    assert_eq!(write["errors"], 0, "{write}");
+    assert_eq!(write["keys"], 48, "{write}");
+    let read = bench(&["--phases", "read", "--count", "200", "--zipf", "0.99", "--verify"]);
+    let (hits, misses) = (read["keys"].as_u64().unwrap(), read["errors"].as_u64().unwrap());
+    assert_eq!(hits + misses, 200, "{read}");
+    assert!(hits > 0, "the keys memory still holds are read: {read}");
+    assert!(misses > 0, "48 MiB written into 16 MiB: most keys were evicted: {read}");
+    assert_eq!(read["errors_by_code"]["OBJECT_NOT_FOUND"], misses, "misses are evictions, not failures: {read}");
+    let _ = std::fs::remove_file(&json);
+}
+
+/// With a disk tier, `bench --retry-full` loads a working set three times the memory although puts meet memory
+/// still being copied out (NO_AVAILABLE_HANDLE, retried and counted), and Zipf reads then find every key: in
+/// memory or on the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_retry_full_loads_a_working_set_beyond_memory_onto_the_disk_tier_and_reads_all_of_it() {
+    let ssd = tempfile::tempdir().unwrap();
+    let up = Proc::start(
+        bin(),
+        &["up", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--segment-size", "16MiB"]
+            .into_iter()
+            .chain(["--ssd-dir", ssd.path().to_str().unwrap(), "--ssd-size", "64MiB"])
+            .collect::<Vec<_>>(),
+    );
+    let addr = up.field("master");
+    let json = std::env::temp_dir().join(format!("crescent-bench-ssd-{}.jsonl", std::process::id()));
+    let bench = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(["--master", &addr, "bench", "--value-size", "1MiB", "--keys", "48", "--run", "ssd"])
+            .args(["--concurrency", "4", "--json", json.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let line = std::fs::read_to_string(&json).unwrap();
+        serde_json::from_str::<serde_json::Value>(line.lines().next().unwrap()).unwrap()
+    };
+    let write = bench(&["--phases", "write", "--count", "48", "--keep", "--retry-full"]);
+    assert_eq!(write["errors"], 0, "{write}");
+    assert_eq!(write["keys"], 48, "{write}");
+    let read = bench(&["--phases", "read", "--count", "200", "--zipf", "0.99", "--verify"]);
+    assert_eq!(read["errors"], 0, "every key is in memory or on the disk: {read}");
+    assert_eq!(read["keys"], 200, "{read}");
+    let _ = std::fs::remove_file(&json);
+}
