@@ -271,8 +271,8 @@ fn threads(role: Role, configured: Option<usize>, cpus: usize) -> usize {
 /// The tokio runtime for a process of `role`; `CRESCENT_THREADS=N` overrides the choice of [`threads`]. A
 /// node's runtime polls all of its connections for `[node] poll_us` (default 50 µs) before it sleeps
 /// (`crescent_net::poll::idle_park_hook`).
-/// `min_two`: the process hosts a master with an oplog, whose writes may wait on the writer's tasks (a
-/// single-threaded runtime would then wait on itself).
+/// `min_two`: the process hosts a master whose writes may wait on other tasks of the process — the oplog
+/// writer's, or its node's copies to its disk tier (a single-threaded runtime would then wait on itself).
 fn runtime(role: Role, file: &config::FileConfig, min_two: bool) -> std::io::Result<tokio::runtime::Runtime> {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let mut threads = match std::env::var("CRESCENT_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
@@ -359,8 +359,8 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let oplog_up = matches!(&cli.command, Command::Up(a) if a.keeps_oplog(&file));
-    let rt = match runtime(role, &file, oplog_up) {
+    let waits_up = matches!(&cli.command, Command::Up(a) if a.keeps_oplog(&file) || a.has_disk_tier(&file));
+    let rt = match runtime(role, &file, waits_up) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("INTERNAL_ERROR: cannot start the runtime: {e}");

@@ -259,6 +259,13 @@ impl UpArgs {
         let m = &self.master;
         m.etcd.is_some() || m.data_dir.is_some() || file.server.etcd.is_some() || file.server.data_dir.is_some()
     }
+
+    /// Whether this `up`'s node has a disk tier: a write that finds memory full then waits for the copies to disk
+    /// its eviction started (the node makes them on the same runtime), so the process needs a second worker
+    /// thread; on one, the write could not wait and would be refused `NO_AVAILABLE_HANDLE`.
+    pub fn has_disk_tier(&self, file: &FileConfig) -> bool {
+        self.segments.ssd_dir.is_some() || file.node.ssd_dir.is_some()
+    }
 }
 
 /// The leader lease TTL of a candidate, in seconds (the original's).

@@ -485,7 +485,7 @@ async fn bench_writes_a_working_set_larger_than_memory_and_reads_it_zipf_distrib
 /// still being copied out (NO_AVAILABLE_HANDLE, retried and counted), and Zipf reads then find every key: in
 /// memory or on the disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_retry_full_loads_a_working_set_beyond_memory_onto_the_disk_tier_and_reads_all_of_it() {
+async fn bench_loads_a_working_set_beyond_memory_onto_the_disk_tier_and_reads_all_of_it() {
     let ssd = tempfile::tempdir().unwrap();
     let up = Proc::start(
         bin(),
@@ -507,7 +507,9 @@ async fn bench_retry_full_loads_a_working_set_beyond_memory_onto_the_disk_tier_a
         let line = std::fs::read_to_string(&json).unwrap();
         serde_json::from_str::<serde_json::Value>(line.lines().next().unwrap()).unwrap()
     };
-    let write = bench(&["--phases", "write", "--count", "48", "--keep", "--retry-full"]);
+    // No retries: a put that finds memory full waits for the copies to disk its eviction started (`up` with a
+    // disk tier runs two workers for that); on one worker 2/3 of these puts were refused NO_AVAILABLE_HANDLE.
+    let write = bench(&["--phases", "write", "--count", "48", "--keep"]);
     assert_eq!(write["errors"], 0, "{write}");
     assert_eq!(write["keys"], 48, "{write}");
     let read = bench(&["--phases", "read", "--count", "200", "--zipf", "0.99", "--verify"]);

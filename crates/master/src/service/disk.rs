@@ -43,7 +43,7 @@ const FAILING_FOR: Duration = Duration::from_secs(10);
 /// Failed copies in a row after which a disk is avoided for [`FAILING_FOR`].
 const FAILURES_TO_AVOID: u32 = 3;
 
-/// Counters of the tier, master side (read with [`MasterService::disk_stats`]).
+/// Counters of the tier, master side (read with [`MasterService::disk_tier`]).
 #[derive(Debug, Default)]
 pub struct DiskTierMetrics {
     /// Offloads started (a copy task handed to a node).
@@ -243,7 +243,7 @@ impl DiskTier {
         Arc::clone(&self.state.lock().mailboxes.entry(node).or_default().notify)
     }
 
-    /// Hands out up to [`TASKS_PER_POLL`] of `node`'s queued tasks.
+    /// Hands out `node`'s queued tasks (at most 256 at a time).
     pub fn take(&self, node: ClientId) -> Vec<DiskTask> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
