@@ -517,3 +517,47 @@ async fn bench_loads_a_working_set_beyond_memory_onto_the_disk_tier_and_reads_al
     assert_eq!(read["keys"], 200, "{read}");
     let _ = std::fs::remove_file(&json);
 }
+
+/// A node with a disk tier killed and restarted on the same address and the same `--ssd-dir`: the new process
+/// wipes the tier's file at start and the master drops the old instance's memory and disk segments at its mount,
+/// so no object is served from bytes the master does not know — neither the memory ones nor the ones on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_on_its_disk_tier_serves_none_of_its_old_objects() {
+    let ssd = tempfile::tempdir().unwrap();
+    let dir = ssd.path().to_str().unwrap();
+    let c = cluster(&["--client-ttl-ms", "600000"], 0, "");
+    let node_args = |listen: &str| {
+        ["node", "--master", &c.addr(), "--listen", listen, "--segment-size", "1MiB", "--ssd-dir", dir]
+            .into_iter()
+            .chain(["--ssd-size", "16MiB"])
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let args = node_args("127.0.0.1:0");
+    let mut node = Proc::start(bin(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let client = impatient(&c);
+    // 40 × 64 KiB into 1 MiB of memory: most end up on the disk tier.
+    let values = fill(&client).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            client.stat("k0").await.is_ok_and(|s| s.replicas.iter().any(|d| d.location.is_disk()))
+        })
+        .await,
+        "k0 went to the disk"
+    );
+    let file = ssd.path().join("crescent-ssd.data");
+    let listen = node.field("node");
+    node.kill9();
+    let args = node_args(&listen);
+    let _node = Proc::start(bin(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for (k, _) in &values {
+        let ok = until_get_fails(&client, k, ErrorCode::ObjectNotFound).await;
+        assert!(ok, "{k} was dropped: {:?} {:?}", client.get(k).await.map(|v| v.len()), client.stat(k).await);
+    }
+    // Wiped: the old objects' bytes are gone from the file too.
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(bytes.len(), 16 << 20);
+    assert!(bytes.iter().all(|&b| b == 0), "the restarted node wiped its disk tier");
+    client.put("k0", b"new").await.unwrap();
+    assert_eq!(client.get("k0").await.unwrap(), b"new");
+}

@@ -130,7 +130,8 @@ impl MasterService {
 
     /// A node instance that mounts at an endpoint proves that the instance which served there before is gone
     /// with its memory (a node's client id is its incarnation: random per process start; one process at a time
-    /// listens on an endpoint). That instance's memory segments are unmounted at once, whatever their status —
+    /// listens on an endpoint). That instance's memory and disk segments are unmounted at once, whatever their
+    /// status (a restarted node wipes its disk tier: what the old one held there is gone too) —
     /// one killed and restarted within its TTL is still OK here — so their objects are dropped rather than ever
     /// served stale or left listed but unreadable. Not NoF segments: their endpoint is a shared storage target
     /// that several clients mount ranges of. On a master that authenticates, only segments the same principal
@@ -144,12 +145,10 @@ impl MasterService {
             .into_iter()
             .filter(|s| {
                 s.client != client
-                    && s.spec.kind == SegmentKind::Memory
+                    && of_instance(s.spec.kind)
                     && by.is_none_or(|p| self.mounters.get(s.client).as_ref() == Some(p))
                     // A mount of the same segment id is a conflict to refuse, not a restart.
-                    && specs.iter().any(|n| {
-                        n.endpoint == s.spec.endpoint && n.kind == SegmentKind::Memory && n.id != s.spec.id
-                    })
+                    && specs.iter().any(|n| n.endpoint == s.spec.endpoint && of_instance(n.kind) && n.id != s.spec.id)
             })
             .collect();
         for s in replaced {
@@ -472,4 +471,10 @@ impl MasterService {
             });
         }
     }
+}
+
+/// Whether a segment of `kind` belongs to one node instance (its memory, or its disk tier, which a restarted node
+/// wipes), so that another instance mounting at its endpoint proves it gone.
+fn of_instance(kind: SegmentKind) -> bool {
+    matches!(kind, SegmentKind::Memory | SegmentKind::Disk)
 }
