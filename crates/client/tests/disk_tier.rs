@@ -90,6 +90,28 @@ async fn objects_memory_evicts_are_read_back_from_the_nodes_disk() {
     assert!(
         eventually(WAIT, || async { svc.disk_tier().segment_stats(disk_id(&t)).counters.reads >= stats.reads }).await
     );
+    // With room in memory again (the objects there removed), a read brings a disk object back to memory (the
+    // node copies it disk → memory), where it reads whole.
+    let m = svc.disk_tier().metrics();
+    for i in 0..n {
+        let key = format!("k{i}");
+        if !disk.contains(&i) {
+            t.client.remove(&key, true).await.unwrap();
+        }
+    }
+    for &i in &disk {
+        check(&t.client.get(&format!("k{i}")).await.unwrap(), size, i).unwrap();
+    }
+    assert!(eventually(WAIT, || async { m.promotions_done.load(Ordering::Relaxed) > 0 }).await, "promoted");
+    let mut promoted = 0;
+    for &i in &disk {
+        let key = format!("k{i}");
+        if t.tiers(&key).await.contains(&SegmentKind::Memory) {
+            promoted += 1;
+            check(&t.client.get(&key).await.unwrap(), size, i).unwrap();
+        }
+    }
+    assert!(promoted > 0, "some disk objects are in memory again");
 }
 
 fn disk_id(t: &Tier) -> crescent_proto::SegmentId {

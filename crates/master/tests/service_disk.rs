@@ -198,7 +198,8 @@ fn a_full_disk_evicts_its_oldest_replicas_first() {
 
 #[test]
 fn a_disk_replica_being_read_is_not_evicted_for_room() {
-    let n = node(MasterConfig::default(), 64 * MIB, 6 * BLOCK);
+    // (A read would also bring `a` back to memory: not here.)
+    let n = node(MasterConfig { disk_promotion: false, ..MasterConfig::default() }, 64 * MIB, 6 * BLOCK);
     for k in ["a", "b"] {
         n.put(k, 10_000);
         n.evict_all();
@@ -378,4 +379,71 @@ async fn disk_replicas_are_logged_and_restored_by_the_next_master() {
     // The restored disk accounts for the range: a new offload lands beside it.
     assert_eq!(b.pool().usage(SegmentKind::Disk).used, 12_288);
     log_b.stop().await;
+}
+
+#[test]
+fn a_read_of_a_disk_only_object_brings_it_back_to_memory() {
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    n.put("k", 10_000);
+    n.evict_all();
+    n.finish(&n.poll(vec![]));
+    assert!(on_disk(&n.read("k").unwrap()), "served from the disk meanwhile");
+    assert!(on_disk(&n.read("k").unwrap()), "one promotion at a time");
+    let tasks = n.poll(vec![]);
+    assert_eq!(tasks.len(), 1);
+    let t = &tasks[0];
+    assert_eq!((t.kind, t.src, t.dst, t.length), (DiskTaskKind::Promote, n.disk.id, n.memory.id, 10_000));
+    assert_eq!(n.used(SegmentKind::Memory), 10_000, "the range is taken while the node copies");
+    assert!(n.poll(vec![DiskTaskResult { id: t.id, outcome: Ok(crc_of("k")) }]).is_empty());
+    let locs = n.locations("k").unwrap();
+    assert!(matches!(locs[..], [ReplicaLocation::Disk { .. }, ReplicaLocation::Memory { .. }]), "{locs:?}");
+    let m = n.svc.disk_tier().metrics();
+    assert_eq!(m.promotions_done.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // Readers now get the memory replica too; a later eviction only drops it (the disk copy is there).
+    n.clock.advance(Duration::from_secs(60));
+    let report = n.evict_all();
+    assert_eq!((report.objects, report.offloading), (1, 0));
+    assert!(on_disk(&n.locations("k").unwrap()));
+    assert_eq!(n.used(SegmentKind::Memory), 0);
+}
+
+#[test]
+fn a_promotion_that_fails_or_finds_the_object_removed_frees_its_range() {
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    for k in ["bad", "gone"] {
+        n.put(k, 4096);
+    }
+    n.evict_all();
+    n.finish(&n.poll(vec![]));
+    n.read("bad").unwrap();
+    n.read("gone").unwrap();
+    let tasks = n.poll(vec![]);
+    assert_eq!(tasks.len(), 2);
+    assert_eq!(n.used(SegmentKind::Memory), 8192);
+    n.svc.remove("", "gone", true).unwrap();
+    let done = tasks.iter().map(|t| DiskTaskResult { id: t.id, outcome: Ok(0xBAD) }).collect();
+    assert!(n.poll(done).is_empty());
+    assert_eq!(n.used(SegmentKind::Memory), 0, "both ranges freed");
+    assert!(on_disk(&n.locations("bad").unwrap()), "still served from the disk");
+    assert_eq!(n.locations("gone").unwrap_err(), ErrorCode::ObjectNotFound);
+    let m = n.svc.disk_tier().metrics();
+    assert_eq!(m.promotions_failed.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+#[test]
+fn promotion_is_off_by_the_knob_and_when_memory_is_nearly_full() {
+    let n = node(MasterConfig { disk_promotion: false, ..MasterConfig::default() }, 64 * MIB, 64 * MIB);
+    n.put("k", 4096);
+    n.evict_all();
+    n.finish(&n.poll(vec![]));
+    n.read("k").unwrap();
+    assert!(n.poll(vec![]).is_empty(), "off");
+    // Memory above the promotion ceiling (the eviction watermark less two rounds' share): no promotion.
+    let full = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    full.put("k", 4096);
+    full.evict_all();
+    full.finish(&full.poll(vec![]));
+    full.put("filler", 56 * MIB);
+    full.read("k").unwrap();
+    assert!(full.poll(vec![]).is_empty(), "no room");
 }

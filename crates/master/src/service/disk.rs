@@ -19,10 +19,12 @@
 use super::MasterService;
 use crate::clock::Timestamp;
 use crate::eviction::{self, OffloadEnd};
-use crate::metadata::{ObjectEntry, ObjectState, Replica, TenantState};
+use crate::metadata::{Lifecycle, ObjectEntry, ObjectId, ObjectState, Replica, TenantState, Tier};
+use crate::segment_pool::AllocatedBuffer;
 use crescent_proto::{
     ClientId, DISK_BLOCK, DiskCounters, DiskFault, DiskTask, DiskTaskKind, DiskTaskResult, ErrorCode, SegmentId,
 };
+use crescent_proto::{ReplicaStatus, SegmentKind};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +60,10 @@ pub struct DiskTierMetrics {
     pub disk_evictions: AtomicU64,
     /// Disk replicas dropped because their node could not read them.
     pub disk_faults: AtomicU64,
+    /// Disk-only objects a read brought back to memory (the disk replica stays).
+    pub promotions_done: AtomicU64,
+    /// Promotions that failed, expired or found the object gone or changed.
+    pub promotions_failed: AtomicU64,
 }
 
 /// One disk's figures for `/segments`, `/metrics` and `crescent stat`.
@@ -79,10 +85,13 @@ struct Task {
     node: ClientId,
     tenant: Arc<TenantState>,
     entry: Arc<ObjectEntry>,
-    /// The replica the copy fills (the disk replica of an offload).
+    /// The replica the copy fills (the disk replica of an offload), or reads (the disk replica a promotion copies).
     replica: u64,
     /// When the master gives up on it (its deadline and a margin, on the master's clock).
     expires: Timestamp,
+    /// A promotion's memory range: held by the task, not the object, until the node reports (a removal meanwhile
+    /// cannot free a range the node may still be writing); it joins the object only if the copy is good.
+    promote: Option<AllocatedBuffer>,
 }
 
 /// A readable disk replica, in the order it was written (its disk's eviction order).
@@ -111,6 +120,8 @@ struct State {
     counters: HashMap<SegmentId, DiskCounters>,
     /// Per disk: copies failed in a row, and until when offloads avoid it.
     failing: HashMap<SegmentId, (u32, Timestamp)>,
+    /// Objects with a promotion under way (one at a time each).
+    promoting: std::collections::HashSet<ObjectId>,
 }
 
 /// The master's disk tier (see the module docs).
@@ -218,6 +229,7 @@ impl eviction::Offload for Offloader<'_> {
             entry: Arc::clone(entry),
             replica: id,
             expires: now.saturating_add(ttl.saturating_mul(2)),
+            promote: None,
         });
         true
     }
@@ -400,8 +412,108 @@ impl MasterService {
         Ok(self.disk.take(node))
     }
 
+    /// Starts bringing a disk-only object back to memory, under its lock, after a read found it only on disk
+    /// (`disk_promotion`): a memory range on the same node's memory segment, when it has room below the eviction
+    /// watermark (a promotion must not make the eviction that sends objects to disk), and a copy task for the node.
+    pub(super) fn maybe_promote(&self, tenant: &Arc<TenantState>, entry: &Arc<ObjectEntry>, st: &ObjectState) {
+        if !self.config.disk_promotion || st.pending.is_some() || self.under_memory_pressure() {
+            return;
+        }
+        if st.replicas.iter().any(|r| r.is_memory() && r.is_readable()) {
+            return;
+        }
+        let Some(disk) = st.replicas.iter().find(|r| r.tier == Tier::Disk && r.is_readable()) else { return };
+        let Some(src) = disk.buffer.segment_id() else { return };
+        let Some(node) = self.pool.owner(src) else { return };
+        let ceiling = self.config.eviction_high_watermark - 2.0 * self.config.eviction_ratio;
+        let target = self.pool.client_segments(node).into_iter().find(|id| {
+            self.pool.segment(*id).is_some_and(|s| {
+                let used = (s.usage.used + s.usage.slack + st.size) as f64;
+                s.spec.kind == SegmentKind::Memory && used <= ceiling * s.usage.capacity as f64
+            })
+        });
+        let Some(dst) = target else { return };
+        if !self.disk.state.lock().promoting.insert(entry.id()) {
+            return;
+        }
+        let Ok(buffer) = self.pool.allocate_in(dst, st.size) else {
+            self.disk.state.lock().promoting.remove(&entry.id());
+            return;
+        };
+        let ttl = Duration::from_millis(self.config.disk_task_timeout_ms);
+        let task = DiskTask {
+            id: self.disk.next_task.fetch_add(1, Ordering::Relaxed) + 1,
+            kind: DiskTaskKind::Promote,
+            src,
+            src_offset: disk.buffer.offset(),
+            dst,
+            dst_offset: buffer.offset(),
+            length: st.size,
+            deadline_unix_ms: crescent_net::grant::unix_ms().saturating_add(ttl.as_millis() as u64),
+        };
+        let expires = self.clock.now().saturating_add(ttl.saturating_mul(2));
+        let (tenant, entry) = (Arc::clone(tenant), Arc::clone(entry));
+        self.disk.queue(Task { wire: task, node, tenant, entry, replica: disk.id, expires, promote: Some(buffer) });
+    }
+
+    /// Ends a promotion: a good copy of the object's bytes becomes a readable memory replica (charged to its
+    /// tenant, its post-state logged under the lock); anything else frees the range.
+    fn end_promotion(&self, task: Task, buffer: AllocatedBuffer, crc: Option<u32>) {
+        use crate::eviction::EvictionLog;
+        self.disk.state.lock().promoting.remove(&task.entry.id());
+        let log = self.oplog.get();
+        let slot = log.map(|l| EvictionLog::reserve(&**l));
+        let kept = {
+            let mut st = task.entry.lock();
+            let source_there = st.replicas.iter().any(|r| r.id == task.replica && r.is_readable());
+            let good = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == u64::from(c));
+            let fits = st.lifecycle == Lifecycle::Active
+                && st.pending.is_none()
+                && source_there
+                && good
+                && task.tenant.quota().try_charge(st.size).is_ok();
+            match (fits, slot) {
+                // No place in the log: nothing changes.
+                (true, Some(None)) => {
+                    task.tenant.release_quota(st.size);
+                    drop(st);
+                    drop(buffer);
+                    false
+                }
+                (true, slot) => {
+                    let mut r = Replica::processing(self.next_replica_id(), buffer);
+                    r.status = ReplicaStatus::Complete;
+                    st.replicas.push(r);
+                    st.charged += st.size;
+                    if let (Some(log), Some(Some(slot))) = (log, slot) {
+                        EvictionLog::record(
+                            &**log,
+                            slot,
+                            &task.tenant,
+                            &task.entry,
+                            &st,
+                            self.clock.now(),
+                            Box::new(|| {}),
+                        );
+                    }
+                    true
+                }
+                _ => {
+                    drop(st);
+                    drop(buffer);
+                    false
+                }
+            }
+        };
+        let counter = if kept { &self.disk.metrics.promotions_done } else { &self.disk.metrics.promotions_failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Ends one task with its outcome (`Err`: failed or expired).
-    fn end_task(&self, task: Task, outcome: Result<u32, ErrorCode>) {
+    fn end_task(&self, mut task: Task, outcome: Result<u32, ErrorCode>) {
+        if let Some(buffer) = task.promote.take() {
+            return self.end_promotion(task, buffer, outcome.ok());
+        }
         let now = self.clock.now();
         let crc = outcome.ok();
         let end = eviction::complete_offload(&task.tenant, &task.entry, task.replica, crc, now, self.eviction_log());

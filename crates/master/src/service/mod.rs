@@ -106,6 +106,9 @@ pub struct MasterConfig {
     /// A node must start a disk copy within this long of its task (ms); the master ends the task as failed after
     /// twice that, and holds its disk range out of reuse for three times that.
     pub disk_task_timeout_ms: u64,
+    /// A read of an object found only on a disk tier brings it back to memory in the background, when its node's
+    /// memory has room below the eviction watermark (the disk copy stays).
+    pub disk_promotion: bool,
     /// A client's report that it could not reach a node is checked by the master's own probe before the
     /// segment turns SUSPECT (set by a master that authenticates: there a report is a tenant's word, and a
     /// tenant must not be able to take every segment out of placement). Off: reports are believed at once.
@@ -136,6 +139,7 @@ impl Default for MasterConfig {
             write_hold_ms: 0,
             disk_offload: true,
             disk_task_timeout_ms: 10_000,
+            disk_promotion: true,
             verify_unreachable_reports: false,
         }
     }

@@ -133,6 +133,10 @@ impl MasterService {
                     Lookup::Missing
                 };
             }
+            // Found only on a disk tier: bring it back to memory in the background when there is room.
+            if want_descriptors && descriptors.iter().all(|d| d.location.is_disk()) {
+                self.maybe_promote(tenant, &entry, &st);
+            }
             let half = self.config.lease_ttl_ms / 2;
             let near_expiry = st.lease.0 <= now.0.saturating_add(half);
             st.grant_lease(now, deadline);
