@@ -447,3 +447,28 @@ fn promotion_is_off_by_the_knob_and_when_memory_is_nearly_full() {
     full.read("k").unwrap();
     assert!(full.poll(vec![]).is_empty(), "no room");
 }
+
+#[test]
+fn disk_replicas_survive_a_snapshot_round_trip() {
+    use crescent_master::snapshot::{self, MasterSnapshotView, SnapshotMetadata};
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    n.put("k", 10_000);
+    n.evict_all();
+    n.finish(&n.poll(vec![]));
+    let before = n.locations("k").unwrap();
+    assert!(on_disk(&before));
+    // A snapshot's position names a batch and the last sequence in it (here a made-up one: no log).
+    let mut state = n.svc.metadata_view();
+    state.last_seq = 1;
+    let meta = SnapshotMetadata { state, batch_id: 1, producer_view: 1 };
+    let bytes = snapshot::encode(&MasterSnapshotView { metadata: Some(meta), ..MasterSnapshotView::default() });
+    let decoded = snapshot::decode(&bytes).unwrap();
+    let state = decoded.metadata.unwrap().state;
+    let b = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(9_000_000))).unwrap();
+    assert_eq!(b.restore_replayed(&state).unwrap(), (1, 2), "the object, both segments");
+    b.remount_segments(n.node, &[n.memory.clone(), n.disk.clone()]).unwrap();
+    let after: Vec<ReplicaLocation> =
+        b.get_replica_list("", "k").unwrap().replicas.into_iter().map(|d| d.location).collect();
+    assert_eq!(after, before);
+    assert_eq!(b.pool().usage(SegmentKind::Disk).used, 12_288);
+}
