@@ -472,3 +472,17 @@ fn disk_replicas_survive_a_snapshot_round_trip() {
     assert_eq!(after, before);
     assert_eq!(b.pool().usage(SegmentKind::Disk).used, 12_288);
 }
+
+#[test]
+fn unmounting_a_disk_ends_its_copies_at_once() {
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    n.put("k", 4096);
+    n.evict_all();
+    assert_eq!(n.svc.disk_tier().tasks_in_flight(), 1);
+    n.svc.unmount_segment(n.disk.id).unwrap();
+    // Not left to expire (its pending free would hold the watermark loop back meanwhile).
+    assert_eq!(n.svc.disk_tier().tasks_in_flight(), 0);
+    assert!(n.poll(vec![]).is_empty(), "nothing left to hand out");
+    assert!(matches!(n.locations("k").unwrap()[..], [ReplicaLocation::Memory { .. }]), "still in memory");
+    assert_eq!(n.evict_all().objects, 1, "a round evicts it again, and drops it: no disk left");
+}

@@ -264,6 +264,20 @@ impl DiskTier {
         mailbox.queued.drain(..n).filter_map(|id| st.tasks.get(&id).map(|t| t.wire.clone())).collect()
     }
 
+    /// Takes every task (handed out or queued) that `pick` selects, out of the tier.
+    fn take_where(&self, pick: impl Fn(&Task) -> bool) -> Vec<Task> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let ids: Vec<u64> = st.tasks.iter().filter(|(_, t)| pick(t)).map(|(id, _)| *id).collect();
+        let tasks: Vec<Task> = ids.iter().filter_map(|id| st.tasks.remove(id)).collect();
+        for t in &tasks {
+            if let Some(m) = st.mailboxes.get_mut(&t.node) {
+                m.queued.retain(|id| *id != t.wire.id);
+            }
+        }
+        tasks
+    }
+
     fn remove(&self, id: u64, node: ClientId) -> Option<Task> {
         let mut st = self.state.lock();
         // Only the node the task was given to may end it.
@@ -357,24 +371,36 @@ impl MasterService {
     fn disk_room(&self, disk: SegmentId, bytes: u64) -> bool {
         let mut skipped = Vec::new();
         let mut ok = self.pool.can_fit(disk, bytes);
+        // Bytes evicted whose space is not back yet: with a log, it comes back once the evictions are durable,
+        // waited for once per `bytes` evicted rather than once per replica.
+        let mut coming = 0;
         for _ in 0..EVICT_FOR_ROOM {
             if ok {
                 break;
+            }
+            if coming >= bytes {
+                self.await_frees(&self.disk_frees);
+                coming = 0;
+                ok = self.pool.can_fit(disk, bytes);
+                continue;
             }
             let Some(r) = self.disk.pop_oldest(disk) else { break };
             let (Some(tenant), Some(entry)) = (r.tenant.upgrade(), r.entry.upgrade()) else { continue };
             let now = self.clock.now();
             match eviction::evict_disk_replica(&tenant, &entry, r.replica, false, now, self.disk_log()) {
-                Some(_) => {
+                Some(freed) => {
                     self.disk.metrics.disk_evictions.fetch_add(1, Ordering::Relaxed);
                     *self.disk.state.lock().evictions.entry(disk).or_default() += 1;
-                    // With a log, the space comes back once the eviction is durable.
-                    self.await_frees(&self.disk_frees);
+                    coming += freed;
                 }
-                // Read right now (leased): it stays, behind the others.
+                // Read right now (leased): it goes back in the queue, as the newest.
                 None if entry.lock().replicas.iter().any(|x| x.id == r.replica) => skipped.push(r),
                 None => {}
             }
+            ok = self.pool.can_fit(disk, bytes);
+        }
+        if !ok && coming > 0 {
+            self.await_frees(&self.disk_frees);
             ok = self.pool.can_fit(disk, bytes);
         }
         if !skipped.is_empty() {
@@ -419,7 +445,9 @@ impl MasterService {
         if !self.config.disk_promotion || st.pending.is_some() || self.under_memory_pressure() {
             return;
         }
-        if st.replicas.iter().any(|r| r.is_memory() && r.is_readable()) {
+        if st.replicas.iter().any(|r| r.is_memory() && r.is_readable())
+            || self.disk.state.lock().promoting.contains(&entry.id())
+        {
             return;
         }
         let Some(disk) = st.replicas.iter().find(|r| r.tier == Tier::Disk && r.is_readable()) else { return };
@@ -552,21 +580,19 @@ impl MasterService {
         }
     }
 
+    /// Ends, as failed, the tasks that copy from or to `segment` (it left the pool: no copy there can count), so
+    /// their pending frees do not hold the watermark loop back until they expire.
+    pub(super) fn end_disk_tasks_on(&self, segment: SegmentId) {
+        for t in self.disk.take_where(|t| t.wire.src == segment || t.wire.dst == segment) {
+            self.end_task(t, Err(ErrorCode::SegmentNotFound));
+        }
+    }
+
     /// Ends tasks whose node did not report in time (dead, stalled): their disk replicas are dropped, the
     /// objects left in memory. The background loop runs this every second. Returns how many expired.
     pub fn step_disk_tasks(&self) -> usize {
         let now = self.clock.now();
-        let expired: Vec<Task> = {
-            let mut st = self.disk.state.lock();
-            let ids: Vec<u64> = st.tasks.iter().filter(|(_, t)| t.expires <= now).map(|(id, _)| *id).collect();
-            let tasks: Vec<Task> = ids.iter().filter_map(|id| st.tasks.remove(id)).collect();
-            for t in &tasks {
-                if let Some(m) = st.mailboxes.get_mut(&t.node) {
-                    m.queued.retain(|id| *id != t.wire.id);
-                }
-            }
-            tasks
-        };
+        let expired = self.disk.take_where(|t| t.expires <= now);
         let n = expired.len();
         for t in expired {
             self.end_task(t, Err(ErrorCode::TransferFail));
