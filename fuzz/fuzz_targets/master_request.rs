@@ -36,7 +36,7 @@ fn seeds() -> Vec<Vec<u8>> {
             size: 4096,
             config: ReplicateConfig::with_replicas(2),
         },
-        MasterRequest::PutEnd { client, tenant: String::new(), key: key(), checksum: Some(7) },
+        MasterRequest::PutEnd { client, tenant: String::new(), key: key(), checksum: Some(7), write: 9 },
         MasterRequest::BatchPutStart {
             client,
             tenant: "t".into(),
@@ -45,7 +45,12 @@ fn seeds() -> Vec<Vec<u8>> {
             group_ids: Some(Batch(vec!["g".into()])),
             upsert: true,
         },
-        MasterRequest::BatchPutEnd { client, tenant: "t".into(), items: Batch(vec![(key(), None), (key(), Some(1))]) },
+        MasterRequest::BatchPutEnd {
+            client,
+            tenant: "t".into(),
+            items: Batch(vec![(key(), None, 3), (key(), Some(1), 4)]),
+        },
+        MasterRequest::BatchPutRevoke { client, tenant: "t".into(), keys: Batch(vec![(key(), 5)]) },
         MasterRequest::BatchGetReplicaList { tenant: "t".into(), keys: Batch(vec![key(), key()]) },
         MasterRequest::RemoveAll { tenant: None, force: true },
         MasterRequest::RemoveByRegex { tenant: "t".into(), pattern: "^a.*".into(), force: false },

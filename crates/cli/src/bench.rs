@@ -343,7 +343,11 @@ impl Shared {
             let started = master.call(&MasterRequest::PutStart { client: id, tenant, key, size, config }).await;
             let (tenant, key) = (self.tenant.clone(), self.meta_key(start));
             let ended = match started {
-                Ok(_) => master.call(&MasterRequest::PutEnd { client: id, tenant, key, checksum: None }).await,
+                Ok(MasterResponse::Replicas(r)) => {
+                    let write = crescent_proto::write_id(&r);
+                    master.call(&MasterRequest::PutEnd { client: id, tenant, key, checksum: None, write }).await
+                }
+                Ok(_) => Err(crescent_proto::ErrorCode::InternalError.into()),
                 Err(e) => Err(e),
             };
             self.tally(&[ended]).0
@@ -357,15 +361,20 @@ impl Shared {
                 group_ids: None,
                 upsert: false,
             };
-            let started: Vec<bool> = match master.call(&req).await {
-                Ok(MasterResponse::BatchReplicas(r)) => r.items.iter().map(|x| self.code_ok(x)).collect(),
+            // Per key, the write to end (None: not started).
+            let started: Vec<Option<u64>> = match master.call(&req).await {
+                Ok(MasterResponse::BatchReplicas(r)) => r
+                    .items
+                    .iter()
+                    .map(|x| self.code_ok(x).then(|| x.as_ref().map_or(0, |d| crescent_proto::write_id(d))))
+                    .collect(),
                 other => {
                     self.failed(reply_code(other));
-                    vec![false; keys.len()]
+                    vec![None; keys.len()]
                 }
             };
-            let items: Vec<(WireKey, Option<u64>)> =
-                keys.into_iter().zip(&started).filter(|(_, s)| **s).map(|(k, _)| (k, None)).collect();
+            let items: Vec<(WireKey, Option<u64>, u64)> =
+                keys.into_iter().zip(started).filter_map(|(k, w)| Some((k, None, w?))).collect();
             if items.is_empty() {
                 0
             } else {

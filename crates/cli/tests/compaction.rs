@@ -110,7 +110,7 @@ async fn an_etcd_master_without_a_store_snapshots_into_its_data_dir_and_keeps_et
             };
             let Ok(MasterResponse::BatchReplicas(r)) = writer.call(&start).await else { panic!("batch put start") };
             assert!(r.items.iter().all(Result::is_ok), "round {round}: {:?}", r.items.iter().find(|i| i.is_err()));
-            let items = keys.iter().map(|k| (WireKey::Key(k.clone()), None)).collect();
+            let items = keys.iter().zip(writes(&r)).map(|(k, w)| (WireKey::Key(k.clone()), None, w)).collect();
             let end = MasterRequest::BatchPutEnd { client: writer_id, tenant: String::new(), items: Batch::new(items) };
             let Ok(MasterResponse::BatchDone(r)) = writer.call(&end).await else { panic!("batch put end") };
             assert!(r.iter().all(Result::is_ok));
@@ -229,8 +229,8 @@ async fn a_standby_with_its_own_data_dir_fetches_the_leaders_snapshot_and_takes_
             group_ids: None,
             upsert: false,
         };
-        assert!(matches!(writer.call(&start).await, Ok(MasterResponse::BatchReplicas(_))));
-        let items = batch.iter().map(|k| (WireKey::Key(k.clone()), None)).collect();
+        let Ok(MasterResponse::BatchReplicas(r)) = writer.call(&start).await else { panic!("batch put start") };
+        let items = batch.iter().zip(writes(&r)).map(|(k, w)| (WireKey::Key(k.clone()), None, w)).collect();
         let end = MasterRequest::BatchPutEnd { client: writer_id, tenant: String::new(), items: Batch::new(items) };
         assert!(matches!(writer.call(&end).await, Ok(MasterResponse::BatchDone(_))));
         keys.extend(batch);
@@ -265,4 +265,9 @@ async fn a_standby_with_its_own_data_dir_fetches_the_leaders_snapshot_and_takes_
     assert_eq!(found.len(), keys.len());
     let missing = found.iter().filter(|f| **f != Ok(true)).count();
     assert_eq!(missing, 0, "of {} keys, {missing} are not on b", keys.len());
+}
+
+/// The write each started item of a batch is (0 for an item that failed to start: its End fails).
+fn writes(r: &crescent_proto::rpc::GrantedBatch<Vec<crescent_proto::ReplicaDescriptor>>) -> Vec<u64> {
+    r.items.iter().map(|d| d.as_ref().map_or(0, |d| crescent_proto::write_id(d))).collect()
 }

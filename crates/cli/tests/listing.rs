@@ -34,13 +34,13 @@ async fn fill(client: &Client, keys: &[String]) {
             group_ids: None,
             upsert: false,
         };
-        match client.master().call(&start).await.unwrap() {
+        let writes: Vec<u64> = match client.master().call(&start).await.unwrap() {
             MasterResponse::BatchReplicas(r) => {
-                assert!(r.items.iter().all(Result::is_ok), "{:?}", r.items.iter().find(|r| r.is_err()))
+                r.items.iter().map(|d| crescent_proto::write_id(d.as_ref().expect("every key started"))).collect()
             }
             other => panic!("{other:?}"),
-        }
-        let items = Batch(chunk.iter().map(|k| (WireKey::Key(k.clone()), None)).collect());
+        };
+        let items = Batch(chunk.iter().zip(writes).map(|(k, w)| (WireKey::Key(k.clone()), None, w)).collect());
         let end = MasterRequest::BatchPutEnd { client: client.id(), tenant: String::new(), items };
         match client.master().call(&end).await.unwrap() {
             MasterResponse::BatchDone(r) => assert!(r.iter().all(Result::is_ok)),

@@ -283,7 +283,8 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     assert_eq!(refused(b.write(&endpoint, own.clone(), mine_off, four_k.clone()).await), ErrorCode::PermissionDenied);
     // A write grant does not read, and a read grant does not write.
     assert_eq!(refused(t.read(&endpoint, own, mine_off, 4096).await), ErrorCode::PermissionDenied);
-    let end = MasterRequest::PutEnd { client: me, tenant: "a".into(), key: key(), checksum: None };
+    let write = crescent_proto::write_id(&mine);
+    let end = MasterRequest::PutEnd { client: me, tenant: "a".into(), key: key(), checksum: None, write };
     master.call(&end).await.unwrap();
     let get = MasterRequest::GetReplicaList { tenant: "a".into(), key: key() };
     let Ok(MasterResponse::ReplicaList(list)) = master.call(&get).await else { panic!("get failed") };
@@ -356,7 +357,12 @@ async fn an_authenticated_client_touches_only_the_ranges_the_master_granted_it()
     let revoke = MasterRequest::BatchPutRevoke {
         client: me,
         tenant: "a".into(),
-        keys: Batch(keys.into_iter().map(|(k, _)| k).collect()),
+        keys: Batch(
+            keys.into_iter()
+                .zip(&batch.items)
+                .map(|((k, _), d)| (k, d.as_ref().map_or(0, |d| crescent_proto::write_id(d))))
+                .collect(),
+        ),
     };
     master.call(&revoke).await.unwrap();
 

@@ -541,12 +541,17 @@ impl Client {
             Err(e) if e.code() == ErrorCode::ObjectAlreadyExists => return Ok(PutOutcome::Existed),
             Err(e) => return Err(e),
         };
+        let write = crescent_proto::write_id(&replicas);
         let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());
         let sent_crc = match written {
             Ok(crc) => crc,
             Err((err, unreachable)) => {
-                let revoke =
-                    MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key) };
+                let revoke = MasterRequest::PutRevoke {
+                    client: self.inner.id,
+                    tenant: self.tenant(),
+                    key: WireKey::from(key),
+                    write,
+                };
                 if let Err(e) = self.inner.master.call(&revoke).await {
                     tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
                 }
@@ -560,6 +565,7 @@ impl Client {
             tenant: self.tenant(),
             key: WireKey::from(key),
             checksum: Some(crc),
+            write,
         };
         self.inner.master.call(&end).await?;
         Ok(PutOutcome::Stored { replicas: replicas.len() })
@@ -668,19 +674,19 @@ impl Client {
             match (start, w) {
                 (Err(ErrorCode::ObjectAlreadyExists), _) => out.push(Ok(())),
                 (Err(c), _) => out.push(Err(c.into())),
-                (Ok(_), Written::Done) => {
-                    to_end.push(i);
+                (Ok(d), Written::Done) => {
+                    to_end.push((i, crescent_proto::write_id(&d)));
                     out.push(Ok(()));
                 }
-                (Ok(_), Written::Failed(e)) => {
-                    to_revoke.push(i);
+                (Ok(d), Written::Failed(e)) => {
+                    to_revoke.push((i, crescent_proto::write_id(&d)));
                     out.push(Err(e));
                 }
                 (Ok(_), Written::NotStarted) => out.push(Err(ErrorCode::InternalError.into())),
             }
         }
         if !to_revoke.is_empty() {
-            let keys = Batch(to_revoke.iter().map(|&i| WireKey::from(items[i].0)).collect());
+            let keys = Batch(to_revoke.iter().map(|&(i, write)| (WireKey::from(items[i].0), write)).collect());
             let req = MasterRequest::BatchPutRevoke { client: self.inner.id, tenant: self.tenant(), keys };
             if let Err(e) = self.inner.master.call(&req).await {
                 tracing::warn!(error = %e, "batch revoke failed");
@@ -688,14 +694,19 @@ impl Client {
         }
         self.report_unreachable(unreachable).await;
         if !to_end.is_empty() {
-            let ends = Batch(to_end.iter().map(|&i| (WireKey::from(items[i].0), Some(checksum(items[i].1)))).collect());
+            let ends = Batch(
+                to_end
+                    .iter()
+                    .map(|&(i, write)| (WireKey::from(items[i].0), Some(checksum(items[i].1)), write))
+                    .collect(),
+            );
             let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
             let pick = |r| if let MasterResponse::BatchDone(v) = r { Some(v) } else { None };
             let ends: Vec<Result<(), ErrorCode>> = match self.batch_call(&req, to_end.len(), pick).await {
                 Ok(v) => v,
                 Err(code) => vec![Err(code); to_end.len()],
             };
-            for (&i, r) in to_end.iter().zip(ends) {
+            for (&(i, _), r) in to_end.iter().zip(ends) {
                 if let Err(c) = r {
                     out[i] = Err(c.into());
                 }

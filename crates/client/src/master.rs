@@ -391,8 +391,8 @@ fn batch_items(req: &MasterRequest) -> Option<usize> {
             items.0.len().max(group_ids.as_ref().map_or(0, |g| g.0.len()))
         }
         MasterRequest::BatchPutEnd { items, .. } => items.0.len(),
-        MasterRequest::BatchPutRevoke { keys, .. }
-        | MasterRequest::ReleaseLeases { keys, .. }
+        MasterRequest::BatchPutRevoke { keys, .. } => keys.0.len(),
+        MasterRequest::ReleaseLeases { keys, .. }
         | MasterRequest::BatchGetReplicaList { keys, .. }
         | MasterRequest::BatchExistKey { keys, .. }
         | MasterRequest::BatchRemove { keys, .. } => keys.0.len(),

@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
-use crescent_master::service::MasterConfig;
+use crescent_master::service::{MasterConfig, WriteRef};
 use crescent_proto::{
-    ClientId, ErrorCode, MAX_KEY_LEN, ReplicaLocation, ReplicaStatus, ReplicateConfig, SoftPinAction,
+    ClientId, ErrorCode, MAX_KEY_LEN, ReplicaLocation, ReplicaStatus, ReplicateConfig, SoftPinAction, write_id,
 };
 use std::collections::HashSet;
 use std::time::Duration;
@@ -265,7 +265,7 @@ fn batch_calls_answer_per_key_in_order() {
         (r[1].clone().unwrap_err(), r[2].clone().unwrap_err()),
         (ErrorCode::InvalidParams, ErrorCode::InvalidParams)
     );
-    let ends = h.svc.batch_put_end(h.writer, "", &[("a", None), ("missing", None), ("c", Some(1))]);
+    let ends = h.svc.batch_put_end(h.writer, "", &[("a", None, None), ("missing", None, None), ("c", Some(1), None)]);
     assert_eq!(ends, vec![Ok(()), Err(ErrorCode::ObjectNotFound), Ok(())]);
     assert_eq!(h.svc.batch_exist_key("", &["c", "zz", "a"]), vec![Ok(true), Ok(false), Ok(true)]);
     let gets = h.svc.batch_get_replica_list("", &["a", "zz"]);
@@ -276,7 +276,7 @@ fn batch_calls_answer_per_key_in_order() {
     assert!(mismatch.iter().all(|r| r.clone().unwrap_err() == ErrorCode::InvalidParams));
     h.advance(Duration::from_secs(11));
     assert_eq!(h.svc.batch_remove("", &["a", "zz"], false), vec![Ok(()), Err(ErrorCode::ObjectNotFound)]);
-    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["c"]), vec![Err(ErrorCode::InvalidWrite)]);
+    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &[("c", None)]), vec![Err(ErrorCode::InvalidWrite)]);
 }
 
 #[test]
@@ -349,6 +349,39 @@ fn upsert_preempts_an_unfinished_write_at_once_and_creates_when_absent() {
 }
 
 #[test]
+fn one_clients_overlapping_upserts_of_a_key_never_end_each_other() {
+    let h = Harness::default3();
+    let (w, write) = (h.writer, |d: &[crescent_proto::ReplicaDescriptor]| WriteRef::new(h.writer, write_id(d)));
+    h.put("k", 4096);
+    // Two tasks of one client upsert k at once: the first rewrites in place, the second preempts it.
+    let first = h.svc.upsert_start(w, "", "k", 4096, &cfg(1)).unwrap();
+    let second = h.svc.upsert_start(w, "", "k", 4096, &cfg(1)).unwrap();
+    assert_ne!(write_id(&first), write_id(&second), "each write has its own id");
+    // The first finishes first: it may neither publish the second's half-written bytes under its checksum...
+    assert_eq!(h.svc.upsert_end(write(&first), "", "k", Some(1)).unwrap_err(), ErrorCode::ObjectNotFound);
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ReplicaIsNotReady, "still the second's write");
+    // ...nor revoke the second's write.
+    assert_eq!(h.svc.upsert_revoke(write(&first), "", "k").unwrap_err(), ErrorCode::ObjectNotFound);
+    h.svc.upsert_end(write(&second), "", "k", Some(2)).unwrap();
+    assert_eq!(h.get("k").unwrap().checksum, Some(2), "the object carries the checksum of the bytes it holds");
+    // An in-place upsert (no reader holds k) gets fresh ids: the write before it cannot name it.
+    h.svc.release_leases("", &["k"]).unwrap();
+    let third = h.svc.upsert_start(w, "", "k", 4096, &cfg(1)).unwrap();
+    assert_eq!(third[0].location, second[0].location, "rewritten in place");
+    assert_ne!(write_id(&third), write_id(&second));
+    assert_eq!(h.svc.upsert_end(write(&second), "", "k", Some(2)).unwrap_err(), ErrorCode::ObjectNotFound);
+    // The batch forms name writes too.
+    let ends =
+        h.svc.batch_put_end(w, "", &[("k", Some(3), Some(write_id(&second))), ("k", Some(3), Some(write_id(&third)))]);
+    assert_eq!(ends, vec![Err(ErrorCode::ObjectNotFound), Ok(())]);
+    assert_eq!(h.get("k").unwrap().checksum, Some(3));
+    let fourth = h.svc.upsert_start(w, "", "k", 4096, &cfg(1)).unwrap();
+    let revokes = h.svc.batch_put_revoke(w, "", &[("k", Some(write_id(&third))), ("k", Some(write_id(&fourth)))]);
+    assert_eq!(revokes, vec![Err(ErrorCode::ObjectNotFound), Ok(())]);
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ObjectNotFound, "a revoked in-place upsert loses the object");
+}
+
+#[test]
 fn soft_pin_commits_at_put_end_and_hard_pin_is_kept() {
     let h = Harness::default3();
     let c = ReplicateConfig { soft_pin_action: SoftPinAction::Enable, soft_pin_ttl_ms: Some(1000), ..cfg(1) };
@@ -393,7 +426,8 @@ fn batch_calls_count_every_key_and_every_failure_in_the_metrics() {
     let starts = h.svc.batch_put_start(h.writer, "", &[("a", 10), (bad.as_str(), 10), ("b", 10)], &cfg(1), None);
     assert_eq!(starts.iter().filter(|r| r.is_err()).count(), 1);
     assert_eq!(counts(&m.put_start), (3, 1));
-    let ends = h.svc.batch_put_end(h.writer, "", &[("a", None), ("b", None), ("never-started", None)]);
+    let ends =
+        h.svc.batch_put_end(h.writer, "", &[("a", None, None), ("b", None, None), ("never-started", None, None)]);
     assert_eq!(ends.iter().filter(|r| r.is_err()).count(), 1);
     assert_eq!(counts(&m.put_end), (3, 1));
     h.svc.batch_get_replica_list("", &["a", "missing", "b", "gone"]);
@@ -402,7 +436,7 @@ fn batch_calls_count_every_key_and_every_failure_in_the_metrics() {
     assert_eq!(counts(&m.exist_key), (2, 0), "absence is an answer, not a failure");
     h.svc.batch_remove("", &["a", "b", "missing"], true);
     assert_eq!(counts(&m.remove), (3, 1));
-    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &["a"]).len(), 1);
+    assert_eq!(h.svc.batch_put_revoke(h.writer, "", &[("a", None)]).len(), 1);
     assert_eq!(counts(&m.put_revoke), (1, 1));
 }
 

@@ -29,7 +29,7 @@ pub use config::{MAX_GROUP_LEN, ObjectDataType, ReplicateConfig, SoftPinAction};
 pub use error::{ErrorCode, ErrorCodeUnknown};
 pub use ids::{ClientId, SegmentId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
-pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
+pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus, write_id};
 pub use rpc::{
     ClientStatus, ClusterInfo, DISK_TASK_WAIT_MAX_MS, DiskCounters, DiskFault, DiskTask, DiskTaskKind, DiskTaskResult,
     DiskTierInfo, GetReplicaListResponse, GrantedBatch, KeyPage, LocalSsdInfo, MasterOp, MasterReply, MasterRequest,

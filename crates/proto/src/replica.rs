@@ -123,6 +123,12 @@ pub struct ReplicaDescriptor {
     pub grant: Option<GrantRef>,
 }
 
+/// The id that names a write at its End or Revoke (`MasterRequest::PutEnd::write`): the `id` of the first
+/// replica descriptor its Start returned (0 for none, which names no write).
+pub fn write_id(replicas: &[ReplicaDescriptor]) -> u64 {
+    replicas.first().map_or(0, |d| d.id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

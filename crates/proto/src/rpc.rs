@@ -225,10 +225,11 @@ pub enum MasterRequest {
     SegmentStatus { segment: SegmentId },
     /// Start writing an object.
     PutStart { client: ClientId, tenant: String, key: WireKey, size: u64, config: ReplicateConfig },
-    /// Finish a write.
-    PutEnd { client: ClientId, tenant: String, key: WireKey, checksum: Option<u64> },
-    /// Abandon a write.
-    PutRevoke { client: ClientId, tenant: String, key: WireKey },
+    /// Finish a write. `write` names it: the `id` of the first replica descriptor its Start returned, so one
+    /// client's overlapping writes of a key never end (or revoke) each other's.
+    PutEnd { client: ClientId, tenant: String, key: WireKey, checksum: Option<u64>, write: u64 },
+    /// Abandon a write (`write` as in `PutEnd`).
+    PutRevoke { client: ClientId, tenant: String, key: WireKey, write: u64 },
     /// Insert or update.
     UpsertStart { client: ClientId, tenant: String, key: WireKey, size: u64, config: ReplicateConfig },
     /// Batch PutStart (`upsert` selects UpsertStart semantics).
@@ -240,10 +241,10 @@ pub enum MasterRequest {
         group_ids: Option<Batch<String>>,
         upsert: bool,
     },
-    /// Batch PutEnd.
-    BatchPutEnd { client: ClientId, tenant: String, items: Batch<(WireKey, Option<u64>)> },
-    /// Batch PutRevoke.
-    BatchPutRevoke { client: ClientId, tenant: String, keys: Batch<WireKey> },
+    /// Batch PutEnd: (key, checksum, write) per item.
+    BatchPutEnd { client: ClientId, tenant: String, items: Batch<(WireKey, Option<u64>, u64)> },
+    /// Batch PutRevoke: (key, write) per item.
+    BatchPutRevoke { client: ClientId, tenant: String, keys: Batch<(WireKey, u64)> },
     /// Readable replicas + lease.
     GetReplicaList { tenant: String, key: WireKey },
     /// An object's state without taking a lease.

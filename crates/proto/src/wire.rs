@@ -23,10 +23,11 @@ use tokio_util::codec::{Decoder, Encoder};
 /// First bytes of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"CRSC";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 /// The oldest version this build accepts (3 added authentication to the hello, 4 data-plane tickets, 5 grants
-/// shared by a batch's ranges, 6 the disk tier: disk segments and replicas, `ReplicateConfig::offload`, disk tasks).
-pub const MIN_PROTOCOL_VERSION: u16 = 6;
+/// shared by a batch's ranges, 6 the disk tier: disk segments and replicas, `ReplicateConfig::offload`, disk tasks;
+/// 7 names the write a PutEnd or PutRevoke finishes).
+pub const MIN_PROTOCOL_VERSION: u16 = 7;
 /// Most items accepted in one batch request.
 pub const MAX_BATCH: usize = 65_536;
 /// Largest frame header accepted (a batch of keys travels in the header; the frame limit bounds it too).

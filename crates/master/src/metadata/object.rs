@@ -145,6 +145,9 @@ pub struct SoftPinRequest {
 pub struct PendingWrite {
     /// Only this client may End or Revoke.
     pub writer: ClientId,
+    /// Which of the writer's writes this is: the id of its first replica (fresh for every Start, in-place
+    /// upserts included), so a client's overlapping writes of one key cannot end or revoke each other's.
+    pub write: u64,
     /// When the write started (discard/release timers).
     pub started: Timestamp,
     /// Soft-pin change to commit at End.

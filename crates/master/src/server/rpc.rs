@@ -13,8 +13,8 @@ use super::claims::ClaimGuard;
 use super::hosts::Hosts;
 use super::target::Target;
 use crate::ha::OpLog;
-use crate::service::MasterService;
 use crate::service::listing::LIST_REPLY_BYTES;
+use crate::service::{MasterService, WriteRef};
 use crate::snapshot::store::SnapshotStore;
 use bytes::{Bytes, BytesMut};
 use crescent_net::auth::AuthFailure;
@@ -155,10 +155,12 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::UpsertStart { client, tenant, key, size, config } => {
             svc.upsert_start(*client, tenant, key.as_str()?, *size, config).map(A::Replicas)
         }
-        R::PutEnd { client, tenant, key, checksum } => {
-            svc.put_end(*client, tenant, key.as_str()?, *checksum).map(|()| A::Done)
+        R::PutEnd { client, tenant, key, checksum, write } => {
+            svc.put_end(WriteRef::new(*client, *write), tenant, key.as_str()?, *checksum).map(|()| A::Done)
         }
-        R::PutRevoke { client, tenant, key } => svc.put_revoke(*client, tenant, key.as_str()?).map(|()| A::Done),
+        R::PutRevoke { client, tenant, key, write } => {
+            svc.put_revoke(WriteRef::new(*client, *write), tenant, key.as_str()?).map(|()| A::Done)
+        }
         R::BatchPutStart { client, tenant, items, config, group_ids, upsert } => {
             if group_ids.as_ref().is_some_and(|g| g.0.len() != items.0.len()) {
                 return Ok(A::BatchReplicas(GrantedBatch::new(vec![Err(ErrorCode::InvalidParams); items.0.len()])));
@@ -179,10 +181,17 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
             }))))
         }
         R::BatchPutEnd { client, tenant, items } => Ok(A::BatchDone(
-            items.0.iter().map(|(k, c)| k.as_str().and_then(|k| svc.put_end(*client, tenant, k, *c))).collect(),
+            items
+                .0
+                .iter()
+                .map(|(k, c, w)| k.as_str().and_then(|k| svc.put_end(WriteRef::new(*client, *w), tenant, k, *c)))
+                .collect(),
         )),
         R::BatchPutRevoke { client, tenant, keys } => Ok(A::BatchDone(
-            keys.0.iter().map(|k| k.as_str().and_then(|k| svc.put_revoke(*client, tenant, k))).collect(),
+            keys.0
+                .iter()
+                .map(|(k, w)| k.as_str().and_then(|k| svc.put_revoke(WriteRef::new(*client, *w), tenant, k)))
+                .collect(),
         )),
         R::GetReplicaList { tenant, key } => svc.get_replica_list(tenant, key.as_str()?).map(A::ReplicaList),
         R::Stat { tenant, key } => svc.stat(tenant, key.as_str()?).map(A::Stat),

@@ -28,6 +28,7 @@ mod ha_safety_tests;
 pub use crescent_proto::{ClientStatus, GetReplicaListResponse};
 pub use nof_health::NofProbe;
 pub use tenants::TenantQuotaSnapshot;
+pub use write::WriteRef;
 
 use crate::clock::{Clock, Timestamp};
 use crate::eviction::{EvictionReport, EvictionScope, EvictionTarget};

@@ -53,6 +53,47 @@ enum Next {
     Replace { entry: Arc<ObjectEntry>, hard_pinned: bool },
 }
 
+/// Which write an End or Revoke finishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRef {
+    /// The writer (only it may finish the write).
+    pub client: ClientId,
+    /// The write: the id of the first replica descriptor its Start returned. Always given over the wire;
+    /// `None` (from a bare `ClientId`) means the client's current write of the key, whichever it is: for
+    /// in-process callers that never overlap their writes of one key.
+    pub write: Option<u64>,
+}
+
+impl WriteRef {
+    /// The write `write` of `client`.
+    pub fn new(client: ClientId, write: u64) -> Self {
+        Self { client, write: Some(write) }
+    }
+
+    /// Whether `pending` is this write: the writer's own, and (when named) the very write.
+    fn owns(&self, pending: &PendingWrite) -> Result<(), ErrorCode> {
+        if pending.writer != self.client {
+            return Err(ErrorCode::IllegalClient);
+        }
+        match self.write {
+            // A newer write of the same client replaced this one: it has no write in progress any more.
+            Some(w) if w != pending.write => Err(ErrorCode::ObjectNotFound),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl From<ClientId> for WriteRef {
+    fn from(client: ClientId) -> Self {
+        Self { client, write: None }
+    }
+}
+
+/// The id naming a write whose replicas are `replicas` (its first replica's).
+fn write_id(replicas: &[Replica]) -> u64 {
+    replicas.first().map_or(0, |r| r.id)
+}
+
 impl MasterService {
     fn validate_write<'a>(
         &self,
@@ -323,12 +364,20 @@ impl MasterService {
             drop(stale);
             return Err(e);
         }
+        // Fresh replica ids: they name this write (`WriteRef`), not the one that last wrote these buffers.
         for r in st.replicas.iter_mut() {
             r.status = ReplicaStatus::Processing;
+            r.id = self.next_replica_id();
         }
         let pending_charge = std::mem::take(&mut st.charged);
-        st.pending =
-            Some(Box::new(PendingWrite { writer: client, started: now, soft_pin: spec.soft_pin, pending_charge }));
+        let write = write_id(&st.replicas);
+        st.pending = Some(Box::new(PendingWrite {
+            writer: client,
+            write,
+            started: now,
+            soft_pin: spec.soft_pin,
+            pending_charge,
+        }));
         let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
         self.discard(discarded);
@@ -606,6 +655,7 @@ impl MasterService {
             data_type: spec.config.data_type,
             pending: Some(Box::new(PendingWrite {
                 writer: client,
+                write: write_id(&replicas),
                 started: self.clock.now(),
                 soft_pin: spec.soft_pin,
                 pending_charge: charge,
@@ -698,6 +748,7 @@ impl MasterService {
         st.flags.set_checksum(false);
         st.pending = Some(Box::new(PendingWrite {
             writer: client,
+            write: write_id(&st.replicas),
             started: now,
             soft_pin: spec.soft_pin,
             pending_charge: charge,
@@ -709,8 +760,14 @@ impl MasterService {
     }
 
     /// PutEnd: the writer finished writing every replica; the object becomes readable. Idempotent.
-    pub fn put_end(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
-        let r = self.end_write(client, tenant, key, checksum);
+    pub fn put_end(
+        &self,
+        writer: impl Into<WriteRef>,
+        tenant: &str,
+        key: &str,
+        checksum: Option<u64>,
+    ) -> Result<(), ErrorCode> {
+        let r = self.end_write(writer.into(), tenant, key, checksum);
         self.metrics.put_end.record(&r);
         r
     }
@@ -718,27 +775,28 @@ impl MasterService {
     /// UpsertEnd (same as PutEnd).
     pub fn upsert_end(
         &self,
-        client: ClientId,
+        writer: impl Into<WriteRef>,
         tenant: &str,
         key: &str,
         checksum: Option<u64>,
     ) -> Result<(), ErrorCode> {
-        self.put_end(client, tenant, key, checksum)
+        self.put_end(writer, tenant, key, checksum)
     }
 
-    /// BatchPutEnd: per key, in input order.
+    /// BatchPutEnd: per (key, checksum, write), in input order (`write` as in [`WriteRef`]).
     pub fn batch_put_end(
         &self,
         client: ClientId,
         tenant: &str,
-        items: &[(&str, Option<u64>)],
+        items: &[(&str, Option<u64>, Option<u64>)],
     ) -> Vec<Result<(), ErrorCode>> {
-        let rs: Vec<_> = items.iter().map(|(k, c)| self.end_write(client, tenant, k, *c)).collect();
+        let rs: Vec<_> =
+            items.iter().map(|&(k, c, write)| self.end_write(WriteRef { client, write }, tenant, k, c)).collect();
         self.metrics.put_end.record_all(&rs);
         rs
     }
 
-    fn end_write(&self, client: ClientId, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
+    fn end_write(&self, writer: WriteRef, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         // Taken before the lock; committed after the mutation (PutEnd is visible before it is durable, §13).
@@ -755,9 +813,7 @@ impl MasterService {
                 Err(ErrorCode::InvalidWrite)
             };
         };
-        if pending.writer != client {
-            return Err(ErrorCode::IllegalClient);
-        }
+        writer.owns(pending)?;
         let stale = drain_invalid(&mut st);
         let Some(pending) = st.pending.take() else {
             drop(st);
@@ -806,15 +862,15 @@ impl MasterService {
 
     /// PutRevoke: the writer gives up; its `Processing` replicas are freed, and the object with them if nothing
     /// readable remains.
-    pub fn put_revoke(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
-        let r = self.revoke_write(client, tenant, key);
+    pub fn put_revoke(&self, writer: impl Into<WriteRef>, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+        let r = self.revoke_write(writer.into(), tenant, key);
         self.metrics.put_revoke.record(&r);
         r
     }
 
     /// UpsertRevoke (same as PutRevoke).
-    pub fn upsert_revoke(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
-        self.put_revoke(client, tenant, key)
+    pub fn upsert_revoke(&self, writer: impl Into<WriteRef>, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+        self.put_revoke(writer, tenant, key)
     }
 
     /// BatchUpsertEnd: per key, in input order.
@@ -822,24 +878,35 @@ impl MasterService {
         &self,
         client: ClientId,
         tenant: &str,
-        items: &[(&str, Option<u64>)],
+        items: &[(&str, Option<u64>, Option<u64>)],
     ) -> Vec<Result<(), ErrorCode>> {
         self.batch_put_end(client, tenant, items)
     }
 
     /// BatchUpsertRevoke: per key, in input order.
-    pub fn batch_upsert_revoke(&self, client: ClientId, tenant: &str, keys: &[&str]) -> Vec<Result<(), ErrorCode>> {
+    pub fn batch_upsert_revoke(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        keys: &[(&str, Option<u64>)],
+    ) -> Vec<Result<(), ErrorCode>> {
         self.batch_put_revoke(client, tenant, keys)
     }
 
-    /// BatchPutRevoke: per key, in input order.
-    pub fn batch_put_revoke(&self, client: ClientId, tenant: &str, keys: &[&str]) -> Vec<Result<(), ErrorCode>> {
-        let rs: Vec<_> = keys.iter().map(|k| self.revoke_write(client, tenant, k)).collect();
+    /// BatchPutRevoke: per (key, write), in input order (`write` as in [`WriteRef`]).
+    pub fn batch_put_revoke(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        keys: &[(&str, Option<u64>)],
+    ) -> Vec<Result<(), ErrorCode>> {
+        let rs: Vec<_> =
+            keys.iter().map(|&(k, write)| self.revoke_write(WriteRef { client, write }, tenant, k)).collect();
         self.metrics.put_revoke.record_all(&rs);
         rs
     }
 
-    fn revoke_write(&self, client: ClientId, tenant: &str, key: &str) -> Result<(), ErrorCode> {
+    fn revoke_write(&self, writer: WriteRef, tenant: &str, key: &str) -> Result<(), ErrorCode> {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let mut st = entry.lock();
@@ -848,8 +915,7 @@ impl MasterService {
         }
         match st.pending.as_ref() {
             None => return Err(ErrorCode::InvalidWrite),
-            Some(p) if p.writer != client => return Err(ErrorCode::IllegalClient),
-            Some(_) => {}
+            Some(p) => writer.owns(p)?,
         }
         let pending = st.pending.take().map_or(0, |p| p.pending_charge);
         tenant.release_quota(pending);
