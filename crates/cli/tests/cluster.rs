@@ -561,3 +561,22 @@ async fn a_node_restarted_on_its_disk_tier_serves_none_of_its_old_objects() {
     client.put("k0", b"new").await.unwrap();
     assert_eq!(client.get("k0").await.unwrap(), b"new");
 }
+
+/// A node whose disk tier cannot be opened says so, as its own failure (`FILE_OPEN_FAIL: disk tier: …`), and
+/// exits before it dials the master: not as a failed master connection.
+#[test]
+fn a_node_whose_disk_tier_cannot_open_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, b"x").unwrap();
+    let out = Command::new(bin())
+        .args(["node", "--master", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--segment-size", "1MiB"])
+        .args(["--ssd-dir", not_a_dir.to_str().unwrap(), "--ssd-size", "16MiB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("FILE_OPEN_FAIL: disk tier: "), "{stderr}");
+    assert!(stderr.contains(not_a_dir.to_str().unwrap()), "names the directory: {stderr}");
+    assert!(!stderr.contains("master connection"), "{stderr}");
+}

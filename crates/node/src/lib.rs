@@ -15,8 +15,10 @@ use crescent_net::auth::CredentialSource;
 use crescent_net::host::NodeKeys;
 use crescent_net::tls::Tls;
 use crescent_proto::human::fmt_bytes;
-use crescent_proto::wire::{Batch, PeerRole};
-use crescent_proto::{ClientId, ClientStatus, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec};
+use crescent_proto::wire::{Batch, ErrorFrame, PeerRole};
+use crescent_proto::{
+    ClientId, ClientStatus, ErrorCode, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec,
+};
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -227,6 +229,11 @@ fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
     }
 }
 
+/// A node's own start-up failure (memory, disk, socket: nothing the master said), with what it was setting up.
+fn setup(code: ErrorCode, what: impl std::fmt::Display, e: impl std::fmt::Display) -> ClientError {
+    ClientError::Refused(ErrorFrame { code, message: format!("{what}: {e}") })
+}
+
 impl StorageNode {
     /// Allocates the segments, starts the transfer server and mounts everything at the master.
     pub async fn start(config: NodeConfig) -> Result<StorageNode, ClientError> {
@@ -237,14 +244,14 @@ impl StorageNode {
     /// own replicas are reached by memcpy).
     pub async fn start_with(config: NodeConfig, registry: SegmentRegistry) -> Result<StorageNode, ClientError> {
         let server = TransferServer::bind(config.listen, registry.clone())
-            .map_err(crescent_proto::wire::WireError::Io)?
+            .map_err(|e| setup(ErrorCode::InternalError, format!("cannot listen on {}", config.listen), e))?
             .with_poll_window(config.poll_window)
             .with_max_connections(config.max_connections)
             .with_io_timeout(config.frame_timeout)
             .with_keys(config.keys.clone())
             .with_tls(config.tls.server.clone());
         let endpoint = crescent_net::advertise::advertised(server.local_addr(), config.advertise.as_deref())
-            .map_err(crescent_proto::wire::WireError::Io)?;
+            .map_err(|e| setup(ErrorCode::InvalidParams, "no address to advertise", e))?;
         let server = server.with_local_lanes(config.local_lanes.then(|| endpoint.to_string()));
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
         let mut specs = Vec::with_capacity(config.segments);
@@ -255,7 +262,9 @@ impl StorageNode {
             } else {
                 SegmentMemory::anonymous(config.segment_size)
             }
-            .map_err(crescent_proto::wire::WireError::Io)?;
+            .map_err(|e| {
+                setup(ErrorCode::InternalError, format!("segment memory ({})", fmt_bytes(config.segment_size)), e)
+            })?;
             let id = SegmentId::random();
             specs.push(SegmentSpec {
                 id,
@@ -274,21 +283,17 @@ impl StorageNode {
         let device: Option<Arc<dyn crescent_transfer::disk::BlockDevice>> = match (&config.disk_device, &config.disk) {
             (Some(device), _) => Some(device.0.clone()),
             (None, None) => None,
-            (None, Some(d)) => {
-                Some(Arc::new(crescent_transfer::disk::FileDevice::create(&d.dir, d.size).map_err(|e| {
-                    crescent_proto::wire::WireError::Io(std::io::Error::other(format!(
-                        "disk tier at {}: {e}",
-                        d.dir.display()
-                    )))
-                })?))
-            }
+            (None, Some(d)) => Some(Arc::new(
+                crescent_transfer::disk::FileDevice::create(&d.dir, d.size)
+                    .map_err(|e| setup(ErrorCode::FileOpenFail, "disk tier", e))?,
+            )),
         };
         let disk = match device {
             None => None,
             Some(device) => {
                 let disk =
                     crescent_transfer::disk::DiskSegment::new(device, crescent_transfer::disk::DiskConfig::default())
-                        .map_err(crescent_proto::wire::WireError::Io)?;
+                        .map_err(|e| setup(ErrorCode::FileOpenFail, "disk tier I/O threads", e))?;
                 tracing::info!("disk tier: {} ({})", fmt_bytes(disk.size()), disk.describe());
                 let disk = Arc::new(disk);
                 let id = SegmentId::random();
@@ -305,7 +310,7 @@ impl StorageNode {
                 Some((id, disk))
             }
         };
-        let server = server.spawn().map_err(crescent_proto::wire::WireError::Io)?;
+        let server = server.spawn().map_err(|e| setup(ErrorCode::InternalError, "transfer server", e))?;
         let id = ClientId::random();
         let credential = config.keys.clone().map(CredentialSource::Host);
         let master = Arc::new(
