@@ -30,7 +30,8 @@
 //! disk by its own I/O threads (awaited, under the same grant check, `MAX_TRANSFER` and I/O timeout as a memory
 //! read) and sent as the reply; a local lane's `Locate` of a disk range reads it into a buffer the connection
 //! keeps until `Release` and answers that buffer's address (at most [`MAX_STAGED`] bytes so kept per
-//! connection). A disk that fails answers `FILE_READ_FAIL` (the connection stays; counted in
+//! connection; a `Locate` past that, or past [`MAX_PINS`] ranges, is answered `NO_AVAILABLE_HANDLE`: the client
+//! carries that range over the lane instead). A disk that fails answers `FILE_READ_FAIL` (the connection stays; counted in
 //! [`ServerStats::disk_errors`]). A WRITE or write-`Locate` of a disk segment is refused with `INVALID_PARAMS`:
 //! only the node itself writes its disk.
 
@@ -657,13 +658,21 @@ impl Connection {
     /// Holds a range for the peer's own copy and answers its address: a memory range pinned in place, a disk
     /// range (for reading only) read into a buffer kept until `Release`.
     async fn locate(&mut self, segment: SegmentId, offset: u64, length: u64, write: bool) -> Result<u64, ErrorCode> {
-        if self.pins.len() + self.staged.len() >= MAX_PINS || length > MAX_TRANSFER {
+        if length > MAX_TRANSFER {
             return Err(ErrorCode::InvalidParams);
+        }
+        // Holding all it may for this peer until its Release: NO_AVAILABLE_HANDLE tells the client to carry the
+        // range over the lane instead (a READ or WRITE), not that the range is bad.
+        if self.pins.len() + self.staged.len() >= MAX_PINS {
+            return Err(ErrorCode::NoAvailableHandle);
         }
         let addr = match self.segments.disk(&segment) {
             Some(disk) => {
-                if write || self.staged_bytes + length > MAX_STAGED {
+                if write {
                     return Err(ErrorCode::InvalidParams);
+                }
+                if self.staged_bytes + length > MAX_STAGED {
+                    return Err(ErrorCode::NoAvailableHandle);
                 }
                 let bytes = self.read_disk(&disk, offset, length).await?;
                 let addr = bytes.as_ptr() as u64;

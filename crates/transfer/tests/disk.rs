@@ -14,7 +14,8 @@ use crescent_transfer::disk::{
     FileDevice, MemoryDevice,
 };
 use crescent_transfer::{
-    MAX_TRANSFER, SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferServer, TransferServerHandle,
+    BatchRead, MAX_TRANSFER, SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferServer,
+    TransferServerHandle,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -426,7 +427,8 @@ async fn recv_on<S: AsyncRead + Unpin, T: serde::de::DeserializeOwned>(s: &mut S
 }
 
 /// A local lane keeps at most `2 * MAX_TRANSFER` bytes of disk ranges read for its peer's copies until it says
-/// `Release`; a `Locate` past that, or one for writing, is refused `INVALID_PARAMS` and the lane serves on.
+/// `Release`; a `Locate` past that is answered `NO_AVAILABLE_HANDLE` (carry it over the lane), one for writing is
+/// refused `INVALID_PARAMS`, and the lane serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_lane_stages_a_bounded_amount_of_disk_ranges() {
     let n = disk_node(MAX_TRANSFER).await;
@@ -457,10 +459,40 @@ async fn a_local_lane_stages_a_bounded_amount_of_disk_ranges() {
     let located = |r: &TransferResponse| matches!(r, TransferResponse::Located(_));
     assert!(located(&answers[0]) && located(&answers[1]), "{answers:?}");
     let refused = TransferResponse::Error(ErrorCode::InvalidParams);
-    assert_eq!(answers[2], refused, "staged past the bound");
+    assert_eq!(answers[2], TransferResponse::Error(ErrorCode::NoAvailableHandle), "staged past the bound");
     assert_eq!(answers[3], refused, "a disk range located for writing");
     assert_eq!(answers[4], TransferResponse::Released);
     assert!(located(&answers[5]), "after the release: {answers:?}");
     assert_eq!(answers[6], refused);
     assert_eq!(n.server.stats().located, 3);
+}
+
+/// A batch on one local lane asking for more disk bytes than a node stages for one run until its Release: the
+/// ranges past the bound are carried over the lane (READs), and every one arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_what_a_node_stages_for_one_run_is_read_whole() {
+    const RANGES: usize = 80;
+    const LEN: usize = 2 * MIB;
+    let n = disk_node(8 * MIB as u64).await;
+    let one_lane =
+        TransferClient::new(TransferConfig { lanes_per_peer: 1, ..TransferConfig::default() }, SegmentRegistry::new());
+    // A first read opens the local lane (its runs then take whole objects).
+    one_lane.read(&n.endpoint, n.segment, 0, LEN as u64).await.unwrap();
+    let offsets: Vec<u64> = (0..RANGES).map(|i| (i * 4099 * 17 % (6 * MIB)) as u64).collect();
+    let mut bufs = vec![vec![0u8; LEN]; RANGES];
+    let mut items: Vec<BatchRead<'_>> = bufs
+        .iter_mut()
+        .zip(&offsets)
+        .map(|(buf, &offset)| BatchRead { segment: n.segment, grant: None, offset, buf })
+        .collect();
+    let before = n.server.stats();
+    let results = one_lane.read_batch_checksummed(&n.endpoint, &mut items).await;
+    for (i, r) in results.iter().enumerate() {
+        assert!(r.is_ok(), "range {i}: {r:?}");
+    }
+    for (buf, &offset) in bufs.iter().zip(&offsets) {
+        assert!(buf[..] == n.data[offset as usize..offset as usize + LEN], "bytes at {offset}");
+    }
+    let located = n.server.stats().located - before.located;
+    assert!(located > 0 && (located as usize) < RANGES, "some located, the rest carried: {located}");
 }

@@ -12,9 +12,9 @@
 use super::{GrantSlots, Lane, LaneGuard, Peer, Place, RangeGrant, TransferClient};
 use crate::error::TransferError;
 use crate::vm::{CopyError, RemoteProcess};
-use crescent_proto::SegmentId;
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Head, WireError};
+use crescent_proto::{ErrorCode, SegmentId};
 use futures_util::future::join_all;
 use std::io::IoSlice;
 use tokio::time::timeout;
@@ -374,7 +374,9 @@ impl Lane {
     /// A run by local copies: every range's `Locate` in one write; as each answer comes, `copy(k, node,
     /// address)` for the run's `k`-th range; then one `Release` for them all, awaited (so the ranges are free
     /// when this returns). `ranges` are `(index, place, offset, length)`. Returns the results, and the run
-    /// positions the kernel denied the copy of (released too: to be carried by the lane instead). A lane-level
+    /// positions to be carried by the lane instead (released too): those the kernel denied the copy of, and
+    /// those the node would hold no more of until the Release (`NO_AVAILABLE_HANDLE`: too many ranges, or too
+    /// many disk bytes staged, for one run). A lane-level
     /// failure fails the rest of the run — and a failed `Release` every range, which may still be held — and
     /// leaves the lane unclean (its close releases whatever it held).
     pub(super) async fn locate_and_copy<T>(
@@ -436,6 +438,10 @@ impl Lane {
                         }
                         Err(CopyError::Failed(e)) => Err(TransferError::Io(e)),
                     }
+                }
+                Ok((TransferResponse::Error(ErrorCode::NoAvailableHandle), 0)) => {
+                    denied.push(k);
+                    continue;
                 }
                 Ok((TransferResponse::Error(code), 0)) => Err(TransferError::Refused(code)),
                 Ok(_) => Err(WireError::Malformed("unexpected reply to a locate").into()),
