@@ -84,6 +84,30 @@ fn a_tenant_is_given_a_quota_used_listed_refused_removal_while_full_then_removed
     assert!(text(&out.stderr).contains("invalid size unit"), "{}", text(&out.stderr));
 }
 
+/// On a multi-tenant master, a command naming no tenant means `default`, as `--help` says: refused with the
+/// tenant named as the user would type it until `default` has a quota, then served like `--tenant default`.
+#[test]
+fn naming_no_tenant_means_default_on_a_multi_tenant_master() {
+    let cluster = multi_tenant();
+    let m = &cluster.addr();
+    let refused = crescent(m, &["put", "k", "-"], b"early");
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused.stderr);
+    assert!(err.starts_with("TENANT_NOT_REGISTERED: tenant \"default\" is not registered"), "{err}");
+    ok(m, &["tenant", "set-quota", "default", "1GiB"], b"");
+    ok(m, &["put", "k", "-"], b"unnamed");
+    ok(m, &["put", "--tenant", "default", "k2", "-"], b"named");
+    assert_eq!(ok(m, &["get", "--tenant", "default", "k"], b""), "unnamed");
+    assert_eq!(ok(m, &["get", "k2"], b""), "named");
+    assert_eq!(ok(m, &["ls"], b""), "k\nk2\n");
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("bench.json");
+    let args = ["bench", "--phases", "write", "--count", "20", "--value-size", "4KiB", "--json"];
+    ok(m, &[&args[..], &[report.to_str().unwrap()]].concat(), b"");
+    let phase = json(&std::fs::read_to_string(&report).unwrap());
+    assert_eq!((phase["errors"].as_u64(), phase["keys"].as_u64()), (Some(0), Some(20)), "{phase}");
+}
+
 #[test]
 fn tenant_commands_on_a_single_tenant_master_say_it_needs_multi_tenancy() {
     let up =

@@ -33,6 +33,19 @@ fn single_tenant_mode_ignores_the_tenant() {
     assert_eq!(h.svc.upsert_tenant_quota("a", 10).unwrap_err(), ErrorCode::UnavailableInCurrentMode);
 }
 
+/// No tenant named is `default`, for writes as for reads, once `default` is registered.
+#[test]
+fn no_tenant_is_the_default_tenant_on_a_multi_tenant_master() {
+    let h = multi(2, 64 * MIB);
+    h.svc.upsert_tenant_quota("default", 10 * MIB).unwrap();
+    put(&h, "", "k", 10).unwrap();
+    assert_eq!(put(&h, "default", "k", 10).unwrap_err(), ErrorCode::ObjectAlreadyExists, "one namespace");
+    assert_eq!(h.svc.get_replica_list("default", "k").unwrap().size, 10);
+    put(&h, "default", "k2", 20).unwrap();
+    assert_eq!(h.svc.get_replica_list("", "k2").unwrap().size, 20);
+    assert_eq!(h.svc.list_keys("", "", 10).unwrap(), vec!["k".to_string(), "k2".to_string()]);
+}
+
 #[test]
 fn tenants_are_namespaces_and_writes_need_registration() {
     let h = multi(2, 64 * MIB);

@@ -55,6 +55,11 @@ fn group_of(req: &MasterRequest) -> Option<&str> {
     }
 }
 
+/// A tenant as the user would type it: none named is `default`.
+fn tenant_name(raw: &str) -> &str {
+    if raw.is_empty() { TenantId::DEFAULT } else { raw }
+}
+
 /// `key "x"`, with its tenant when one was named and the master keeps tenants apart.
 fn subject(svc: &MasterService, tenant: &str, key: &str) -> String {
     if svc.config().enable_multi_tenants && !tenant.is_empty() {
@@ -123,7 +128,7 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
                     fmt_bytes(*size)
                 )
             }
-            (ErrorCode::TenantNotRegistered, _) => format!("tenant {tenant:?} is not registered"),
+            (ErrorCode::TenantNotRegistered, _) => format!("tenant {:?} is not registered", tenant_name(tenant)),
             (ErrorCode::InvalidParams, R::PutStart { size: 0, .. } | R::UpsertStart { size: 0, .. }) => {
                 format!("{who}: an object holds at least one byte")
             }
@@ -148,7 +153,7 @@ pub(super) fn explain(svc: &MasterService, req: &MasterRequest, code: ErrorCode)
             ErrorCode::TenantNotRegistered,
             R::ListKeys { tenant, .. } | R::ListKeysPage { tenant, .. } | R::RemoveByRegex { tenant, .. },
         ) => {
-            format!("tenant {tenant:?} is not registered")
+            format!("tenant {:?} is not registered", tenant_name(tenant))
         }
         (ErrorCode::InvalidParams, R::ListKeysPage { limit: 0, .. }) => "a page holds at least one key: give a \
             limit of 1 or more"

@@ -422,10 +422,8 @@ impl MasterService {
             let t = self.tenants.get(&TenantId::default_tenant()).ok_or(ErrorCode::InternalError)?;
             return t.enter(false).ok_or(ErrorCode::InternalError);
         }
-        if tenant.is_empty() {
-            return Err(ErrorCode::TenantNotRegistered);
-        }
-        // An id that could never be registered (too long, reserved) is a bad request, not a missing tenant.
+        // An id that could never be registered (too long, reserved) is a bad request, not a missing tenant; no
+        // tenant at all means `default`, as everywhere.
         let id = TenantId::new(tenant).map_err(|_| ErrorCode::InvalidParams)?;
         let op = self.tenants.get(&id).and_then(|t| t.enter(true)).ok_or(ErrorCode::TenantNotRegistered)?;
         op.quota().admit().map_err(|e| e.code())?;
