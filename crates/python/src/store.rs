@@ -1141,7 +1141,8 @@ impl Store {
 
     /// Partial reads: for each buffer `i`, for each of its keys `j`, copies the ranges
     /// `[src_offsets[i][j][k], + sizes[i][j][k])` of the object to `buffer_ptrs[i] + dst_offsets[i][j][k]`
-    /// (registered memory). Per range: bytes copied (fewer when the object ends first) or a negative code;
+    /// (registered memory). Per range: bytes copied, or a negative code (`INVALID_PARAMS` for a range past the
+    /// object's end or past the registered buffer, as the original);
     /// malformed (mismatched) lists give `INVALID_PARAMS` at the level they are malformed.
     #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
     fn get_into_ranges(
@@ -1338,14 +1339,13 @@ fn concat_parts(parts: &Bound<'_, PyTuple>) -> PyResult<Vec<u8>> {
 
 /// Copies `value[src..src + size]` (cut short at the value's end) to registered memory at `base + dst`; bytes
 /// copied, or `INVALID_PARAMS` (a range outside the value or outside every registered buffer).
+/// One range of `get_into_ranges`: as the original, a range that runs past the object's end or past the
+/// registered destination fails whole with `INVALID_PARAMS` (never a short copy).
 fn copy_range(reg: &Registered, value: &[u8], base: usize, dst: usize, src: usize, size: usize) -> i64 {
-    if src > value.len() || (src == value.len() && size > 0) {
-        return INVALID;
-    }
-    let n = size.min(value.len() - src);
-    let Some(to) = base.checked_add(dst).and_then(|p| reg.span(p, n)) else { return INVALID };
-    to.bytes_mut().copy_from_slice(&value[src..src + n]);
-    n as i64
+    let Some(from) = src.checked_add(size).and_then(|end| value.get(src..end)) else { return INVALID };
+    let Some(to) = base.checked_add(dst).and_then(|p| reg.span(p, size)) else { return INVALID };
+    to.bytes_mut().copy_from_slice(from);
+    size as i64
 }
 
 /// The checked pieces of one multi-buffer object.

@@ -460,10 +460,17 @@ def test_get_into_ranges_copies_parts_of_objects(store, key):
         [[[5, 90], [45], [0]]],
         [[[4, 20], [10], [1]]],
     )
-    # 90 + 20 runs past the 100-byte object: 10 bytes; 45 + 10 past the 50-byte one: 5.
-    assert got == [[[4, 10], [5], [OBJECT_NOT_FOUND]]]
-    assert out.raw[:4] == bytes(range(5, 9)) and out.raw[10:20] == bytes(range(90, 100))
-    assert out.raw[20:25] == b"B" * 5
+    # As the original: 90 + 20 runs past the 100-byte object and 45 + 10 past the 50-byte one: each such range
+    # fails whole (no short copy), the others in the same call are served.
+    assert got == [[[4, INVALID_PARAMS], [INVALID_PARAMS], [OBJECT_NOT_FOUND]]]
+    assert out.raw[:4] == bytes(range(5, 9)) and out.raw[10:30] == bytes(20)
+    got = store.get_into_ranges([out_ptr], [[key + "-a", key + "-b"]], [[[10, 99], [20]]], [[[90, 99], [45]]],
+                                [[[10, 1], [5]]])
+    assert got == [[[10, 1], [5]]], "a range ending exactly at the object's end is whole"
+    assert out.raw[10:20] == bytes(range(90, 100)) and out.raw[20:25] == b"B" * 5 and out.raw[99] == 99
+    # Past the registered 200 bytes: refused whole too.
+    assert store.get_into_ranges([out_ptr], [[key + "-a"]], [[[196]]], [[[0]]], [[[8]]]) == [[[INVALID_PARAMS]]]
+    assert out.raw[196:200] == bytes(4)
     assert store.get_into_ranges([out_ptr], [[key + "-a"]], [[[190]]], [[[0]]], [[[20]]]) == [[[INVALID_PARAMS]]]
     assert store.get_into_ranges([out_ptr], [[key + "-a"]], [[[0]]], [[[100]]], [[[1]]]) == [[[INVALID_PARAMS]]]
     assert store.get_into_ranges([out_ptr, out_ptr], [[key + "-a"]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID_PARAMS]]]

@@ -249,7 +249,7 @@ class MooncakeDistributedStore:
         all_src_offsets: list[list[list[int]]],
         all_sizes: list[list[list[int]]],
     ) -> list[list[list[int]]]:
-        """Partial reads into registered buffers; per range bytes copied (short at the object's end) or negative."""
+        """Partial reads into registered buffers; per range bytes copied, or negative (-600 past the object's end or the buffer)."""
     def is_exist(self, key: str, /) -> int:
         """1 present, 0 absent, negative on error."""
     def batch_is_exist(self, keys: list[str]) -> list[int]: ...
