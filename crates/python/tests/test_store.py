@@ -460,7 +460,7 @@ def test_get_into_ranges_copies_parts_of_objects(store, key):
         [[[5, 90], [45], [0]]],
         [[[4, 20], [10], [1]]],
     )
-    # As the original: 90 + 20 runs past the 100-byte object and 45 + 10 past the 50-byte one: each such range
+    # As the original (0.3.13.post1 answers exactly these lists): 90 + 20 runs past the 100-byte object and 45 + 10 past the 50-byte one: each such range
     # fails whole (no short copy), the others in the same call are served.
     assert got == [[[4, INVALID_PARAMS], [INVALID_PARAMS], [OBJECT_NOT_FOUND]]]
     assert out.raw[:4] == bytes(range(5, 9)) and out.raw[10:30] == bytes(20)
@@ -523,3 +523,26 @@ def test_a_call_waiting_on_the_network_releases_the_gil():
         silent.close()
     assert result["rc"] < 0, "no answer from the master"
     assert ran_at < result["end"] - 1.0, "the main thread ran while the call waited"
+
+
+def test_no_room_is_minus_200_the_code_vllm_backs_off_on():
+    """vLLM's MooncakeStoreConnector backs off on -200 (NO_AVAILABLE_HANDLE): the original returns it when the
+    master finds no room for a put, after eviction could not make any: an object larger than every segment, or a
+    memory held entirely by hard-pinned objects."""
+    from conftest import Master
+    from mooncake.store import ReplicateConfig
+
+    m = Master()
+    s = new_store(m.addr, segment=16 * MiB)  # the original's smallest segment
+    try:
+        assert s.put("too-large", bytes(17 * MiB)) == -200
+        pinned = ReplicateConfig()
+        pinned.with_hard_pin = True
+        # The original (0.3.13.post1) answers [0] * 16 + [-200] * 4 here.
+        codes = [s.put(f"pinned-{i}", bytes(MiB), pinned) for i in range(20)]
+        assert codes[:15] == [0] * 15 and codes[-1] == -200, codes
+        assert s.put("unpinned", bytes(MiB)) == -200, "nothing evictable is left"
+        assert s.is_exist("pinned-0") == 1, "pinned objects are never evicted for room"
+    finally:
+        s.close()
+        m.stop()
