@@ -215,6 +215,13 @@ fn all_failed<T>(n: usize, code: ErrorCode) -> Vec<Result<T, ClientError>> {
     (0..n).map(|_| Err(ClientError::Code(code))).collect()
 }
 
+/// Whether an End refused with `code` left its write pending at the master (the log would not take it: etcd
+/// full or unreachable, no leader): unrevoked, the key would stay half-written — unreadable, refusing puts —
+/// until the master reclaims abandoned writes, minutes later. Refusals that say the write is gone are not.
+fn left_pending(code: ErrorCode) -> bool {
+    !matches!(code, ErrorCode::ObjectNotFound | ErrorCode::IllegalClient | ErrorCode::InvalidWrite)
+}
+
 fn checksum(data: &[u8]) -> u64 {
     u64::from(crc32c::crc32c(data))
 }
@@ -546,15 +553,7 @@ impl Client {
         let sent_crc = match written {
             Ok(crc) => crc,
             Err((err, unreachable)) => {
-                let revoke = MasterRequest::PutRevoke {
-                    client: self.inner.id,
-                    tenant: self.tenant(),
-                    key: WireKey::from(key),
-                    write,
-                };
-                if let Err(e) = self.inner.master.call(&revoke).await {
-                    tracing::warn!(%key, error = %e, "revoke after a failed write also failed");
-                }
+                self.revoke(key, write).await;
                 self.report_unreachable(unreachable).await;
                 return Err(err);
             }
@@ -567,8 +566,22 @@ impl Client {
             checksum: Some(crc),
             write,
         };
-        self.inner.master.call(&end).await?;
+        if let Err(e) = self.inner.master.call(&end).await {
+            if left_pending(e.code()) {
+                self.revoke(key, write).await;
+            }
+            return Err(e);
+        }
         Ok(PutOutcome::Stored { replicas: replicas.len() })
+    }
+
+    /// Gives up write `write` of `key` (best effort: a failure is logged).
+    async fn revoke(&self, key: &str, write: u64) {
+        let revoke =
+            MasterRequest::PutRevoke { client: self.inner.id, tenant: self.tenant(), key: WireKey::from(key), write };
+        if let Err(e) = self.inner.master.call(&revoke).await {
+            tracing::warn!(%key, error = %e, "revoking an unfinished write failed");
+        }
     }
 
     /// Writes `value` to every replica concurrently; the first failure is returned, with the segments whose
@@ -706,9 +719,23 @@ impl Client {
                 Ok(v) => v,
                 Err(code) => vec![Err(code); to_end.len()],
             };
-            for (&(i, _), r) in to_end.iter().zip(ends) {
+            let mut pending = Vec::new();
+            for (&(i, write), r) in to_end.iter().zip(ends) {
                 if let Err(c) = r {
+                    if left_pending(c) {
+                        pending.push((WireKey::from(items[i].0), write));
+                    }
                     out[i] = Err(c.into());
+                }
+            }
+            if !pending.is_empty() {
+                let req = MasterRequest::BatchPutRevoke {
+                    client: self.inner.id,
+                    tenant: self.tenant(),
+                    keys: Batch(pending),
+                };
+                if let Err(e) = self.inner.master.call(&req).await {
+                    tracing::warn!(error = %e, "revoking unfinished writes failed");
                 }
             }
         }

@@ -105,6 +105,11 @@ async fn a_leader_weathers_a_full_etcd_and_resumes_once_space_is_freed() {
     .await;
     assert!(ttls);
     assert_eq!(put("refused"), Err(ErrorCode::PersistentFail));
+    // The refused End left the write pending (the key unreadable, refusing puts): its writer revokes it (as the
+    // client does after such a refusal), which needs no log, and the key is a plain miss again.
+    assert_eq!(svc.get_replica_list("", "refused").unwrap_err(), ErrorCode::ReplicaIsNotReady);
+    svc.put_revoke(writer, "", "refused").unwrap();
+    assert_eq!(svc.get_replica_list("", "refused").unwrap_err(), ErrorCode::ObjectNotFound);
 
     // The operator frees space: the writer resumes on its own, under the same term.
     server.free_space().await.unwrap();
