@@ -142,6 +142,20 @@ reads_after=$(settled_reads)
 dd_after=$(dd_read)
 ddp_after=$(dd_parallel)
 first_tiers=$($B --master "$M" stat bench-ssd-0 --json | python3 -c "import json,sys;print([r['tier'] for r in json.load(sys.stdin)['replicas']])")
+
+# (e) promotion: memory made free (the keys memory still held are removed), then the disk-only keys read twice
+# under the same Zipf draw: the first pass finds them on disk and promotes what it reads, the second finds the
+# hot ones in memory.
+promoted_before=$(metric disk_promotions_done)
+if [ "$disk_keys" -gt 0 ]; then
+    for k in $(seq "$disk_keys" $((KEYS - 1))); do $B --master "$M" rm "bench-ssd-$k" > /dev/null 2>&1 || true; done
+    for pass in 1 2; do
+        $B --master "$M" bench --value-size "$VALUE" --keys "$disk_keys" --run ssd --json "$OUT/promo-$pass.jsonl" \
+            --phases read --count "$GETS" --concurrency "$CONC" --zipf "$ZIPF" --verify --keep > /dev/null
+        settle
+    done
+fi
+promoted=$(( $(metric disk_promotions_done) - promoted_before ))
 stop
 
 # (d) the original, when its wheel is at hand
@@ -159,9 +173,9 @@ if [ -n "${MOONCAKE_VENV:-}" ]; then
 fi
 
 python3 - "$OUT" "$offloaded" "$disk_keys" "$dd_before" "$dd_after" "$reads_before" "$reads_after" "$first_tiers" \
-    "$ddp_before" "$ddp_after" "$DISK_CONC" <<'EOF'
+    "$ddp_before" "$ddp_after" "$DISK_CONC" "$promoted" <<'EOF'
 import json, os, sys
-out, offloaded, disk_keys, dd_before, dd_after, rb, ra, first, ddp_before, ddp_after, depth = sys.argv[1:]
+out, offloaded, disk_keys, dd_before, dd_after, rb, ra, first, ddp_before, ddp_after, depth, promoted = sys.argv[1:]
 def one(name):
     p = os.path.join(out, name)
     return json.loads(open(p).readline()) if os.path.exists(p) and os.path.getsize(p) else None
@@ -192,4 +206,9 @@ else:
     print(f"device: dd bs=1M iflag=direct sequential {dd_before} / {dd_after} MiB/s (before/after): the disk tier "
           f"reads at {d['mib_per_s'] / dd:.0%} of it; {depth} such dd at once {ddp_before} / {ddp_after} MiB/s: "
           f"{d['mib_per_s'] / ddp:.0%} of that")
+p1, p2 = one("promo-1.jsonl"), one("promo-2.jsonl")
+if p1 and p2:
+    print(f"promotion (memory freed, disk-only keys read twice, Zipf): pass 1 {p1['req_per_s']:.0f} gets/s "
+          f"(p50 {p1['p50_us']} µs, {p1['errors']} errors), pass 2 {p2['req_per_s']:.0f} gets/s (p50 {p2['p50_us']} µs, "
+          f"{p2['errors']} errors); {promoted} objects promoted to memory")
 EOF

@@ -278,4 +278,26 @@ async fn stat_without_a_key_shows_each_nodes_memory_and_disk_tier() {
     let disk = table.lines().find(|l| l.split_whitespace().nth(1) == Some("disk")).unwrap().to_owned();
     let objects: u64 = disk.split_whitespace().nth(7).unwrap().parse().unwrap();
     assert!(objects > 0, "the table counts the disk's objects: {table}");
+    // /metrics has the tier's series: offloads, capacity, use, and promotions.
+    let admin = master.field("admin");
+    let m = |name: &str| crescent_testkit::process::metric(&admin, &format!("crescent_master_{name}"));
+    assert!(m("disk_offloads_done_total").is_some_and(|n| n >= objects as f64), "{:?}", m("disk_offloads_done_total"));
+    assert_eq!(m("disk_capacity_bytes"), Some(f64::from(16u32 << 20)));
+    assert!(m("disk_used_bytes").is_some_and(|n| n > 0.0));
+    // A read of an object only the disk holds, with memory made free, brings it back to memory.
+    let on_disk = (0..32u64)
+        .find(|i| {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(&addr, &["stat", &format!("k{i}"), "--json"], b"")).unwrap();
+            v["replicas"].as_array().is_some_and(|r| r.iter().all(|r| r["tier"] == "disk"))
+        })
+        .expect("an object only on disk");
+    for i in (0..32u64).filter(|&i| i != on_disk) {
+        client.remove(&format!("k{i}"), true).await.unwrap();
+    }
+    assert_eq!(client.get(&format!("k{on_disk}")).await.unwrap(), crescent_testkit::pattern(256 << 10, on_disk));
+    let promoted = crescent_testkit::wait_for(std::time::Duration::from_secs(20), || {
+        m("disk_promotions_done_total").is_some_and(|n| n >= 1.0)
+    });
+    assert!(promoted, "promotions: {:?}, failed {:?}", m("disk_promotions_done_total"), m("disk_promotions_failed_total"));
 }

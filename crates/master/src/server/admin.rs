@@ -365,6 +365,13 @@ fn disk_figures(r: &mut Registry, svc: &MasterService) {
     counter(r, "disk_offloads_refused", "Memory evictions dropped: no room on the disk", load(&m.offloads_refused));
     counter(r, "disk_evictions", "Disk replicas evicted for room, oldest first", load(&m.disk_evictions));
     counter(r, "disk_faults", "Disk replicas dropped because their node could not read them", load(&m.disk_faults));
+    counter(r, "disk_promotions_done", "Disk-only objects a read brought back to memory", load(&m.promotions_done));
+    counter(
+        r,
+        "disk_promotions_failed",
+        "Promotions that failed, expired or found the object gone",
+        load(&m.promotions_failed),
+    );
     let usage = svc.pool().usage(SegmentKind::Disk);
     gauge(r, "disk_capacity_bytes", "Mounted disk tier capacity", usage.capacity);
     gauge(r, "disk_used_bytes", "Disk tier bytes used by replicas", usage.used);
