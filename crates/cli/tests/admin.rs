@@ -299,5 +299,10 @@ async fn stat_without_a_key_shows_each_nodes_memory_and_disk_tier() {
     let promoted = crescent_testkit::wait_for(std::time::Duration::from_secs(20), || {
         m("disk_promotions_done_total").is_some_and(|n| n >= 1.0)
     });
-    assert!(promoted, "promotions: {:?}, failed {:?}", m("disk_promotions_done_total"), m("disk_promotions_failed_total"));
+    assert!(
+        promoted,
+        "promotions: {:?}, failed {:?}",
+        m("disk_promotions_done_total"),
+        m("disk_promotions_failed_total")
+    );
 }

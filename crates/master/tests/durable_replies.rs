@@ -1,7 +1,8 @@
 //! A master with an oplog — here a lone one (`--data-dir` or `up --etcd`), not a candidate — answers a removal
 //! only once the log holds it (a restart must not bring back what it said was gone), and an upsert onto a
 //! readable object only once its REMOVE is durable (the writer may not overwrite bytes a failover could still
-//! serve under the old value); a write that removes nothing is answered at once. The backend's next write is held with a fault, so "not answered yet" is a
+//! serve under the old value), and a removal that finds nothing only once what the log holds is durable
+//! (another caller's removal may have hidden the key); a write that removes nothing is answered at once. The backend's next write is held with a fault, so "not answered yet" is a
 //! state the test controls, not a timing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -83,14 +84,29 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
         let answer = tokio::time::timeout(WAIT, reply).await.unwrap().unwrap().unwrap();
         assert!(matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
     }
-    // A refused removal acknowledges nothing: answered at once, even while the backend holds a batch.
+    // Two removals of one key: the first hides it and its REMOVE is held by the backend; the second finds
+    // nothing, and its "not found" says the key is gone just as the first's "done" does, so it waits too (the
+    // fault campaign saw it answered at once, then the key back after a failover lost the held REMOVE).
+    svc.put_start(writer, "", "twice", 4096, &cfg).unwrap();
+    svc.put_end(writer, "", "twice", Some(2)).unwrap();
+    log.wait_durable(log.last_committed(), WAIT).await.unwrap();
     let held = hold_next_write(&faulty).await;
-    svc.put_start(writer, "", "pending", 4096, &cfg).unwrap();
-    svc.put_end(writer, "", "pending", Some(3)).unwrap();
+    let remove = || MasterRequest::Remove { tenant: String::new(), key: key("twice"), force: false };
+    let c = conn.clone();
+    let mut first = tokio::spawn(async move { c.call(&remove()).await });
     tokio::time::timeout(WAIT, held.entered.acquire()).await.unwrap().unwrap().forget();
-    let missing = MasterRequest::Remove { tenant: String::new(), key: key("never-written"), force: false };
-    let answer = tokio::time::timeout(WAIT, conn.call(&missing)).await.expect("a refusal is answered at once");
-    assert_eq!(answer.map(drop).map_err(|e| e.code()), Err(ErrorCode::ObjectNotFound), "the refusal itself");
+    let other = Arc::new(MasterConnection::new(&server.rpc_addr().to_string(), writer, PeerRole::Client, 1, WAIT));
+    let o = other.clone();
+    let mut second = tokio::spawn(async move { o.call(&remove()).await });
+    assert!(tokio::time::timeout(NOT_YET, &mut second).await.is_err(), "\"not found\" answered before durable");
+    assert!(tokio::time::timeout(NOT_YET, &mut first).await.is_err());
+    // Other refusals acknowledge nothing: answered at once, even while the backend holds a batch (on a
+    // connection of their own: a connection's replies go out in order).
+    let conn = Arc::new(MasterConnection::new(&server.rpc_addr().to_string(), writer, PeerRole::Client, 1, WAIT));
+    svc.put_start(writer, "", "pending", 4096, &cfg).unwrap();
+    let busy = MasterRequest::Remove { tenant: String::new(), key: key("pending"), force: true };
+    let answer = tokio::time::timeout(WAIT, conn.call(&busy)).await.expect("a refusal is answered at once");
+    assert_eq!(answer.map(drop).map_err(|e| e.code()), Err(ErrorCode::ReplicaIsNotReady), "the refusal itself");
     // A write that removes nothing (an upsert of a new key) does not wait either.
     let fresh = MasterRequest::UpsertStart {
         client: writer,
@@ -102,5 +118,9 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
     let answer = tokio::time::timeout(WAIT, conn.call(&fresh)).await.expect("answered while the backend is held");
     assert!(matches!(answer, Ok(MasterResponse::Replicas(_))), "{answer:?}");
     held.release.add_permits(1);
+    let first = tokio::time::timeout(WAIT, first).await.unwrap().unwrap();
+    assert!(matches!(first, Ok(MasterResponse::Done)), "{first:?}");
+    let second = tokio::time::timeout(WAIT, second).await.unwrap().unwrap();
+    assert_eq!(second.map(drop).map_err(|e| e.code()), Err(ErrorCode::ObjectNotFound));
     server.shutdown().await;
 }

@@ -772,8 +772,12 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                     hold |= crate::ha::take_hid_objects();
                     reply
                 };
-                // A refusal acknowledges nothing: it goes out at once, even while the log is stuck.
-                owe(&mut owed, &svc, hold && reply.is_ok());
+                // A refusal acknowledges nothing: it goes out at once, even while the log is stuck. Except a
+                // removal's "not found": the object may be hidden by another caller's removal whose REMOVE is not
+                // durable yet, and this answer too says the key is gone (a failover before that REMOVE is durable
+                // would bring the object back after it), so it waits like that removal's own reply.
+                let acknowledges = reply.is_ok() || reply.as_ref().is_err_and(|e| e.code == ErrorCode::ObjectNotFound);
+                owe(&mut owed, &svc, hold && acknowledges);
                 if let (Some(hosts), Some(bearer)) = (hosts, &bearer) {
                     super::grants::seal(&svc, hosts, bearer, &mut reply);
                 }
