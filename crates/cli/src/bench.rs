@@ -299,6 +299,30 @@ impl Shared {
         self.tally(&r)
     }
 
+    /// Puts keys `ks` that a lookup found missing, as the engines' connectors do: a plain put, and a key
+    /// another writer stored meanwhile (`OBJECT_ALREADY_EXISTS`) is a hit, not an error. (An upsert here
+    /// would preempt a concurrent worker's write of the same missing key and fail it.)
+    async fn put_missing(&self, w: &mut Worker, ks: &[u64]) -> (u64, u64) {
+        let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
+        w.batch.resize_with(ks.len(), || self.base.clone());
+        for (b, k) in w.batch.iter_mut().zip(ks) {
+            stamp(*k % self.key_budget, b);
+        }
+        let items: Vec<(&str, &[u8])> =
+            names.iter().map(String::as_str).zip(w.batch.iter().map(Vec::as_slice)).collect();
+        let r: Vec<Result<(), ClientError>> = self
+            .client
+            .batch_put_from(&items, &self.replicate)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Err(e) if e.code() == crescent_proto::ErrorCode::ObjectAlreadyExists => Ok(()),
+                other => other,
+            })
+            .collect();
+        self.tally(&r)
+    }
+
     /// Gets keys `ks` into the worker's reusable buffers; returns (keys ok, errors).
     async fn read(&self, w: &mut Worker, ks: &[u64]) -> (u64, u64) {
         let names: Vec<String> = ks.iter().map(|k| self.key(*k)).collect();
@@ -487,7 +511,7 @@ async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
             }
             let missing: Vec<u64> =
                 ks.iter().zip(&exist).filter(|(_, e)| matches!(e, Ok(false))).map(|(k, _)| *k).collect();
-            let (ok, err) = if missing.is_empty() { (0, 0) } else { s.write(w, &missing).await };
+            let (ok, err) = if missing.is_empty() { (0, 0) } else { s.put_missing(w, &missing).await };
             (ks.len() as u64 - errors - err, ok * size, errors + err)
         }
     }
