@@ -25,6 +25,7 @@ fn seeds() -> Vec<Vec<u8>> {
         hard_pinned: true,
         soft_pin_ms: 10,
         data_type: 1,
+        no_offload: false,
     };
     let segment = SegmentRecord {
         client: [1; 16],

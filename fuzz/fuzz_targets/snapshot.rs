@@ -129,6 +129,7 @@ fn directory() -> SnapshotMetadata {
         hard_pinned: offset == 0,
         soft_pin_ms: 5,
         data_type: 1,
+        no_offload: false,
     };
     let mut state = ReplayState { last_seq: 12, ..ReplayState::default() };
     for s in [1, 3] {

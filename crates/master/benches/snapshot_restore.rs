@@ -47,6 +47,7 @@ fn object(i: u64, segments: &[SegmentRecord]) -> (String, ObjectRecord) {
         hard_pinned: false,
         soft_pin_ms: 0,
         data_type: 1,
+        no_offload: false,
     };
     (format!("k{i:019}"), o)
 }

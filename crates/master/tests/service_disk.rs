@@ -486,3 +486,100 @@ fn unmounting_a_disk_ends_its_copies_at_once() {
     assert!(matches!(n.locations("k").unwrap()[..], [ReplicaLocation::Memory { .. }]), "still in memory");
     assert_eq!(n.evict_all().objects, 1, "a round evicts it again, and drops it: no disk left");
 }
+
+fn grouped(g: &str) -> ReplicateConfig {
+    ReplicateConfig { group_id: Some(g.to_owned()), ..ReplicateConfig::default() }
+}
+
+fn not_kept() -> ReplicateConfig {
+    ReplicateConfig { offload: false, ..ReplicateConfig::default() }
+}
+
+#[test]
+fn the_members_of_an_evicted_group_go_to_disk_too() {
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    for k in ["g1", "g2", "g3"] {
+        n.put_with(k, 10_000, &grouped("G"));
+    }
+    let report = n.evict_all();
+    assert_eq!((report.offloading, report.objects), (3, 0), "kept, not dropped");
+    let tasks = n.poll(vec![]);
+    assert_eq!(tasks.len(), 3, "one copy per member");
+    n.finish(&tasks);
+    for k in ["g1", "g2", "g3"] {
+        assert!(on_disk(&n.locations(k).unwrap()), "{k}");
+    }
+    assert_eq!(n.used(SegmentKind::Memory), 0);
+    // Still one group: removing it takes every member off the disk.
+    assert_eq!(n.svc.remove_group("", "G", false).unwrap(), 3);
+    assert_eq!(n.used(SegmentKind::Disk), 0);
+}
+
+#[test]
+fn a_group_makes_room_on_the_disk_for_all_of_its_members_at_once() {
+    // Room for three 3-block objects, all taken.
+    let n = node(MasterConfig::default(), 64 * MIB, 9 * BLOCK);
+    for k in ["a", "b", "c"] {
+        n.put(k, 10_000);
+        n.evict_all();
+        n.finish(&n.poll(vec![]));
+        n.clock.advance(Duration::from_millis(1));
+    }
+    n.put_with("g1", 10_000, &grouped("G"));
+    n.put_with("g2", 10_000, &grouped("G"));
+    // Both members need room: the two oldest go (made member by member, the second would have found none).
+    let report = n.evict_all();
+    assert_eq!((report.offloading, report.objects), (2, 0));
+    n.finish(&n.poll(vec![]));
+    for k in ["a", "b"] {
+        assert_eq!(n.locations(k).unwrap_err(), ErrorCode::ObjectNotFound, "{k}");
+    }
+    for k in ["c", "g1", "g2"] {
+        assert!(on_disk(&n.locations(k).unwrap()), "{k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_marked_not_worth_keeping_is_still_dropped_after_a_failover() {
+    use crescent_ha::kv::{HaKvBackend, MemoryKv};
+    use crescent_ha::oplog::WriterConfig;
+    use crescent_master::ha::OpLogOptions;
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let options = OpLogOptions { kv, cluster: "no-offload".into(), writer: WriterConfig::default() };
+    let clock = ManualClock::new(Timestamp(1_000_000));
+    let svc = Arc::new(MasterService::new(MasterConfig::default(), clock.clone()).unwrap());
+    let (log, _) = crescent_master::ha::open(&options, &svc).await.unwrap();
+    let n = node_of(svc, clock, 64 * MIB, 64 * MIB);
+    n.put_with("scratch", 4096, &not_kept());
+    n.put("keep", 4096);
+    log.stop().await;
+
+    // The next master learns both from the log, the switch included.
+    let b = Arc::new(MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(5_000_000))).unwrap());
+    let (log_b, report) = crescent_master::ha::open(&options, &b).await.unwrap();
+    assert_eq!(report.objects, 2);
+    b.remount_segments(n.node, &[n.memory.clone(), n.disk.clone()]).unwrap();
+    let report = b.evict(EvictionScope::All, EvictionTarget::Fraction { target: 1.0, lower: 1.0 });
+    assert_eq!((report.offloading, report.objects), (1, 1), "keep is copied, scratch dropped");
+    assert_eq!(b.stat("", "scratch").unwrap_err(), ErrorCode::ObjectNotFound);
+    log_b.stop().await;
+}
+
+#[test]
+fn an_object_marked_not_worth_keeping_is_still_dropped_after_a_snapshot_restore() {
+    use crescent_master::snapshot::{self, MasterSnapshotView, SnapshotMetadata};
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    n.put_with("scratch", 4096, &not_kept());
+    n.put("keep", 4096);
+    let mut state = n.svc.metadata_view();
+    state.last_seq = 1;
+    let meta = SnapshotMetadata { state, batch_id: 1, producer_view: 1 };
+    let bytes = snapshot::encode(&MasterSnapshotView { metadata: Some(meta), ..MasterSnapshotView::default() });
+    let state = snapshot::decode(&bytes).unwrap().metadata.unwrap().state;
+    let b = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(9_000_000))).unwrap();
+    assert_eq!(b.restore_replayed(&state).unwrap(), (2, 2));
+    b.remount_segments(n.node, &[n.memory.clone(), n.disk.clone()]).unwrap();
+    let report = b.evict(EvictionScope::All, EvictionTarget::Fraction { target: 1.0, lower: 1.0 });
+    assert_eq!((report.offloading, report.objects), (1, 1), "keep is copied, scratch dropped");
+    assert_eq!(b.stat("", "scratch").unwrap_err(), ErrorCode::ObjectNotFound);
+}

@@ -58,9 +58,14 @@ pub trait EvictionLog {
 /// Where a memory eviction may keep an object's bytes instead of dropping them: the disk tier of the node that
 /// holds them (the service's `DiskTier`). Asked inside the object's lock, for an object the round may evict.
 pub trait Offload {
-    /// Readies room on the disk that would take `entry` (disk eviction, oldest first), with no lock held; false:
-    /// it will not be offloaded (plain eviction).
-    fn prepare(&self, entry: &ObjectEntry) -> bool;
+    /// Readies room on the disks that would take `entries` (disk eviction, oldest first), with no lock held: for
+    /// each entry, false means it will not be offloaded (plain eviction). All at once: a group's members share
+    /// their disks' room.
+    fn prepare_all(&self, entries: &[Arc<ObjectEntry>]) -> Vec<bool>;
+    /// [`Offload::prepare_all`] for one object.
+    fn prepare(&self, entry: &Arc<ObjectEntry>) -> bool {
+        self.prepare_all(std::slice::from_ref(entry)).first().copied().unwrap_or(false)
+    }
     /// Starts keeping `st` on disk — a `Processing` disk replica and a copy task for its node — and returns true;
     /// the object then stays in memory until the copy is done (it is then stripped of its memory replicas, logged
     /// and freed as an eviction). False: nothing changed, the round evicts it as usual.
@@ -372,7 +377,16 @@ impl<L: EvictionLog> Committer<'_, L> {
                 if !self.groups_done.insert(Arc::as_ptr(group)) {
                     return 0;
                 }
-                self.commit_group(tenant, group, c, allow_soft)
+                // Disk room for the members is made before the group's lock, like a singleton's.
+                let prepared: HashSet<*const ObjectEntry> = match self.offload.filter(|_| self.tier == Tier::Memory) {
+                    Some(o) => {
+                        let members = group.lock().live_sorted();
+                        let ready = o.prepare_all(&members);
+                        members.iter().zip(ready).filter(|(_, r)| *r).map(|(m, _)| Arc::as_ptr(m)).collect()
+                    }
+                    None => HashSet::new(),
+                };
+                self.commit_group(tenant, group, c, allow_soft, &prepared)
             }
         }
     }
@@ -383,6 +397,7 @@ impl<L: EvictionLog> Committer<'_, L> {
         group: &Arc<GroupEntry>,
         c: &Candidate,
         allow_soft: bool,
+        prepared: &HashSet<*const ObjectEntry>,
     ) -> u64 {
         let mut members_guard = group.lock();
         let members = members_guard.live_sorted();
@@ -401,7 +416,8 @@ impl<L: EvictionLog> Committer<'_, L> {
                 }
             }
         }
-        let (mut n, mut bytes) = (0u64, 0u64);
+        // Members evicted, members going to disk instead, bytes evicted.
+        let (mut n, mut kept, mut bytes) = (0u64, 0u64, 0u64);
         let mut retired: Vec<&Arc<ObjectEntry>> = Vec::new();
         {
             let mut guards: Vec<_> = members.iter().map(|m| m.lock()).collect();
@@ -414,6 +430,16 @@ impl<L: EvictionLog> Committer<'_, L> {
             }
             for (m, st) in members.iter().zip(guards.iter_mut()) {
                 if !eligible(st, self.tier, self.now, allow_soft) {
+                    continue;
+                }
+                // A member kept on disk stays in memory until its copy is done (then it is stripped and logged
+                // as a singleton's offload is); its reserved slot goes unused.
+                let going = st.evictable_bytes(self.tier);
+                let offload = self.offload.filter(|_| prepared.contains(&Arc::as_ptr(m)));
+                if offload.is_some_and(|o| o.start(tenant, m, st)) {
+                    kept += 1;
+                    self.report.offloading += 1;
+                    self.report.offloading_bytes += going;
                     continue;
                 }
                 let (f, quota, r) = strip(st, self.tier);
@@ -438,7 +464,7 @@ impl<L: EvictionLog> Committer<'_, L> {
         drop(members_guard);
         self.report.objects += n;
         self.report.bytes += bytes;
-        n
+        n + kept
     }
 }
 

@@ -1,9 +1,10 @@
 //! The master's oplog vocabulary: what an [`OpLogEntry`]'s `op`, `tenant`, `key` and `payload` mean.
 //!
 //! A payload is one schema-version byte ([`PAYLOAD_VERSION`]) followed by the postcard encoding of the
-//! operation's body; nothing may follow the body. Version 2 added the mounting principal to SEGMENT_MOUNT; this
-//! build still reads version 1 (the log a leader of the previous build wrote: its bodies are version 2's, but
-//! a mount's record names no principal). Ids are stored as their 16 raw bytes and enums as their wire
+//! operation's body; nothing may follow the body. Version 2 added the mounting principal to SEGMENT_MOUNT;
+//! version 3 the writer's "do not keep on disk" switch to PUT_END. This build still reads versions 1 and 2 (the
+//! log a leader of an earlier build wrote: a version-1 mount names no principal, and a version-1 or 2 object is
+//! one eviction may offload). Ids are stored as their 16 raw bytes and enums as their wire
 //! numbers, so the bytes do not depend on how a Rust type happens to derive serde (the golden vectors below pin
 //! them).
 
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// The payload schema this build writes (and the newest it reads).
-pub const PAYLOAD_VERSION: u8 = 2;
+pub const PAYLOAD_VERSION: u8 = 3;
 /// The oldest payload schema this build reads.
 pub const MIN_PAYLOAD_VERSION: u8 = 1;
 
@@ -127,6 +128,28 @@ pub struct ObjectRecord {
     pub soft_pin_ms: u64,
     /// `ObjectDataType` wire number.
     pub data_type: u8,
+    /// Dropped rather than kept on a disk tier when memory eviction takes it (the writer's
+    /// `ReplicateConfig::offload` off). Without it in the log, a failover would make such objects offloadable.
+    pub no_offload: bool,
+}
+
+/// A version-1 or 2 PUT_END body: [`ObjectRecord`] before it carried `no_offload`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRecordV2 {
+    size: u64,
+    replicas: Vec<ReplicaRecord>,
+    checksum: Option<u64>,
+    group: Option<String>,
+    hard_pinned: bool,
+    soft_pin_ms: u64,
+    data_type: u8,
+}
+
+impl From<ObjectRecordV2> for ObjectRecord {
+    fn from(r: ObjectRecordV2) -> Self {
+        let ObjectRecordV2 { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type } = r;
+        Self { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type, no_offload: false }
+    }
 }
 
 /// SEGMENT_MOUNT: the segment and its owner.
@@ -394,7 +417,10 @@ impl MasterEntry {
         let (tenant, key) = (entry.tenant.clone(), entry.key.clone());
         let e = match OpCode::from_u16(entry.op)? {
             OpCode::PutEnd => {
-                let object: ObjectRecord = body(p)?;
+                let object: ObjectRecord = match version(p)? {
+                    1 | 2 => body::<ObjectRecordV2>(p)?.into(),
+                    _ => body(p)?,
+                };
                 check_object(&object)?;
                 Self::PutEnd { tenant, key, object }
             }
@@ -538,6 +564,7 @@ mod tests {
             hard_pinned: true,
             soft_pin_ms: 0,
             data_type: 1,
+            no_offload: true,
         }
     }
 
@@ -554,13 +581,18 @@ mod tests {
     fn golden_payload_bytes() {
         let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
         assert_eq!(put.op, 1);
-        // version 02; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
+        // version 03; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
         // tier 00; checksum Some(0xdeadbeef) = 01 + varint; group Some("g") = 01 01 67; hard pin 01; soft pin 00;
-        // data type 01.
-        let expected = format!("02ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
-        assert_eq!(hex(&put.payload), expected);
+        // data type 01; no offload 01.
+        let v2_body = format!("ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
+        assert_eq!(hex(&put.payload), format!("03{v2_body}01"));
+        // A version-2 PUT_END (the previous build's) still decodes: its object may be offloaded.
+        let mut old = put.clone();
+        old.payload = unhex(&format!("02{v2_body}"));
+        let MasterEntry::PutEnd { object: back, .. } = MasterEntry::decode(&old).unwrap() else { panic!("not a put") };
+        assert_eq!(back, ObjectRecord { no_offload: false, ..object() });
         let rm = MasterEntry::Remove { tenant: "t".into(), key: "k".into() }.encode();
-        assert_eq!((rm.op, hex(&rm.payload)), (2, "02".to_owned()));
+        assert_eq!((rm.op, hex(&rm.payload)), (2, "03".to_owned()));
         let seg = SegmentRecord {
             client: [1; 16],
             id: [2; 16],
@@ -576,25 +608,25 @@ mod tests {
         assert_eq!(mount.key, "02020202-0202-0202-0202-020202020202");
         // ... kind 00, host "" 00, principal "node:a" 06 6e6f64653a61.
         let v1 = format!("{}{}016e00808040{}0000", "01".repeat(16), "02".repeat(16), "03683a31");
-        assert_eq!(hex(&mount.payload), format!("02{v1}066e6f64653a61"));
+        assert_eq!(hex(&mount.payload), format!("03{v1}066e6f64653a61"));
         // A version-1 mount (the previous build's) still decodes: it names no principal.
         let mut old = mount.clone();
         old.payload = unhex(&format!("01{v1}"));
         let MasterEntry::SegmentMount(back) = MasterEntry::decode(&old).unwrap() else { panic!("not a mount") };
         assert_eq!(back, SegmentRecord { principal: String::new(), ..seg });
         let upd = MasterEntry::SegmentUpdate(SegmentUpdate { id: [2; 16], status: 4, deadline_ms: 300 }).encode();
-        assert_eq!(hex(&upd.payload), format!("02{}04ac02", "02".repeat(16)));
+        assert_eq!(hex(&upd.payload), format!("03{}04ac02", "02".repeat(16)));
         let q = MasterEntry::TenantQuotaSet { tenant: "a".into(), quota: TenantQuota { bytes: 1 } }.encode();
-        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0201".to_owned()));
+        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0301".to_owned()));
         // Local SSD registrations (ops 10 and 11, added after the version-2 schema; earlier ops' bytes are
         // unchanged): client 16 × 05, offloading 01, capacity 300 = ac02.
         let ssd =
             MasterEntry::LocalSsdSet(LocalSsdEntry { client: [5; 16], enable_offloading: true, total_capacity: 300 })
                 .encode();
         assert_eq!((ssd.op, ssd.key.as_str()), (10, "05050505-0505-0505-0505-050505050505"));
-        assert_eq!(hex(&ssd.payload), format!("02{}01ac02", "05".repeat(16)));
+        assert_eq!(hex(&ssd.payload), format!("03{}01ac02", "05".repeat(16)));
         let gone = MasterEntry::LocalSsdRemove(ClientRef { client: [5; 16] }).encode();
-        assert_eq!((gone.op, hex(&gone.payload)), (11, format!("02{}", "05".repeat(16))));
+        assert_eq!((gone.op, hex(&gone.payload)), (11, format!("03{}", "05".repeat(16))));
     }
 
     #[test]

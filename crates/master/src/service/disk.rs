@@ -170,25 +170,35 @@ impl Offloader<'_> {
 }
 
 impl eviction::Offload for Offloader<'_> {
-    fn prepare(&self, entry: &ObjectEntry) -> bool {
+    fn prepare_all(&self, entries: &[Arc<ObjectEntry>]) -> Vec<bool> {
+        let mut ready = vec![false; entries.len()];
         if !self.svc.config.disk_offload {
-            return false;
+            return ready;
         }
-        let (size, disk) = {
+        // The disk each object would go to and the bytes it needs there, summed per disk: room for a whole group
+        // is made at once (made member by member, each would find the last one's room and make none of its own).
+        let mut wanted: Vec<(usize, SegmentId)> = Vec::new();
+        let mut per_disk: HashMap<SegmentId, u64> = HashMap::new();
+        for (i, entry) in entries.iter().enumerate() {
             let st = entry.lock();
             if !Self::wanted(&st) {
-                return false;
+                continue;
             }
-            match self.source(&st) {
-                Some((_, _, disk, _)) => (st.size, disk),
-                None => return false,
+            if let Some((_, _, disk, _)) = self.source(&st) {
+                wanted.push((i, disk));
+                *per_disk.entry(disk).or_default() += disk_bytes(st.size);
             }
-        };
-        let ok = self.svc.disk_room(disk, disk_bytes(size));
-        if !ok {
-            self.svc.disk.metrics.offloads_refused.fetch_add(1, Ordering::Relaxed);
         }
-        ok
+        let roomy: HashMap<SegmentId, bool> =
+            per_disk.into_iter().map(|(disk, bytes)| (disk, self.svc.disk_room(disk, bytes))).collect();
+        for (i, disk) in wanted {
+            if roomy.get(&disk).copied().unwrap_or(false) {
+                ready[i] = true;
+            } else {
+                self.svc.disk.metrics.offloads_refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        ready
     }
 
     fn start(&self, tenant: &Arc<TenantState>, entry: &Arc<ObjectEntry>, st: &mut ObjectState) -> bool {

@@ -109,6 +109,7 @@ pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestam
         hard_pinned: st.hard_pinned,
         soft_pin_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
         data_type: st.data_type as u8,
+        no_offload: st.flags.no_offload(),
     }
 }
 
@@ -326,6 +327,7 @@ impl MasterService {
                 ..ObjectState::new(o.size)
             };
             st.flags.set_checksum(o.checksum.is_some());
+            st.flags.set_no_offload(o.no_offload);
             st.charged = st.settled_charge();
             t.quota().force_charge(st.charged);
             let charged = st.charged;

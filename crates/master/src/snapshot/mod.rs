@@ -11,7 +11,8 @@
 //! master starts without them, as a replayed log does.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
-//! This build writes version 3 and reads 2 and 3 (version 3's segments name their mounting principal).
+//! This build writes version 4 and reads 2 to 4 (version 3's segments name their mounting principal, version 4's
+//! objects their writer's "do not keep on disk" switch).
 //! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients; segments, tenants and
 //! keys strictly ascending, so duplicates are impossible and the bytes are canonical; every object and segment
 //! record as the oplog decoder checks them); the pool's restore validates the regions against each other and
@@ -26,7 +27,7 @@ pub mod store;
 use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::{SegmentRecordV1, check_object};
-use crate::ha::{ObjectRecord, ReplayState, SegmentRecord};
+use crate::ha::{ObjectRecord, ObjectRecordV2, ReplayState, SegmentRecord};
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
@@ -36,8 +37,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes (and the newest it reads).
 /// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]); version 3 the principal
-/// that mounted each segment (SEGMENT_MOUNT's payload version 2).
-pub const VERSION: u16 = 3;
+/// that mounted each segment (SEGMENT_MOUNT's payload version 2); version 4 each object's `no_offload`
+/// (PUT_END's payload version 3).
+pub const VERSION: u16 = 4;
 /// The oldest format version this build reads.
 pub const MIN_VERSION: u16 = 2;
 /// Bytes before the body: magic, version, checksum.
@@ -126,20 +128,21 @@ struct WireLocalSsd {
     total_capacity: u64,
 }
 
-/// One object of a tenant: key and record.
-type WireObject<'a> = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, ObjectRecord>);
+/// One object of a tenant: key and record (`O`: the object record of the format version).
+type WireObject<'a, O = ObjectRecord> = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, O>);
 
 /// One tenant's objects, keys ascending.
 #[derive(Serialize, Deserialize)]
-struct WireTenant<'a> {
+struct WireTenant<'a, O: Clone = ObjectRecord> {
     #[serde(borrow)]
     tenant: std::borrow::Cow<'a, str>,
-    objects: Vec<WireObject<'a>>,
+    objects: Vec<WireObject<'a, O>>,
 }
 
-/// `S`: the segment record of the format version (version 2's [`SegmentRecordV1`]).
+/// `S` and `O`: the segment and object records of the format version (version 2's [`SegmentRecordV1`], versions
+/// 2 and 3's [`ObjectRecordV2`]).
 #[derive(Serialize, Deserialize)]
-struct WireMetadata<'a, S: Clone = SegmentRecord> {
+struct WireMetadata<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
     last_seq: u64,
     batch_id: u64,
     producer_view: u64,
@@ -149,16 +152,16 @@ struct WireMetadata<'a, S: Clone = SegmentRecord> {
     policies: Option<Vec<(String, u64)>>,
     /// Tenants ascending; none empty.
     #[serde(borrow)]
-    tenants: Vec<WireTenant<'a>>,
+    tenants: Vec<WireTenant<'a, O>>,
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireSnapshot<'a, S: Clone = SegmentRecord> {
+struct WireSnapshot<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
     regions: Vec<WireRegion>,
     cxl_window: Option<WireAllocator>,
     local_ssd: Vec<WireLocalSsd>,
     #[serde(borrow)]
-    metadata: Option<WireMetadata<'a, S>>,
+    metadata: Option<WireMetadata<'a, S, O>>,
 }
 
 impl From<&AllocatorSnapshot> for WireAllocator {
@@ -243,18 +246,20 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
         return Err(SnapshotError::Checksum);
     }
     match version {
-        2 => decode_body::<SegmentRecordV1>(body),
-        _ => decode_body::<SegmentRecord>(body),
+        2 => decode_body::<SegmentRecordV1, ObjectRecordV2>(body),
+        3 => decode_body::<SegmentRecord, ObjectRecordV2>(body),
+        _ => decode_body::<SegmentRecord, ObjectRecord>(body),
     }
 }
 
-/// Decodes a body whose segment records are `S`s.
-fn decode_body<'a, S>(body: &'a [u8]) -> Result<MasterSnapshotView, SnapshotError>
+/// Decodes a body whose segment records are `S`s and object records `O`s.
+fn decode_body<'a, S, O>(body: &'a [u8]) -> Result<MasterSnapshotView, SnapshotError>
 where
     S: Clone + Into<SegmentRecord> + 'a,
-    WireSnapshot<'a, S>: Deserialize<'a>,
+    O: Clone + Into<ObjectRecord> + 'a,
+    WireSnapshot<'a, S, O>: Deserialize<'a>,
 {
-    let (wire, rest): (WireSnapshot<'a, S>, _) =
+    let (wire, rest): (WireSnapshot<'a, S, O>, _) =
         postcard::take_from_bytes(body).map_err(|e| SnapshotError::Corrupt(format!("decode: {e}")))?;
     if !rest.is_empty() {
         return Err(SnapshotError::Corrupt(format!("{} bytes follow the body", rest.len())));
@@ -322,8 +327,8 @@ fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
 }
 
 /// Checks and folds the wire metadata back into a state; any record the oplog decoder would refuse is refused.
-fn metadata_from_wire<S: Clone + Into<SegmentRecord>>(
-    w: WireMetadata<'_, S>,
+fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Clone + Into<ObjectRecord>>(
+    w: WireMetadata<'_, S, O>,
 ) -> Result<SnapshotMetadata, SnapshotError> {
     if (w.batch_id == 0) != (w.last_seq == 0) {
         return Err(corrupt(format!("position batch {} / seq {} is inconsistent", w.batch_id, w.last_seq)));
@@ -355,30 +360,28 @@ fn metadata_from_wire<S: Clone + Into<SegmentRecord>>(
     };
     let total: usize = w.tenants.iter().map(|t| t.objects.len()).sum();
     let mut objects = HashMap::with_capacity(total);
-    let mut last_tenant: Option<&str> = None;
-    let tenants = w.tenants;
-    for t in &tenants {
+    let mut last_tenant: Option<String> = None;
+    for t in w.tenants {
+        let tenant = t.tenant.into_owned();
         if t.objects.is_empty() {
-            return Err(corrupt(format!("tenant {:?} is listed without objects", t.tenant)));
+            return Err(corrupt(format!("tenant {tenant:?} is listed without objects")));
         }
-        if last_tenant.is_some_and(|prev| prev >= t.tenant.as_ref()) {
-            return Err(corrupt(format!("tenant {:?} is out of order or repeated", t.tenant)));
+        if last_tenant.as_ref().is_some_and(|prev| *prev >= tenant) {
+            return Err(corrupt(format!("tenant {tenant:?} is out of order or repeated")));
         }
-        last_tenant = Some(t.tenant.as_ref());
         let mut last_key: Option<&str> = None;
-        for (key, o) in &t.objects {
+        for (key, _) in &t.objects {
             if last_key.is_some_and(|prev| prev >= key.as_ref()) {
-                return Err(corrupt(format!("key {key:?} of tenant {:?} is out of order or repeated", t.tenant)));
+                return Err(corrupt(format!("key {key:?} of tenant {tenant:?} is out of order or repeated")));
             }
             last_key = Some(key.as_ref());
-            check_object(o).map_err(|e| corrupt(format!("object {key:?}: {e}")))?;
         }
-    }
-    for t in tenants {
-        let tenant = t.tenant.into_owned();
         for (key, o) in t.objects {
-            objects.insert((tenant.clone(), key.into_owned()), o.into_owned());
+            let o: ObjectRecord = o.into_owned().into();
+            check_object(&o).map_err(|e| corrupt(format!("object {key:?}: {e}")))?;
+            objects.insert((tenant.clone(), key.into_owned()), o);
         }
+        last_tenant = Some(tenant);
     }
     let state = ReplayState { segments, objects, policies, local_ssd: BTreeMap::new(), last_seq: w.last_seq };
     Ok(SnapshotMetadata { state, batch_id: w.batch_id, producer_view: w.producer_view })
