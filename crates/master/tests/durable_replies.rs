@@ -124,3 +124,64 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
     assert_eq!(second.map(drop).map_err(|e| e.code()), Err(ErrorCode::ObjectNotFound));
     server.shutdown().await;
 }
+
+/// A candidate's replies go out only while the term that made them holds its lease. A leader that stalls (a
+/// stopped process, a long pause) between answering and writing would otherwise hand out, once it runs again,
+/// space, leases and locations its successor may have given to others meanwhile: the fault campaign saw a read
+/// fail its checksum after a failover, the bytes overwritten by a write the stalled leader had placed. Here the
+/// replies wait for the log (the backend holds the batch), the term's lease ends meanwhile, and neither the
+/// removal's nor the read queued behind it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_lease_lapsed_sends_none_of_its_queued_replies() {
+    use crescent_ha::leader::LeaseGuard;
+    use crescent_master::clock::SystemClock;
+    use crescent_master::ha::role::HaStatus;
+    use crescent_master::server::{Elected, RpcMetrics, RpcServer, Target};
+    use crescent_master::service::MasterService;
+    let faulty = Arc::new(FaultyKv::new(MemoryKv::new()));
+    let kv: Arc<dyn HaKvBackend> = faulty.clone();
+    let options = OpLogOptions { kv, cluster: "term".into(), writer: master_writer_config() };
+    let svc = Arc::new(MasterService::new(MasterConfig::default(), Arc::new(SystemClock::new())).unwrap());
+    let (log_handle, _) = crescent_master::ha::open(&options, &svc).await.unwrap();
+    svc.mount_segment(ClientId::random(), crescent_testkit::segment("s", 64 << 20)).unwrap();
+    let writer = ClientId::random();
+    let cfg = ReplicateConfig::with_replicas(1);
+    for k in ["gone", "kept"] {
+        svc.put_start(writer, "", k, 4096, &cfg).unwrap();
+        svc.put_end(writer, "", k, Some(1)).unwrap();
+    }
+    let log = svc.oplog().unwrap().clone();
+    log.wait_durable(log.last_committed(), WAIT).await.unwrap();
+    let elected = Elected::new(HaStatus::new("test".into()));
+    let guard = LeaseGuard::until(tokio::time::Instant::now() + Duration::from_secs(600));
+    elected.lead(svc.clone(), guard.clone());
+    let rpc =
+        RpcServer::bind("127.0.0.1:0".parse().unwrap(), Target::Elected(elected), Arc::new(RpcMetrics::default()))
+            .await
+            .unwrap();
+    let addr = rpc.local_addr().unwrap().to_string();
+    let server = rpc.spawn().unwrap();
+    let conn = Arc::new(MasterConnection::new(&addr, writer, PeerRole::Client, 1, Duration::from_secs(2)));
+    let get = || MasterRequest::GetReplicaList { tenant: String::new(), key: key("kept") };
+    // While the lease holds, replies go out.
+    let first = conn.call(&get()).await;
+    assert!(matches!(first, Ok(MasterResponse::ReplicaList(_))), "{first:?}");
+
+    let held = hold_next_write(&faulty).await;
+    let c = conn.clone();
+    let removal = tokio::spawn(async move {
+        c.call(&MasterRequest::Remove { tenant: String::new(), key: key("gone"), force: false }).await
+    });
+    tokio::time::timeout(WAIT, held.entered.acquire()).await.unwrap().unwrap().forget();
+    let c = conn.clone();
+    let read = tokio::spawn(async move { c.call(&get()).await });
+    // The read is served behind the held removal; then the term's lease ends, then the log takes the batch.
+    guard.end();
+    held.release.add_permits(1);
+    let removal = tokio::time::timeout(WAIT, removal).await.unwrap().unwrap();
+    assert!(removal.is_err(), "a removal answered by a term that lost its lease: {removal:?}");
+    let read = tokio::time::timeout(WAIT, read).await.unwrap().unwrap();
+    assert!(read.is_err(), "a read answered by a term that lost its lease: {read:?}");
+    server.shutdown().await;
+    log_handle.stop().await;
+}

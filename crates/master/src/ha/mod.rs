@@ -9,7 +9,9 @@ pub mod role;
 pub mod sink;
 pub mod snapshots;
 
-pub use payload::{MasterEntry, ObjectRecord, ObjectRecordV2, OpCode, PayloadError, ReplicaRecord, SegmentRecord, SegmentRecordV1};
+pub use payload::{
+    MasterEntry, ObjectRecord, ObjectRecordV2, OpCode, PayloadError, ReplicaRecord, SegmentRecord, SegmentRecordV1,
+};
 pub use replay::{
     OpLogOptions, OpenError, OpenReport, ReplayState, master_storage, master_writer_config, open, open_with_snapshots,
     replay_log, replay_log_after, start_writing,

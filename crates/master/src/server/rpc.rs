@@ -17,6 +17,7 @@ use crate::service::listing::LIST_REPLY_BYTES;
 use crate::service::{MasterService, WriteRef};
 use crate::snapshot::store::SnapshotStore;
 use bytes::{Bytes, BytesMut};
+use crescent_ha::leader::LeaseGuard;
 use crescent_net::auth::AuthFailure;
 use crescent_net::auth::Plane;
 use crescent_net::conn::{Conn, Stream};
@@ -521,7 +522,15 @@ fn timed_out(what: &str, limit: Duration) -> WireError {
 
 /// What the queued replies of a candidate's connection wait for before they are written: the oplog sequence
 /// they depend on (everything committed when they were answered) becoming durable.
-type Owed = Option<(Arc<OpLog>, u64)>;
+/// What the queued replies depend on before they may go out: the log position they acknowledge (made durable
+/// first), and the lease of the candidate term that made them (still held when they are written: a reply of a
+/// term whose lease lapsed meanwhile — the process stalled between answering and writing — would hand out space,
+/// leases or locations its successor may already have given to others).
+#[derive(Default)]
+struct Owed {
+    durable: Option<(Arc<OpLog>, u64)>,
+    term: Option<LeaseGuard>,
+}
 
 /// Requests whose acknowledgement a candidate holds until the log holds them: removals of every kind and
 /// tenant or segment teardown, whose loss in a failover would bring back what the caller was told is gone. Puts
@@ -551,21 +560,26 @@ fn owe(owed: &mut Owed, svc: &MasterService, hold: bool) {
     }
     if let Some(log) = svc.oplog() {
         let seq = log.last_committed();
-        match owed {
+        match &mut owed.durable {
             Some((l, s)) if Arc::ptr_eq(l, log) => *s = (*s).max(seq),
-            _ => *owed = Some((log.clone(), seq)),
+            d => *d = Some((log.clone(), seq)),
         }
     }
 }
 
-/// Waits until what the queued replies depend on is durable; if it cannot become durable, the replies are
-/// dropped unsent.
+/// Waits until what the queued replies depend on is durable; if it cannot become durable, or the term that
+/// made them no longer holds its lease, the replies are dropped unsent.
 async fn settle(out: &mut BytesMut, owed: &mut Owed, shared: &Shared) -> Result<(), WireError> {
-    if let Some((log, seq)) = owed.take()
+    let Owed { durable, term } = std::mem::take(owed);
+    if let Some((log, seq)) = durable
         && let Err(e) = log.wait_durable(seq, shared.frame_timeout).await
     {
         out.clear();
         return Err(WireError::Io(std::io::Error::other(format!("replies not sent: seq {seq} not durable ({e})"))));
+    }
+    if term.is_some_and(|g| !g.holds()) {
+        out.clear();
+        return Err(WireError::Io(std::io::Error::other("replies not sent: the term that made them lost its lease")));
     }
     Ok(())
 }
@@ -656,7 +670,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
     let mut out = BytesMut::new();
     let mut codec = FrameCodec::new(Limits::CONTROL);
     let mut adaptive = Adaptive::default();
-    let mut owed: Owed = None;
+    let mut owed = Owed::default();
     loop {
         if shutdown.is_stopping() {
             return flush(&mut stream, &mut out, &mut owed, shared).await;
@@ -715,6 +729,10 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
             tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
         let mut hold = holds_until_durable(&body);
         let routed = target.route();
+        // The first term whose replies are queued since the last write (a term's lease checked again then).
+        if owed.term.is_none() {
+            owed.term = routed.as_ref().ok().and_then(|s| s.lease().cloned());
+        }
         let allowed = match (&caller, &routed) {
             (Some(c), Ok(svc)) => authz::authorize(c, &body, svc.config().enable_multi_tenants),
             _ => Ok(()),

@@ -45,6 +45,16 @@ pub enum Served<'a> {
     Term(Arc<Leading>),
 }
 
+impl Served<'_> {
+    /// The lease of the term served (none for a fixed target's service).
+    pub fn lease(&self) -> Option<&LeaseGuard> {
+        match self {
+            Served::Fixed(_) => None,
+            Served::Term(l) => Some(&l.guard),
+        }
+    }
+}
+
 impl Deref for Served<'_> {
     type Target = Arc<MasterService>;
 
