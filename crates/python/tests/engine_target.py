@@ -1,0 +1,92 @@
+"""The master the engine-replay tests (test_engine_*.py) drive: Crescent's, or the original's.
+
+`ENGINE_REPLAY_TARGET=original` starts the original's `mooncake_master` ($MOONCAKE_MASTER_BIN, default
+/work/mc-venv/bin/mooncake_master); run pytest with the original's Python then (/work/mc-venv/bin/python), so that
+`mooncake.store` is the original's too. Anything else (the default) starts `crescent master`. Both masters get the
+same object lease (the original's default, 5 s), so the engines' calls meet the same rules on either side.
+"""
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import Master
+
+TARGET = os.environ.get("ENGINE_REPLAY_TARGET", "crescent")
+ORIGINAL = TARGET == "original"
+MiB = 1 << 20
+# The original master's default `default_kv_lease_ttl`; given to both masters explicitly.
+LEASE_TTL_MS = 5000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OriginalMaster:
+    """The original's `mooncake_master` on free loopback ports; ready once its RPC port accepts."""
+
+    def __init__(self) -> None:
+        binary = os.environ.get("MOONCAKE_MASTER_BIN", "/work/mc-venv/bin/mooncake_master")
+        rpc, http = _free_port(), _free_port()
+        args = [
+            binary,
+            f"--rpc_port={rpc}",
+            "--rpc_address=127.0.0.1",
+            f"--metrics_port={http}",
+            f"--default_kv_lease_ttl={LEASE_TTL_MS}",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addr = f"127.0.0.1:{rpc}"
+        self.http = f"127.0.0.1:{http}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", rpc), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"{args}: the master did not start")
+                # Polling a port the child has not bound yet: no event to wait on.
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+class CrescentMaster:
+    """`crescent master` (conftest's `Master`) with the same lease; `http` is its admin (metrics) address."""
+
+    def __init__(self) -> None:
+        self._m = Master("--lease-ttl-ms", str(LEASE_TTL_MS))
+        self.addr = self._m.addr
+        self.http = self._m.admin
+
+    def stop(self) -> None:
+        self._m.stop()
+
+
+def start_master():
+    return OriginalMaster() if ORIGINAL else CrescentMaster()
+
+
+@pytest.fixture(scope="module")
+def engine_master():
+    """A master of the module's own (the target's), stopped at the end."""
+    m = start_master()
+    yield m
+    m.stop()
+
+
+def pattern(n: int, seed: int):
+    """`n` deterministic bytes, different per seed (numpy uint8)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
