@@ -90,3 +90,88 @@ def pattern(n: int, seed: int):
     import numpy as np
 
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+# ---- optional call trace: ENGINE_REPLAY_TRACE=FILE records every store call and its result, one JSON line each,
+# normalised (addresses, ports, random suffixes) so that the traces of the two targets can be diffed line by line.
+
+_TRACE = os.environ.get("ENGINE_REPLAY_TRACE")
+
+
+def _norm(v, depth=0):
+    import re
+
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int):
+        return "ptr" if v > 1 << 32 else v
+    if isinstance(v, str):
+        v = re.sub(r"[0-9a-f]{32}", "<uuid>", v)
+        return re.sub(r"(127\.0\.0\.1|localhost):\d+", r"\1:<port>", v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        import hashlib
+
+        b = bytes(v)
+        return f"bytes[{len(b)}]:{hashlib.sha1(b).hexdigest()[:8]}"
+    if isinstance(v, dict):
+        return {str(_norm(k)): _norm(x, depth + 1) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple)):
+        return [_norm(x, depth + 1) for x in v]
+    if type(v).__name__ == "ReplicaDescriptor":
+        return "replica(memory)" if v.is_memory_replica() else "replica(other)"
+    if type(v).__name__ == "ReplicateConfig":
+        return "ReplicateConfig"
+    if hasattr(v, "__buffer__") or type(v).__name__ in ("BufferHandle",):
+        try:
+            return _norm(memoryview(v))
+        except TypeError:
+            pass
+    return type(v).__name__
+
+
+class _Traced:
+    """Forwards to a real MooncakeDistributedStore, logging each call."""
+
+    def __init__(self, real_cls, log):
+        object.__setattr__(self, "_real", real_cls())
+        object.__setattr__(self, "_log", log)
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            import json
+
+            entry = {"call": name, "args": _norm(list(args)), "kwargs": _norm(kwargs)}
+            try:
+                result = attr(*args, **kwargs)
+            except Exception as e:
+                first = str(e).splitlines()[0] if str(e) else ""
+                entry["raised"] = f"{type(e).__name__}: {_norm(first)[:100]}"
+                self._log.write(json.dumps(entry) + "\n")
+                raise
+            entry["result"] = _norm(result)
+            self._log.write(json.dumps(entry) + "\n")
+            return result
+
+        return call
+
+
+@pytest.fixture(autouse=True)
+def engine_trace(request):
+    """With ENGINE_REPLAY_TRACE set, every MooncakeDistributedStore the test makes is traced into that file."""
+    if not _TRACE:
+        yield
+        return
+    import mooncake.store
+
+    real = mooncake.store.MooncakeDistributedStore
+    with open(_TRACE, "a") as log:
+        log.write(f'{{"test": "{request.node.nodeid}"}}\n')
+        mooncake.store.MooncakeDistributedStore = lambda: _Traced(real, log)
+        try:
+            yield
+        finally:
+            mooncake.store.MooncakeDistributedStore = real

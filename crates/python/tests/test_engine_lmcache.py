@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from engine_target import MiB, engine_master, pattern  # noqa: F401  (engine_master is a fixture)
+from engine_target import MiB, engine_master, engine_trace, pattern  # noqa: F401  (fixtures)
 
 METADATA_BYTES_LEN = 28
 MEMORY_FORMAT_KV_2LTD = 1  # an arbitrary lmcache MemoryFormat value for the header
@@ -260,3 +260,49 @@ def test_lmcache_prefer_local_alloc_puts_into_its_own_segment(engine_master):
         assert conn.close() == (0, 0)
         if other is not None:
             other.close()
+
+
+_UNREACHABLE_SCRIPT = r"""
+import json, socket, sys
+sys.path.insert(0, sys.argv[1])
+from test_engine_lmcache import MooncakestoreConnector, PinnedAllocator, CHUNK, cache_key
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()  # nobody listens there
+mem = PinnedAllocator(4 * CHUNK)
+conn = MooncakestoreConnector(f"127.0.0.1:{port}", mem, save_chunk_meta=False)
+out = {"setup": conn.setup_ret, "register": conn.register_result}
+print(json.dumps(out), flush=True)
+obj = mem.allocate(CHUNK)
+out["exists"] = conn.exists_sync(cache_key(1))
+out["put"] = conn.put(cache_key(1), obj)
+print(json.dumps(out), flush=True)
+got = conn.batched_get([cache_key(1)], CHUNK)
+out["get"] = [g is None for g in got]
+out["bytes_read"] = list(conn.last_bytes_read)
+print(json.dumps(out), flush=True)
+out["close"] = list(conn.close())
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_lmcache_unchecked_setup_failure_leaves_every_call_failing_cleanly():
+    """mooncakestore_connector.py __init__ does not check setup's return: with no master at the address, the
+    connector goes on to _register_cpu_buffer, and later exists/put/batched_get/close run on a store that never
+    set up. Each must fail with a code (put_from's is ignored, a batched_get miss is None) and the process must
+    live. Run in a child process: the original (0.3.13.post1) segfaults in batch_get_into there."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    here = str(pathlib.Path(__file__).resolve().parent)
+    proc = subprocess.run([sys.executable, "-c", _UNREACHABLE_SCRIPT, here], capture_output=True, text=True,
+                          timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    last = json.loads(lines[-1]) if lines else {}
+    assert proc.returncode == 0, f"the process died (rc {proc.returncode}) after {last}"
+    assert last["setup"] != 0
+    assert last["exists"] < 0 and last["put"] < 0
+    assert last["get"] == [True] and last["bytes_read"][0] < 0
+    # register_buffer needs no master in Crescent (0; unregister then 0); the original refuses it (-600), so
+    # the connector never unregisters (None). Close answers 0 either way.
+    assert (last["register"], last["close"]) in ((0, [0, 0]), (-600, [None, 0])), last

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import requests
 
-from engine_target import ORIGINAL, MiB, engine_master, pattern  # noqa: F401  (engine_master is a fixture)
+from engine_target import ORIGINAL, MiB, engine_master, engine_trace, pattern  # noqa: F401  (fixtures)
 
 DEFAULT_LOCAL_BUFFER_SIZE = 16 * MiB  # mooncake_store.py: SGLANG_MOONCAKE_LOCAL_BUFFER_SIZE default
 DEFAULT_TENANT_ID = "default"
