@@ -49,7 +49,8 @@ class MooncakestoreConnector:
     batched_get (_batch_get_into or _batch_get_buffer), close (_unregister_cpu_buffer, store.close)."""
 
     def __init__(self, master_addr, allocator: PinnedAllocator, *, save_chunk_meta: bool,
-                 prefer_local_alloc=False, global_segment_size=64 * MiB, local_buffer_size=16 * MiB):
+                 prefer_local_alloc=False, global_segment_size=64 * MiB, local_buffer_size=16 * MiB,
+                 has_pin_allocator=True):
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
         self.store = MooncakeDistributedStore()
@@ -64,9 +65,13 @@ class MooncakestoreConnector:
         self.replica_config.replica_num = 1
         if prefer_local_alloc:
             self.replica_config.preferred_segment = self.store.get_hostname()
+        self.has_pin_allocator = has_pin_allocator
         self.register_result = self._register_cpu_buffer()
 
     def _register_cpu_buffer(self):
+        if not self.has_pin_allocator:  # allocator without pin_allocator.buffer: nothing registered
+            self.registered_buffer_ptr = None
+            return None
         buffer = self.allocator.buffer
         self.registered_buffer_ptr = buffer.ctypes.data
         result = self.store.register_buffer(buffer.ctypes.data, buffer.size)  # numel() of a uint8 buffer
@@ -260,6 +265,27 @@ def test_lmcache_prefer_local_alloc_puts_into_its_own_segment(engine_master):
         assert conn.close() == (0, 0)
         if other is not None:
             other.close()
+
+
+def test_lmcache_without_a_pinned_buffer_puts_and_gets_unregistered_memory(engine_master):
+    """mooncakestore_connector.py _register_cpu_buffer: when the local CPU backend's allocator has no
+    pin_allocator.buffer, nothing is registered, yet put -> put_from and batched_get -> batch_get_into are still
+    called on that memory (put_from's code is ignored). The original (TCP) moves the bytes anyway."""
+    writer_mem, reader_mem = PinnedAllocator(2 * CHUNK), PinnedAllocator(2 * CHUNK)
+    writer = MooncakestoreConnector(engine_master.addr, writer_mem, save_chunk_meta=False, has_pin_allocator=False)
+    reader = MooncakestoreConnector(engine_master.addr, reader_mem, save_chunk_meta=False, has_pin_allocator=False)
+    try:
+        assert writer.register_result is None and writer.registered_buffer_ptr is None
+        obj = writer_mem.allocate(CHUNK)
+        obj[:] = pattern(CHUNK, 40)
+        put_code = writer.put(cache_key(0xD0), obj)
+        got = reader.batched_get([cache_key(0xD0)], CHUNK)
+        assert (put_code, reader.last_bytes_read) == (0, [CHUNK])
+        assert got[0] is not None and np.array_equal(got[0], obj)
+    finally:
+        writer.store.remove_all(force=True)
+        assert reader.close() == (None, 0)
+        assert writer.close() == (None, 0)
 
 
 _UNREACHABLE_SCRIPT = r"""

@@ -348,3 +348,29 @@ def test_vllm_standalone_store_with_preferred_segment(engine_master):
         if other is not None:
             other.close()
         owner.close()
+
+
+def test_vllm_load_into_blocks_of_another_size_is_a_load_error(engine_master):
+    """worker.py KVCacheStoreRecvingThread._handle_request: a key whose object does not match the consumer's
+    block layout (here the consumer's blocks are larger or smaller than the producer's - e.g. another KV dtype
+    under the same key namespace) must come back negative from batch_get_into_multi_buffers, so that the block is
+    reported as a load error and recomputed, not half-filled. The original answers -800 for larger buffers and
+    -600 for smaller ones."""
+    producer = VllmMooncakeStoreWorker(engine_master.addr, global_segment_size=64 * MiB)
+    consumer = VllmMooncakeStoreWorker(engine_master.addr, global_segment_size=64 * MiB)
+    try:
+        src = kv_cache(seed=4)
+        producer.register_kv_caches(src)
+        hashes = block_hashes("layout", 2)
+        assert producer.sending_handle_request("req-l", hashes, block_ids=[0, 1]) == [0, 0]
+        for factor in (2, 0.5):
+            dst = np.zeros((2, NUM_BLOCKS, int(BLOCK_BYTES * factor)), dtype=np.uint8)
+            consumer.register_kv_caches(dst)
+            res, _tiers, errors = consumer.recving_handle_request(hashes, block_ids=[2, 3], tier_log=False)
+            assert all(v < 0 for v in res), (factor, res)
+            assert errors == [2, 3]
+            consumer.store.unregister_buffer(dst.ctypes.data)
+    finally:
+        producer.reset()
+        consumer.close()
+        producer.close()
