@@ -609,3 +609,25 @@ def test_sglang_direct_linker_mla_offload_lookup_and_range_loads(engine_master, 
         ws.store.remove_all(force=True)
         for s in (rs, ws):
             s.store.close()
+
+
+def test_sglang_direct_linker_load_of_a_vanished_page_fails_at_session_start(engine_master):
+    """mooncake_direct_linker.py load_layer_wise: batch_get_session_start must answer 0 for every key, otherwise
+    the batch fails (RuntimeError, the layer counter fails and the request recomputes); the original answers
+    -704 (OBJECT_NOT_FOUND) for a key gone since the lookup and 0 for the others."""
+    page, layers, token_bytes = 4, 2, 256
+    cfg = StorageConfig(is_mla_model=True)
+    ws = MooncakeStore(cfg, engine_master.addr, http_port(engine_master))
+    rs = MooncakeStore(cfg, engine_master.addr, http_port(engine_master))
+    try:
+        writer = MooncakeDirectLinker(ws, DevicePoolMLA(page, layers, 32, token_bytes, seed=9))
+        reader = MooncakeDirectLinker(rs, DevicePoolMLA(page, layers, 32, token_bytes))
+        page_keys = ["vanish-0", "vanish-1"]
+        assert writer.offload(page_keys, np.arange(0, 2 * page)) is True
+        assert ws.store.remove(writer._component_keys(["vanish-1"])[0]) == 0
+        with pytest.raises(RuntimeError, match=r"session start failed: results=\[0, -704\]"):
+            reader.load_layer_wise(page_keys, np.arange(4 * page, 6 * page))
+    finally:
+        ws.store.remove_all(force=True)
+        for s in (rs, ws):
+            s.store.close()
