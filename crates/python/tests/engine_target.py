@@ -4,6 +4,11 @@
 /work/mc-venv/bin/mooncake_master); run pytest with the original's Python then (/work/mc-venv/bin/python), so that
 `mooncake.store` is the original's too. Anything else (the default) starts `crescent master`. Both masters get the
 same object lease (the original's default, 5 s), so the engines' calls meet the same rules on either side.
+
+`ENGINE_REPLAY_TRACE=FILE` appends every store call, its arguments and its answer to FILE (normalised JSON lines);
+`python engine_target.py ORIGINAL_TRACE CRESCENT_TRACE` (with pytest importable) prints where the two differ.
+`crescent_gap` marks a replay Crescent does not pass yet (strict xfail on Crescent only), `original_gap` one the
+original itself fails.
 """
 
 import os
@@ -144,7 +149,9 @@ class _Traced:
         def call(*args, **kwargs):
             import json
 
-            entry = {"call": name, "args": _norm(list(args)), "kwargs": _norm(kwargs)}
+            # A port picked per run (SGLang's client_http_port) would make every trace line differ.
+            shown = {k: ("<port>" if k.endswith("_port") else v) for k, v in kwargs.items()}
+            entry = {"call": name, "args": _norm(list(args)), "kwargs": _norm(shown)}
             try:
                 result = attr(*args, **kwargs)
             except Exception as e:
@@ -175,3 +182,49 @@ def engine_trace(request):
             yield
         finally:
             mooncake.store.MooncakeDistributedStore = real
+
+
+def crescent_gap(reason: str):
+    """A replay Crescent does not pass yet (a call it lacks, or an answer unlike the original's): expected to fail
+    on Crescent only, strictly, so the mark has to go once Crescent passes it. The calls stay in the test."""
+    return pytest.mark.xfail(not ORIGINAL, reason=f"Crescent: {reason}", strict=True)
+
+
+def original_gap(reason: str):
+    """A replay the original itself fails (its bug, not a difference to keep): expected to fail on it only."""
+    return pytest.mark.xfail(ORIGINAL, reason=f"original: {reason}", strict=True)
+
+
+def _diff_traces(original_path: str, crescent_path: str) -> None:
+    """Prints, per test, the calls whose arguments or answers differ between two traces."""
+    import json
+
+    def load(path):
+        tests, cur = {}, None
+        with open(path) as f:
+            for line in f:
+                d = json.loads(line)
+                if "test" in d:
+                    cur = d["test"]
+                    tests.setdefault(cur, [])
+                else:
+                    tests[cur].append(d)
+        return tests
+
+    a, b = load(original_path), load(crescent_path)
+    for test in a:
+        x, y = a[test], b.get(test, [])
+        pairs = [(i, x[i] if i < len(x) else None, y[i] if i < len(y) else None) for i in range(max(len(x), len(y)))]
+        diffs = [(i, dx, dy) for i, dx, dy in pairs if dx != dy]
+        if diffs:
+            print(f"== {test} ({len(x)} vs {len(y)} calls)")
+            for i, dx, dy in diffs:
+                print(f"  #{i} original: {json.dumps(dx)[:400]}")
+                print(f"     crescent: {json.dumps(dy)[:400]}")
+
+
+if __name__ == "__main__":
+    # python engine_target.py ORIGINAL_TRACE CRESCENT_TRACE
+    import sys
+
+    _diff_traces(sys.argv[1], sys.argv[2])

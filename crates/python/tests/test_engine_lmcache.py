@@ -18,7 +18,10 @@ import struct
 
 import numpy as np
 
-from engine_target import MiB, engine_master, engine_trace, pattern  # noqa: F401  (fixtures)
+# engine_master and engine_trace are fixtures (engine_trace autouse).
+from engine_target import (  # noqa: F401
+    MiB, crescent_gap, engine_master, engine_trace, original_gap, pattern,
+)
 
 METADATA_BYTES_LEN = 28
 MEMORY_FORMAT_KV_2LTD = 1  # an arbitrary lmcache MemoryFormat value for the header
@@ -267,6 +270,7 @@ def test_lmcache_prefer_local_alloc_puts_into_its_own_segment(engine_master):
             other.close()
 
 
+@crescent_gap("put_from / batch_get_into on unregistered memory answer -600 (the original moves the bytes over TCP)")
 def test_lmcache_without_a_pinned_buffer_puts_and_gets_unregistered_memory(engine_master):
     """mooncakestore_connector.py _register_cpu_buffer: when the local CPU backend's allocator has no
     pin_allocator.buffer, nothing is registered, yet put -> put_from and batched_get -> batch_get_into are still
@@ -310,6 +314,7 @@ print(json.dumps(out), flush=True)
 """
 
 
+@original_gap("batch_get_into on a store whose setup failed segfaults")
 def test_lmcache_unchecked_setup_failure_leaves_every_call_failing_cleanly():
     """mooncakestore_connector.py __init__ does not check setup's return: with no master at the address, the
     connector goes on to _register_cpu_buffer, and later exists/put/batched_get/close run on a store that never

@@ -26,7 +26,10 @@ import numpy as np
 import pytest
 import requests
 
-from engine_target import ORIGINAL, MiB, engine_master, engine_trace, pattern  # noqa: F401  (fixtures)
+# engine_master and engine_trace are fixtures (engine_trace autouse).
+from engine_target import (  # noqa: F401
+    ORIGINAL, MiB, crescent_gap, engine_master, engine_trace, pattern,
+)
 
 DEFAULT_LOCAL_BUFFER_SIZE = 16 * MiB  # mooncake_store.py: SGLANG_MOONCAKE_LOCAL_BUFFER_SIZE default
 DEFAULT_TENANT_ID = "default"
@@ -307,6 +310,7 @@ def http_port(master) -> int:
 # ---------------------------------------------------------------- HiCache (mooncake_store.py)
 
 
+@crescent_gap("the master serves no /get_all_segments (404, empty body): check_server would wait its 600 s and fail")
 def test_sglang_check_server_reads_get_all_segments(engine_master):
     """mooncake_store.py MooncakeStore.check_server: GET http://<master ip>:<master_metrics_port>/get_all_segments,
     waiting while the text is empty; the answer names the mounted segment once a store has mounted one."""
@@ -373,6 +377,10 @@ def test_sglang_hicache_mha_page_first_lifecycle(engine_master):
             s.store.close()
 
 
+@crescent_gap(
+    "a completed read releases its lease at once, so remove_all() without force also removes objects "
+    "read just before"
+)
 def test_sglang_hicache_clear_is_remove_all_without_force(engine_master):
     """mooncake_store.py MooncakeStore.clear: remove_all() without force. Objects read within the master's lease
     (5 s, the original's default) are kept; the others go. The original grants the lease on every read of an
@@ -487,7 +495,7 @@ class DevicePoolMLA:
         return self.host.get_page_buffer_meta(indices)
 
     def prepare_locations(self, host_indices):
-        return list(host_indices[:: self.page_size])
+        return [int(i) for i in host_indices[:: self.page_size]]
 
     def get_prepared_layer_range_meta(self, locations, layer):
         """Per key: the layer's slot in the device pool, its size, and its offset inside the object."""
@@ -579,6 +587,7 @@ class MooncakeDirectLinker:
         return list(result) == [sum(item) for item in all_sizes]
 
 
+@crescent_gap("no batch_get_session_start / batch_get_into_multi_buffer_ranges / batch_get_session_end")
 @pytest.mark.parametrize("page_wise", [False, True], ids=["layer-wise", "page-wise"])
 def test_sglang_direct_linker_mla_offload_lookup_and_range_loads(engine_master, page_wise):
     """mooncake_direct_linker.py: register_buffers (register_buffer of the device pool), offload (batch_set_v2:
@@ -611,6 +620,7 @@ def test_sglang_direct_linker_mla_offload_lookup_and_range_loads(engine_master, 
             s.store.close()
 
 
+@crescent_gap("no batch_get_session_start")
 def test_sglang_direct_linker_load_of_a_vanished_page_fails_at_session_start(engine_master):
     """mooncake_direct_linker.py load_layer_wise: batch_get_session_start must answer 0 for every key, otherwise
     the batch fails (RuntimeError, the layer counter fails and the request recomputes); the original answers
