@@ -43,6 +43,7 @@ class Master:
             self.proc.kill()
             raise RuntimeError(f"{args}: no readiness line: {e!r}")
         self.addr = ready["master"]
+        self.admin = ready.get("admin", "")
 
     def stop(self) -> None:
         self.proc.kill()
