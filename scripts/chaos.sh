@@ -16,7 +16,9 @@
 # success), CHAOS_KEYS (300), CHAOS_CLIENTS (8), CHAOS_SEGMENT (node segment size, 24MiB), CHAOS_QUOTA (etcd
 # backend quota in bytes, 128 MiB), CHAOS_GAP (most seconds between two faults, 4), CHAOS_FAULTS (the kinds
 # drawn from, comma-separated; default all: kill_leader, kill_standby, stop_leader, stop_standby, kill_node,
-# stop_node, stop_etcd, restart_etcd, nospace; `none` alone runs the load without faults).
+# stop_node, stop_etcd, restart_etcd, nospace; `none` alone runs the load without faults), CHAOS_AUTH=1 (a cluster
+# secret: masters take it, each node proves its own `node:NAME` credential, the workload the admin one, and every
+# transfer runs on sealed, term-fenced grants, as a production cluster does).
 set -euo pipefail
 
 usage() { echo "usage: $0 SECONDS [SEED]" >&2; exit 2; }
@@ -125,18 +127,31 @@ start_etcd() {
     return 1
 }
 
+# --- authentication (CHAOS_AUTH=1) ----------------------------------------------------------------------------
+MASTER_AUTH=()
+if [ "${CHAOS_AUTH:-0}" = 1 ]; then
+    (umask 077 && "$BIN" secret >"$DIR/secret")
+    MASTER_AUTH=(--secret-file "$DIR/secret")
+    for i in 0 1 2; do
+        (umask 077 && CRESCENT_SECRET_FILE="$DIR/secret" "$BIN" credential "node:chaos-$i" >"$DIR/node-$i.credential")
+    done
+    export CRESCENT_SECRET_FILE="$DIR/secret" # the workload's (admin) credential
+fi
+node_auth() { [ "${CHAOS_AUTH:-0}" = 1 ] && echo "--credential-file=$DIR/node-$1.credential"; }
+
 # --- masters and nodes (each restart appends to the same log; stdout holds the ready line) -------------------
 start_master() {
     local i=$1
     "$BIN" master --listen 127.0.0.1:0 --admin 127.0.0.1:0 --etcd "$ETCD_ADDR" --cluster-id "$CLUSTER" \
-        --leader-lease-ttl 2 --snapshot-dir "$DIR/snapshots" --snapshot-interval 30s \
+        --leader-lease-ttl 2 --snapshot-dir "$DIR/snapshots" --snapshot-interval 30s ${MASTER_AUTH[@]+"${MASTER_AUTH[@]}"} \
         >"$DIR/master-$i.out" 2>>"$LOGS/master-$i.log" &
     MPID[i]=$!
     started "${MPID[i]}"
 }
 start_node() {
     local i=$1
-    "$BIN" node --master "etcd://$ETCD_ADDR/$CLUSTER" --listen 127.0.0.1:0 --segment-size "$SEGMENT" \
+    # shellcheck disable=SC2046 # node_auth prints one word or none
+    "$BIN" node --master "etcd://$ETCD_ADDR/$CLUSTER" --listen 127.0.0.1:0 --segment-size "$SEGMENT" $(node_auth "$i") \
         >"$DIR/node-$i.out" 2>>"$LOGS/node-$i.log" &
     NPID[i]=$!
     started "${NPID[i]}"

@@ -5,6 +5,7 @@
 use crate::history::{Kind, Op, Outcome};
 use crate::value;
 use crescent_client::{Client, ClientConfig, ClientError, PutMode, PutOutcome};
+use crescent_net::auth::{CredentialSource, Keyring};
 use crescent_proto::{ErrorCode, ReplicateConfig};
 use std::io::Write;
 use std::path::PathBuf;
@@ -128,7 +129,7 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<u64> {
     });
     rt.block_on(async {
         // A few clients (each its own master connections), the tasks spread over them.
-        let clients: Vec<Client> = (0..4).map(|_| Client::new(ClientConfig::new(shared.args.master.clone()))).collect();
+        let clients: Vec<Client> = (0..4).map(|_| Client::new(client_config(&shared.args.master))).collect();
         let tasks: Vec<_> = (0..shared.args.clients)
             .map(|i| {
                 let (client, shared) = (clients[i as usize % clients.len()].clone(), shared.clone());
@@ -163,9 +164,23 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<u64> {
     Ok(total)
 }
 
+/// A client of `master`; with a cluster secret in the environment (`CRESCENT_SECRET_FILE`, the campaign's
+/// `CHAOS_AUTH=1`) it proves the admin credential, as the CLI does, so the data plane runs on sealed grants.
+fn client_config(master: &str) -> ClientConfig {
+    let ring = match Keyring::from_env() {
+        Ok(ring) => ring,
+        Err(e) => {
+            eprintln!("workload: the cluster secret in the environment is unusable ({e}); running unauthenticated");
+            None
+        }
+    };
+    ClientConfig::new(master)
+        .with_credential(ring.map(|r| CredentialSource::Derived(Arc::new(r), crescent_proto::Principal::Admin)))
+}
+
 /// The read lease the cluster grants (asked for 30 s at most; `None` if it never answered).
 async fn lease_ms(master: &str) -> Option<u64> {
-    let client = Client::new(ClientConfig::new(master));
+    let client = Client::new(client_config(master));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match client.cluster_info().await {
