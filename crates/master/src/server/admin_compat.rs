@@ -524,6 +524,136 @@ impl Iterator for KeyLines {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::MasterConfig;
+    use crescent_proto::{ClientId, SegmentId};
+
+    /// One HTTP/1.0 GET on a fresh connection (the body whole, never chunked): the status and the body.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        (head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_owned())
+    }
+
+    /// A candidate that does not lead answers every one of the original's routes as the original's standby
+    /// does: 503, `UNAVAILABLE_IN_CURRENT_MODE`, saying where the leader is.
+    #[tokio::test]
+    async fn a_standby_answers_the_originals_unavailable_body() {
+        let standby = super::super::target::Elected::new(crate::ha::HaStatus::new("test".into()));
+        let admin = super::super::AdminServer::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            super::super::Target::Elected(standby),
+            Arc::new(super::super::RpcMetrics::default()),
+            super::super::SnapshotSlot::default(),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        for path in [
+            "/get_all_segments",
+            "/get_segments_detail",
+            "/query_key?key=k",
+            "/batch_query_keys?keys=k",
+            "/get_all_keys",
+        ] {
+            let (status, body) = get(admin.local_addr(), path).await;
+            assert_eq!(status, 503, "{path}: {body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["success"], false, "{path}");
+            assert_eq!(v["error_code"], ErrorCode::UnavailableInCurrentMode as i32, "{path}");
+            let message = v["error_message"].as_str().unwrap();
+            assert!(message.starts_with("service plane is not active: this master is not the leader"), "{message}");
+        }
+    }
+
+    /// The original lists memory segments only: a NoF target or a node's disk tier is no segment there. A name
+    /// is listed once however many segments carry it.
+    #[tokio::test]
+    async fn only_memory_segments_are_listed_each_name_once() {
+        let svc = Arc::new(MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap());
+        let node = ClientId::random();
+        let mut nof = crescent_testkit::segment("nof", 1 << 20);
+        nof.kind = SegmentKind::Nof;
+        let mut disk = crescent_testkit::segment("b", 1 << 20);
+        disk.kind = SegmentKind::Disk;
+        for spec in [crescent_testkit::segment("b", 1 << 20), crescent_testkit::segment("b", 2 << 20), disk] {
+            svc.mount_segment(node, spec).unwrap();
+        }
+        svc.mount_segment(ClientId::random(), nof).unwrap();
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("a", 1 << 30)).unwrap();
+        let admin = super::super::AdminServer::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            super::super::Target::Fixed(svc),
+            Arc::new(super::super::RpcMetrics::default()),
+            super::super::SnapshotSlot::default(),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(get(admin.local_addr(), "/get_all_segments").await, (200, "a\nb\n".to_owned()));
+        let (status, body) = get(admin.local_addr(), "/get_segments_detail").await;
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["total_segments"], 3, "{body}");
+        let listed: Vec<(&str, &str)> = v["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["segment_name"].as_str().unwrap(), s["size_human"].as_str().unwrap()))
+            .collect();
+        assert_eq!(listed[0], ("a", "1 GiB"));
+        assert_eq!(listed[1..].iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["b", "b"]);
+    }
+
+    /// Each kind of replica where the original's batch answer puts it; a range whose segment went is left out.
+    #[test]
+    fn replicas_show_as_the_original_shows_them() {
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        let (node, target, local) = (ClientId::random(), ClientId::random(), ClientId::random());
+        let mem = crescent_testkit::segment("mem", 1 << 20);
+        let mut nof = crescent_testkit::segment("nof", 1 << 20);
+        (nof.kind, nof.base) = (SegmentKind::Nof, 0);
+        let mut disk = crescent_testkit::segment("mem", 1 << 20);
+        (disk.id, disk.kind) = (SegmentId::random(), SegmentKind::Disk);
+        svc.mount_segment(node, mem.clone()).unwrap();
+        svc.mount_segment(node, disk.clone()).unwrap();
+        svc.mount_segment(target, nof.clone()).unwrap();
+        let at = |location| ReplicaDescriptor { id: 1, location, status: Default::default(), grant: None };
+        let ep = |e: &str| -> Arc<str> { e.into() };
+        let replicas = [
+            at(ReplicaLocation::Memory { segment_id: mem.id, offset: 16, length: 5, endpoint: ep(&mem.endpoint) }),
+            at(ReplicaLocation::Memory { segment_id: SegmentId::random(), offset: 0, length: 5, endpoint: ep("gone") }),
+            at(ReplicaLocation::Nof { segment_id: nof.id, offset: 4096, length: 7, endpoint: ep(&nof.endpoint) }),
+            at(ReplicaLocation::Disk { segment_id: disk.id, offset: 0, length: 5, endpoint: ep(&disk.endpoint) }),
+            at(ReplicaLocation::LocalDisk { client_id: local, length: 9, endpoint: ep("10.0.0.9:7") }),
+        ];
+        let id = |c: ClientId| original_id(c.as_u64_pair());
+        let got = serde_json::to_value(key_result(&svc, &replicas)).unwrap();
+        let want = serde_json::json!({
+            "ok": true,
+            "error": null,
+            "values": [{ "size_": 5, "buffer_address_": 0x1000_0010u64, "protocol_": "tcp", "transport_endpoint_": mem.endpoint }],
+            "disk_values": null,
+            "local_disk_values": [
+                { "client_id": id(node), "object_size": 5, "transport_endpoint": disk.endpoint },
+                { "client_id": id(local), "object_size": 9, "transport_endpoint": "10.0.0.9:7" },
+            ],
+            "nof_values": [{ "size_": 7, "buffer_address_": 4096, "protocol_": "tcp", "transport_endpoint_": nof.endpoint }],
+        });
+        assert_eq!(got, want);
+        // Nothing at all: the original's `values` is an empty list, the rest `null`.
+        let none = serde_json::to_value(key_result(&svc, &[])).unwrap();
+        assert_eq!(
+            none,
+            serde_json::json!({ "ok": true, "error": null, "values": [], "disk_values": null, "local_disk_values": null, "nof_values": null })
+        );
+    }
 
     #[test]
     fn sizes_print_as_the_originals_ostream_does() {
