@@ -608,6 +608,47 @@ async fn the_admin_http_changes_state_only_with_the_admin_credential() {
     assert!(c.metric("auth_failures") >= 3);
 }
 
+/// The original's admin routes (`/get_all_keys`, `/query_key`, ...) are reads and gated as `/keys` is: answered
+/// without a credential (the admin port binds loopback; `/keys` is open to scrapers), per tenant as
+/// `/keys?tenant=` answers, a bearer token changing nothing and counting no failure; no other method reaches
+/// them, so nothing changes state through them.
+#[tokio::test]
+async fn the_original_admin_routes_are_gated_like_keys() {
+    let c = Cluster::start();
+    let addr = c.up.field("admin");
+    c.client("admin", "").set_tenant_quota("t", 8 << 20).await.unwrap();
+    c.client("tenant:t", "t").put("k", b"v").await.unwrap();
+    let failures = c.metric("auth_failures");
+    let tenant_key = c.credential("tenant:t", S1).token();
+    let bearers = [None, Some("not-a-key"), Some(tenant_key.as_str())];
+    for bearer in bearers {
+        let (status, body) = http(&addr, "GET", "/keys?tenant=t", bearer);
+        assert_eq!((status, body.contains(r#"["k"]"#)), (200, true), "/keys: {body}");
+    }
+    for (path, status, shows) in [
+        ("/get_all_keys?tenant=t", 200, "k\n"),
+        ("/query_key?key=k&tenant=t", 200, r#""size_":1,"#),
+        ("/batch_query_keys?keys=k&tenant=t", 200, r#"{"k":{"ok":true,"#),
+        ("/get_all_segments", 200, "127.0.0.1:"),
+        ("/get_segments_detail", 200, r#"{"total_segments":1,"#),
+        ("/query_key?key=k", 404, "OBJECT_NOT_FOUND"),
+        ("/get_all_keys", 200, ""),
+        ("/query_key?key=k&tenant=_bad", 400, "invalid tenant"),
+        ("/get_all_keys?tenant=_bad", 400, "invalid tenant"),
+    ] {
+        for bearer in bearers {
+            let (got, body) = http(&addr, "GET", path, bearer);
+            assert_eq!(got, status, "{path} with {bearer:?}: {body}");
+            assert!(body.contains(shows), "{path} with {bearer:?}: {body}");
+        }
+        for method in ["POST", "PUT", "DELETE"] {
+            assert_eq!(http(&addr, method, path, None).0, 405, "{method} {path}");
+        }
+    }
+    assert_eq!(http(&addr, "GET", "/get_all_keys", None).1, "", "the default tenant holds nothing");
+    assert_eq!(c.metric("auth_failures"), failures, "reads ask for no credential, as /keys does");
+}
+
 #[tokio::test]
 async fn a_secret_rotated_under_load_loses_no_request() {
     let c = Arc::new(Cluster::start());

@@ -36,8 +36,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// What every admin route shares (the original's routes, in `admin_compat`, too).
 #[derive(Clone)]
-struct AdminState {
+pub(super) struct AdminState {
     target: Target,
     rpc: Arc<RpcMetrics>,
     snapshots: SnapshotSlot,
@@ -92,7 +93,7 @@ impl AdminState {
     }
 
     /// The service to answer from, or (a standby) the not-leader refusal (a 503 through [`refused`]).
-    fn svc(&self) -> Result<Arc<MasterService>, ErrorFrame> {
+    pub(super) fn svc(&self) -> Result<Arc<MasterService>, ErrorFrame> {
         self.target.route().map(|s| Arc::clone(&s))
     }
 }
@@ -112,6 +113,7 @@ pub fn admin_router(
         .route("/tenants", get(list_tenants))
         .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
         .route("/local-ssd", get(local_ssd))
+        .merge(super::admin_compat::routes())
         .with_state(AdminState { target, rpc, snapshots, keyring })
 }
 

@@ -4,6 +4,7 @@
 //! messages 1:1 into service calls; no business logic lives here.
 
 mod admin;
+mod admin_compat;
 pub mod authz;
 mod candidate;
 pub mod claims;

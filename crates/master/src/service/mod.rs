@@ -405,6 +405,13 @@ impl MasterService {
             .collect()
     }
 
+    /// Whether `tenant` may name the tenant of a read: `INVALID_PARAMS` for a malformed id on a multi-tenant
+    /// master (a single-tenant master reads the default tenant whatever is named, as its reads do). A valid
+    /// tenant with nothing stored is fine (its reads find nothing).
+    pub fn check_read_tenant(&self, tenant: &str) -> Result<(), ErrorCode> {
+        self.read_tenant(tenant).map(|_| ())
+    }
+
     /// Resolves the tenant of a read-type request. `Ok(None)`: a valid tenant with no state (nothing to find).
     fn read_tenant(&self, tenant: &str) -> Result<Option<Arc<TenantState>>, ErrorCode> {
         if !self.config.enable_multi_tenants {

@@ -3,7 +3,7 @@
 
 use super::{Handout, MasterService};
 use crate::clock::Timestamp;
-use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState};
+use crate::metadata::{Lifecycle, ObjectEntry, ObjectState, Replica, TenantState};
 use crescent_proto::{ErrorCode, GetReplicaListResponse, ObjectStat, ReplicaDescriptor, ReplicaStatus};
 use std::sync::Arc;
 
@@ -65,10 +65,23 @@ impl MasterService {
                 checksum,
                 size,
             }),
-            Lookup::NotReady => Err(ErrorCode::ReplicaIsNotReady),
-            Lookup::Unreachable => Err(ErrorCode::UnavailableInCurrentStatus),
-            Lookup::Missing => Err(ErrorCode::ObjectNotFound),
+            other => Err(other.refusal()),
         }
+    }
+
+    /// The replicas a read would be handed now, looked at without a lease, a count in the per-key metrics, a
+    /// promotion or a grant: what the admin port's `/query_key` shows (an operator's look must not keep an
+    /// object from eviction nor move it). Refused as `get_replica_list` refuses.
+    pub fn peek_replicas(&self, tenant: &str, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
+        let entry = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let st = entry.lock();
+        if st.lifecycle != Lifecycle::Active {
+            return Err(ErrorCode::ObjectNotFound);
+        }
+        let found: Vec<ReplicaDescriptor> =
+            st.replicas.iter().filter(|r| r.is_readable()).filter_map(Replica::descriptor).collect();
+        if found.is_empty() { Err(unreadable(&st).refusal()) } else { Ok(found) }
     }
 
     /// ExistKey: whether the object has a readable replica (and, if so, a lease is granted). A missing key or
@@ -123,15 +136,7 @@ impl MasterService {
             };
             let readable = if want_descriptors { !descriptors.is_empty() } else { st.has_readable() };
             if !readable {
-                let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
-                let unreachable = st.replicas.iter().any(|r| r.status == ReplicaStatus::Complete && r.is_valid());
-                return if in_flight || st.pending.is_some() {
-                    Lookup::NotReady
-                } else if unreachable {
-                    Lookup::Unreachable
-                } else {
-                    Lookup::Missing
-                };
+                return unreadable(&st);
             }
             // Found only on a disk tier: bring it back to memory in the background when there is room.
             if want_descriptors && descriptors.iter().all(|d| d.location.is_disk()) {
@@ -187,6 +192,31 @@ impl MasterService {
     }
 }
 
+/// Why an active object with no readable replica cannot be read: a write in flight, replicas only on nodes
+/// that cannot be reached now, or nothing left.
+fn unreadable(st: &ObjectState) -> Lookup {
+    let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
+    let unreachable = st.replicas.iter().any(|r| r.status == ReplicaStatus::Complete && r.is_valid());
+    if in_flight || st.pending.is_some() {
+        Lookup::NotReady
+    } else if unreachable {
+        Lookup::Unreachable
+    } else {
+        Lookup::Missing
+    }
+}
+
+impl Lookup {
+    /// The refusal a read gets for an object it found nothing to read of.
+    fn refusal(&self) -> ErrorCode {
+        match self {
+            Lookup::NotReady => ErrorCode::ReplicaIsNotReady,
+            Lookup::Unreachable => ErrorCode::UnavailableInCurrentStatus,
+            Lookup::Missing | Lookup::Found { .. } => ErrorCode::ObjectNotFound,
+        }
+    }
+}
+
 /// Extends every member's lease to `deadline` if `needed` or the membership changed since the last refresh.
 /// Group lock first, then each member's lock in canonical key order (one at a time).
 fn refresh_group_leases(entry: &Arc<ObjectEntry>, deadline: Timestamp, needed: bool) {
@@ -201,5 +231,47 @@ fn refresh_group_leases(entry: &Arc<ObjectEntry>, deadline: Timestamp, needed: b
         if st.lifecycle == Lifecycle::Active {
             st.lease = st.lease.max(deadline);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::service::MasterConfig;
+    use crescent_proto::{ClientId, ReplicateConfig};
+
+    #[test]
+    fn a_peek_shows_readable_replicas_without_a_lease_or_a_count() {
+        let svc = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("seg", 1 << 20)).unwrap();
+        let w = ClientId::random();
+        assert_eq!(svc.peek_replicas("", "k"), Err(ErrorCode::ObjectNotFound));
+        svc.put_start(w, "", "k", 100, &ReplicateConfig::default()).unwrap();
+        assert_eq!(svc.peek_replicas("", "k"), Err(ErrorCode::ReplicaIsNotReady), "still being written");
+        svc.put_end(w, "", "k", None).unwrap();
+        let peeked = svc.peek_replicas("", "k").unwrap();
+        assert_eq!(peeked.len(), 1);
+        assert_eq!(peeked[0].location.length(), 100);
+        assert!(peeked[0].grant.is_none(), "a look carries no grant");
+        let stat = svc.stat("", "k").unwrap();
+        assert_eq!((stat.lease_remaining_ms, stat.lease_readers), (0, 0), "a look leases nothing");
+        assert_eq!(svc.metrics().get_replica_list.requests.load(std::sync::atomic::Ordering::Relaxed), 0);
+        // A read sees the same replicas (and leases them).
+        let read = svc.get_replica_list("", "k").unwrap();
+        assert_eq!(read.replicas.iter().map(|d| &d.location).collect::<Vec<_>>(), vec![&peeked[0].location]);
+        assert!(svc.stat("", "k").unwrap().lease_remaining_ms > 0);
+    }
+
+    #[test]
+    fn a_read_tenant_is_checked_only_on_a_multi_tenant_master() {
+        let single = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000))).unwrap();
+        assert_eq!(single.check_read_tenant("_bad"), Ok(()), "a single-tenant master reads the default tenant");
+        let config = MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() };
+        let multi = MasterService::new(config, ManualClock::new(Timestamp(1_000))).unwrap();
+        assert_eq!(multi.check_read_tenant("_bad"), Err(ErrorCode::InvalidParams));
+        assert_eq!(multi.check_read_tenant("nobody"), Ok(()), "valid, empty");
+        assert_eq!(multi.peek_replicas("nobody", "k"), Err(ErrorCode::ObjectNotFound));
+        assert_eq!(multi.peek_replicas("_bad", "k"), Err(ErrorCode::InvalidParams));
     }
 }
