@@ -36,6 +36,10 @@ pub struct NodeConfig {
     /// The host (IP or name) other hosts reach this node at; `None`: the listen IP, or this host's primary
     /// address when listening on an unspecified one (`0.0.0.0`), which no other host can reach.
     pub advertise: Option<String>,
+    /// The name the master places by and lists the node's segments under (preferred segments, replica
+    /// descriptors, listings); `None`: the advertised endpoint. A Python store names its segment as the original
+    /// does, `local_hostname:port`.
+    pub name: Option<String>,
     /// Bytes per segment.
     pub segment_size: u64,
     /// Segments to host.
@@ -101,6 +105,7 @@ impl NodeConfig {
             master: master.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise: None,
+            name: None,
             segment_size,
             segments: 1,
             memfd: false,
@@ -254,6 +259,7 @@ impl StorageNode {
             .map_err(|e| setup(ErrorCode::InvalidParams, "no address to advertise", e))?;
         let server = server.with_local_lanes(config.local_lanes.then(|| endpoint.to_string()));
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
+        let name = config.name.clone().unwrap_or_else(|| endpoint.to_string());
         let mut specs = Vec::with_capacity(config.segments);
         let mut memories = Vec::with_capacity(config.segments);
         for i in 0..config.segments {
@@ -269,7 +275,7 @@ impl StorageNode {
             specs.push(SegmentSpec {
                 id,
                 // One name per node: replicas of one object land on distinct nodes.
-                name: endpoint.to_string(),
+                name: name.clone(),
                 base: mem.base_addr(),
                 size: config.segment_size,
                 endpoint: endpoint.to_string(),
@@ -299,7 +305,7 @@ impl StorageNode {
                 let id = SegmentId::random();
                 specs.push(SegmentSpec {
                     id,
-                    name: endpoint.to_string(),
+                    name: name.clone(),
                     base: 0,
                     size: disk.size(),
                     endpoint: endpoint.to_string(),

@@ -58,7 +58,7 @@ struct Live {
     node: Mutex<Option<StorageNode>>,
     /// `host:port`, what `get_hostname()` returns.
     hostname: String,
-    /// The hosted segment's name at the master (its data-plane endpoint), if it hosts one.
+    /// The hosted segment's name at the master (`hostname`, as the original names it), if it hosts one.
     segment: Option<String>,
     /// The staging limit of the copying calls.
     local_buffer: u64,
@@ -574,6 +574,9 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         }
         let mut nc = NodeConfig::new(master.clone(), args.global_segment_size);
         nc.listen = SocketAddr::new(ip, port);
+        // Named as the original names a store's segment, `local_hostname:port` (what get_hostname() returns:
+        // engines pass it back as a preferred segment and look for it in the master's listings).
+        nc.name = Some(hostname.clone());
         nc.prefault = false;
         nc.host_id = Some(hostname.clone());
         nc.keys = keys.clone();
@@ -593,7 +596,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             }
         }
     };
-    let segment = node.as_ref().map(|n| n.endpoint().to_string());
+    let segment = node.as_ref().map(|_| hostname.clone());
     let mut config = ClientConfig::new(master.clone()).with_credential(credential).with_tls(tls.client);
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
