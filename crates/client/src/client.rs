@@ -121,6 +121,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 struct Inner {
     /// Reads refused because the bytes did not match the stored checksum.
     checksum_mismatches: std::sync::atomic::AtomicU64,
+    /// Objects read from a disk-tier replica (rather than from memory).
+    disk_reads: std::sync::atomic::AtomicU64,
     id: ClientId,
     config: ClientConfig,
     master: Arc<MasterConnection>,
@@ -422,7 +424,8 @@ impl Client {
         let transfer_config = TransferConfig { client_id: Some(id), tickets, ..config.transfer.clone() };
         let transfer = TransferClient::with_in_flight(transfer_config, local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
-        Self { inner: Arc::new(Inner { checksum_mismatches, id, config, master, transfer, local }) }
+        let disk_reads = std::sync::atomic::AtomicU64::new(0);
+        Self { inner: Arc::new(Inner { checksum_mismatches, disk_reads, id, config, master, transfer, local }) }
     }
 
     /// This client's id.
@@ -433,6 +436,19 @@ impl Client {
     /// Reads refused so far because their bytes did not match the stored checksum.
     pub fn checksum_mismatches(&self) -> u64 {
         self.inner.checksum_mismatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Objects read so far from a disk-tier replica: a read a memory replica could serve never counts, so a
+    /// count that stays put across a read shows the read was served from memory.
+    pub fn disk_reads(&self) -> u64 {
+        self.inner.disk_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a verified read of `d` when it is a disk replica.
+    fn count_read(&self, d: &ReplicaDescriptor) {
+        if d.location.is_disk() {
+            self.inner.disk_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The data-plane client (diagnostics: open connections per peer).
@@ -865,6 +881,7 @@ impl Client {
             match self.inner.transfer.read_checksummed(endpoint, place, offset, list.size).await {
                 Ok((bytes, crc)) => {
                     self.verify(key, list, started, u64::from(crc))?;
+                    self.count_read(d);
                     return Ok(Vec::from(bytes));
                 }
                 Err(e) => {
@@ -1003,7 +1020,13 @@ impl Client {
                 return Err(lease_expired(key, list));
             }
             match self.inner.transfer.read_into_checksummed(endpoint, place, offset, buf).await {
-                Ok(crc) => return self.verify(key, list, started, u64::from(crc)),
+                Ok(crc) => {
+                    let verified = self.verify(key, list, started, u64::from(crc));
+                    if verified.is_ok() {
+                        self.count_read(d);
+                    }
+                    return verified;
+                }
                 Err(e) => {
                     last = e.into();
                     unreached.note(endpoint, segment, &last);
@@ -1070,6 +1093,8 @@ impl Client {
         let mut out: Vec<Option<Result<usize, ClientError>>> = Vec::new();
         out.resize_with(items.len(), || None);
         let mut by_peer: HashMap<&str, Vec<(usize, BatchRead<'_>)>> = HashMap::new();
+        // Whether an object's pipelined read is of a disk replica (counted once verified).
+        let mut from_disk = vec![false; items.len()];
         let mut single = Vec::new();
         for (i, ((key, buf), list)) in items.iter_mut().zip(lists.iter()).enumerate() {
             let list = match list {
@@ -1089,17 +1114,18 @@ impl Client {
             let first = self
                 .ranked(list)
                 .into_iter()
-                .filter_map(|d| address(d, &grants))
-                .find(|a| unreached.skip(a.0).is_none());
+                .filter_map(|d| address(d, &grants).map(|a| (d.location.is_disk(), a)))
+                .find(|(_, a)| unreached.skip(a.0).is_none());
             match first {
-                Some((endpoint, segment, offset, _, place)) if self.inner.local.get(&segment).is_none() => {
+                Some((disk, (endpoint, segment, offset, _, place))) if self.inner.local.get(&segment).is_none() => {
+                    from_disk[i] = disk;
                     let read = BatchRead { segment, grant: place.grant, offset, buf };
                     by_peer.entry(endpoint).or_default().push((i, read));
                 }
                 _ => single.push((i, *key, list, buf)),
             }
         }
-        let (t, lists, grants) = (&self.inner.transfer, &lists, &grants);
+        let (t, lists, grants, from_disk) = (&self.inner.transfer, &lists, &grants, &from_disk);
         let pipelined = by_peer.into_iter().map(|(endpoint, group)| async move {
             let (idx, mut reads): (Vec<usize>, Vec<BatchRead<'_>>) = group.into_iter().unzip();
             let crcs = t.read_batch_checksummed(endpoint, &mut reads).await;
@@ -1108,7 +1134,13 @@ impl Client {
                 let (key, Ok(list)) = (items_keys[i], &lists[i]) else { continue };
                 let n = read.buf.len();
                 let r = match crc {
-                    Ok(crc) => self.verify(key, list, started, u64::from(crc)),
+                    Ok(crc) => {
+                        let verified = self.verify(key, list, started, u64::from(crc));
+                        if verified.is_ok() && from_disk[i] {
+                            self.inner.disk_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        verified
+                    }
                     Err(e) => {
                         tracing::debug!(key, error = %e, "batched read failed; retrying the object alone");
                         // An unreachable node is noted first, so this object's retry (and every other

@@ -79,10 +79,14 @@ async fn objects_memory_evicts_are_read_back_from_the_nodes_disk() {
     }
     assert!(disk.len() >= n as usize / 2, "most of the early objects are on disk: {disk:?}");
     // Every object is still there, whole: memory or disk.
+    assert_eq!(t.client.disk_reads(), 0);
     for i in 0..n {
         let got = t.client.get(&format!("k{i}")).await.unwrap();
         check(&got, size, i).unwrap();
     }
+    // Each object that was only on disk was read from there (others may have reached the disk meanwhile).
+    let disk_reads = t.client.disk_reads();
+    assert!(disk_reads >= disk.len() as u64 && disk_reads <= n, "{disk_reads} disk reads, {} on disk", disk.len());
     let stats = t.node.registry().disk(&disk_id(&t)).unwrap().stats();
     assert!(stats.writes >= disk.len() as u64, "{stats:?}");
     assert!(stats.reads >= disk.len() as u64, "every disk object was read from the disk: {stats:?}");
@@ -108,7 +112,9 @@ async fn objects_memory_evicts_are_read_back_from_the_nodes_disk() {
         let key = format!("k{i}");
         if t.tiers(&key).await.contains(&SegmentKind::Memory) {
             promoted += 1;
+            let before = t.client.disk_reads();
             check(&t.client.get(&key).await.unwrap(), size, i).unwrap();
+            assert_eq!(t.client.disk_reads(), before, "a promoted object is read from memory, not disk");
         }
     }
     assert!(promoted > 0, "some disk objects are in memory again");

@@ -1,8 +1,11 @@
 //! Where an object's replicas are, as the original's `get_replica_desc` reports them: `ReplicaDescriptor`
 //! (status and kind), `MemoryDescriptor` → `Descriptor` (`buffer_address`, `size`, `transport_endpoint`), and
-//! `DiskDescriptor`. Crescent has no DFS tier, so no replica is a "disk" replica; a LocalSSD replica is a local
-//! disk replica. `buffer_address` is the replica's offset inside its segment (Crescent's replicas are named by
-//! segment and offset, not by an address in the owner's process); the segment's id is `segment_id`.
+//! `DiskDescriptor`. Crescent has no shared-filesystem tier (the original's `DISK` replicas, files under the
+//! master's `root_fs_dir`), so no replica is a "disk" replica; a replica on a node's disk tier — what memory
+//! eviction keeps on the SSD of the node that held it, as the original's `enable_ssd_offload` keeps it on the
+//! client's SSD — is a local disk replica (`LOCAL_DISK`), as is a LocalSSD one. `buffer_address` is the replica's
+//! offset inside its segment (Crescent's replicas are named by segment and offset, not by an address in the
+//! owner's process); the segment's id is `segment_id`.
 
 use crate::config::ReplicaStatus;
 use crescent_proto::{ReplicaDescriptor as Wire, ReplicaLocation, ReplicaStatus as WireStatus};
@@ -46,7 +49,7 @@ pub struct MemoryDescriptor {
     pub buffer_descriptor: Descriptor,
 }
 
-/// A disk replica's place: in Crescent a range of a storage node's disk tier, named
+/// A disk-tier replica's place: in Crescent a range of a storage node's disk tier, named
 /// `crescent-disk://ENDPOINT/SEGMENT@OFFSET` (the original's shared-filesystem file path).
 #[pyclass(module = "crescent.store", name = "DiskDescriptor", frozen)]
 #[derive(Clone, Debug)]
@@ -78,14 +81,16 @@ impl ReplicaDescriptor {
         matches!(self.location, ReplicaLocation::Memory { .. } | ReplicaLocation::Nof { .. })
     }
 
-    /// True for a replica on a storage node's disk tier (an object memory eviction kept on disk).
+    /// Always false: the original's disk replicas are files on a filesystem shared through the master's
+    /// `root_fs_dir`, which Crescent does not have.
     fn is_disk_replica(&self) -> bool {
-        matches!(self.location, ReplicaLocation::Disk { .. })
+        false
     }
 
-    /// True for a replica on a client's local SSD.
+    /// True for a replica on a node's own SSD: its disk tier (an object memory eviction kept there, the
+    /// original's offload to `LOCAL_DISK`) or a client's local SSD.
     fn is_local_disk_replica(&self) -> bool {
-        matches!(self.location, ReplicaLocation::LocalDisk { .. })
+        matches!(self.location, ReplicaLocation::Disk { .. } | ReplicaLocation::LocalDisk { .. })
     }
 
     /// The buffer of a memory replica; RuntimeError for any other.
@@ -106,7 +111,8 @@ impl ReplicaDescriptor {
         }
     }
 
-    /// Where a disk replica lies; RuntimeError for any other.
+    /// Where a disk-tier replica lies (Crescent's addition: the original describes only shared-filesystem
+    /// replicas this way); RuntimeError for any other.
     fn get_disk_descriptor(&self) -> PyResult<DiskDescriptor> {
         match &self.location {
             ReplicaLocation::Disk { segment_id, offset, endpoint, .. } => Ok(DiskDescriptor {

@@ -836,6 +836,14 @@ impl Store {
         self.live().map(|l| l.hostname.clone()).unwrap_or_default()
     }
 
+    /// How many objects this store has read from a disk-tier replica (`0` before setup): the original's count
+    /// of reads served from `LOCAL_DISK` through the offload RPC. A read a memory replica serves leaves it as it
+    /// was.
+    #[pyo3(signature = (/))]
+    fn get_offload_rpc_read_count(&self) -> u64 {
+        self.live().map_or(0, |l| l.client.disk_reads())
+    }
+
     // ---- copying calls ----
 
     /// Stores `value` (any bytes-like) under `key`; 0, or a negative code. An existing key is kept (0).

@@ -1,5 +1,6 @@
 """SSD offload through `setup`: a store hosting memory gets a disk tier that keeps what memory eviction takes."""
 
+import ctypes
 import os
 import time
 
@@ -51,9 +52,10 @@ def test_evictions_are_kept_on_the_stores_disk_and_read_back(lone_master, tmp_pa
 
         def on_disk(key: str) -> bool:
             replicas = s.get_replica_desc(key)
-            return len(replicas) == 1 and replicas[0].is_disk_replica()
+            return len(replicas) == 1 and replicas[0].is_local_disk_replica()
 
         assert wait_until(lambda: on_disk("k0")), "the first value was evicted to the disk tier"
+        assert not s.get_replica_desc("k0")[0].is_disk_replica(), "the original's DISK is a shared filesystem"
         d = s.get_replica_desc("k0")[0].get_disk_descriptor()
         assert d.object_size == size
         for i in range(n):
@@ -117,4 +119,41 @@ def test_offload_without_hosted_memory_makes_no_disk_tier(lone_master, tmp_path)
     try:
         assert not os.listdir(tmp_path)
     finally:
+        s.close()
+
+
+def test_reads_served_from_disk_are_counted_and_memory_reads_are_not(lone_master, tmp_path, monkeypatch):
+    monkeypatch.delenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", raising=False)
+    s = MooncakeDistributedStore()
+    assert s.get_offload_rpc_read_count() == 0, "before setup"
+    rc = s.setup("localhost", "P2PHANDSHAKE", 4 * MiB, 16 * MiB, "tcp", "", lone_master,
+                 enable_ssd_offload=True, ssd_offload_path=str(tmp_path))
+    assert rc == 0
+    try:
+        size = 256 * KiB
+        n = 16 * MiB // size
+        for i in range(n):
+            assert s.put(f"k{i}", value(i, size)) == 0, i
+
+        def kinds(key: str) -> "list[str]":
+            return ["memory" if r.is_memory_replica() else "disk" if r.is_local_disk_replica() else "?"
+                    for r in s.get_replica_desc(key)]
+
+        assert wait_until(lambda: kinds("k0") == ["disk"]), "the first value was evicted to the disk tier"
+        memory_key = next(f"k{i}" for i in reversed(range(n)) if kinds(f"k{i}") == ["memory"])
+        before = s.get_offload_rpc_read_count()
+        assert s.get(memory_key) == value(int(memory_key[1:]), size)
+        assert s.get_offload_rpc_read_count() == before, "a memory read is not a disk read"
+        disk_keys = [f"k{i}" for i in range(n) if kinds(f"k{i}") == ["disk"]][:2]
+        assert len(disk_keys) == 2
+        assert s.get(disk_keys[0]) == value(int(disk_keys[0][1:]), size)
+        assert s.get_offload_rpc_read_count() == before + 1, "get of a disk-only object"
+        buf = (ctypes.c_ubyte * size)()
+        assert s.register_buffer(ctypes.addressof(buf), size) == 0
+        assert s.batch_get_into([disk_keys[1]], [ctypes.addressof(buf)], [size]) == [size]
+        assert bytes(buf) == value(int(disk_keys[1][1:]), size)
+        assert s.get_offload_rpc_read_count() == before + 2, "a batched read of a disk-only object"
+        assert s.unregister_buffer(ctypes.addressof(buf)) == 0
+    finally:
+        s.remove_all(force=True)
         s.close()
