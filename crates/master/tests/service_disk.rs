@@ -438,14 +438,21 @@ fn promotion_is_off_by_the_knob_and_when_memory_is_nearly_full() {
     n.finish(&n.poll(vec![]));
     n.read("k").unwrap();
     assert!(n.poll(vec![]).is_empty(), "off");
-    // Memory above the promotion ceiling (the eviction watermark less two rounds' share): no promotion.
-    let full = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
-    full.put("k", 4096);
-    full.evict_all();
-    full.finish(&full.poll(vec![]));
-    full.put("filler", 56 * MIB);
-    full.read("k").unwrap();
-    assert!(full.poll(vec![]).is_empty(), "no room");
+    // Below the eviction watermark (0.875 of memory used, the watermark 0.9) a read promotes, as the original
+    // does; once memory is at or above it (here after that promotion), none.
+    let n = node(MasterConfig::default(), 64 * MIB, 64 * MIB);
+    n.put("k", 4 * MIB);
+    n.put("j", 4096);
+    n.evict_all();
+    n.finish(&n.poll(vec![]));
+    n.put("filler", 56 * MIB);
+    n.read("k").unwrap();
+    let tasks = n.poll(vec![]);
+    assert_eq!(tasks.len(), 1, "0.875 used: promoted");
+    assert!(n.poll(vec![DiskTaskResult { id: tasks[0].id, outcome: Ok(crc_of("k")) }]).is_empty());
+    assert_eq!(n.used(SegmentKind::Memory), 60 * MIB, "0.94 used now");
+    n.read("j").unwrap();
+    assert!(n.poll(vec![]).is_empty(), "above the watermark: no promotion");
 }
 
 #[test]

@@ -449,8 +449,9 @@ impl MasterService {
     }
 
     /// Starts bringing a disk-only object back to memory, under its lock, after a read found it only on disk
-    /// (`disk_promotion`): a memory range on the same node's memory segment, when it has room below the eviction
-    /// watermark (a promotion must not make the eviction that sends objects to disk), and a copy task for the node.
+    /// (`disk_promotion`): a memory range on the same node's memory segment while that segment is below the
+    /// eviction watermark (the original's gate: a memory under eviction pressure takes no promotions), and a copy
+    /// task for the node.
     pub(super) fn maybe_promote(&self, tenant: &Arc<TenantState>, entry: &Arc<ObjectEntry>, st: &ObjectState) {
         if !self.config.disk_promotion || st.pending.is_some() || self.under_memory_pressure() {
             return;
@@ -463,11 +464,11 @@ impl MasterService {
         let Some(disk) = st.replicas.iter().find(|r| r.tier == Tier::Disk && r.is_readable()) else { return };
         let Some(src) = disk.buffer.segment_id() else { return };
         let Some(node) = self.pool.owner(src) else { return };
-        let ceiling = self.config.eviction_high_watermark - 2.0 * self.config.eviction_ratio;
+        let watermark = self.config.eviction_high_watermark;
         let target = self.pool.client_segments(node).into_iter().find(|id| {
             self.pool.segment(*id).is_some_and(|s| {
-                let used = (s.usage.used + s.usage.slack + st.size) as f64;
-                s.spec.kind == SegmentKind::Memory && used <= ceiling * s.usage.capacity as f64
+                let used = (s.usage.used + s.usage.slack) as f64;
+                s.spec.kind == SegmentKind::Memory && used < watermark * s.usage.capacity as f64
             })
         });
         let Some(dst) = target else { return };

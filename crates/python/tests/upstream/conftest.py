@@ -72,10 +72,6 @@ NOT_YET = {
     "test_batch_replica_clear.py::TestBatchReplicaClearReplication": "batch_replica_clear is missing (as above)",
     "test_dummy_client.py::TestDistributedObjectStoreSingleStore": "setup_dummy is missing (a dummy client "
     "borrowing a separate real-client process's memory over shared memory; setUpClass calls it)",
-    "test_promotion_on_hit.py::TestPromotionOnHit::test_promotion_after_repeated_hits": "the promotion gate "
-    "differs: the test fills memory (~0.875 used), then reads a LOCAL_DISK-only key (served from disk, bytes right) "
-    "and expects a MEMORY replica; the original promotes while memory is below the eviction watermark (0.9), "
-    "Crescent's master only below the watermark less two eviction rounds (0.8: maybe_promote's ceiling)",
 }
 
 
