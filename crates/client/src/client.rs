@@ -11,6 +11,10 @@
 //! Every master request is bounded by the request timeout per master address (see [`crate::master`]); a batch
 //! over the protocol's `MAX_BATCH` items is refused before anything is sent.
 
+mod session;
+
+pub use session::{ReadSession, WriteSession};
+
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
