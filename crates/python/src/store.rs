@@ -1008,6 +1008,46 @@ impl Store {
         self.put_from_one(py, &key, buffer_ptr, size, config.as_deref(), false)
     }
 
+    /// Stores `metadata_size` bytes at `metadata_buffer_ptr` followed by `size` bytes at `buffer_ptr` (both in
+    /// registered memory) as one object: the metadata first, then the data, as the original lays it out. 0 or
+    /// a negative code; `size` 0 stores nothing and answers 0, and `prefer_alloc_in_same_node` is refused with
+    /// −1, as the original. (The original answers its put failures with the code's sign flipped, e.g. +600
+    /// for an empty key; this answers them negative, as every other call.)
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[allow(clippy::too_many_arguments)] // the original's signature
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: usize,
+        metadata_buffer_ptr: usize,
+        size: usize,
+        metadata_size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i64 {
+        let cfg = config.as_deref();
+        if cfg.is_some_and(|c| c.prefer_alloc_in_same_node) {
+            // The original's answer: a bare -1 (not a store error code).
+            return -1;
+        }
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        if size == 0 {
+            return 0;
+        }
+        let (Some(meta), Some(data)) =
+            (self.registered.span(metadata_buffer_ptr, metadata_size), self.registered.span(buffer_ptr, size))
+        else {
+            return INVALID;
+        };
+        let Some(wire) = live.wire(cfg) else { return INVALID };
+        py.detach(|| {
+            let mut value = Vec::with_capacity(metadata_size + size);
+            value.extend_from_slice(meta.bytes());
+            value.extend_from_slice(data.bytes());
+            status(live.block_on(live.client.put_from(&key, &value, &wire)))
+        })
+    }
+
     /// Like `put_from`, replacing an existing value.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn upsert_from(
