@@ -310,7 +310,8 @@ pub fn _bytes_address(b: &Bound<'_, PyBytes>) -> usize {
 }
 
 /// The original's `MooncakeDistributedStore` on the Crescent client.
-#[pyclass(module = "crescent.store", name = "MooncakeDistributedStore")]
+// `subclass`: `crescent.store.MooncakeDistributedStore` adds the tensor calls (written in Python) to this class.
+#[pyclass(module = "crescent.store", name = "MooncakeDistributedStore", subclass)]
 pub struct Store {
     live: RwLock<Option<Arc<Live>>>,
     registered: Registered,
@@ -1275,6 +1276,41 @@ impl Store {
             }
             out
         })
+    }
+
+    // ---- helpers of the Python-level calls (crescent/_tensor.py) ----
+
+    /// `put_batch` (or `upsert_batch`) answering per key: 0 or a negative code each, in input order.
+    #[pyo3(signature = (keys, values, config=None, upsert=false))]
+    fn _batch_put_values(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyList>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        let n = keys.len();
+        let values: Vec<Value<'_>> = values.iter().map(|v| Value::from_py(&v)).collect::<PyResult<_>>()?;
+        let cfg = config.as_deref();
+        let Some(live) = self.live() else { return Ok(vec![NOT_SET_UP; n]) };
+        if values.len() != n || (upsert && upsert_refused(cfg)) {
+            return Ok(vec![INVALID; n]);
+        }
+        let Some(parts) = live.wire_batch(cfg, n) else { return Ok(vec![INVALID; n]) };
+        let limit = live.local_buffer;
+        let items: Vec<Result<(&str, &[u8]), i64>> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| if v.as_slice().len() as u64 > limit { Err(INVALID) } else { Ok((k.as_str(), v.as_slice())) })
+            .collect();
+        Ok(py.detach(|| put_items(&live, &items, &parts, upsert)))
+    }
+
+    /// Whether `[ptr, ptr + size)` lies inside one registered buffer (so Python code may read it safely).
+    #[pyo3(signature = (ptr, size))]
+    fn _registered(&self, ptr: usize, size: usize) -> bool {
+        self.registered.span(ptr, size).is_some()
     }
 
     // ---- sessions (the original's layer-by-layer transfers: SGLang's layer_first MLA path) ----
