@@ -35,8 +35,11 @@ class MooncakeDistributedStore(TensorCalls, _crescent.MooncakeDistributedStore):
     :mod:`crescent._tensor`), which return torch tensors when torch is importable and NumPy arrays otherwise."""
 
 
+from crescent.async_store import MooncakeDistributedStoreAsync  # noqa: E402 (it subclasses the class above)
+
 __all__ = [
     "MooncakeDistributedStore",
+    "MooncakeDistributedStoreAsync",
     "ReplicateConfig",
     "SoftPinAction",
     "ObjectDataType",
