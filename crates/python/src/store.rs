@@ -1280,7 +1280,9 @@ impl Store {
 
     // ---- helpers of the Python-level calls (crescent/_tensor.py) ----
 
-    /// `put_batch` (or `upsert_batch`) answering per key: 0 or a negative code each, in input order.
+    /// `put_batch` (or `upsert_batch`) answering per key: 0 or a negative code each, in input order. Unlike
+    /// `put_batch`, values are not bounded by `local_buffer_size`: the original sends a tensor from the tensor's
+    /// own memory, not through its staging buffer (a 32 MiB `put_tensor` with a 16 MiB local buffer succeeds).
     #[pyo3(signature = (keys, values, config=None, upsert=false))]
     fn _batch_put_values(
         &self,
@@ -1298,12 +1300,8 @@ impl Store {
             return Ok(vec![INVALID; n]);
         }
         let Some(parts) = live.wire_batch(cfg, n) else { return Ok(vec![INVALID; n]) };
-        let limit = live.local_buffer;
-        let items: Vec<Result<(&str, &[u8]), i64>> = keys
-            .iter()
-            .zip(&values)
-            .map(|(k, v)| if v.as_slice().len() as u64 > limit { Err(INVALID) } else { Ok((k.as_str(), v.as_slice())) })
-            .collect();
+        let items: Vec<Result<(&str, &[u8]), i64>> =
+            keys.iter().zip(&values).map(|(k, v)| Ok((k.as_str(), v.as_slice()))).collect();
         Ok(py.detach(|| put_items(&live, &items, &parts, upsert)))
     }
 
