@@ -24,9 +24,21 @@ async fn a_read_session_reads_ranges_and_refuses_ranges_past_the_object() {
     assert_eq!(c.read_session_ranges(&s, &mut ranges).await.unwrap_err().code(), ErrorCode::InvalidParams);
     assert!(past.iter().all(|&b| b == 0), "nothing read for a refused range");
     assert_eq!(c.read_session("missing").await.unwrap_err().code(), ErrorCode::ObjectNotFound);
+    // The batched lookup: per key, an invalid key failing alone.
+    let batch = c.read_sessions(&["obj", "missing", ""]).await;
+    let (first, codes) = (&batch[0], batch.iter().skip(1).map(|r| r.as_ref().map(|_| ()).unwrap_err().code()));
+    assert_eq!(codes.collect::<Vec<_>>(), [ErrorCode::ObjectNotFound, ErrorCode::InvalidParams]);
+    let mut tail = vec![0u8; 10];
+    let mut ranges: Vec<(u64, &mut [u8])> = vec![(9990, &mut tail)];
+    assert_eq!(c.read_session_ranges(first.as_ref().unwrap(), &mut ranges).await.unwrap(), 10);
+    assert_eq!(&tail[..], &value[9990..]);
+    // Two sessions of "obj" (two lookups): each holds a lease of its own, and each end releases one.
     c.end_read_sessions(&["obj"]).await;
     c.flush().await.unwrap();
-    // The session's lease is released: the object can be removed at once.
+    assert_eq!(c.remove("obj", false).await.unwrap_err().code(), ErrorCode::ObjectHasLease);
+    c.end_read_sessions(&["obj"]).await;
+    c.flush().await.unwrap();
+    // Both sessions' leases are released: the object can be removed at once.
     c.remove("obj", false).await.unwrap();
     cluster.shutdown().await;
 }

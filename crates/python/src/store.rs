@@ -1323,31 +1323,43 @@ impl Store {
         if keys.is_empty() {
             return Vec::new();
         }
-        let looked_up = py.detach(|| {
-            live.block_on(join_all(keys.iter().map(|k| async {
-                // The original's master answers an empty key "not found"; Crescent's client refuses it as
-                // invalid before sending it.
-                if k.is_empty() {
-                    Err(ClientError::Code(ErrorCode::ObjectNotFound))
-                } else {
-                    live.client.read_session(k).await
-                }
-            })))
+        let looked_up: Vec<Result<ReadSession, ClientError>> = py.detach(|| {
+            let client = &live.client;
+            let chunks = keys.chunks(MAX_BATCH).map(|chunk| {
+                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                async move { client.read_sessions(&refs).await }
+            });
+            live.block_on(join_all(chunks)).into_iter().flatten().collect()
         });
-        let mut sessions = self.sessions.lock();
-        keys.iter()
-            .zip(looked_up)
-            .map(|(k, r)| match r {
-                Ok(s) => {
-                    sessions.get.insert(k.clone(), Arc::new(s));
-                    0
-                }
-                Err(e) => {
-                    sessions.get.remove(k);
-                    code(&e)
-                }
-            })
-            .collect()
+        // A session replaced or dropped here (a key started again, or named twice) lets its own lease go: each
+        // lookup leased the object once.
+        let mut replaced: Vec<String> = Vec::new();
+        let out = {
+            let mut sessions = self.sessions.lock();
+            keys.iter()
+                .zip(looked_up)
+                .map(|(k, r)| {
+                    let (old, rc) = match r {
+                        Ok(s) => (sessions.get.insert(k.clone(), Arc::new(s)), 0),
+                        // The original's master answers an empty key "not found"; Crescent's client refuses it
+                        // as invalid before sending it.
+                        Err(_) if k.is_empty() => {
+                            (sessions.get.remove(k), i64::from(ErrorCode::ObjectNotFound.as_i32()))
+                        }
+                        Err(e) => (sessions.get.remove(k), code(&e)),
+                    };
+                    if old.is_some() {
+                        replaced.push(k.clone());
+                    }
+                    rc
+                })
+                .collect()
+        };
+        if !replaced.is_empty() {
+            let refs: Vec<&str> = replaced.iter().map(String::as_str).collect();
+            py.detach(|| live.block_on(live.client.end_read_sessions(&refs)));
+        }
+        out
     }
 
     /// Reads ranges of objects with a get session into registered memory: for key `i`, range `j` is

@@ -238,6 +238,18 @@ def test_ranges_outside_registered_memory_are_refused(crescent_store, key):
     assert s.batch_get_session_end([key]) == 0
 
 
+def test_a_get_session_end_lets_its_lease_go(crescent_store, key):
+    """Crescent's leases end when their reader lets them go: a session's end (and a session replaced by a new
+    start of its key) releases its lease, so the object can be removed at once. (The original's leases only run
+    out: its end drops the cached lookup, and a removal is -706 until the lease's deadline.)"""
+    s = crescent_store
+    assert s.put(key, pattern(100)) == 0
+    assert s.batch_get_session_start([key, key]) == [0, 0]
+    assert s.batch_get_session_start([key]) == [0]
+    assert s.batch_get_session_end([key]) == 0
+    assert s.remove(key) == 0
+
+
 def test_session_calls_on_a_store_not_set_up_return_minus_1():
     """Crescent's convention for a store not set up (-1, per key for lists); the original (0.3.13.post1) answers
     `[]` (an empty list) for the list-returning session calls, -1 for batch_get_session_end and -600 for

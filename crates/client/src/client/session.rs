@@ -11,13 +11,15 @@
 //! checksum. The caller assembles the bytes (the Python layer stages the ranges it is given), so a write
 //! session's object is checksummed like any other.
 
-use super::{Client, Unreached, Value, address, check_key, lease_expired};
+use super::{Client, Unreached, Value, address, all_failed, check_key, lease_expired, per_key};
 use crate::error::ClientError;
-use crescent_proto::wire::WireKey;
+use crescent_proto::transfer::Grant;
+use crescent_proto::wire::{Batch, WireKey};
 use crescent_proto::{
     ErrorCode, GetReplicaListResponse, MasterRequest, MasterResponse, ReplicaDescriptor, ReplicateConfig,
 };
 use futures_util::future::join_all;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// An object looked up for range reads: its replicas and the read lease the lookup granted.
@@ -25,6 +27,8 @@ use std::time::{Duration, Instant};
 pub struct ReadSession {
     key: String,
     list: GetReplicaListResponse,
+    /// The grants of the batch reply the list came in (its descriptors may name them).
+    grants: Vec<Arc<Grant>>,
     started: Instant,
 }
 
@@ -72,7 +76,33 @@ impl Client {
     pub async fn read_session(&self, key: &str) -> Result<ReadSession, ClientError> {
         let started = Instant::now();
         let list = self.replica_list(key).await?;
-        Ok(ReadSession { key: key.to_owned(), list, started })
+        Ok(ReadSession { key: key.to_owned(), list, grants: Vec::new(), started })
+    }
+
+    /// [`Client::read_session`] of each key, in one batched lookup; per key, in input order (an invalid key
+    /// fails alone; more than the protocol's `MAX_BATCH` keys fail all, nothing sent).
+    pub async fn read_sessions(&self, keys: &[&str]) -> Vec<Result<ReadSession, ClientError>> {
+        per_key(keys.iter().copied(), |k| k, |valid| async move { self.read_sessions_valid(&valid).await }).await
+    }
+
+    async fn read_sessions_valid(&self, keys: &[&str]) -> Vec<Result<ReadSession, ClientError>> {
+        let started = Instant::now();
+        let req = MasterRequest::BatchGetReplicaList {
+            tenant: self.tenant(),
+            keys: Batch(keys.iter().map(|k| WireKey::from(*k)).collect()),
+        };
+        let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
+        match self.granted_call(&req, keys.len(), pick).await {
+            Ok((lists, grants)) => keys
+                .iter()
+                .zip(lists)
+                .map(|(k, list)| {
+                    let list = list.map_err(ClientError::Code)?;
+                    Ok(ReadSession { key: (*k).to_owned(), list, grants: grants.clone(), started })
+                })
+                .collect(),
+            Err(code) => all_failed(keys.len(), code),
+        }
     }
 
     /// Reads each `(offset, buf)` range of the session's object into its buffer; returns the bytes read. A range
@@ -101,7 +131,7 @@ impl Client {
         let mut last = ClientError::Code(ErrorCode::ObjectNotFound);
         let mut done = false;
         for d in self.ranked(&s.list) {
-            let Some((endpoint, segment, base, _, place)) = address(d, &[]) else { continue };
+            let Some((endpoint, segment, base, _, place)) = address(d, &s.grants) else { continue };
             if let Some(e) = unreached.skip(endpoint) {
                 last = e;
                 continue;
@@ -132,7 +162,8 @@ impl Client {
         Ok(total)
     }
 
-    /// Ends the read sessions of `keys`: their leases are released.
+    /// Ends the read sessions of `keys`: their leases are released, one per key named (each lookup leased the
+    /// object once: a key with two sessions is named twice).
     pub async fn end_read_sessions(&self, keys: &[&str]) {
         self.release_leases(keys).await;
     }
