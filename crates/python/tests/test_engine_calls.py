@@ -217,6 +217,19 @@ def test_a_revoked_put_session_leaves_the_key_free(store, buf, key):
     assert store.get(key) == pattern(64, 3)
 
 
+def test_a_put_sessions_group_ids_are_one_per_key(store, key):
+    from mooncake.store import ReplicateConfig
+
+    one = ReplicateConfig()
+    one.group_ids = ["g"]
+    assert store.batch_put_session_start([key + "a", key + "b"], [10, 10], one) == [INVALID_PARAMS] * 2
+    assert store.batch_put_session_start([key + "c"], [10], one) == [0]
+    per_key = ReplicateConfig()
+    per_key.group_ids = ["g1", "g2"]
+    assert store.batch_put_session_start([key + "a", key + "b"], [10, 10], per_key) == [0, 0]
+    assert store.batch_put_session_revoke([key + "a", key + "b", key + "c"]) == [0, 0, 0]
+
+
 def test_a_put_session_with_no_room_is_minus_200(store, key):
     assert store.batch_put_session_start([key], [1 << 40]) == [NO_AVAILABLE_HANDLE]
     assert store.batch_put_session_end([key]) == [INVALID_PARAMS]
@@ -483,6 +496,34 @@ def test_numpy_arrays_are_tensors_and_reads_are_numpy_without_torch(crescent_sto
     assert np.array_equal(s.get_tensor(key + "-t"), a.T)
     assert s.put_tensor(key + "-o", np.array(["x"], dtype=object)) == INVALID_PARAMS
     assert s.put_tensor(key + "-9", np.zeros((1,) * 9, dtype=np.uint8)) == INVALID_PARAMS, "over 8 dimensions"
+
+
+class OnDevice:
+    """A tensor in device memory: its data_ptr() is no host address (reading it would crash); cpu() copies it."""
+
+    class device:
+        type = "cuda"
+
+    def __init__(self, host):
+        self.host, self.dtype, self.shape = host, host.dtype, host.shape
+
+    def data_ptr(self):
+        return 0xDEAD0000
+
+    def numel(self):
+        return self.host.numel()
+
+    def element_size(self):
+        return self.host.element_size()
+
+    def cpu(self):
+        return self.host
+
+
+def test_a_device_tensor_is_copied_to_the_host_first(crescent_store, key):
+    a = np.arange(8, dtype=np.int32)
+    assert crescent_store.put_tensor(key, OnDevice(torch.Tensor(a))) == 0
+    assert np.array_equal(arr(crescent_store.get_tensor(key)), a)
 
 
 def test_reads_are_torch_tensors_when_torch_is_importable(crescent_store, key, monkeypatch):

@@ -7,7 +7,8 @@ axes), then the tensor's bytes, C-contiguous. It is written byte for byte as the
 are interchangeable between the original's client and this one.
 
 A tensor argument is anything with the torch tensor interface (``data_ptr()``, ``numel()``, ``element_size()``,
-``dtype``, ``shape``; ``is_contiguous()`` / ``contiguous()`` when it has them) or a NumPy array. A tensor read
+``dtype``, ``shape``; ``is_contiguous()`` / ``contiguous()`` when it has them, ``cpu()`` for one whose ``device``
+is not the CPU) or a NumPy array. A tensor read
 back is a ``torch.Tensor`` when torch is importable (as the original returns), else a NumPy array: bfloat16 and
 the float8 types, which NumPy lacks, come back as their raw ``uint16`` / ``uint8`` storage.
 """
@@ -192,6 +193,10 @@ def as_array(tensor: Any) -> Optional[tuple]:
             return None
         return code, np.ascontiguousarray(tensor)
     try:
+        # A tensor in device memory (a GPU's) is copied to the host first: its data_ptr() is no host address.
+        device = getattr(tensor, "device", None)
+        if device is not None and getattr(device, "type", str(device)) != "cpu" and hasattr(tensor, "cpu"):
+            tensor = tensor.cpu()
         if hasattr(tensor, "is_contiguous") and not tensor.is_contiguous():
             tensor = tensor.contiguous()
         code = dtype_code(tensor.dtype)
