@@ -82,5 +82,16 @@ async fn a_write_session_is_readable_only_after_its_end_and_revoke_frees_the_key
     let again = c.write_session_start("r", 100, &cfg).await.unwrap();
     c.write_session_end(&again, &pattern(100, 9)).await.unwrap();
     assert_eq!(c.get("r").await.unwrap(), pattern(100, 9));
+
+    // The batched reservation: per key, an invalid or taken key failing alone.
+    let batch = c.write_sessions_start(&[("b1", 300), ("w", 10), ("", 10), ("b2", 400)], &cfg).await;
+    let codes: Vec<ErrorCode> = batch.iter().map(|r| r.as_ref().map_or_else(|e| e.code(), |_| ErrorCode::Ok)).collect();
+    assert_eq!(codes, [ErrorCode::Ok, ErrorCode::ObjectAlreadyExists, ErrorCode::InvalidParams, ErrorCode::Ok]);
+    let (b1, b2) = (batch[0].as_ref().unwrap(), batch[3].as_ref().unwrap());
+    assert_eq!((b1.size(), b2.key()), (300, "b2"));
+    c.write_session_end(b1, &pattern(300, 1)).await.unwrap();
+    c.write_session_revoke(b2).await.unwrap();
+    assert_eq!(c.get("b1").await.unwrap(), pattern(300, 1));
+    assert!(!c.is_exist("b2").await.unwrap());
     cluster.shutdown().await;
 }

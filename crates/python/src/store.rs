@@ -1472,13 +1472,24 @@ impl Store {
                 .map(|(k, &size)| if size == 0 || sessions.put.contains_key(k) { INVALID } else { 0 })
                 .collect()
         };
-        let todo: Vec<(usize, &WireConfig)> =
-            parts.iter().flat_map(|(w, idx)| idx.iter().map(move |&i| (i, w))).filter(|&(i, _)| out[i] == 0).collect();
+        // One batched reservation per config (per group) and per `MAX_BATCH` keys.
+        let batches: Vec<(&WireConfig, Vec<usize>)> = parts
+            .iter()
+            .flat_map(|(w, idx)| {
+                let todo: Vec<usize> = idx.iter().copied().filter(|&i| out[i] == 0).collect();
+                todo.chunks(MAX_BATCH).map(|c| (w, c.to_vec())).collect::<Vec<_>>()
+            })
+            .collect();
         // Each reservation's staging buffer is made outside the sessions' lock (zeroing it takes a while).
         let started: Vec<(usize, Result<Reserved, ClientError>)> = py.detach(|| {
-            let starts = todo.iter().map(|&(i, w)| live.client.write_session_start(&keys[i], sizes[i] as u64, w));
+            let client = &live.client;
+            let starts = batches.iter().map(|(w, idx)| {
+                let items: Vec<(&str, u64)> = idx.iter().map(|&i| (keys[i].as_str(), sizes[i] as u64)).collect();
+                async move { client.write_sessions_start(&items, w).await }
+            });
             let starts = live.block_on(join_all(starts));
-            todo.iter().zip(starts).map(|(&(i, _), r)| (i, r.map(|s| (staging(sizes[i]), s)))).collect()
+            let idx = batches.iter().flat_map(|(_, idx)| idx.iter().copied());
+            idx.zip(starts.into_iter().flatten()).map(|(i, r)| (i, r.map(|s| (staging(sizes[i]), s)))).collect()
         });
         let mut failed = Vec::new();
         {

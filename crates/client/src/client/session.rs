@@ -55,6 +55,8 @@ pub struct WriteSession {
     key: String,
     size: u64,
     replicas: Vec<ReplicaDescriptor>,
+    /// The grants of the batch reply the replicas came in (their descriptors may name them).
+    grants: Vec<Arc<Grant>>,
     write: u64,
 }
 
@@ -187,9 +189,48 @@ impl Client {
         match self.inner.master.call(&req).await? {
             MasterResponse::Replicas(replicas) => {
                 let write = crescent_proto::write_id(&replicas);
-                Ok(WriteSession { key: key.to_owned(), size, replicas, write })
+                Ok(WriteSession { key: key.to_owned(), size, replicas, grants: Vec::new(), write })
             }
             _ => Err(ErrorCode::InternalError.into()),
+        }
+    }
+
+    /// [`Client::write_session_start`] of each `(key, size)`, in one batched reservation; per key, in input
+    /// order (an invalid key fails alone; more than the protocol's `MAX_BATCH` keys fail all, nothing sent).
+    pub async fn write_sessions_start(
+        &self,
+        items: &[(&str, u64)],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<WriteSession, ClientError>> {
+        per_key(items.iter().copied(), |(k, _)| k, |valid| async move { self.write_sessions_valid(&valid, cfg).await })
+            .await
+    }
+
+    async fn write_sessions_valid(
+        &self,
+        items: &[(&str, u64)],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<WriteSession, ClientError>> {
+        let req = MasterRequest::BatchPutStart {
+            client: self.inner.id,
+            tenant: self.tenant(),
+            items: Batch(items.iter().map(|&(k, size)| (WireKey::from(k), size)).collect()),
+            config: self.with_host(cfg),
+            group_ids: None,
+            upsert: false,
+        };
+        let pick = |r| if let MasterResponse::BatchReplicas(v) = r { Some(v) } else { None };
+        match self.granted_call(&req, items.len(), pick).await {
+            Ok((starts, grants)) => items
+                .iter()
+                .zip(starts)
+                .map(|(&(key, size), start)| {
+                    let replicas = start.map_err(ClientError::Code)?;
+                    let write = crescent_proto::write_id(&replicas);
+                    Ok(WriteSession { key: key.to_owned(), size, replicas, grants: grants.clone(), write })
+                })
+                .collect(),
+            Err(code) => all_failed(items.len(), code),
         }
     }
 
@@ -200,7 +241,7 @@ impl Client {
         if value.len() as u64 != s.size {
             return Err(ErrorCode::InvalidParams.into());
         }
-        let crc = match self.write_replicas(&Value::Borrowed(value), &s.replicas).await {
+        let crc = match self.write_replicas(&Value::Borrowed(value), &s.replicas, &s.grants).await {
             Ok(crc) => crc.map_or_else(|| super::checksum(value), u64::from),
             Err((e, unreachable)) => {
                 self.report_unreachable(unreachable).await;
