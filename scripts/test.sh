@@ -22,8 +22,8 @@ command -v protoc >/dev/null
 command -v curl >/dev/null
 python3 -c 'import venv, ensurepip'
 
-# A virtual environment under the target directory for what the tests take from PyPI: maturin, pytest, numpy and requests (the
-# Python package, below) and moto's S3 server (the snapshot store's S3 tests start `moto_server` on loopback and
+# A virtual environment under the target directory for what the tests take from PyPI: maturin, pytest, NumPy and
+# requests (the Python package, below) and moto's S3 server (the snapshot store's S3 tests start `moto_server` on loopback and
 # find it through CRESCENT_MOTO_SERVER; they fail, never skip, without it).
 mkdir -p "${CARGO_TARGET_DIR:-target}"
 target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
@@ -31,7 +31,8 @@ venv="$target/py-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 [ -x "$venv/bin/maturin" ] || "$venv/bin/python" -m pip install -q "maturin>=1.9.4,<2"
 [ -x "$venv/bin/pytest" ] || "$venv/bin/python" -m pip install -q "pytest>=7"
-# The engine replays (crates/python/tests/test_engine_*.py) hold their buffers in numpy arrays and read the
+# NumPy: the Python package's tensor calls use it (an optional dependency of the package, needed by its tests);
+# the engine replays (crates/python/tests/test_engine_*.py) hold their buffers in NumPy arrays and read the
 # master's HTTP API with requests, as the engines do.
 "$venv/bin/python" -c 'import numpy, requests' 2>/dev/null || "$venv/bin/python" -m pip install -q "numpy>=1.24" "requests>=2"
 [ -x "$venv/bin/moto_server" ] || "$venv/bin/python" -m pip install -q "moto[server]>=5,<6"

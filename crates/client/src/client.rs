@@ -11,6 +11,10 @@
 //! Every master request is bounded by the request timeout per master address (see [`crate::master`]); a batch
 //! over the protocol's `MAX_BATCH` items is refused before anything is sent.
 
+mod session;
+
+pub use session::{ReadSession, WriteSession};
+
 use crate::error::ClientError;
 use crate::master::MasterConnection;
 use bytes::Bytes;
@@ -565,7 +569,7 @@ impl Client {
             Err(e) => return Err(e),
         };
         let write = crescent_proto::write_id(&replicas);
-        let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas), value.owned_checksum());
+        let (written, owned_crc) = tokio::join!(self.write_replicas(&value, &replicas, &[]), value.owned_checksum());
         let sent_crc = match written {
             Ok(crc) => crc,
             Err((err, unreachable)) => {
@@ -600,16 +604,18 @@ impl Client {
         }
     }
 
-    /// Writes `value` to every replica concurrently; the first failure is returned, with the segments whose
-    /// nodes could not be reached. For a borrowed value, also returns its crc32c as summed by the first
+    /// Writes `value` to every replica concurrently (`grants`: those of the batch reply the replicas came in,
+    /// which their descriptors may name); the first failure is returned, with the segments whose nodes could
+    /// not be reached. For a borrowed value, also returns its crc32c as summed by the first
     /// replica's write while sending it.
     async fn write_replicas(
         &self,
         value: &Value<'_>,
         replicas: &[ReplicaDescriptor],
+        grants: &[Arc<Grant>],
     ) -> Result<Option<u32>, (ClientError, Vec<crescent_proto::SegmentId>)> {
         let writes = replicas.iter().enumerate().map(|(i, d)| async move {
-            let Some((endpoint, segment, offset, _, place)) = address(d, &[]) else {
+            let Some((endpoint, segment, offset, _, place)) = address(d, grants) else {
                 return Err((ClientError::Code(ErrorCode::InvalidReplica), None));
             };
             let t = &self.inner.transfer;

@@ -13,7 +13,7 @@ pub mod master;
 pub mod tickets;
 
 pub use blocking::BlockingClient;
-pub use client::{Client, ClientConfig, PutMode, PutOutcome};
+pub use client::{Client, ClientConfig, PutMode, PutOutcome, ReadSession, WriteSession};
 /// The environment variable naming the cluster when an `etcd://` address names none.
 pub use crescent_ha::leader::view::CLUSTER_ID_ENV;
 /// The master address forms (`host:port[,…]`, `etcd://…`) and the view they resolve to, from `crescent-ha`.

@@ -9,7 +9,7 @@
 use crate::config::{ReplicateConfig, parse_size};
 use crate::raw::{FreshBytes, Registered, Span};
 use crate::replica::ReplicaDescriptor;
-use crescent_client::{Client, ClientConfig, ClientError, MasterAddress};
+use crescent_client::{Client, ClientConfig, ClientError, MasterAddress, ReadSession, WriteSession};
 use crescent_net::auth::{CredentialSource, Keyring};
 use crescent_net::host::NodeKeys;
 use crescent_net::tls::{Tls, TlsFiles};
@@ -31,6 +31,10 @@ use std::time::Duration;
 const INVALID: i64 = ErrorCode::InvalidParams as i64;
 /// What a call on a store that is not set up (or closed) returns (`INTERNAL_ERROR`).
 const NOT_SET_UP: i64 = ErrorCode::InternalError as i64;
+/// A read of a session whose lease ran out.
+const LEASE_EXPIRED: i64 = ErrorCode::LeaseExpired as i64;
+/// No room for an object (`NO_AVAILABLE_HANDLE`, the code engines back off on).
+const NO_ROOM: i64 = ErrorCode::NoAvailableHandle as i64;
 
 /// The numeric code of a client error.
 fn code(e: &ClientError) -> i64 {
@@ -306,10 +310,45 @@ pub fn _bytes_address(b: &Bound<'_, PyBytes>) -> usize {
 }
 
 /// The original's `MooncakeDistributedStore` on the Crescent client.
-#[pyclass(module = "crescent.store", name = "MooncakeDistributedStore")]
+// `subclass`: `crescent.store.MooncakeDistributedStore` adds the tensor calls (written in Python) to this class.
+#[pyclass(module = "crescent.store", name = "MooncakeDistributedStore", subclass)]
 pub struct Store {
     live: RwLock<Option<Arc<Live>>>,
     registered: Registered,
+    sessions: Mutex<Sessions>,
+}
+
+/// A store's open get and put sessions, by key (as the original keeps them, one per key per store).
+#[derive(Default)]
+struct Sessions {
+    get: HashMap<String, Arc<ReadSession>>,
+    put: HashMap<String, Arc<PutSession>>,
+}
+
+/// A put session: the client's reservation and the object's bytes as the caller's ranges fill them.
+struct PutSession {
+    session: WriteSession,
+    staged: Mutex<Staged>,
+}
+
+/// A put session's bytes; once `sealed` (its end or revoke began) no range is taken any more.
+struct Staged {
+    bytes: Vec<u8>,
+    sealed: bool,
+}
+
+/// A get session and the checked ranges one call reads of it: `(offset in the object, destination)`.
+type SessionRanges = (Arc<ReadSession>, Vec<(u64, Span)>);
+
+/// A put session's reservation and its staging buffer (`None`: no memory for it).
+type Reserved = (Option<Vec<u8>>, WriteSession);
+
+/// A zeroed staging buffer of `size` bytes, or `None` when that memory cannot be had (never an abort).
+fn staging(size: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(size).ok()?;
+    v.resize(size, 0);
+    Some(v)
 }
 
 impl Store {
@@ -707,7 +746,7 @@ fn upsert_refused(cfg: Option<&ReplicateConfig>) -> bool {
 impl Store {
     #[new]
     fn new() -> Self {
-        Store { live: RwLock::new(None), registered: Registered::default() }
+        Store { live: RwLock::new(None), registered: Registered::default(), sessions: Mutex::default() }
     }
 
     /// Sets the store up. `setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
@@ -813,6 +852,8 @@ impl Store {
     #[pyo3(signature = (/))]
     fn close(&self, py: Python<'_>) -> i64 {
         let live = self.live.write().take();
+        // Sessions belong to the client being closed (their leases and reservations lapse at the master).
+        *self.sessions.lock() = Sessions::default();
         if let Some(live) = live {
             py.detach(|| stop(live));
         }
@@ -977,6 +1018,46 @@ impl Store {
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> i64 {
         self.put_from_one(py, &key, buffer_ptr, size, config.as_deref(), false)
+    }
+
+    /// Stores `metadata_size` bytes at `metadata_buffer_ptr` followed by `size` bytes at `buffer_ptr` (both in
+    /// registered memory) as one object: the metadata first, then the data, as the original lays it out. 0 or
+    /// a negative code; `size` 0 stores nothing and answers 0, and `prefer_alloc_in_same_node` is refused with
+    /// −1, as the original. (The original answers its put failures with the code's sign flipped, e.g. +600
+    /// for an empty key; this answers them negative, as every other call.)
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[allow(clippy::too_many_arguments)] // the original's signature
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: usize,
+        metadata_buffer_ptr: usize,
+        size: usize,
+        metadata_size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i64 {
+        let cfg = config.as_deref();
+        if cfg.is_some_and(|c| c.prefer_alloc_in_same_node) {
+            // The original's answer: a bare -1 (not a store error code).
+            return -1;
+        }
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        if size == 0 {
+            return 0;
+        }
+        let (Some(meta), Some(data)) =
+            (self.registered.span(metadata_buffer_ptr, metadata_size), self.registered.span(buffer_ptr, size))
+        else {
+            return INVALID;
+        };
+        let Some(wire) = live.wire(cfg) else { return INVALID };
+        py.detach(|| {
+            let mut value = Vec::with_capacity(metadata_size + size);
+            value.extend_from_slice(meta.bytes());
+            value.extend_from_slice(data.bytes());
+            status(live.block_on(live.client.put_from(&key, &value, &wire)))
+        })
     }
 
     /// Like `put_from`, replacing an existing value.
@@ -1208,6 +1289,366 @@ impl Store {
         })
     }
 
+    // ---- helpers of the Python-level calls (crescent/_tensor.py) ----
+
+    /// `put_batch` (or `upsert_batch`) answering per key: 0 or a negative code each, in input order. Unlike
+    /// `put_batch`, values are not bounded by `local_buffer_size`: the original sends a tensor from the tensor's
+    /// own memory, not through its staging buffer (a 32 MiB `put_tensor` with a 16 MiB local buffer succeeds).
+    #[pyo3(signature = (keys, values, config=None, upsert=false))]
+    fn _batch_put_values(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyList>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        let n = keys.len();
+        let values: Vec<Value<'_>> = values.iter().map(|v| Value::from_py(&v)).collect::<PyResult<_>>()?;
+        let cfg = config.as_deref();
+        let Some(live) = self.live() else { return Ok(vec![NOT_SET_UP; n]) };
+        if values.len() != n || (upsert && upsert_refused(cfg)) {
+            return Ok(vec![INVALID; n]);
+        }
+        let Some(parts) = live.wire_batch(cfg, n) else { return Ok(vec![INVALID; n]) };
+        let items: Vec<Result<(&str, &[u8]), i64>> =
+            keys.iter().zip(&values).map(|(k, v)| Ok((k.as_str(), v.as_slice()))).collect();
+        Ok(py.detach(|| put_items(&live, &items, &parts, upsert)))
+    }
+
+    /// Whether `[ptr, ptr + size)` lies inside one registered buffer (so Python code may read it safely).
+    #[pyo3(signature = (ptr, size))]
+    fn _registered(&self, ptr: usize, size: usize) -> bool {
+        self.registered.span(ptr, size).is_some()
+    }
+
+    // ---- sessions (the original's layer-by-layer transfers: SGLang's layer_first MLA path) ----
+
+    /// Starts a get session per key: the object is looked up once (granting a read lease, held until
+    /// `batch_get_session_end` or its expiry) so `batch_get_into_multi_buffer_ranges` reads its ranges with no
+    /// further master request. Per key 0 or a negative code (`OBJECT_NOT_FOUND` when absent, also for `""` as
+    /// the original); a key's earlier session is replaced.
+    #[pyo3(signature = (keys,))]
+    fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let looked_up: Vec<Result<ReadSession, ClientError>> = py.detach(|| {
+            let client = &live.client;
+            let chunks = keys.chunks(MAX_BATCH).map(|chunk| {
+                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                async move { client.read_sessions(&refs).await }
+            });
+            live.block_on(join_all(chunks)).into_iter().flatten().collect()
+        });
+        // A session replaced or dropped here (a key started again, or named twice) lets its own lease go: each
+        // lookup leased the object once.
+        let mut replaced: Vec<String> = Vec::new();
+        let out = {
+            let mut sessions = self.sessions.lock();
+            keys.iter()
+                .zip(looked_up)
+                .map(|(k, r)| {
+                    let (old, rc) = match r {
+                        Ok(s) => (sessions.get.insert(k.clone(), Arc::new(s)), 0),
+                        // The original's master answers an empty key "not found"; Crescent's client refuses it
+                        // as invalid before sending it.
+                        Err(_) if k.is_empty() => {
+                            (sessions.get.remove(k), i64::from(ErrorCode::ObjectNotFound.as_i32()))
+                        }
+                        Err(e) => (sessions.get.remove(k), code(&e)),
+                    };
+                    if old.is_some() {
+                        replaced.push(k.clone());
+                    }
+                    rc
+                })
+                .collect()
+        };
+        if !replaced.is_empty() {
+            let refs: Vec<&str> = replaced.iter().map(String::as_str).collect();
+            py.detach(|| live.block_on(live.client.end_read_sessions(&refs)));
+        }
+        out
+    }
+
+    /// Reads ranges of objects with a get session into registered memory: for key `i`, range `j` is
+    /// `[all_src_offsets[i][j], + all_sizes[i][j])` of the object, read to `all_buffer_ptrs[i][j]`. Per key the
+    /// bytes read, or a negative code: `INVALID_PARAMS` without a session, with mismatched lists, a range past
+    /// the object's end or outside every registered buffer (nothing is read for that key); `LEASE_EXPIRED` once
+    /// the session's lease ran out (the session is dropped, as the original).
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, all_src_offsets))]
+    fn batch_get_into_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        all_src_offsets: Vec<Vec<usize>>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n || all_src_offsets.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let checked: Vec<Result<SessionRanges, i64>> = {
+            let sessions = self.sessions.lock();
+            (0..n)
+                .map(|i| {
+                    let (ptrs, sizes, offsets) = (&all_buffer_ptrs[i], &all_sizes[i], &all_src_offsets[i]);
+                    if ptrs.len() != sizes.len() || ptrs.len() != offsets.len() {
+                        return Err(INVALID);
+                    }
+                    let s = sessions.get.get(&keys[i]).ok_or(INVALID)?;
+                    let ranges = ptrs
+                        .iter()
+                        .zip(sizes)
+                        .zip(offsets)
+                        .map(|((&p, &len), &off)| self.registered.span(p, len).map(|s| (off as u64, s)).ok_or(INVALID))
+                        .collect::<Result<Vec<_>, i64>>()?;
+                    Ok((s.clone(), ranges))
+                })
+                .collect()
+        };
+        let results: Vec<Result<u64, i64>> = py.detach(|| {
+            live.block_on(join_all(checked.iter().map(|c| async {
+                let (s, ranges) = c.as_ref().map_err(|&e| e)?;
+                let mut ranges: Vec<(u64, &mut [u8])> = ranges.iter().map(|(o, span)| (*o, span.bytes_mut())).collect();
+                live.client.read_session_ranges(s, &mut ranges).await.map_err(|e| code(&e))
+            })))
+        });
+        let mut sessions = self.sessions.lock();
+        results
+            .into_iter()
+            .zip(&checked)
+            .zip(&keys)
+            .map(|((r, c), k)| match r {
+                Ok(bytes) => i64::try_from(bytes).unwrap_or(i64::MAX),
+                Err(e) => {
+                    // An expired session is dropped (unless a new one replaced it meanwhile).
+                    if let (LEASE_EXPIRED, Ok((s, _))) = (e, c)
+                        && sessions.get.get(k).is_some_and(|cur| Arc::ptr_eq(cur, s))
+                    {
+                        sessions.get.remove(k);
+                    }
+                    e
+                }
+            })
+            .collect()
+    }
+
+    /// Ends the get sessions of `keys` (keys without one are skipped) and releases their leases; 0.
+    #[pyo3(signature = (keys,))]
+    fn batch_get_session_end(&self, py: Python<'_>, keys: Vec<String>) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        let ended: Vec<String> = {
+            let mut sessions = self.sessions.lock();
+            keys.into_iter().filter(|k| sessions.get.remove(k).is_some()).collect()
+        };
+        if !ended.is_empty() {
+            let refs: Vec<&str> = ended.iter().map(String::as_str).collect();
+            py.detach(|| live.block_on(live.client.end_read_sessions(&refs)));
+        }
+        0
+    }
+
+    /// Starts a put session per key: an object of `sizes[i]` bytes is reserved (its replicas placed, the key
+    /// taken; nothing readable yet) and `batch_put_from_multi_buffer_ranges` fills it until
+    /// `batch_put_session_end` makes it readable or `batch_put_session_revoke` gives it up. Per key 0 or a
+    /// negative code: `INVALID_PARAMS` for a size of 0, a key with a session already, mismatched lists or a
+    /// `group_ids` not one per key; `OBJECT_ALREADY_EXISTS` for a key holding a value; `NO_AVAILABLE_HANDLE`
+    /// when there is no room. The ranges are staged in this process until the end, which writes the object
+    /// whole (and checksummed).
+    #[pyo3(signature = (keys, sizes, config=None))]
+    fn batch_put_session_start(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; n] };
+        let cfg = config.as_deref();
+        let groups_ok = cfg.and_then(|c| c.group_ids.as_ref()).is_none_or(|g| g.len() == n);
+        if sizes.len() != n || !groups_ok {
+            return vec![INVALID; n];
+        }
+        let Some(parts) = live.wire_batch(cfg, n) else { return vec![INVALID; n] };
+        let mut out: Vec<i64> = {
+            let sessions = self.sessions.lock();
+            keys.iter()
+                .zip(&sizes)
+                .map(|(k, &size)| if size == 0 || sessions.put.contains_key(k) { INVALID } else { 0 })
+                .collect()
+        };
+        // One batched reservation per config (per group) and per `MAX_BATCH` keys.
+        let batches: Vec<(&WireConfig, Vec<usize>)> = parts
+            .iter()
+            .flat_map(|(w, idx)| {
+                let todo: Vec<usize> = idx.iter().copied().filter(|&i| out[i] == 0).collect();
+                todo.chunks(MAX_BATCH).map(|c| (w, c.to_vec())).collect::<Vec<_>>()
+            })
+            .collect();
+        // Each reservation's staging buffer is made outside the sessions' lock (zeroing it takes a while).
+        let started: Vec<(usize, Result<Reserved, ClientError>)> = py.detach(|| {
+            let client = &live.client;
+            let starts = batches.iter().map(|(w, idx)| {
+                let items: Vec<(&str, u64)> = idx.iter().map(|&i| (keys[i].as_str(), sizes[i] as u64)).collect();
+                async move { client.write_sessions_start(&items, w).await }
+            });
+            let starts = live.block_on(join_all(starts));
+            let idx = batches.iter().flat_map(|(_, idx)| idx.iter().copied());
+            idx.zip(starts.into_iter().flatten()).map(|(i, r)| (i, r.map(|s| (staging(sizes[i]), s)))).collect()
+        });
+        let mut failed = Vec::new();
+        {
+            let mut sessions = self.sessions.lock();
+            for (i, r) in started {
+                match r {
+                    Ok((Some(bytes), session)) => {
+                        let staged = Mutex::new(Staged { bytes, sealed: false });
+                        sessions.put.insert(keys[i].clone(), Arc::new(PutSession { session, staged }));
+                    }
+                    Ok((None, session)) => {
+                        tracing::warn!(key = keys[i], size = sizes[i], "no memory to stage a put session");
+                        failed.push(session);
+                        out[i] = NO_ROOM;
+                    }
+                    Err(e) => out[i] = code(&e),
+                }
+            }
+        }
+        if !failed.is_empty() {
+            py.detach(|| {
+                for r in live.block_on(join_all(failed.iter().map(|s| live.client.write_session_revoke(s)))) {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "revoking an unstaged put session failed");
+                    }
+                }
+            });
+        }
+        out
+    }
+
+    /// Fills ranges of objects with a put session from registered memory: for key `i`, range `j` is
+    /// `[all_dst_offsets[i][j], + all_sizes[i][j])` of the object, taken from `all_buffer_ptrs[i][j]` (the
+    /// buffer may be reused once this returns). Per key the bytes taken, or `INVALID_PARAMS` (no session, or
+    /// one being ended; mismatched lists; a range past the reserved size or outside every registered buffer:
+    /// nothing is taken for that key).
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, all_dst_offsets))]
+    fn batch_put_from_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        all_dst_offsets: Vec<Vec<usize>>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n || all_dst_offsets.len() != n {
+            return vec![INVALID; n];
+        }
+        if self.live().is_none() {
+            return vec![NOT_SET_UP; n];
+        }
+        let reg = &self.registered;
+        py.detach(|| {
+            (0..n)
+                .map(|i| {
+                    let (ptrs, sizes, offsets) = (&all_buffer_ptrs[i], &all_sizes[i], &all_dst_offsets[i]);
+                    if ptrs.len() != sizes.len() || ptrs.len() != offsets.len() {
+                        return INVALID;
+                    }
+                    let Some(s) = self.sessions.lock().put.get(&keys[i]).cloned() else { return INVALID };
+                    let Some(ranges) = ptrs
+                        .iter()
+                        .zip(sizes)
+                        .zip(offsets)
+                        .map(|((&p, &len), &off)| reg.span(p, len).map(|span| (off, span)))
+                        .collect::<Option<Vec<_>>>()
+                    else {
+                        return INVALID;
+                    };
+                    let mut staged = s.staged.lock();
+                    if staged.sealed {
+                        return INVALID;
+                    }
+                    let size = staged.bytes.len();
+                    if ranges.iter().any(|(off, span)| off.checked_add(span.len()).is_none_or(|end| end > size)) {
+                        return INVALID;
+                    }
+                    let mut total = 0i64;
+                    for (off, span) in ranges {
+                        staged.bytes[off..off + span.len()].copy_from_slice(span.bytes());
+                        total += span.len() as i64;
+                    }
+                    total
+                })
+                .collect()
+        })
+    }
+
+    /// Ends put sessions: each object is written whole (what its ranges filled; bytes never filled are zero)
+    /// and made readable. Per key 0 or a negative code: `INVALID_PARAMS` without a session; on a failed write
+    /// or end the session is kept, sealed (no more ranges), to be ended again or revoked, as the original.
+    #[pyo3(signature = (keys,))]
+    fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
+        let taken = self.take_put_sessions(&keys);
+        let ended = py.detach(|| {
+            live.block_on(join_all(taken.iter().map(|t| async {
+                let (s, bytes) = t.as_ref()?;
+                Some(live.client.write_session_end(&s.session, bytes).await)
+            })))
+        });
+        let mut sessions = self.sessions.lock();
+        keys.iter()
+            .zip(taken)
+            .zip(ended)
+            .map(|((k, t), r)| match (t, r) {
+                (Some(_), Some(Ok(()))) => 0,
+                (Some((s, bytes)), Some(Err(e))) => {
+                    s.staged.lock().bytes = bytes;
+                    sessions.put.insert(k.clone(), s);
+                    code(&e)
+                }
+                _ => INVALID,
+            })
+            .collect()
+    }
+
+    /// Revokes put sessions: the reservations are given up (the keys are free again, nothing stored). Per key
+    /// 0 or a negative code (`INVALID_PARAMS` without a session; a failed revoke keeps the session, sealed).
+    #[pyo3(signature = (keys,))]
+    fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
+        let taken = self.take_put_sessions(&keys);
+        let revoked = py.detach(|| {
+            live.block_on(join_all(taken.iter().map(|t| async {
+                let (s, _) = t.as_ref()?;
+                Some(live.client.write_session_revoke(&s.session).await)
+            })))
+        });
+        let mut sessions = self.sessions.lock();
+        keys.iter()
+            .zip(taken)
+            .zip(revoked)
+            .map(|((k, t), r)| match (t, r) {
+                (Some(_), Some(Ok(()))) => 0,
+                // Nothing left at the master: the session is gone either way.
+                (Some(_), Some(Err(e))) if e.code() == ErrorCode::ObjectNotFound => 0,
+                (Some((s, bytes)), Some(Err(e))) => {
+                    s.staged.lock().bytes = bytes;
+                    sessions.put.insert(k.clone(), s);
+                    code(&e)
+                }
+                _ => INVALID,
+            })
+            .collect()
+    }
+
     // ---- metadata ----
 
     /// 1 if `key` exists, 0 if not, a negative code on error.
@@ -1377,6 +1818,23 @@ fn scatter(mut data: &[u8], spans: &[Span]) {
 }
 
 impl Store {
+    /// Takes the put sessions of `keys` out of the map and seals them: per key its session and staged bytes,
+    /// `None` without one (also for a key repeated in `keys`).
+    fn take_put_sessions(&self, keys: &[String]) -> Vec<Option<(Arc<PutSession>, Vec<u8>)>> {
+        let mut sessions = self.sessions.lock();
+        keys.iter()
+            .map(|k| {
+                let s = sessions.put.remove(k)?;
+                let bytes = {
+                    let mut staged = s.staged.lock();
+                    staged.sealed = true;
+                    std::mem::take(&mut staged.bytes)
+                };
+                Some((s, bytes))
+            })
+            .collect()
+    }
+
     /// One copying put (or upsert) of `value`, through the staging limit.
     fn put_one(&self, py: Python<'_>, key: &str, value: &[u8], cfg: Option<&ReplicateConfig>, upsert: bool) -> i64 {
         let Some(live) = self.live() else { return NOT_SET_UP };

@@ -4,8 +4,11 @@ import json
 import os
 import pathlib
 import queue
+import socket
 import subprocess
+import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -77,3 +80,98 @@ def store(master):
 def key():
     """A fresh key prefix per test."""
     return f"k-{uuid.uuid4().hex[:12]}"
+
+
+# ---- the original wheel as a second implementation (test_engine_calls.py) ----
+#
+# A test parametrised with `impl` runs once on Crescent and once on the original wheel (its `[original]` item). The
+# original is another interpreter (its `mooncake.store` and Crescent's cannot share a process), so the `[original]`
+# items run there: the first one met runs every `[original]` item of the session in that interpreter (pytest, with
+# CRESCENT_ENGINE_IMPL=original) and each item here takes its outcome from that run. Without the original's
+# interpreter (MOONCAKE_ORIGINAL_PYTHON, default /work/mc-venv/bin/python) those items are skipped.
+
+ENGINE_IMPL = os.environ.get("CRESCENT_ENGINE_IMPL", "crescent")
+ORIGINAL_PYTHON = os.environ.get("MOONCAKE_ORIGINAL_PYTHON", "/work/mc-venv/bin/python")
+FAKE_TORCH = pathlib.Path(__file__).resolve().parent / "fake_torch"
+if ENGINE_IMPL == "original":
+    # The original's tensor calls need `torch`; the stand-in in fake_torch/ is enough for them.
+    sys.path.insert(0, str(FAKE_TORCH))
+
+_original_outcomes: "dict[str, tuple[str, str]]" = {}
+
+
+def _run_original_items(session) -> None:
+    """Runs every `[original]` item of the session in the original's interpreter; records each one's outcome."""
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    items = [i for i in session.items if getattr(i, "callspec", None) and i.callspec.params.get("impl") == "original"]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = pathlib.Path(tmp) / "report.xml"
+        args = [ORIGINAL_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+        env = dict(os.environ, CRESCENT_ENGINE_IMPL="original")
+        run = subprocess.run(args + [i.nodeid for i in items], cwd=session.config.rootpath, env=env,
+                             capture_output=True, text=True, timeout=900)
+        if not report.is_file():
+            for i in items:
+                _original_outcomes[i.nodeid] = ("failed", f"the original's run failed:\n{run.stdout}\n{run.stderr}")
+            return
+        for case in ET.parse(report).getroot().iter("testcase"):
+            name = case.get("name", "")
+            outcome, text = "passed", ""
+            for tag in ("failure", "error", "skipped"):
+                el = case.find(tag)
+                if el is not None:
+                    outcome = "skipped" if tag == "skipped" else "failed"
+                    text = (el.get("message") or "") + "\n" + (el.text or "")
+                    break
+            for i in items:
+                if i.name == name:
+                    _original_outcomes[i.nodeid] = (outcome, text)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """An `[original]` item outside the original's interpreter: its outcome is that of its run there."""
+    callspec = getattr(pyfuncitem, "callspec", None)
+    if ENGINE_IMPL == "original" or callspec is None or callspec.params.get("impl") != "original":
+        return None
+    if not pathlib.Path(ORIGINAL_PYTHON).is_file():
+        pytest.skip(f"no original wheel interpreter at {ORIGINAL_PYTHON}")
+    if not _original_outcomes:
+        _run_original_items(pyfuncitem.session)
+    outcome, text = _original_outcomes.get(pyfuncitem.nodeid, ("failed", "no outcome from the original's run"))
+    if outcome == "skipped":
+        pytest.skip(f"on the original: {text.strip()}")
+    if outcome != "passed":
+        pytest.fail(f"on the original wheel:\n{text}", pytrace=False)
+    return True
+
+
+class OriginalMaster:
+    """The original's `mooncake_master` (beside its interpreter) on free ports, killed at the end."""
+
+    def __init__(self, lease_ms: int):
+        def free() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        port = free()
+        binary = pathlib.Path(sys.executable).parent / "mooncake_master"
+        args = [str(binary), f"--rpc_port={port}", f"--metrics_port={free()}", f"--default_kv_lease_ttl={lease_ms}"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addr = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)  # polling for the port to open, not a synchronisation by sleeping
+        self.proc.kill()
+        raise RuntimeError("the original's master did not open its port")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)

@@ -135,3 +135,37 @@ def test_a_store_hosts_its_segment_under_a_host_credential_of_its_own(secured, m
     foreign = "node:py-x:" + "00" * 32
     assert other.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="d",
                        credential=credential("tenant:d", secret_file), host_credential=foreign) < 0
+
+
+def test_sessions_move_bytes_under_the_grants_of_their_batched_replies(secured, monkeypatch):
+    """Put and get sessions (their lookups and reservations batched) write to and read from another store's
+    segment in a cluster with a secret: each range goes under the grant its batch reply named."""
+    import ctypes
+
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "s")
+    for var in ("CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE", "CRESCENT_SECRET", "CRESCENT_SECRET_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
+    host = MooncakeDistributedStore()
+    assert host.setup("localhost", "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="s") == 0
+    client = MooncakeDistributedStore()  # no segment: every byte crosses the data plane to the host's
+    assert client.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="s") == 0
+    buf = ctypes.create_string_buffer(64 * 1024)
+    ptr = ctypes.addressof(buf)
+    assert client.register_buffer(ptr, len(buf)) == 0
+    keys = ["s1", "s2", "s3"]
+    assert client.batch_put_session_start(keys, [4096] * 3) == [0, 0, 0]
+    for i in range(3):
+        ctypes.memmove(ptr + i * 4096, bytes([i + 1]) * 4096, 4096)
+    ptrs = [[ptr + i * 4096, ptr + i * 4096 + 1024] for i in range(3)]
+    assert client.batch_put_from_multi_buffer_ranges(keys, ptrs, [[1024, 3072]] * 3, [[0, 1024]] * 3) == [4096] * 3
+    assert client.batch_put_session_end(keys) == [0, 0, 0]
+    assert [host.get(k) for k in keys] == [bytes([i + 1]) * 4096 for i in range(3)]
+    assert client.batch_get_session_start(keys) == [0, 0, 0]
+    dst = [[ptr + 32768 + i * 100] for i in range(3)]
+    assert client.batch_get_into_multi_buffer_ranges(keys, dst, [[100]] * 3, [[3996]] * 3) == [100] * 3
+    assert [buf.raw[32768 + i * 100:32768 + (i + 1) * 100] for i in range(3)] == [bytes([i + 1]) * 100 for i in range(3)]
+    assert client.batch_get_session_end(keys) == 0
+    client.close()
+    host.close()

@@ -146,7 +146,8 @@ class MooncakeDistributedStore:
     """A client of a Crescent cluster with the original ``mooncake.store`` API.
 
     With ``global_segment_size > 0`` the store hosts that much memory in this process (reserved, not touched until
-    used) and serves other clients' reads and writes from it; ``close()`` unmounts it.
+    used) and serves other clients' reads and writes from it; ``close()`` unmounts it. ``crescent.store`` (and
+    ``mooncake.store``) export a subclass that adds the tensor calls (``crescent._tensor.TensorCalls``).
     """
 
     def __init__(self) -> None: ...
@@ -255,6 +256,58 @@ class MooncakeDistributedStore:
         all_sizes: list[list[list[int]]],
     ) -> list[list[list[int]]]:
         """Partial reads into registered buffers; per range bytes copied, or negative (-600 past the object's end or the buffer)."""
+    def batch_get_session_start(self, keys: list[str]) -> list[int]:
+        """Per key 0 or negative (−704 absent): the object is looked up once, its read lease held until
+        ``batch_get_session_end`` or its expiry."""
+    def batch_get_into_multi_buffer_ranges(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        all_src_offsets: list[list[int]],
+    ) -> list[int]:
+        """Ranges of session objects into registered memory; per key bytes read, or negative (−600 without a
+        session, for mismatched lists or a range past the object or the buffer; −707 once the lease ran out)."""
+    def batch_get_session_end(self, keys: list[str]) -> int:
+        """Ends the keys' get sessions (releasing their leases); 0."""
+    def batch_put_session_start(
+        self, keys: list[str], sizes: list[int], config: Optional[ReplicateConfig] = None
+    ) -> list[int]:
+        """Per key 0 or negative (−600 size 0 or a session already, −705 a key holding a value, −200 no room):
+        the object is reserved, not readable until ``batch_put_session_end``."""
+    def batch_put_from_multi_buffer_ranges(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        all_dst_offsets: list[list[int]],
+    ) -> list[int]:
+        """Fills ranges of put-session objects from registered memory; per key bytes taken, or −600."""
+    def batch_put_session_end(self, keys: list[str]) -> list[int]:
+        """Writes each session's object whole and makes it readable; per key 0 or negative (−600 no session)."""
+    def batch_put_session_revoke(self, keys: list[str]) -> list[int]:
+        """Gives the sessions' reservations up; per key 0 or negative (−600 no session)."""
+    def put_from_with_metadata(
+        self,
+        key: str,
+        buffer_ptr: int,
+        metadata_buffer_ptr: int,
+        size: int,
+        metadata_size: int,
+        config: Optional[ReplicateConfig] = None,
+    ) -> int:
+        """One object: ``metadata_size`` bytes at ``metadata_buffer_ptr``, then ``size`` bytes at ``buffer_ptr``
+        (registered memory). 0 or negative; ``size`` 0 stores nothing (0); ``prefer_alloc_in_same_node`` is −1."""
+    def _batch_put_values(
+        self,
+        keys: list[str],
+        values: list[_BytesLike],
+        config: Optional[ReplicateConfig] = None,
+        upsert: bool = False,
+    ) -> list[int]:
+        """``put_batch`` / ``upsert_batch`` answering per key (for the tensor calls)."""
+    def _registered(self, ptr: int, size: int) -> bool:
+        """Whether the range lies in one registered buffer."""
     def is_exist(self, key: str, /) -> int:
         """1 present, 0 absent, negative on error."""
     def batch_is_exist(self, keys: list[str]) -> list[int]: ...

@@ -4,6 +4,7 @@ Store failures never raise: calls return ``0`` or a negative error code (or list
 only wrong argument types raise ``TypeError``. Every call that talks to the cluster releases the GIL.
 """
 
+from crescent import _crescent
 from crescent._buffer import BufferHandle
 from crescent._crescent import (
     ACTIVATION,
@@ -19,16 +20,26 @@ from crescent._crescent import (
     Descriptor,
     DiskDescriptor,
     MemoryDescriptor,
-    MooncakeDistributedStore,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
 )
+from crescent._tensor import TensorCalls
+
+
+class MooncakeDistributedStore(TensorCalls, _crescent.MooncakeDistributedStore):
+    """The original's ``MooncakeDistributedStore``: the native store (``crescent._crescent``) with the tensor
+    calls (``put_tensor``, ``get_tensor``, their batch, zero-copy, upsert, ``pub`` and ``_with_tp`` forms; see
+    :mod:`crescent._tensor`), which return torch tensors when torch is importable and NumPy arrays otherwise."""
+
+
+from crescent.async_store import MooncakeDistributedStoreAsync  # noqa: E402 (it subclasses the class above)
 
 __all__ = [
     "MooncakeDistributedStore",
+    "MooncakeDistributedStoreAsync",
     "ReplicateConfig",
     "SoftPinAction",
     "ObjectDataType",
