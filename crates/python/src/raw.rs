@@ -1,6 +1,9 @@
 //! Caller memory named by address: the buffers registered with `register_buffer`, and the only place raw
-//! addresses become slices. A range is used only if it lies wholly inside one registered buffer; anything else
-//! is refused with `INVALID_PARAMS` before any byte is touched. Also the `bytes` objects reads land in directly.
+//! addresses become slices. A range is used if it lies wholly inside one registered buffer ([`Registered::span`]),
+//! or — for the calls the original serves from any memory over TCP (`put_from`, `get_into` and their batch forms,
+//! LMCache's use without a pinned buffer) — if it touches no registered buffer at all ([`Registered::caller_span`]:
+//! the caller vouches for it, as the original's API requires). Anything else is refused with `INVALID_PARAMS`
+//! before any byte is touched. Also the `bytes` objects reads land in directly.
 #![allow(unsafe_code)]
 
 use parking_lot::RwLock;
@@ -48,6 +51,24 @@ impl Registered {
         self.buffers.write().remove(&ptr).is_some()
     }
 
+    /// `[ptr, ptr + len)` for a call that takes any caller memory, as the original's over TCP: inside one
+    /// registered buffer, or clear of every registered buffer (unregistered memory the caller names as its own).
+    /// A null address, a range that wraps, or one that straddles a registered buffer's bounds is refused.
+    pub fn caller_span(&self, ptr: usize, len: usize) -> Option<Span> {
+        let end = ptr.checked_add(len)?;
+        if ptr == 0 && len > 0 {
+            return None;
+        }
+        let buffers = self.buffers.read();
+        if let Some((&base, &blen)) = buffers.range(..=ptr).next_back()
+            && ptr < base + blen
+        {
+            return (end <= base + blen).then_some(Span { ptr, len });
+        }
+        // No registered buffer may start inside the range either.
+        buffers.range(ptr..end).next().is_none().then_some(Span { ptr, len })
+    }
+
     /// `[ptr, ptr + len)` if it lies inside one registered buffer.
     pub fn span(&self, ptr: usize, len: usize) -> Option<Span> {
         let end = ptr.checked_add(len)?;
@@ -74,9 +95,10 @@ impl Span {
             return &[];
         }
         // SAFETY: the span lies inside a buffer the caller registered as `len` bytes of its own memory at that
-        // address (checked in `Registered::span`), and the original's contract, which this API keeps, is that
-        // the caller keeps a registered buffer allocated and does not write it while a call uses it. The
-        // store only reads it for the duration of the call.
+        // address (checked in `Registered::span`), or is memory the caller passed as its own to a call that takes
+        // any (`Registered::caller_span`); the original's contract, which this API keeps, is that the caller keeps
+        // such memory allocated and does not write it while a call uses it. The store only reads it for the
+        // duration of the call.
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
@@ -86,9 +108,9 @@ impl Span {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: as in `bytes`: registered caller memory, checked to contain the span; the caller keeps it
-        // allocated and gives the call exclusive use of the range for its duration (the original's contract),
-        // so no other reference to these bytes is used while this one lives.
+        // SAFETY: as in `bytes`: caller memory (registered and checked to contain the span, or named by the caller
+        // as its own); the caller keeps it allocated and gives the call exclusive use of the range for its
+        // duration (the original's contract), so no other reference to these bytes is used while this one lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
     }
 }

@@ -31,6 +31,8 @@ use std::time::Duration;
 const INVALID: i64 = ErrorCode::InvalidParams as i64;
 /// What a call on a store that is not set up (or closed) returns (`INTERNAL_ERROR`).
 const NOT_SET_UP: i64 = ErrorCode::InternalError as i64;
+/// `TRANSFER_FAIL`, what the original answers a read whose destination does not match the object.
+const TRANSFER_FAIL: i64 = ErrorCode::TransferFail as i64;
 /// A read of a session whose lease ran out.
 const LEASE_EXPIRED: i64 = ErrorCode::LeaseExpired as i64;
 /// No room for an object (`NO_AVAILABLE_HANDLE`, the code engines back off on).
@@ -39,6 +41,15 @@ const NO_ROOM: i64 = ErrorCode::NoAvailableHandle as i64;
 /// The numeric code of a client error.
 fn code(e: &ClientError) -> i64 {
     i64::from(e.code().as_i32())
+}
+
+/// The code of a failed read into caller memory: a destination smaller than the object is `INVALID_PARAMS`, as
+/// the original answers it (its buffers are checked against the object's size before any transfer).
+fn read_code(e: &ClientError) -> i64 {
+    match e.code() {
+        ErrorCode::BufferOverflow => INVALID,
+        _ => code(e),
+    }
 }
 
 /// A write's wire config.
@@ -683,11 +694,11 @@ fn stop(live: Arc<Live>) {
 /// One item of a zero-copy batch: its key and checked range, or the code it fails with at once.
 type Checked<'a> = Result<(&'a str, Span), i64>;
 
-/// Keys with their ranges checked against the registered buffers.
+/// Keys with their ranges checked as caller memory (registered, or clear of every registration: `caller_span`).
 fn check_all<'a>(reg: &Registered, keys: &'a [String], ptrs: &[usize], sizes: &[usize]) -> Vec<Checked<'a>> {
     keys.iter()
         .zip(ptrs.iter().zip(sizes))
-        .map(|(k, (&p, &n))| reg.span(p, n).map(|s| (k.as_str(), s)).ok_or(INVALID))
+        .map(|(k, (&p, &n))| reg.caller_span(p, n).map(|s| (k.as_str(), s)).ok_or(INVALID))
         .collect()
 }
 
@@ -730,7 +741,7 @@ fn get_checked(live: &Live, items: &[Checked<'_>]) -> Vec<i64> {
             Err(c) => *c,
             Ok(_) => match done.next() {
                 Some(Ok(n)) => n as i64,
-                Some(Err(e)) => code(&e),
+                Some(Err(e)) => read_code(&e),
                 None => NOT_SET_UP,
             },
         })
@@ -1078,10 +1089,10 @@ impl Store {
     #[pyo3(signature = (key, buffer_ptr, size))]
     fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: usize, size: usize) -> i64 {
         let Some(live) = self.live() else { return NOT_SET_UP };
-        let Some(span) = self.registered.span(buffer_ptr, size) else { return INVALID };
+        let Some(span) = self.registered.caller_span(buffer_ptr, size) else { return INVALID };
         py.detach(|| match live.block_on(live.client.get_into(&key, span.bytes_mut())) {
             Ok(n) => n as i64,
-            Err(e) => code(&e),
+            Err(e) => read_code(&e),
         })
     }
 
@@ -1172,7 +1183,8 @@ impl Store {
     }
 
     /// Reads each key into its pieces, in order (the object is the concatenation of its pieces); bytes read or
-    /// a negative code per key.
+    /// a negative code per key: the pieces must be the object's layout, as the original requires —
+    /// `INVALID_PARAMS` when they are smaller than the object, `TRANSFER_FAIL` when larger.
     #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
     fn batch_get_into_multi_buffers(
         &self,
@@ -1217,13 +1229,16 @@ impl Store {
                 .map(|(g, st)| match g {
                     Err(c) => *c,
                     Ok(spans) => match done.next() {
+                        // Pieces larger than the object: the layout the caller expects is not this object's. The
+                        // original's transfer fails then (TRANSFER_FAIL), and vLLM counts the block as a load error.
+                        Some(Ok(read)) if read < spans.iter().map(Span::len).sum() => TRANSFER_FAIL,
                         Some(Ok(read)) => {
                             if spans.len() != 1 {
                                 scatter(&st[..read], spans);
                             }
                             read as i64
                         }
-                        Some(Err(e)) => code(&e),
+                        Some(Err(e)) => read_code(&e),
                         None => NOT_SET_UP,
                     },
                 })
@@ -1897,7 +1912,7 @@ impl Store {
         if upsert && upsert_refused(cfg) {
             return INVALID;
         }
-        let Some(span) = self.registered.span(ptr, size) else { return INVALID };
+        let Some(span) = self.registered.caller_span(ptr, size) else { return INVALID };
         let Some(wire) = live.wire(cfg) else { return INVALID };
         py.detach(|| {
             let r = if upsert {

@@ -20,7 +20,7 @@ import numpy as np
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
 from engine_target import (  # noqa: F401
-    MiB, crescent_gap, engine_master, engine_trace, original_gap, pattern,
+    MiB, engine_master, engine_trace, original_gap, pattern,
 )
 
 METADATA_BYTES_LEN = 28
@@ -270,7 +270,6 @@ def test_lmcache_prefer_local_alloc_puts_into_its_own_segment(engine_master):
             other.close()
 
 
-@crescent_gap("put_from / batch_get_into on unregistered memory answer -600 (the original moves the bytes over TCP)")
 def test_lmcache_without_a_pinned_buffer_puts_and_gets_unregistered_memory(engine_master):
     """mooncakestore_connector.py _register_cpu_buffer: when the local CPU backend's allocator has no
     pin_allocator.buffer, nothing is registered, yet put -> put_from and batched_get -> batch_get_into are still

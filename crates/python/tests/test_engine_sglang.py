@@ -28,7 +28,7 @@ import requests
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
 from engine_target import (  # noqa: F401
-    ORIGINAL, MiB, crescent_gap, engine_master, engine_trace, pattern,
+    ORIGINAL, MiB, engine_master, engine_trace, pattern,
 )
 
 DEFAULT_LOCAL_BUFFER_SIZE = 16 * MiB  # mooncake_store.py: SGLANG_MOONCAKE_LOCAL_BUFFER_SIZE default
@@ -585,7 +585,6 @@ class MooncakeDirectLinker:
         return list(result) == [sum(item) for item in all_sizes]
 
 
-@crescent_gap("no batch_get_session_start / batch_get_into_multi_buffer_ranges / batch_get_session_end")
 @pytest.mark.parametrize("page_wise", [False, True], ids=["layer-wise", "page-wise"])
 def test_sglang_direct_linker_mla_offload_lookup_and_range_loads(engine_master, page_wise):
     """mooncake_direct_linker.py: register_buffers (register_buffer of the device pool), offload (batch_set_v2:
@@ -618,7 +617,6 @@ def test_sglang_direct_linker_mla_offload_lookup_and_range_loads(engine_master, 
             s.store.close()
 
 
-@crescent_gap("no batch_get_session_start")
 def test_sglang_direct_linker_load_of_a_vanished_page_fails_at_session_start(engine_master):
     """mooncake_direct_linker.py load_layer_wise: batch_get_session_start must answer 0 for every key, otherwise
     the batch fails (RuntimeError, the layer counter fails and the request recomputes); the original answers

@@ -20,7 +20,7 @@ import pytest
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
 from engine_target import (  # noqa: F401
-    MiB, crescent_gap, engine_master, engine_trace, pattern,
+    MiB, engine_master, engine_trace, pattern,
 )
 
 MOONCAKE_NO_AVAILABLE_HANDLE = -200  # worker.py: the code the sending thread backs off on
@@ -353,10 +353,6 @@ def test_vllm_standalone_store_with_preferred_segment(engine_master):
         owner.close()
 
 
-@crescent_gap(
-    "batch_get_into_multi_buffers with pieces larger than the object fills them partly and answers the "
-    "bytes read (the original: -800)"
-)
 def test_vllm_load_into_blocks_of_another_size_is_a_load_error(engine_master):
     """worker.py KVCacheStoreRecvingThread._handle_request: a key whose object does not match the consumer's
     block layout (here the consumer's blocks are larger or smaller than the producer's - e.g. another KV dtype

@@ -326,14 +326,19 @@ def test_put_from_and_get_into(store, key):
     src, src_ptr = buf(4096)
     dst, dst_ptr = buf(4096)
     src.raw = bytes(range(256)) * 16
-    assert store.put_from(key, src_ptr, 4096) == INVALID_PARAMS, "unregistered"
+    # Unregistered memory is the caller's to name, as with the original over TCP (LMCache without a pinned
+    # buffer relies on it): it is read and written; a null address is refused.
+    loose, loose_ptr = buf(4096)
+    assert store.put_from(key + "-loose", src_ptr, 4096) == 0, "unregistered memory"
+    assert store.get_into(key + "-loose", loose_ptr, 4096) == 4096 and loose.raw == src.raw
+    assert store.put_from(key + "-null", 0, 16) == INVALID_PARAMS
     assert store.register_buffer(src_ptr, 4096) == 0
     assert store.register_buffer(dst_ptr, 4096) == 0
     assert store.register_buffer(src_ptr + 8, 16) == INVALID_PARAMS, "overlaps a registered buffer"
     assert store.put_from(key=key, buffer_ptr=src_ptr, size=4096) == 0
     assert store.get_into(key, dst_ptr, 4096) == 4096
     assert dst.raw == src.raw
-    assert store.get_into(key, dst_ptr, 100) < 0, "smaller than the object"
+    assert store.get_into(key, dst_ptr, 100) == INVALID_PARAMS, "smaller than the object (the original's code)"
     assert store.get_into(key, dst_ptr + 1, 4096) == INVALID_PARAMS, "runs past the registered buffer"
     assert store.get_into(key + "-missing", dst_ptr, 4096) == OBJECT_NOT_FOUND
     assert store.put_from(key + "-part", src_ptr + 100, 50) == 0
@@ -341,7 +346,7 @@ def test_put_from_and_get_into(store, key):
     assert store.upsert_from(key, src_ptr, 10) == 0 and store.get_size(key) == 10
     assert store.unregister_buffer(dst_ptr) == 0
     assert store.unregister_buffer(dst_ptr) == INVALID_PARAMS
-    assert store.get_into(key, dst_ptr, 4096) == INVALID_PARAMS, "unregistered again"
+    assert store.get_into(key, dst_ptr, 4096) == 10, "unregistered again: the caller's memory still"
     assert store.get_into(key, 0, 4096) == INVALID_PARAMS, "null"
     assert store.unregister_buffer(src_ptr) == 0
 
@@ -364,12 +369,15 @@ def test_batch_put_from_and_batch_get_into(store, key):
     assert len(store.batch_get_into(keys, ptrs, [size])) == n
     assert all(r < 0 for r in store.batch_get_into(keys, ptrs, [size]))
     assert store.batch_put_from([], [], []) == [] and store.batch_get_into([], [], []) == []
-    # Per key: a miss, an unregistered range and a too-small buffer fail alone.
+    # Per key: a miss, a range straddling a registered buffer's end and a too-small buffer fail alone; unregistered
+    # memory clear of every registration is the caller's (as the original over TCP).
     stray, stray_ptr = buf(size)
-    got = store.batch_get_into([keys[0], key + "-missing", keys[1], keys[2]],
-                               [dst_ptr, dst_ptr + size, stray_ptr, dst_ptr + 2 * size], [size, size, size, 10])
-    assert got[0] == size and got[1] == OBJECT_NOT_FOUND and got[2] == INVALID_PARAMS and got[3] < 0
-    assert store.batch_put_from([key + "-x", key + "-y"], [stray_ptr, src_ptr], [size, size]) == [INVALID_PARAMS, 0]
+    got = store.batch_get_into([keys[0], key + "-missing", keys[1], keys[2], keys[1]],
+                               [dst_ptr, dst_ptr + size, dst_ptr + n * size - 8, dst_ptr + 2 * size, stray_ptr],
+                               [size, size, size, 10, size])
+    assert got == [size, OBJECT_NOT_FOUND, INVALID_PARAMS, INVALID_PARAMS, size]
+    assert store.batch_put_from([key + "-x", key + "-y"], [dst_ptr + n * size - 8, src_ptr], [size, size]) == [
+        INVALID_PARAMS, 0]
     assert store.is_exist(key + "-x") == 0
 
 

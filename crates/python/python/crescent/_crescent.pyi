@@ -222,10 +222,13 @@ class MooncakeDistributedStore:
     def register_buffer(self, buffer_ptr: int, size: int) -> int: ...
     def unregister_buffer(self, buffer_ptr: int) -> int: ...
     def put_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int:
-        """From registered memory; −600 for a range outside every registered buffer."""
+        """From the caller's memory: a registered buffer, or memory clear of every registration (the caller
+        vouches for it, as with the original over TCP); −600 for a null address or a range straddling a
+        registered buffer's bounds."""
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int: ...
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
-        """Bytes read, or negative (−600 unregistered range, −10 smaller than the object, −704 missing)."""
+        """Bytes read, or negative (−600 for a null address, a range straddling a registered buffer's bounds or a
+        buffer smaller than the object; −704 missing). Memory as for ``put_from``."""
     def batch_put_from(
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int], config: Optional[ReplicateConfig] = None
     ) -> list[int]: ...
