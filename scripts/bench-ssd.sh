@@ -3,10 +3,13 @@
 # process, and the `crescent bench` client):
 #   mem-only  memory MEM and no disk tier: a working set of 3×MEM (KEYS values of VALUE) written once, then GETS
 #             Zipf(ZIPF) gets over it (fixed seed and shuffle: the same keys are hot in every run);
-#   ssd       the same with a disk tier of 4×MEM (`--ssd-dir`, on the filesystem of this checkout's target/);
+#   ssd       the same with a disk tier of 4×MEM (`--ssd-dir`, on the filesystem of this checkout's target/),
+#             promotion off (`[server] disk_promotion = false`): the tier itself;
 #   disk-read gets of keys whose only replica is on the disk (checked with `crescent stat --json`), uniform over
 #             them, DISK_CONC at a time: the disk tier's read MiB/s, against the device's sequential O_DIRECT
-#             read (`dd iflag=direct`) of a file on the same filesystem, measured right before and after.
+#             read (`dd iflag=direct`) of a file on the same filesystem, measured right before and after;
+#   promotion on a fresh tier with promotion on (the default): the working set loaded, the keys memory still holds
+#             removed, the disk-only keys read twice under Zipf: gets/s of each pass, objects promoted.
 # Hit rate = gets that returned the value / all gets; gets/s counts every get, MiB/s the bytes of hits.
 # With MOONCAKE_VENV=DIR (a venv with mooncake-transfer-engine-non-cuda) the original's SSD offload runs the same
 # workload too (scripts/bench-ssd-mooncake.py). Results: target/bench-ssd/*.jsonl and a summary on stdout.
@@ -107,10 +110,12 @@ load mem-only
 zipf mem-only
 stop
 
-# (b) with a disk tier of 4×MEM on the same filesystem as the dd file
+# (b) with a disk tier of 4×MEM on the same filesystem as the dd file, promotion off: the tier itself (a read of a
+# disk-only object leaves it there, so the disk read below finds the oldest keys still on the disk only)
 rm -rf "$SSD_DIR"
 mkdir -p "$SSD_DIR"
-start --ssd-dir "$SSD_DIR" --ssd-size "$((4 * MEM_MIB))MiB"
+printf '[server]\ndisk_promotion = false\n' > "$OUT/no-promotion.toml"
+start --ssd-dir "$SSD_DIR" --ssd-size "$((4 * MEM_MIB))MiB" --config "$OUT/no-promotion.toml"
 load ssd
 settle
 offloaded=$(metric disk_offloads_done)
@@ -118,14 +123,19 @@ zipf ssd
 settle
 
 # (c) the disk tier's read throughput against the device's
-disk_keys=0
-for k in $(seq 0 $((KEYS - 1))); do
-    tiers=$($B --master "$M" stat "bench-ssd-$k" --json 2>/dev/null |
-        python3 -c "import json,sys;print(','.join(sorted(r.get('tier','?') for r in json.load(sys.stdin)['replicas'])))" ||
-        echo gone)
-    [ "$tiers" = disk ] || break
-    disk_keys=$((k + 1))
-done
+disk_only() { # how many keys from bench-ssd-0 on are on the disk only
+    local n=0 k tiers
+    for k in $(seq 0 $((KEYS - 1))); do
+        tiers=$($B --master "$M" stat "bench-ssd-$k" --json 2>/dev/null |
+            python3 -c "import json,sys;print(','.join(sorted(r.get('tier','?') for r in json.load(sys.stdin)['replicas'])))" ||
+            echo gone)
+        [ "$tiers" = disk ] || break
+        n=$((k + 1))
+    done
+    echo "$n"
+}
+disk_keys=$(disk_only)
+read_keys=$disk_keys
 echo "# keys 0..$disk_keys are on the disk only"
 if [ ! -s "$OUT/dd.bin" ]; then
     dd if=/dev/urandom of="$OUT/dd.bin" bs=1M count=1024 oflag=direct status=none
@@ -142,10 +152,17 @@ reads_after=$(settled_reads)
 dd_after=$(dd_read)
 ddp_after=$(dd_parallel)
 first_tiers=$($B --master "$M" stat bench-ssd-0 --json | python3 -c "import json,sys;print([r['tier'] for r in json.load(sys.stdin)['replicas']])")
+stop
 
-# (e) promotion: memory made free (the keys memory still held are removed), then the disk-only keys read twice
-# under the same Zipf draw: the first pass finds them on disk and promotes what it reads, the second finds the
-# hot ones in memory.
+# (e) promotion (on, the default), on a fresh tier: the working set loaded, memory made free (the keys memory
+# still holds are removed), then the disk-only keys read twice under the same Zipf draw: the first pass finds them
+# on disk and promotes what it reads, the second finds the hot ones in memory.
+rm -rf "$SSD_DIR"
+mkdir -p "$SSD_DIR"
+start --ssd-dir "$SSD_DIR" --ssd-size "$((4 * MEM_MIB))MiB"
+load promo
+settle
+disk_keys=$(disk_only)
 promoted_before=$(metric disk_promotions_done)
 if [ "$disk_keys" -gt 0 ]; then
     for k in $(seq "$disk_keys" $((KEYS - 1))); do $B --master "$M" rm "bench-ssd-$k" > /dev/null 2>&1 || true; done
@@ -172,7 +189,7 @@ if [ -n "${MOONCAKE_VENV:-}" ]; then
     done
 fi
 
-python3 - "$OUT" "$offloaded" "$disk_keys" "$dd_before" "$dd_after" "$reads_before" "$reads_after" "$first_tiers" \
+python3 - "$OUT" "$offloaded" "$read_keys" "$dd_before" "$dd_after" "$reads_before" "$reads_after" "$first_tiers" \
     "$ddp_before" "$ddp_after" "$DISK_CONC" "$promoted" <<'EOF'
 import json, os, sys
 out, offloaded, disk_keys, dd_before, dd_after, rb, ra, first, ddp_before, ddp_after, depth, promoted = sys.argv[1:]
@@ -184,7 +201,8 @@ print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 for name in ["mem-only", "ssd"]:
     w, r = one(f"{name}-write.jsonl"), one(f"{name}-read.jsonl")
     gets = r["keys"] + r["errors"]
-    print(f"| crescent {name} | {w['mib_per_s']:.0f} | {w['errors']} / {w['retries']} | {gets} | {r['keys'] / gets:.1%} | {r['req_per_s']:.0f} | "
+    label = "ssd (no promotion)" if name == "ssd" else name
+    print(f"| crescent {label} | {w['mib_per_s']:.0f} | {w['errors']} / {w['retries']} | {gets} | {r['keys'] / gets:.1%} | {r['req_per_s']:.0f} | "
           f"{r['mib_per_s']:.0f} | {r['p50_us']} | {r['p99_us']} | {r['errors_by_code'] or '-'} |")
 mc = os.path.join(out, "mooncake.jsonl")
 if os.path.exists(mc):
