@@ -1618,20 +1618,7 @@ impl Store {
                 Some(live.client.write_session_end(&s.session, bytes).await)
             })))
         });
-        let mut sessions = self.sessions.lock();
-        keys.iter()
-            .zip(taken)
-            .zip(ended)
-            .map(|((k, t), r)| match (t, r) {
-                (Some(_), Some(Ok(()))) => 0,
-                (Some((s, bytes)), Some(Err(e))) => {
-                    s.staged.lock().bytes = bytes;
-                    sessions.put.insert(k.clone(), s);
-                    code(&e)
-                }
-                _ => INVALID,
-            })
-            .collect()
+        self.settle_put_sessions(&keys, taken, ended, false)
     }
 
     /// Revokes put sessions: the reservations are given up (the keys are free again, nothing stored). Per key
@@ -1646,22 +1633,8 @@ impl Store {
                 Some(live.client.write_session_revoke(&s.session).await)
             })))
         });
-        let mut sessions = self.sessions.lock();
-        keys.iter()
-            .zip(taken)
-            .zip(revoked)
-            .map(|((k, t), r)| match (t, r) {
-                (Some(_), Some(Ok(()))) => 0,
-                // Nothing left at the master: the session is gone either way.
-                (Some(_), Some(Err(e))) if e.code() == ErrorCode::ObjectNotFound => 0,
-                (Some((s, bytes)), Some(Err(e))) => {
-                    s.staged.lock().bytes = bytes;
-                    sessions.put.insert(k.clone(), s);
-                    code(&e)
-                }
-                _ => INVALID,
-            })
-            .collect()
+        // Nothing left at the master (OBJECT_NOT_FOUND): the session is gone either way.
+        self.settle_put_sessions(&keys, taken, revoked, true)
     }
 
     // ---- metadata ----
@@ -1833,6 +1806,32 @@ fn scatter(mut data: &[u8], spans: &[Span]) {
 }
 
 impl Store {
+    /// Per key of a put session's end or revoke, 0 or a code: a session whose step failed is kept, sealed, with
+    /// its staged bytes, to be ended or revoked again; `gone_is_done` counts "nothing at the master" as done.
+    fn settle_put_sessions(
+        &self,
+        keys: &[String],
+        taken: Vec<Option<(Arc<PutSession>, Vec<u8>)>>,
+        results: Vec<Option<Result<(), ClientError>>>,
+        gone_is_done: bool,
+    ) -> Vec<i64> {
+        let mut sessions = self.sessions.lock();
+        keys.iter()
+            .zip(taken)
+            .zip(results)
+            .map(|((k, t), r)| match (t, r) {
+                (Some(_), Some(Ok(()))) => 0,
+                (Some(_), Some(Err(e))) if gone_is_done && e.code() == ErrorCode::ObjectNotFound => 0,
+                (Some((s, bytes)), Some(Err(e))) => {
+                    s.staged.lock().bytes = bytes;
+                    sessions.put.insert(k.clone(), s);
+                    code(&e)
+                }
+                _ => INVALID,
+            })
+            .collect()
+    }
+
     /// Takes the put sessions of `keys` out of the map and seals them: per key its session and staged bytes,
     /// `None` without one (also for a key repeated in `keys`).
     fn take_put_sessions(&self, keys: &[String]) -> Vec<Option<(Arc<PutSession>, Vec<u8>)>> {
