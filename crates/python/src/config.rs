@@ -232,23 +232,19 @@ impl ReplicateConfig {
 }
 
 impl ReplicateConfig {
-    /// The wire config for a write of `group` (`None`: the config's single group id, if it has exactly one),
-    /// with `local` (this store's host name and its segment's name) translated: the original names a client's
-    /// segment by its host name, Crescent by its data-plane endpoint. `None` if the config is invalid
+    /// The wire config for a write of `group` (`None`: the config's single group id, if it has exactly one).
+    /// `None` if the config is invalid
     /// (`replica_num` 0 or beyond `u32`, or several `group_ids` for a single key; upsert-style soft-pin misuse is
     /// checked by the caller).
-    pub fn to_proto(&self, local: Option<(&str, &str)>, group: Option<&str>) -> Option<proto::ReplicateConfig> {
+    pub fn to_proto(&self, group: Option<&str>) -> Option<proto::ReplicateConfig> {
         let replica_num = u32::try_from(self.replica_num).ok().filter(|&n| n >= 1)?;
         let nof_replica_num = u32::try_from(self.nof_replica_num).ok()?;
-        let rename = |s: &String| match local {
-            Some((host, segment)) if s == host => segment.to_owned(),
-            _ => s.clone(),
-        };
+        // Segment names as the master knows them: a store's own is `get_hostname()`, as the original names it.
         let mut preferred: Vec<String> = Vec::new();
         if !self.preferred_segment.is_empty() {
-            preferred.push(rename(&self.preferred_segment));
+            preferred.push(self.preferred_segment.clone());
         }
-        preferred.extend(self.preferred_segments.iter().map(rename));
+        preferred.extend(self.preferred_segments.iter().cloned());
         let group_id = match group {
             Some(g) => Some(g.to_owned()),
             None => match self.group_ids.as_deref() {

@@ -73,8 +73,6 @@ struct Live {
     node: Mutex<Option<StorageNode>>,
     /// `host:port`, what `get_hostname()` returns.
     hostname: String,
-    /// The hosted segment's name at the master (`hostname`, as the original names it), if it hosts one.
-    segment: Option<String>,
     /// The staging limit of the copying calls.
     local_buffer: u64,
     tenant: String,
@@ -89,7 +87,6 @@ impl Live {
     /// or, when `group_ids` names one group per key, one config per distinct group. `None` if `cfg` is invalid
     /// (a `group_ids` of several ids but not one per key, among others).
     fn wire_batch(&self, cfg: Option<&ReplicateConfig>, n: usize) -> Option<Vec<(WireConfig, Vec<usize>)>> {
-        let local = self.segment.as_deref().map(|s| (self.hostname.as_str(), s));
         match cfg.and_then(|c| c.group_ids.as_ref().map(|g| (c, g))) {
             Some((c, ids)) if ids.len() > 1 => {
                 if ids.len() != n {
@@ -102,7 +99,7 @@ impl Live {
                         None => groups.push((id.as_str(), vec![i])),
                     }
                 }
-                groups.into_iter().map(|(g, idx)| c.to_proto(local, Some(g)).map(|w| (w, idx))).collect()
+                groups.into_iter().map(|(g, idx)| c.to_proto(Some(g)).map(|w| (w, idx))).collect()
             }
             _ => self.wire(cfg).map(|w| vec![(w, (0..n).collect())]),
         }
@@ -110,10 +107,9 @@ impl Live {
 
     /// The wire config for `cfg` (default when `None`); `None` if `cfg` is invalid.
     fn wire(&self, cfg: Option<&ReplicateConfig>) -> Option<crescent_proto::ReplicateConfig> {
-        let local = self.segment.as_deref().map(|s| (self.hostname.as_str(), s));
         match cfg {
-            Some(c) => c.to_proto(local, None),
-            None => ReplicateConfig::default().to_proto(local, None),
+            Some(c) => c.to_proto(None),
+            None => ReplicateConfig::default().to_proto(None),
         }
     }
 }
@@ -646,7 +642,6 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             }
         }
     };
-    let segment = node.as_ref().map(|_| hostname.clone());
     let mut config = ClientConfig::new(master.clone()).with_credential(credential).with_tls(tls.client);
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
@@ -658,16 +653,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             code(&e)
         })?;
     }
-    Ok(Live {
-        rt,
-        node_rt,
-        client,
-        node: Mutex::new(node),
-        hostname,
-        segment,
-        local_buffer: args.local_buffer_size,
-        tenant,
-    })
+    Ok(Live { rt, node_rt, client, node: Mutex::new(node), hostname, local_buffer: args.local_buffer_size, tenant })
 }
 
 /// Ends a store: unmounts its segment (objects held only there are gone), flushes deferred lease releases and
