@@ -10,8 +10,8 @@
 
 use bytes::{Bytes, BytesMut};
 use crescent_fuzz::{Chunked, block_on, write_seeds};
-use crescent_net::frame::{ShapeError, read_shape, skip};
 use crescent_net::auth::{Keyring, Plane};
+use crescent_net::frame::{ShapeError, read_shape, skip};
 use crescent_net::hello::{self, Verifier};
 use crescent_net::host::NodeKeys;
 use crescent_proto::transfer::TransferRequest;

@@ -28,7 +28,8 @@ fn seeds() -> Vec<Vec<u8>> {
     let ranges = vec![GrantRange { offset: 0, length: 4096 }, GrantRange { offset: 8192, length: 4096 }];
     let grant = Grant { ranges, expires_ms: u64::MAX, epoch: 7, tag: [3; GRANT_TAG_LEN] };
     let shared = |range| Some(GrantRef::Shared { grant: 0, range });
-    let granted = GetReplicaListResponse { replicas: vec![replica(0, shared(0)), replica(8192, shared(1))], ..list.clone() };
+    let granted =
+        GetReplicaListResponse { replicas: vec![replica(0, shared(0)), replica(8192, shared(1))], ..list.clone() };
     let replies: Vec<MasterReply> = vec![
         Ok(MasterResponse::Pong { status: ClientStatus::Ok, view_version: 0 }),
         Ok(MasterResponse::Done),
@@ -53,6 +54,8 @@ fn seeds() -> Vec<Vec<u8>> {
             memory_held: 1 << 19,
             eviction_high_watermark: 0.95,
             largest_free: 1 << 29,
+            memories: Vec::new(),
+            disks: Vec::new(),
         })),
         Ok(MasterResponse::Keys(vec!["a".into(), "b".into()])),
         Ok(MasterResponse::Status(SegmentStatus::Ok)),

@@ -14,12 +14,12 @@
 
 use crescent_fuzz::write_seeds;
 use crescent_master::alloc::{AllocatorSnapshot, OffsetAllocator, SnapshotAllocation};
+use crescent_master::clock::ManualClock;
 use crescent_master::clock::Timestamp;
+use crescent_master::ha::{ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
 use crescent_master::local_ssd::LocalSsdManager;
 use crescent_master::placement::{Placer, ReplicaPlacement};
 use crescent_master::segment_pool::{PoolConfig, SegmentPool};
-use crescent_master::clock::ManualClock;
-use crescent_master::ha::{ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
 use crescent_master::service::{MasterConfig, MasterService};
 use crescent_master::snapshot::{self, HEADER_LEN, MasterSnapshotView, SnapshotMetadata, VERSION};
 use crescent_proto::{ClientId, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
@@ -81,7 +81,8 @@ fn seeds() -> Vec<Vec<u8>> {
     let ssd = LocalSsdManager::new();
     ssd.register(c, true).unwrap();
     ssd.report_capacity(c, 1 << 30).unwrap();
-    let snap = snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot(), metadata: None });
+    let snap =
+        snapshot::encode(&MasterSnapshotView { pool: p.snapshot_view(), local_ssd: ssd.snapshot(), metadata: None });
     out.push([&[0u8][..], &snap].concat());
     out.push([&[2u8][..], &snap[HEADER_LEN..]].concat());
     // An object directory: two tenants, a group, a pinned object, two segments, policies.
