@@ -93,5 +93,20 @@ async fn a_write_session_is_readable_only_after_its_end_and_revoke_frees_the_key
     c.write_session_revoke(b2).await.unwrap();
     assert_eq!(c.get("b1").await.unwrap(), pattern(300, 1));
     assert!(!c.is_exist("b2").await.unwrap());
+
+    // Ended together (one BatchPutEnd): per session, a value of the wrong size failing alone and its
+    // reservation kept, to be ended again.
+    let batch = c.write_sessions_start(&[("e1", 100), ("e2", 200), ("e3", 300)], &cfg).await;
+    let s: Vec<_> = batch.iter().map(|r| r.as_ref().unwrap()).collect();
+    let (v1, v3) = (pattern(100, 11), pattern(300, 13));
+    let ended = c.write_sessions_end(&[(s[0], &v1), (s[1], &[0u8; 5]), (s[2], &v3)]).await;
+    let codes: Vec<ErrorCode> =
+        ended.iter().map(|r| r.as_ref().map_or_else(|e| e.code(), |()| ErrorCode::Ok)).collect();
+    assert_eq!(codes, [ErrorCode::Ok, ErrorCode::InvalidParams, ErrorCode::Ok]);
+    assert_eq!((c.get("e1").await.unwrap(), c.get("e3").await.unwrap()), (v1, v3));
+    assert_eq!(c.get("e2").await.unwrap_err().code(), ErrorCode::ReplicaIsNotReady, "still reserved");
+    let v2 = pattern(200, 12);
+    assert!(c.write_sessions_end(&[(s[1], &v2)]).await[0].is_ok());
+    assert_eq!(c.get("e2").await.unwrap(), v2);
     cluster.shutdown().await;
 }

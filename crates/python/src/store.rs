@@ -1598,12 +1598,13 @@ impl Store {
     fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
         let Some(live) = self.live() else { return vec![NOT_SET_UP; keys.len()] };
         let taken = self.take_put_sessions(&keys);
-        let ended = py.detach(|| {
-            live.block_on(join_all(taken.iter().map(|t| async {
-                let (s, bytes) = t.as_ref()?;
-                Some(live.client.write_session_end(&s.session, bytes).await)
-            })))
-        });
+        // Every session's bytes written, then one BatchPutEnd for the batch.
+        let items: Vec<(&WriteSession, &[u8])> =
+            taken.iter().flatten().map(|(s, bytes)| (&s.session, bytes.as_slice())).collect();
+        let mut done = py.detach(|| live.block_on(live.client.write_sessions_end(&items))).into_iter();
+        drop(items);
+        let ended: Vec<Option<Result<(), ClientError>>> =
+            taken.iter().map(|t| t.as_ref().and_then(|_| done.next())).collect();
         self.settle_put_sessions(&keys, taken, ended, false)
     }
 

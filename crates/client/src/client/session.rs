@@ -258,6 +258,52 @@ impl Client {
         self.inner.master.call(&end).await.map(|_| ())
     }
 
+    /// [`Client::write_session_end`] of several sessions: every value written to its replicas concurrently, then
+    /// one BatchPutEnd for those written. Per session, in order; a failed session keeps its reservation.
+    pub async fn write_sessions_end(&self, items: &[(&WriteSession, &[u8])]) -> Vec<Result<(), ClientError>> {
+        let written = join_all(items.iter().map(|&(s, value)| async move {
+            if value.len() as u64 != s.size {
+                return Err(ClientError::from(ErrorCode::InvalidParams));
+            }
+            match self.write_replicas(&Value::Borrowed(value), &s.replicas, &s.grants).await {
+                Ok(crc) => Ok(crc.map_or_else(|| super::checksum(value), u64::from)),
+                Err((e, unreachable)) => {
+                    self.report_unreachable(unreachable).await;
+                    Err(e)
+                }
+            }
+        }))
+        .await;
+        // The sessions written, with their checksums; the others answer their write's failure.
+        let mut to_end: Vec<(usize, u64)> = Vec::new();
+        let mut out: Vec<Result<(), ClientError>> = Vec::with_capacity(items.len());
+        for (i, w) in written.into_iter().enumerate() {
+            match w {
+                Ok(crc) => {
+                    to_end.push((i, crc));
+                    out.push(Ok(()));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        if to_end.is_empty() {
+            return out;
+        }
+        let ends = Batch(
+            to_end
+                .iter()
+                .map(|&(i, crc)| (WireKey::from(items[i].0.key.as_str()), Some(crc), items[i].0.write))
+                .collect(),
+        );
+        let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
+        let pick = |r| if let MasterResponse::BatchDone(v) = r { Some(v) } else { None };
+        let ends = self.batch_call(&req, to_end.len(), pick).await.unwrap_or_else(|code| vec![Err(code); to_end.len()]);
+        for (&(i, _), r) in to_end.iter().zip(ends) {
+            out[i] = r.map_err(ClientError::from);
+        }
+        out
+    }
+
     /// Gives the session's reservation up: the key is free again and nothing was stored.
     pub async fn write_session_revoke(&self, s: &WriteSession) -> Result<(), ClientError> {
         let req = MasterRequest::PutRevoke {
