@@ -67,13 +67,18 @@ def new_store(master_addr: str, segment: int = 64 * MiB, local: int = 64 * MiB) 
     return s
 
 
-@pytest.fixture
-def store(master):
-    """A store hosting a 64 MiB segment; emptied and closed afterwards."""
-    s = new_store(master)
+def emptied_store(master_addr: str):
+    """A store hosting a 64 MiB segment, emptied and closed when the generator ends (a fixture's body)."""
+    s = new_store(master_addr)
     yield s
     s.remove_all(force=True)
     s.close()
+
+
+@pytest.fixture
+def store(master):
+    """A store hosting a 64 MiB segment; emptied and closed afterwards."""
+    yield from emptied_store(master)
 
 
 @pytest.fixture
@@ -148,29 +153,42 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
+def free_port() -> int:
+    """A loopback port free now (a server started next binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class OriginalMaster:
-    """The original's `mooncake_master` (beside its interpreter) on free ports, killed at the end."""
+    """The original's `mooncake_master` on free loopback ports (`addr` its RPC, `http` its metrics/admin HTTP),
+    ready once its RPC port accepts, killed at the end. `binary`: default, the one beside the running interpreter
+    (the original's wheel installs it there)."""
 
-    def __init__(self, lease_ms: int):
-        def free() -> int:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return s.getsockname()[1]
-
-        port = free()
-        binary = pathlib.Path(sys.executable).parent / "mooncake_master"
-        args = [str(binary), f"--rpc_port={port}", f"--metrics_port={free()}", f"--default_kv_lease_ttl={lease_ms}"]
+    def __init__(self, lease_ms: int, binary: "str | None" = None, *extra: str):
+        rpc, http = free_port(), free_port()
+        binary = binary or str(pathlib.Path(sys.executable).parent / "mooncake_master")
+        args = [
+            binary,
+            f"--rpc_port={rpc}",
+            "--rpc_address=127.0.0.1",
+            f"--metrics_port={http}",
+            f"--default_kv_lease_ttl={lease_ms}",
+            *extra,
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addr = f"127.0.0.1:{port}"
+        self.addr = f"127.0.0.1:{rpc}"
+        self.http = f"127.0.0.1:{http}"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                socket.create_connection(("127.0.0.1", rpc), timeout=1).close()
                 return
             except OSError:
-                time.sleep(0.05)  # polling for the port to open, not a synchronisation by sleeping
-        self.proc.kill()
-        raise RuntimeError("the original's master did not open its port")
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"{args}: the master did not start")
+                time.sleep(0.05)  # polling for the port to open: the child gives no other signal
 
     def stop(self) -> None:
         self.proc.kill()

@@ -12,13 +12,10 @@ original itself fails.
 """
 
 import os
-import socket
-import subprocess
-import time
 
 import pytest
 
-from conftest import Master
+from conftest import Master, OriginalMaster
 
 TARGET = os.environ.get("ENGINE_REPLAY_TARGET", "crescent")
 ORIGINAL = TARGET == "original"
@@ -27,43 +24,8 @@ MiB = 1 << 20
 LEASE_TTL_MS = 5000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class OriginalMaster:
-    """The original's `mooncake_master` on free loopback ports; ready once its RPC port accepts."""
-
-    def __init__(self) -> None:
-        binary = os.environ.get("MOONCAKE_MASTER_BIN", "/work/mc-venv/bin/mooncake_master")
-        rpc, http = _free_port(), _free_port()
-        args = [
-            binary,
-            f"--rpc_port={rpc}",
-            "--rpc_address=127.0.0.1",
-            f"--metrics_port={http}",
-            f"--default_kv_lease_ttl={LEASE_TTL_MS}",
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addr = f"127.0.0.1:{rpc}"
-        self.http = f"127.0.0.1:{http}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", rpc), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError(f"{args}: the master did not start")
-                # Polling a port the child has not bound yet: no event to wait on.
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
+def _original_master() -> OriginalMaster:
+    return OriginalMaster(LEASE_TTL_MS, os.environ.get("MOONCAKE_MASTER_BIN", "/work/mc-venv/bin/mooncake_master"))
 
 
 class CrescentMaster:
@@ -79,7 +41,7 @@ class CrescentMaster:
 
 
 def start_master():
-    return OriginalMaster() if ORIGINAL else CrescentMaster()
+    return _original_master() if ORIGINAL else CrescentMaster()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import ENGINE_IMPL, FAKE_TORCH, Master, MiB, OriginalMaster, new_store
+from conftest import ENGINE_IMPL, FAKE_TORCH, Master, MiB, OriginalMaster, emptied_store
 
 INVALID_PARAMS = -600
 NO_AVAILABLE_HANDLE = -200
@@ -86,10 +86,8 @@ def store(impl, request):
 
 @pytest.fixture
 def crescent_store(master):
-    s = new_store(master)
-    yield s
-    s.remove_all(force=True)
-    s.close()
+    """Crescent's own store (conftest's, which this module's `store` shadows)."""
+    yield from emptied_store(master)
 
 
 @pytest.fixture

@@ -15,10 +15,7 @@ import importlib.util
 import os
 import pathlib
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 
 import pytest
 
@@ -31,6 +28,7 @@ assert _spec is not None and _spec.loader is not None
 _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
 Master = _helpers.Master
+OriginalMaster = _helpers.OriginalMaster
 
 # The read lease the masters get, in ms. The vendored files sleep this long before removing what they just read
 # (their DEFAULT_KV_LEASE_TTL, read at import, so set here, before pytest imports them); the original's own CI
@@ -110,41 +108,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"upstream tests against {target}; NOT_YET has {len(NOT_YET)} entries"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class OriginalMaster:
-    """The original's `mooncake_master` on free loopback ports, ready once its RPC port accepts."""
-
-    def __init__(self, binary: str, *extra: str):
-        port = _free_port()
-        args = [
-            binary,
-            f"--rpc_port={port}",
-            "--rpc_address=127.0.0.1",
-            f"--metrics_port={_free_port()}",
-            f"--default_kv_lease_ttl={LEASE_TTL_MS}",
-            *extra,
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addr = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError(f"{args}: the master did not start")
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
 
 
 def _close_open_stores() -> None:
@@ -168,7 +131,7 @@ def upstream_master(request: pytest.FixtureRequest):
         # (its run_tests.sh lowers them the same way).
         os.environ["MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT"] = "10"
         os.environ["MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES"] = str(10 << 20)
-        master = OriginalMaster(original, f"--root_fs_dir={offload_dir}", *ORIGINAL_MASTER_FLAGS.get(name, []))
+        master = OriginalMaster(LEASE_TTL_MS, original, f"--root_fs_dir={offload_dir}", *ORIGINAL_MASTER_FLAGS.get(name, []))
     else:
         master = Master("--lease-ttl-ms", str(LEASE_TTL_MS), *CRESCENT_MASTER_FLAGS.get(name, []))
     saved = {k: os.environ.get(k) for k in ("MASTER_SERVER", "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")}
