@@ -539,21 +539,26 @@ mod tests {
         (head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_owned())
     }
 
-    /// A candidate that does not lead answers every one of the original's routes as the original's standby
-    /// does: 503, `UNAVAILABLE_IN_CURRENT_MODE`, saying where the leader is.
-    #[tokio::test]
-    async fn a_standby_answers_the_originals_unavailable_body() {
-        let standby = super::super::target::Elected::new(crate::ha::HaStatus::new("test".into()));
-        let admin = super::super::AdminServer::start(
+    /// An admin server on a free loopback port answering for `target`.
+    async fn admin(target: super::super::Target) -> super::super::AdminServer {
+        super::super::AdminServer::start(
             std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            super::super::Target::Elected(standby),
+            target,
             Arc::new(super::super::RpcMetrics::default()),
             super::super::SnapshotSlot::default(),
             None,
             None,
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A candidate that does not lead answers every one of the original's routes as the original's standby
+    /// does: 503, `UNAVAILABLE_IN_CURRENT_MODE`, saying where the leader is.
+    #[tokio::test]
+    async fn a_standby_answers_the_originals_unavailable_body() {
+        let standby = super::super::target::Elected::new(crate::ha::HaStatus::new("test".into()));
+        let admin = admin(super::super::Target::Elected(standby)).await;
         for path in [
             "/get_all_segments",
             "/get_segments_detail",
@@ -586,16 +591,7 @@ mod tests {
         }
         svc.mount_segment(ClientId::random(), nof).unwrap();
         svc.mount_segment(ClientId::random(), crescent_testkit::segment("a", 1 << 30)).unwrap();
-        let admin = super::super::AdminServer::start(
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            super::super::Target::Fixed(svc),
-            Arc::new(super::super::RpcMetrics::default()),
-            super::super::SnapshotSlot::default(),
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+        let admin = admin(super::super::Target::Fixed(svc)).await;
         assert_eq!(get(admin.local_addr(), "/get_all_segments").await, (200, "a\nb\n".to_owned()));
         let (status, body) = get(admin.local_addr(), "/get_segments_detail").await;
         assert_eq!(status, 200, "{body}");
