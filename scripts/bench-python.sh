@@ -2,7 +2,10 @@
 # Crescent's Python package against the original's, in one run (issue 16 §3): the same workload
 # (`crates/python/bench/bench_store.py`) against each installed `mooncake.store`, each with its own master, ROUNDS
 # times in turn; then `crescent bench` (Rust) against a Crescent master and a Python memory-holding process, the
-# same topology, for the 4 MiB rows. Prints the medians of the rounds and the ratios. Release builds.
+# same topology, for the 4 MiB rows. Then the same rows through `setup_dummy`: the measuring store attached to a
+# store process on its host (the original's `mooncake_client`; Crescent's `crescent node --memfd`). Then the cold
+# rows: a fresh 4 GiB holder, 300 puts of 1 MiB and of 4 MiB with no write-over first, and their reads. Prints the
+# medians of the rounds and the ratios. Release builds.
 #   scripts/bench-python.sh [SECONDS_PER_ROW] [ROUNDS] [THREADS] [SIZES]
 # THREADS and SIZES are comma-separated (defaults 1,8 and 4KiB,1MiB,4MiB). Two virtual environments under
 # target/: Crescent's release wheel, and the original wheel `mooncake-transfer-engine-non-cuda` from PyPI (it
@@ -68,6 +71,17 @@ master() {
     await_port "$port"
     echo "127.0.0.1:$port"
 }
+# Starts the process a `setup_dummy` store attaches to, of `which`, on master `$2`, listening on loopback port `$3`.
+real_client() {
+    if [ "$1" = crescent ]; then
+        "$bin" node --master "$2" --listen "127.0.0.1:$3" --segment-size 2GiB --memfd >"$work/real.log" 2>&1 &
+    else
+        "$mc/bin/mooncake_client" --master_server_address="$2" --host=127.0.0.1 --port="$3" \
+            --global_segment_size=2147483648 --protocol=tcp --metadata_server=P2PHANDSHAKE >"$work/real.log" 2>&1 &
+    fi
+    echo $! >>"$work/pids"
+    await_port "$3"
+}
 stop_masters() {
     [ -e "$work/pids" ] && while read -r p; do pids+=("$p"); done <"$work/pids"
     rm -f "$work/pids"
@@ -87,6 +101,17 @@ for r in $(seq 1 "$rounds"); do
         echo "round $r: $which" >&2
         "$py" "$bench" --master "$addr" --seconds "$secs" --threads "$threads" --sizes "$sizes" --json \
             | tail -1 >"$work/$which-$r.json"
+        stop_masters
+        echo "round $r: $which, setup_dummy" >&2
+        addr=$(master "$which")
+        port=$(free_port)
+        real_client "$which" "$addr" "$port"
+        "$py" "$bench" --master "$addr" --dummy "127.0.0.1:$port" --seconds "$secs" --threads "$threads" \
+            --sizes "$sizes" --json | tail -1 >"$work/$which-dummy-$r.json"
+        stop_masters
+        echo "round $r: $which, cold" >&2
+        addr=$(master "$which")
+        "$py" "$bench" --master "$addr" --segment $((4 << 30)) --cold-count 300 --json | tail -1 >"$work/$which-cold-$r.json"
         stop_masters
     done
     if [[ ",$sizes," == *",4MiB,"* ]]; then
@@ -111,21 +136,34 @@ done
 python3 - "$work" "$rounds" <<'EOF'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
-rows = {}
-for which in ("crescent", "original"):
-    for r in range(1, rounds + 1):
-        for row in json.load(open(f"{work}/{which}-{r}.json")):
-            key = (row["threads"], row["size"], row["op"])
-            rows.setdefault(key, {}).setdefault(which, []).append(row)
 med = lambda rs, f: statistics.median(x[f] for x in rs)
-print(f"{'threads':>7} {'size':>5} {'op':>15} | {'crescent GB/s':>13} {'original GB/s':>13} | ratio | failed c/o")
-for key in sorted(rows, key=lambda k: (k[0], ["4KiB", "1MiB", "4MiB"].index(k[1]))):
-    c, o = rows[key]["crescent"], rows[key]["original"]
-    cg, og = med(c, "gb_per_s"), med(o, "gb_per_s")
-    co, oo = med(c, "ops_per_s"), med(o, "ops_per_s")
-    ratio = co / oo if oo else float("inf")
-    fails = f"{sum(x['failed'] for x in c)}/{sum(x['failed'] for x in o)}"
-    print(f"{key[0]:>7} {key[1]:>5} {key[2]:>15} | {cg:>13.3f} {og:>13.3f} | {ratio:5.2f} | {fails}")
+
+
+def table(kind, title):
+    """One table of medians and ratios, from the `{which}{kind}-{round}.json` files."""
+    rows = {}
+    for which in ("crescent", "original"):
+        for r in range(1, rounds + 1):
+            for row in json.load(open(f"{work}/{which}{kind}-{r}.json")):
+                key = (row["threads"], row["size"], row["op"])
+                rows.setdefault(key, {}).setdefault(which, []).append(row)
+    print(f"\n{title}")
+    print(f"{'threads':>7} {'size':>5} {'op':>15} | {'crescent GB/s':>13} {'original GB/s':>13} | ratio | failed c/o")
+    for key in sorted(rows, key=lambda k: (k[0], ["4KiB", "1MiB", "4MiB"].index(k[1]))):
+        c, o = rows[key].get("crescent", []), rows[key].get("original", [])
+        if not c or not o:
+            continue
+        cg, og = med(c, "gb_per_s"), med(o, "gb_per_s")
+        co, oo = med(c, "ops_per_s"), med(o, "ops_per_s")
+        ratio = co / oo if oo else float("inf")
+        fails = f"{sum(x['failed'] for x in c)}/{sum(x['failed'] for x in o)}"
+        print(f"{key[0]:>7} {key[1]:>5} {key[2]:>15} | {cg:>13.3f} {og:>13.3f} | {ratio:5.2f} | {fails}")
+    return rows
+
+
+rows = table("", "A client process and a memory-holding store process (setup)")
+table("-dummy", "setup_dummy: attached to the store process on its host (crescent node --memfd / mooncake_client)")
+table("-cold", "Cold: a fresh 4 GiB holder, 300 values each, no write-over first")
 rust = {}
 for r in range(1, rounds + 1):
     for b in (1, 32):

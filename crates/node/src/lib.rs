@@ -15,6 +15,7 @@ use crescent_net::auth::CredentialSource;
 use crescent_net::host::NodeKeys;
 use crescent_net::tls::Tls;
 use crescent_proto::human::fmt_bytes;
+use crescent_proto::transfer::Attachment;
 use crescent_proto::wire::{Batch, ErrorFrame, PeerRole};
 use crescent_proto::{
     ClientId, ClientStatus, ErrorCode, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec,
@@ -260,6 +261,13 @@ impl StorageNode {
         let server = server.with_local_lanes(config.local_lanes.then(|| endpoint.to_string()));
         let host = config.host_id.clone().unwrap_or_else(|| endpoint.ip().to_string());
         let name = config.name.clone().unwrap_or_else(|| endpoint.to_string());
+        // A process on this host may attach to the node as its store (the Python package's `setup_dummy`).
+        let server = server.with_attach(Some(Attachment {
+            master: config.master.clone(),
+            name: name.clone(),
+            host_id: host.clone(),
+            segments: Vec::new(),
+        }));
         let mut specs = Vec::with_capacity(config.segments);
         let mut memories = Vec::with_capacity(config.segments);
         for i in 0..config.segments {

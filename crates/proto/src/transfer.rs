@@ -51,6 +51,40 @@ pub enum TransferRequest {
     /// [`TransferResponse::Released`] once they are over, so a request the client sends after that reply (on any
     /// connection) never meets them.
     Release,
+    /// Same host only, on a local lane whose hello agreed [`caps::LOCAL_COPY`](crate::wire::caps::LOCAL_COPY): a
+    /// process attaching to this storage node to use it as its store (the Python package's `setup_dummy`). The
+    /// node answers [`TransferResponse::Attached`]: where its master is, its name, and the descriptors of its
+    /// memfd-backed segments, which the client takes with `pidfd_getfd(2)` (the kernel allows that only to a
+    /// process it lets write the node's memory anyway, as for `Locate`'s copies) and maps, so its copies to and
+    /// from them are memory copies. The node keeps those segments (and so the descriptor numbers it named) open
+    /// until [`TransferRequest::Release`] or the connection's close.
+    Attach,
+}
+
+/// What a storage node tells a process attaching to it ([`TransferRequest::Attach`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The master address the node mounts its segments with (`host:port`, or `etcd://…`).
+    pub master: String,
+    /// The name the node's memory segments are mounted under (a placement preference names it).
+    pub name: String,
+    /// The host the node says it is on (replicas there count as on the attached process's host).
+    pub host_id: String,
+    /// The node's memory segments that can be shared (memfd-backed); anonymous ones are reached by `Locate`.
+    pub segments: Vec<SharedSegment>,
+}
+
+/// One memfd-backed segment of a node, as [`Attachment`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSegment {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Its memfd's descriptor number in the node's process.
+    pub fd: i32,
+    /// The memfd's inode number, so the attaching process can tell it took that file and no other.
+    pub inode: u64,
+    /// Bytes in the segment.
+    pub length: u64,
 }
 
 /// Bytes of a grant's tag (a truncated HMAC-SHA256).
@@ -166,6 +200,8 @@ pub enum TransferResponse {
     Located(u64),
     /// The located ranges are released.
     Released,
+    /// The answer to [`TransferRequest::Attach`].
+    Attached(Attachment),
     /// The request was refused (e.g. `INVALID_PARAMS` for a range outside the segment).
     Error(ErrorCode),
 }

@@ -10,6 +10,14 @@ put_from/get_into of 4 KiB, 1 MiB and 4 MiB values one at a time, batch_put_from
 and 8 threads. Prints one line per row (successful ops/s and GB/s; failed calls are counted apart, never as
 throughput) and, with ``--json``, the rows as JSON. Before the rows the holder's memory is written over once
 (``--cold`` skips it), so both stores are measured warm: neither pays for the kernel backing fresh pages.
+
+``--dummy HOST:PORT``: the measuring store attaches (``setup_dummy``) to a store process already running on this
+host there (the original's ``mooncake_client``; Crescent's ``crescent node --memfd``) instead of a holder this
+script starts; its buffers come from ``alloc_from_mem_pool`` (the original's attached store needs shared memory).
+
+``--cold-count N``: instead of the rows, what a user meets first: on a fresh holder, with no write-over, ``put``
+then ``put_from`` of N values of 1 MiB, then of 4 MiB, each row timed alone (``cold_put``, ``cold_put_from``),
+then ``get``/``get_into`` of what they wrote (``cold_get``, ``cold_get_into``).
 """
 
 import argparse
@@ -43,17 +51,67 @@ def hold(master, segment):
     store.close()
 
 
-def warm(store, segment):
+def warm(store, segment, buffers):
     """Writes the holding process's memory over once (then removes it all), so no row pays for first-touching
     pages the kernel backs lazily: every row measures a warm cache, whichever store is installed."""
     size = 4 * MiB
-    buf = ctypes.create_string_buffer(size * BATCH)
-    assert store.register_buffer(ctypes.addressof(buf), size * BATCH) == 0
-    ptrs = [ctypes.addressof(buf) + j * size for j in range(BATCH)]
+    buf = buffers.new(size * BATCH)
+    ptrs = [buf + j * size for j in range(BATCH)]
     for g in range(int(segment * 0.8) // (size * BATCH)):
         store.batch_put_from([f"warm-{os.getpid()}-{g}-{j}" for j in range(BATCH)], ptrs, [size] * BATCH)
     store.remove_all(force=True)
-    store.unregister_buffer(ctypes.addressof(buf))
+    buffers.drop(buf)
+
+
+class Buffers:
+    """Registered buffers of the measuring store: ctypes memory, or with ``--dummy`` memory from its pool."""
+
+    def __init__(self, store, dummy):
+        self.store, self.dummy, self.keep = store, dummy, []
+
+    def new(self, size):
+        """A registered buffer of `size` bytes; its address."""
+        if self.dummy:
+            addr = self.store.alloc_from_mem_pool(size)
+            assert addr, "alloc_from_mem_pool failed"
+        else:
+            buf = ctypes.create_string_buffer(size)
+            self.keep.append(buf)
+            addr = ctypes.addressof(buf)
+        assert self.store.register_buffer(addr, size) == 0
+        return addr
+
+    def drop(self, addr):
+        self.store.unregister_buffer(addr)
+
+
+def cold_rows(store, buffers, count):
+    """put and put_from of `count` values of 1 MiB, then of 4 MiB, into memory nothing has touched yet, then the
+    reads of them: one row each, one thread."""
+    rows = []
+    for name, size in [("1MiB", MiB), ("4MiB", 4 * MiB)]:
+        value = os.urandom(size)
+        addr = buffers.new(size)
+        ctypes.memmove(addr, value, size)
+        tag = f"cold-{os.getpid()}-{name}"
+        ops = (
+            ("cold_put", lambda i: store.put(f"{tag}-p-{i}", value) == 0),
+            ("cold_put_from", lambda i: store.put_from(f"{tag}-z-{i}", addr, size) == 0),
+            ("cold_get", lambda i: len(store.get(f"{tag}-p-{i}")) == size),
+            ("cold_get_into", lambda i: store.get_into(f"{tag}-z-{i}", addr, size) == size),
+        )
+        for op_name, op in ops:
+            start = time.perf_counter()
+            failed = sum(0 if op(i) else 1 for i in range(count))
+            took = time.perf_counter() - start
+            ok = count - failed
+            row = {"op": op_name, "size": name, "threads": 1, "ops_per_s": ok / took, "gb_per_s": ok * size / took / 1e9,
+                   "failed": failed}
+            rows.append(row)
+            print(f"{op_name:>15} {name:>5} x1: {row['ops_per_s']:>10.0f} ops/s {row['gb_per_s']:6.2f} GB/s"
+                  + (f"  ({failed} failed)" if failed else ""), flush=True)
+        buffers.drop(addr)
+    return rows
 
 
 def timed(threads, seconds, op):
@@ -89,29 +147,37 @@ def main():
                     ", ".join(n for n, _ in SIZES))
     ap.add_argument("--cold", action="store_true", help="skip writing the holder's memory over once before the rows")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dummy", metavar="HOST:PORT", help="attach to the store process on this host at HOST:PORT")
+    ap.add_argument("--cold-count", type=int, default=0, help="run the cold rows with this many values each")
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.hold:
         return hold(a.master, a.segment)
-    holder = subprocess.Popen([sys.executable, __file__, "--hold", "--master", a.master, "--segment", str(a.segment)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    if holder.stdout.readline().strip() != "ready":
-        sys.exit("the holding process did not start")
+    holder = None
     store = MooncakeDistributedStore()
-    setup(store, a.master, 0, 64 * MiB)
-    if not a.cold:
-        warm(store, a.segment)
-    threads_list = [int(t) for t in a.threads.split(",")]
-    rows = []
+    if a.dummy:
+        rc = store.setup_dummy(a.segment, 64 * MiB, a.dummy)
+        if rc != 0:
+            sys.exit(f"setup_dummy failed: {rc}")
+    else:
+        holder = subprocess.Popen([sys.executable, __file__, "--hold", "--master", a.master, "--segment",
+                                   str(a.segment)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if holder.stdout.readline().strip() != "ready":
+            sys.exit("the holding process did not start")
+        setup(store, a.master, 0, 64 * MiB)
+    buffers = Buffers(store, bool(a.dummy))
+    if not a.cold and not a.cold_count:
+        warm(store, a.segment, buffers)
+    threads_list = [] if a.cold_count else [int(t) for t in a.threads.split(",")]
+    rows = cold_rows(store, buffers, a.cold_count) if a.cold_count else []
     try:
         for threads in threads_list:
             for name, size in [(n, s) for n, s in SIZES if n in a.sizes.split(",")]:
                 # Keys per thread: the values fit a quarter of the segment, cycled over.
                 per_thread = max(1, min(256, a.segment // 4 // size // threads))
                 value = os.urandom(size)
-                bufs = [ctypes.create_string_buffer(size * BATCH) for _ in range(threads)]
+                bufs = [buffers.new(size * BATCH) for _ in range(threads)]
                 for b in bufs:
-                    assert store.register_buffer(ctypes.addressof(b), size * BATCH) == 0
                     ctypes.memmove(b, value, size)
                 tag = f"{os.getpid()}-{threads}-{name}"
 
@@ -133,13 +199,13 @@ def main():
                     return len(store.get(recent(t, i, "p"))) == size
 
                 def put_from(t, i):
-                    return store.put_from(k(t, i, "z"), ctypes.addressof(bufs[t]), size) == 0
+                    return store.put_from(k(t, i, "z"), bufs[t], size) == 0
 
                 def get_into(t, i):
-                    return store.get_into(recent(t, i, "z"), ctypes.addressof(bufs[t]), size) == size
+                    return store.get_into(recent(t, i, "z"), bufs[t], size) == size
 
                 def ptrs(t):
-                    return [ctypes.addressof(bufs[t]) + j * size for j in range(BATCH)]
+                    return [bufs[t] + j * size for j in range(BATCH)]
 
                 def batch_put(t, i):
                     keys = [k(t, i * BATCH + j, "b") for j in range(BATCH)]
@@ -165,11 +231,12 @@ def main():
                           f"{row['gb_per_s']:6.2f} GB/s" + (f"  ({failed} failed)" if failed else ""), flush=True)
                 store.remove_all(force=True)
                 for b in bufs:
-                    store.unregister_buffer(ctypes.addressof(b))
+                    buffers.drop(b)
     finally:
         store.close()
-        holder.stdin.close()
-        holder.wait(timeout=60)
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=60)
     if a.json:
         print(json.dumps(rows))
 

@@ -1,11 +1,12 @@
 //! Crescent's Python package, native part: the module `crescent._crescent`, re-exported as `crescent.store`
 //! and as `mooncake.store` (the original's module name, so engine code runs unmodified).
 //!
-//! Module map: [`store`] (`MooncakeDistributedStore`), [`config`] (`ReplicateConfig`, the enums, `setup(dict)`
+//! Module map: [`store`] (`MooncakeDistributedStore`), [`host_mem`] (`MooncakeHostMemAllocator`), [`config`] (`ReplicateConfig`, the enums, `setup(dict)`
 //! sizes), [`raw`] (registered caller buffers: the only place raw addresses become slices), [`replica`] (the
 //! replica descriptors `get_replica_desc` returns).
 
 pub mod config;
+pub mod host_mem;
 pub mod raw;
 pub mod replica;
 pub mod store;
@@ -30,6 +31,7 @@ fn _parse_size(text: &str) -> Option<u64> {
 fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
     m.add_class::<store::Store>()?;
+    m.add_class::<host_mem::HostMemAllocator>()?;
     m.add_class::<config::ReplicateConfig>()?;
     m.add_class::<config::SoftPinAction>()?;
     m.add_class::<config::ObjectDataType>()?;

@@ -16,7 +16,7 @@ use crescent_net::tls::{Tls, TlsFiles};
 use crescent_node::{NodeConfig, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
 use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, TenantId};
-use crescent_transfer::SegmentRegistry;
+use crescent_transfer::{Attached, SegmentRegistry, TransferClient, TransferConfig, TransferError};
 use futures_util::future::join_all;
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -76,6 +76,10 @@ struct Live {
     /// The staging limit of the copying calls.
     local_buffer: u64,
     tenant: String,
+    /// For a store attached to a node on its host (`setup_dummy`): the node's segment name, where a write that
+    /// names no preferred segment goes first (its copies there are memory copies); full, the cluster's
+    /// placement decides.
+    prefer: Option<String>,
 }
 
 impl Live {
@@ -99,7 +103,7 @@ impl Live {
                         None => groups.push((id.as_str(), vec![i])),
                     }
                 }
-                groups.into_iter().map(|(g, idx)| c.to_proto(Some(g)).map(|w| (w, idx))).collect()
+                groups.into_iter().map(|(g, idx)| c.to_proto(Some(g)).map(|w| (self.placed(w), idx))).collect()
             }
             _ => self.wire(cfg).map(|w| vec![(w, (0..n).collect())]),
         }
@@ -111,11 +115,22 @@ impl Live {
             Some(c) => c.to_proto(None),
             None => ReplicateConfig::default().to_proto(None),
         }
+        .map(|w| self.placed(w))
+    }
+
+    /// `w` with the attached node's segment preferred when it prefers none (see [`Live::prefer`]).
+    fn placed(&self, mut w: WireConfig) -> WireConfig {
+        if let Some(name) = &self.prefer
+            && w.preferred_segments.is_empty()
+        {
+            w.preferred_segments.push(name.clone());
+        }
+        w
     }
 }
 
-/// The arguments of `setup`, in either form.
-#[derive(Debug)]
+/// The arguments of `setup`, in either form (default: none given, as for `setup_dummy`).
+#[derive(Debug, Default)]
 struct SetupArgs {
     local_hostname: String,
     global_segment_size: u64,
@@ -653,7 +668,167 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             code(&e)
         })?;
     }
-    Ok(Live { rt, node_rt, client, node: Mutex::new(node), hostname, local_buffer: args.local_buffer_size, tenant })
+    Ok(Live {
+        rt,
+        node_rt,
+        client,
+        node: Mutex::new(node),
+        hostname,
+        local_buffer: args.local_buffer_size,
+        tenant,
+        prefer: None,
+    })
+}
+
+/// Attaches a store to the storage node on this host at `server_address` (`setup_dummy`): a `crescent node`, or
+/// another process's store that hosts a segment. The node says where its master is, and shares its memfd-backed
+/// segments (`crescent node --memfd`), which this process maps: puts and gets of objects there are memory copies
+/// in this process, no socket and no other process on the data path; the node's anonymous segments are reached
+/// by local copies over its lanes. The store contributes no memory and talks to the master itself. In a cluster
+/// that authenticates, the node's lanes admit it only with a ticket, so the master comes from `MOONCAKE_MASTER`
+/// (or `CRESCENT_MASTER`) and the credential from the environment, as for `setup`.
+fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
+    let no_runtime = |e: std::io::Error| {
+        tracing::error!("setup_dummy: no runtime: {e}");
+        i64::from(ErrorCode::InternalError.as_i32())
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
+    let registry = SegmentRegistry::default();
+    let endpoints = attach_endpoints(server_address);
+    if endpoints.is_empty() {
+        tracing::error!("setup_dummy: server_address {server_address:?} is not host:port");
+        return Err(INVALID);
+    }
+    // Unauthenticated clusters: the node says where the master is; an authenticating node refuses a lane without a
+    // ticket, which needs the master first.
+    let probe = TransferClient::new(TransferConfig::default(), registry.clone());
+    let mut found = None;
+    let mut refused = false;
+    for endpoint in &endpoints {
+        match rt.block_on(probe.attach(endpoint, None)) {
+            Ok(attached) => {
+                found = Some((endpoint.clone(), attached));
+                break;
+            }
+            Err(TransferError::NotLocal(_)) => continue,
+            Err(TransferError::Refused(ErrorCode::AuthenticationFailed | ErrorCode::PermissionDenied)) => {
+                refused = true;
+                break;
+            }
+            Err(e) => {
+                tracing::error!("setup_dummy: attaching to the node at {endpoint}: {e}");
+                return Err(i64::from(e.code().as_i32()));
+            }
+        }
+    }
+    drop(probe);
+    let (credential, _) = auth(&SetupArgs::default(), "")?;
+    let (master, attached, client) = match found {
+        Some((_, attached)) => {
+            let master = attached.attachment.master.clone();
+            let client = attached_client(master.clone(), credential, &attached.attachment.host_id, registry)?;
+            (master, attached, client)
+        }
+        None if refused && credential.is_some() => {
+            let Some(master) = ["MOONCAKE_MASTER", "CRESCENT_MASTER"].iter().find_map(|v| std::env::var(v).ok()) else {
+                tracing::error!(
+                    "setup_dummy: the node at {server_address} authenticates its peers; set MOONCAKE_MASTER to the \
+                     master's address (the lanes' tickets come from it)"
+                );
+                return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
+            };
+            let master = master_address(&master)?;
+            // The host is not known before attaching: reads rank the mapped segments first regardless.
+            let client = attached_client(master.clone(), credential, "", registry)?;
+            let attached = rt.block_on(attach_with_ticket(&client, &endpoints)).map_err(|e| {
+                tracing::error!("setup_dummy: attaching to the node at {server_address}: {e}");
+                code(&e)
+            })?;
+            (master, attached, client)
+        }
+        None if refused => {
+            tracing::error!(
+                "setup_dummy: the node at {server_address} authenticates its peers and no credential is set \
+                 (CRESCENT_CREDENTIAL_FILE / CRESCENT_CREDENTIAL)"
+            );
+            return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
+        }
+        None => {
+            tracing::error!(
+                "setup_dummy: no storage node on this host answers at {server_address} (start one with `crescent \
+                 node --listen {server_address} --memfd`, or a store with a segment there)"
+            );
+            return Err(INVALID);
+        }
+    };
+    // As the original's setup, the master must answer.
+    rt.block_on(client.cluster_info()).map_err(|e| {
+        tracing::error!("setup_dummy: the master {master}: {e}");
+        code(&e)
+    })?;
+    let shared: u64 =
+        attached.attachment.segments.iter().filter(|s| attached.mapped.contains(&s.segment)).map(|s| s.length).sum();
+    tracing::info!(
+        "setup_dummy: attached to node {} (master {master}): {} segment(s), {} mapped",
+        attached.attachment.name,
+        attached.mapped.len(),
+        crescent_proto::human::fmt_bytes(shared)
+    );
+    Ok(Live {
+        rt,
+        node_rt: None,
+        client,
+        node: Mutex::new(None),
+        // The original's attached store has no hostname of its own.
+        hostname: String::new(),
+        local_buffer: local_buffer_size,
+        tenant: String::new(),
+        prefer: Some(attached.attachment.name),
+    })
+}
+
+/// The endpoints a node at `server_address` may advertise: the address as given, and for a loopback or
+/// `localhost` address the host's primary address on the same port (a node bound to all interfaces advertises
+/// that, and its local lanes are named after what it advertises).
+fn attach_endpoints(server_address: &str) -> Vec<String> {
+    let (host, Some(port)) = split_host(server_address.trim()) else { return Vec::new() };
+    let mut out = vec![format!("{host}:{port}")];
+    let loopback =
+        host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    if loopback {
+        for ip in [crescent_net::advertise::primary_ip(false), IpAddr::from([127, 0, 0, 1])] {
+            let e = SocketAddr::new(ip, port).to_string();
+            if !out.contains(&e) {
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+/// The client of an attached store: no memory of its own, the node's mapped segments as its own.
+fn attached_client(
+    master: String,
+    credential: Option<CredentialSource>,
+    host: &str,
+    registry: SegmentRegistry,
+) -> Result<Client, i64> {
+    let mut config = ClientConfig::new(master).with_credential(credential);
+    config.host_id = Some(host.to_owned()).filter(|h| !h.is_empty());
+    Ok(Client::with_local_segments(config, registry))
+}
+
+/// Attaches `client`'s data plane to the node at the first of `endpoints` that is one, proving the ticket the
+/// master issues for the host of one of its segments.
+async fn attach_with_ticket(client: &Client, endpoints: &[String]) -> Result<Attached, ClientError> {
+    let info = client.cluster_info().await?;
+    for endpoint in endpoints {
+        let Some(segment) = info.memories.iter().find(|m| &m.endpoint == endpoint).map(|m| m.segment) else {
+            continue;
+        };
+        return client.transfer().attach(endpoint, Some(segment)).await.map_err(ClientError::from);
+    }
+    Err(ClientError::from(TransferError::NotLocal(endpoints.join(" or "))))
 }
 
 /// Ends a store: unmounts its segment (objects held only there are gone), flushes deferred lease releases and
@@ -842,6 +1017,45 @@ impl Store {
             }
             Err(c) => Ok(c),
         }
+    }
+
+    /// Attaches to the storage node on this host at `server_address` (`host:port`, what it listens on) instead of
+    /// joining the cluster with memory of its own: the original's standalone mode, whose "real client" process is
+    /// a `crescent node` here (or another store hosting a segment). The node's memfd-backed segments
+    /// (`crescent node --memfd`) are mapped into this process, so puts and gets of objects there are memory copies
+    /// (writes go there first unless their config prefers other segments); other replicas are read as any
+    /// client reads them. `mem_pool_size` is accepted and unused (buffers need not be shared: this process moves
+    /// the bytes); `local_buffer_size` bounds the copying calls as in `setup`. 0, or a negative code.
+    #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
+    fn setup_dummy(&self, py: Python<'_>, mem_pool_size: u64, local_buffer_size: u64, server_address: String) -> i64 {
+        let _ = mem_pool_size;
+        if self.live.read().is_some() {
+            tracing::error!("setup_dummy: this store is set up already (close() it first)");
+            return INVALID;
+        }
+        match py.detach(|| attach(local_buffer_size, &server_address)) {
+            Ok(live) => {
+                let mut slot = self.live.write();
+                if slot.is_some() {
+                    drop(slot);
+                    py.detach(|| stop(Arc::new(live)));
+                    return INVALID;
+                }
+                *slot = Some(Arc::new(live));
+                0
+            }
+            Err(c) => c,
+        }
+    }
+
+    /// `size` bytes of prefaulted host memory for buffers to register (the original allocates them from the
+    /// memory it shares with its real client; see `host_mem`); its address, or 0 when it cannot be had. Free it
+    /// with `MooncakeHostMemAllocator().free`.
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: usize) -> usize {
+        py.detach(|| crate::host_mem::alloc(size)).unwrap_or_else(|e| {
+            tracing::error!("alloc_from_mem_pool: {size} bytes: {e}");
+            0
+        })
     }
 
     /// Closes the store: unmounts its segment (objects stored only there are gone). 0, also when it was never

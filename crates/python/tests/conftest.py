@@ -53,6 +53,29 @@ class Master:
         self.proc.wait(timeout=30)
 
 
+class Node:
+    """A `crescent node` process on `master` (its JSON readiness line says it mounted), killed at the end;
+    memfd-backed, so a store on this host can attach to it (`setup_dummy`). `endpoint` is what it advertises."""
+
+    def __init__(self, master: str, listen: str = "127.0.0.1:0", segment: str = "64MiB", *extra: str):
+        args = [crescent_bin(), "node", "--master", master, "--listen", listen, "--segment-size", segment]
+        args += ["--memfd", *extra]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lines: "queue.Queue[str]" = queue.Queue()
+        assert self.proc.stdout is not None
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            ready = json.loads(lines.get(timeout=60))
+        except (queue.Empty, json.JSONDecodeError) as e:
+            self.proc.kill()
+            raise RuntimeError(f"{args}: no readiness line: {e!r}")
+        self.endpoint = ready["node"]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def master():
     m = Master("--lease-ttl-ms", "500")
@@ -179,16 +202,44 @@ class OriginalMaster:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addr = f"127.0.0.1:{rpc}"
         self.http = f"127.0.0.1:{http}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", rpc), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError(f"{args}: the master did not start")
-                time.sleep(0.05)  # polling for the port to open: the child gives no other signal
+        await_port(rpc, self.proc, f"{args}: the master")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def await_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    """Waits until `port` on loopback accepts connections (`proc` gives no other sign it is ready)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start")
+            time.sleep(0.05)  # polling for the port to open: the child gives no other signal
+
+
+class OriginalRealClient:
+    """The original's `mooncake_client` (the process its `setup_dummy` attaches to) on `master`, serving
+    `segment` bytes, listening on loopback `port`; killed at the end."""
+
+    def __init__(self, master: str, port: int, segment: int, binary: "str | None" = None):
+        binary = binary or str(pathlib.Path(sys.executable).parent / "mooncake_client")
+        args = [
+            binary,
+            f"--master_server_address={master}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--global_segment_size={segment}",
+            "--protocol=tcp",
+            "--metadata_server=P2PHANDSHAKE",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await_port(port, self.proc, "mooncake_client")
 
     def stop(self) -> None:
         self.proc.kill()

@@ -18,6 +18,7 @@ use crate::MAX_TRANSFER;
 use crate::checksum;
 use crate::error::{TransferError, io_error};
 use crate::local;
+use crate::memory::SegmentMemory;
 use crate::net::{self, READ_BUFFER};
 use crate::registry::SegmentRegistry;
 use crate::vm::{CopyError, RemoteProcess};
@@ -28,7 +29,7 @@ use crescent_net::frame::{self as frames, ShapeError};
 use crescent_net::hello::{self, HandshakeError};
 use crescent_net::poll::{self, InFlight, InFlightGuard};
 use crescent_net::tls::{self, TlsClient};
-use crescent_proto::transfer::{Grant, GrantUse, MAX_GRANT_SLOTS, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Attachment, Grant, GrantUse, MAX_GRANT_SLOTS, TransferRequest, TransferResponse};
 use crescent_proto::wire::{ErrorFrame, Head, Limits, MAX_HELLO_FRAME, PeerRole, WireError, caps};
 use crescent_proto::{ClientId, ErrorCode, SegmentId};
 use futures_util::future::{BoxFuture, join_all};
@@ -107,6 +108,15 @@ pub trait Tickets: Send + Sync + std::fmt::Debug {
     fn ticket<'a>(&'a self, endpoint: &'a str, segment: SegmentId) -> BoxFuture<'a, Result<Credential, TransferError>>;
     /// Drops any cached ticket for `endpoint`: its host refused it (expired, or the host's keys changed).
     fn forget(&self, endpoint: &str);
+}
+
+/// What [`TransferClient::attach`] found: the node's attachment, and which of its segments this process mapped.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    /// What the node said (master, name, host, shareable segments).
+    pub attachment: Attachment,
+    /// The segments mapped into this client (memory copies from now on).
+    pub mapped: Vec<SegmentId>,
 }
 
 /// Where a transfer goes: a segment, and the master's grant for the range when the cluster authenticates (a
@@ -420,6 +430,53 @@ impl TransferClient {
     /// The read stripe size in bytes for `peer`.
     fn stripe(&self, peer: &Peer) -> usize {
         peer.stripe(self.inner.config.stripe_size)
+    }
+
+    /// Attaches to the storage node on this host advertising `endpoint` (see [`TransferRequest::Attach`]): asks
+    /// it where its master is and maps each memfd-backed segment it shares into this client's own segments, so
+    /// transfers to them are memory copies in this process (reads rank them first, as this process's own). A
+    /// segment the kernel does not let this process take (another user, a sandbox) is left to local copies over
+    /// the lane. `segment`, one of the node's segments, is what the lane's ticket is asked for (with tickets).
+    /// Segments the node mounts later are not mapped (they are reached over its lanes); attaching again maps them.
+    pub async fn attach(&self, endpoint: &str, segment: Option<SegmentId>) -> Result<Attached, TransferError> {
+        let peer = self.peer(endpoint, segment);
+        let mut guard = peer.checkout(&self.inner.config).await?;
+        let lane = guard.lane()?;
+        if lane.remote.is_none() {
+            return Err(TransferError::NotLocal(endpoint.to_owned()));
+        }
+        // Not returned to the pool unless the exchange and its release complete.
+        lane.clean = false;
+        let attachment =
+            timeout(self.inner.config.io_timeout, lane.attach()).await.map_err(|_| TransferError::Timeout)??;
+        let mut mapped = Vec::new();
+        let remote = lane.remote.as_ref().ok_or_else(|| TransferError::NotLocal(endpoint.to_owned()))?;
+        for shared in &attachment.segments {
+            let memory = match remote.take_fd(shared.fd, shared.inode) {
+                Ok(fd) => SegmentMemory::map_shared(fd, shared.length, remote.try_clone()?)?,
+                Err(CopyError::Denied) => {
+                    tracing::info!(
+                        endpoint,
+                        "the kernel does not let this process map the node's memory: local copies"
+                    );
+                    break;
+                }
+                Err(CopyError::Failed(e)) => return Err(TransferError::Io(e)),
+            };
+            self.inner.local.register(shared.segment, Arc::new(memory));
+            mapped.push(shared.segment);
+        }
+        // The node holds the segments it named until this release: their descriptors were taken by number.
+        timeout(self.inner.config.io_timeout, lane.release()).await.map_err(|_| TransferError::Timeout)??;
+        lane.clean = true;
+        Ok(Attached { attachment, mapped })
+    }
+
+    /// Forgets segments mapped by [`TransferClient::attach`]: their memory is unmapped once no transfer uses it.
+    pub fn detach(&self, attached: &Attached) {
+        for segment in &attached.mapped {
+            self.inner.local.unregister(segment);
+        }
     }
 
     /// The write stripe size in bytes for `peer`.
@@ -767,6 +824,18 @@ impl Lane {
             return Ok(None);
         }
         done.pop().map_or(Err(TransferError::Closed), |(_, r)| r.map(Some))
+    }
+
+    /// One `Attach` exchange: the node's attachment (its segments still to be taken, then released).
+    async fn attach(&mut self) -> Result<Attachment, TransferError> {
+        let id = self.next_id();
+        let attach = Head::encode(id, &TransferRequest::Attach, 0)?;
+        self.send(&mut [IoSlice::new(attach.as_bytes())]).await?;
+        match self.response(id).await? {
+            (TransferResponse::Attached(attachment), 0) => Ok(attachment),
+            (TransferResponse::Error(code), 0) => Err(TransferError::Refused(code)),
+            _ => Err(WireError::Malformed("unexpected reply to an attach").into()),
+        }
     }
 
     /// Releases every range this lane located, and waits for that: the caller's next request, on whatever lane,

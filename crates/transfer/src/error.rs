@@ -28,6 +28,10 @@ pub enum TransferError {
     /// The range overlaps a conflicting in-flight access in this process (a write racing another access).
     #[error("range busy: a conflicting transfer is in flight")]
     Busy,
+    /// No storage node on this host answers at the endpoint over a local lane (another host, a node without
+    /// local lanes, or one serving TLS): attaching needs one.
+    #[error("no storage node on this host serves local lanes at {0}")]
+    NotLocal(String),
 }
 
 impl TransferError {
@@ -38,6 +42,7 @@ impl TransferError {
             TransferError::OutOfRange => ErrorCode::InvalidParams,
             TransferError::Timeout => ErrorCode::RpcTimeout,
             TransferError::Busy => ErrorCode::ObjectReplicaBusy,
+            TransferError::NotLocal(_) => ErrorCode::InvalidParams,
             TransferError::Io(_) | TransferError::Protocol(_) | TransferError::Closed => ErrorCode::TransferFail,
         }
     }

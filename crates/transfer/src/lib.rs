@@ -35,7 +35,7 @@ mod registry;
 mod server;
 mod vm;
 
-pub use client::{BatchRead, BatchWrite, Place, RangeGrant, Tickets, TransferClient, TransferConfig};
+pub use client::{Attached, BatchRead, BatchWrite, Place, RangeGrant, Tickets, TransferClient, TransferConfig};
 pub use disk::{DiskConfig, DiskError, DiskSegment};
 pub use error::TransferError;
 pub use local::local_lane_address;

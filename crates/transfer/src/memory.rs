@@ -28,6 +28,7 @@
 #![allow(unsafe_code)]
 
 use crate::error::TransferError;
+use crate::vm::RemoteProcess;
 use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 use std::ffi::CString;
@@ -63,6 +64,10 @@ pub struct SegmentMemory {
     leases: Mutex<Vec<Lease>>,
     /// The memfd behind the mapping, if any (kept so it can be shared).
     file: Option<File>,
+    /// For a segment mapped from a storage node (`map_shared`): that node, checked before every access, so bytes
+    /// are never written into (or read from) the memory of a node that exited, whose master is about to drop
+    /// whatever it holds.
+    owner: Option<RemoteProcess>,
 }
 
 impl fmt::Debug for SegmentMemory {
@@ -83,7 +88,7 @@ impl SegmentMemory {
     /// A private anonymous mapping of `size` bytes (zero-filled, pages allocated on first touch).
     pub fn anonymous(size: u64) -> io::Result<Self> {
         let map = MmapOptions::new().len(to_usize(size)?).map_anon()?;
-        Ok(Self { map: MmapRaw::from(map), leases: Mutex::new(Vec::new()), file: None })
+        Ok(Self { map: MmapRaw::from(map), leases: Mutex::new(Vec::new()), file: None, owner: None })
     }
 
     /// A mapping of a fresh `memfd` named `name` (visible in `/proc/<pid>/fd`), `size` bytes long; its
@@ -101,7 +106,22 @@ impl SegmentMemory {
         let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         file.set_len(size)?;
         let map = MmapOptions::new().len(len).map_raw(&file)?;
-        Ok(Self { map, leases: Mutex::new(Vec::new()), file: Some(file) })
+        Ok(Self { map, leases: Mutex::new(Vec::new()), file: Some(file), owner: None })
+    }
+
+    /// Maps `length` bytes of a memfd another process shares (a storage node's segment, taken by a process
+    /// attached to it: `TransferClient::attach`), with its page tables filled at once: the node backed its pages
+    /// already, and without this every first touch of a page would fault (measured on the 2-vCPU VM: 4 MiB
+    /// copies into a fresh mapping 2.5 GB/s, into a populated one 12 GB/s; populating 4 GiB takes ~0.45 s).
+    /// Fails if the file is shorter than `length`. Accesses fail with [`TransferError::Closed`] once `owner`, the
+    /// node sharing it, has exited.
+    pub(crate) fn map_shared(fd: OwnedFd, length: u64, owner: RemoteProcess) -> io::Result<Self> {
+        let file = File::from(fd);
+        if file.metadata()?.len() < length {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the shared segment is shorter than announced"));
+        }
+        let map = MmapOptions::new().len(to_usize(length)?).populate().map_raw(&file)?;
+        Ok(Self { map, leases: Mutex::new(Vec::new()), file: Some(file), owner: Some(owner) })
     }
 
     /// Backs the whole segment with memory now (transparent huge pages where the kernel allows), so the
@@ -170,6 +190,9 @@ impl SegmentMemory {
     fn acquire(&self, lease: Lease) -> Result<(), TransferError> {
         if lease.start == lease.end {
             return Ok(()); // an empty range touches nothing
+        }
+        if self.owner.as_ref().is_some_and(|o| !o.alive()) {
+            return Err(TransferError::Closed);
         }
         let mut leases = self.leases.lock();
         if leases.iter().any(|l| l.conflicts(&lease)) {

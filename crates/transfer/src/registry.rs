@@ -89,6 +89,11 @@ impl SegmentRegistry {
         self.inner.read().get(id).cloned().and_then(Hosted::disk)
     }
 
+    /// Every memory segment hosted here.
+    pub fn memories(&self) -> Vec<(SegmentId, Arc<SegmentMemory>)> {
+        self.inner.read().iter().filter_map(|(id, h)| Some((*id, h.clone().memory()?))).collect()
+    }
+
     /// Whether segment `id` (memory or disk) is hosted here.
     pub fn contains(&self, id: &SegmentId) -> bool {
         self.inner.read().contains_key(id)

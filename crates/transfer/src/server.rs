@@ -51,7 +51,7 @@ use crescent_net::host::NodeKeys;
 use crescent_net::poll::{self, Adaptive, PollGate};
 use crescent_net::tls::{self, TlsServer};
 use crescent_net::{ServerHandle, Shutdown, Stopping};
-use crescent_proto::transfer::{GrantUse, TransferRequest, TransferResponse};
+use crescent_proto::transfer::{Attachment, GrantUse, SharedSegment, TransferRequest, TransferResponse};
 use crescent_proto::wire::{Envelope, ErrorFrame, Head, Limits, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use std::io::{self, IoSlice};
@@ -143,6 +143,8 @@ pub struct TransferServer {
     tls: Option<Arc<TlsServer>>,
     /// The endpoint this server is advertised at, to serve local lanes under its name (see `crate::local`).
     local_lanes: Option<String>,
+    /// What a process attaching to this node over a local lane is told (see [`TransferServer::with_attach`]).
+    attach: Option<Arc<Attachment>>,
 }
 
 impl TransferServer {
@@ -169,6 +171,7 @@ impl TransferServer {
             keys: None,
             tls: None,
             local_lanes: None,
+            attach: None,
         })
     }
 
@@ -177,6 +180,14 @@ impl TransferServer {
     /// `crate::local`); if the name is taken, the server goes on over TCP alone, with a warning.
     pub fn with_local_lanes(mut self, endpoint: Option<String>) -> Self {
         self.local_lanes = endpoint;
+        self
+    }
+
+    /// Lets processes on this host attach to the node over its local lanes (`TransferRequest::Attach`): they
+    /// are told `attachment` (master, name, host; its `segments` are ignored) and given its memfd-backed
+    /// segments to map. `None` (the default): an attach is refused with `INVALID_PARAMS`.
+    pub fn with_attach(mut self, attachment: Option<Attachment>) -> Self {
+        self.attach = attachment.map(Arc::new);
         self
     }
 
@@ -228,10 +239,19 @@ impl TransferServer {
     /// Starts accepting on the current tokio runtime.
     pub fn spawn(self) -> io::Result<TransferServerHandle> {
         let TransferServer {
-            listener, segments, io_timeout, poll_window, max_connections, keys, tls, local_lanes, ..
+            listener,
+            segments,
+            io_timeout,
+            poll_window,
+            max_connections,
+            keys,
+            tls,
+            local_lanes,
+            attach,
+            ..
         } = self;
         let counters = Arc::new(Counters::default());
-        let serving = Serving { segments, io_timeout, poll_window, counters: counters.clone(), keys };
+        let serving = Serving { segments, io_timeout, poll_window, counters: counters.clone(), keys, attach };
         let local = match local_lanes.filter(|_| tls.is_none()).map(|endpoint| (local::bind(&endpoint), endpoint)) {
             Some((Ok(unix), endpoint)) => {
                 let s = serving.clone();
@@ -328,6 +348,8 @@ struct Serving {
     counters: Arc<Counters>,
     /// The cluster secret(s) a peer's hello must prove a credential of.
     keys: Option<Arc<NodeKeys>>,
+    /// What an attaching process is told (see [`TransferServer::with_attach`]).
+    attach: Option<Arc<Attachment>>,
 }
 
 /// Serves a TCP connection: socket setup and, with `tls`, the handshake, then [`serve`].
@@ -372,9 +394,11 @@ async fn serve_local(stream: UnixStream, serving: Serving, shutdown: Shutdown) {
 
 /// Serves a connection from its hello on; `peer` is `None` for a local lane.
 async fn serve(conn: Conn, peer: Option<SocketAddr>, serving: Serving, shutdown: Shutdown) {
-    let Serving { segments, io_timeout, poll_window, counters, keys } = serving;
+    let Serving { segments, io_timeout, poll_window, counters, keys, attach } = serving;
     let idle = Idle { gate: &poll::PROCESS_GATE, poll_window, adaptive: Adaptive::default() };
-    match Connection::new(conn, peer, segments, io_timeout, idle, shutdown, counters, keys).run().await {
+    let mut connection = Connection::new(conn, peer, segments, io_timeout, idle, shutdown, counters, keys);
+    connection.attach = attach;
+    match connection.run().await {
         Ok(()) => tracing::debug!(?peer, "transfer connection closed by peer"),
         Err(Close::Protocol(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: protocol violation"),
         Err(Close::Io(e)) => tracing::debug!(?peer, error = %e, "transfer connection closed: i/o error"),
@@ -435,6 +459,11 @@ struct Connection {
     staged: Vec<DiskBytes>,
     /// Bytes in `staged` (at most [`MAX_STAGED`]).
     staged_bytes: u64,
+    /// What an attaching process is told; `None`: attaching is refused.
+    attach: Option<Arc<Attachment>>,
+    /// The segments an `Attach` named, kept (and so their descriptors open under the numbers it gave) until
+    /// the peer's `Release`.
+    attached: Vec<Arc<SegmentMemory>>,
 }
 
 /// How a connection waits for its next request: it polls (one connection of the server at a time) before
@@ -478,6 +507,8 @@ impl Connection {
             pins: Vec::new(),
             staged: Vec::new(),
             staged_bytes: 0,
+            attach: None,
+            attached: Vec::new(),
         }
     }
 
@@ -607,18 +638,47 @@ impl Connection {
                     Err(code) => self.queue(id, &TransferResponse::Error(code))?,
                 }
             }
+            TransferRequest::Attach if shape.payload_len == 0 && self.local => {
+                let reply = match self.attachment() {
+                    Some(attachment) => TransferResponse::Attached(attachment),
+                    None => TransferResponse::Error(ErrorCode::InvalidParams),
+                };
+                self.queue(id, &reply)?;
+            }
             TransferRequest::Release if shape.payload_len == 0 => {
+                self.attached.clear();
                 self.pins.clear();
                 self.staged.clear();
                 self.staged_bytes = 0;
                 self.queue(id, &TransferResponse::Released)?;
             }
-            TransferRequest::Read { .. } | TransferRequest::Locate { .. } | TransferRequest::Release => {
+            TransferRequest::Read { .. }
+            | TransferRequest::Locate { .. }
+            | TransferRequest::Release
+            | TransferRequest::Attach => {
                 frames::skip(&mut self.io, shape.payload_len).await?;
                 self.queue(id, &TransferResponse::Error(ErrorCode::InvalidParams))?;
             }
         }
         Ok(Step::Continue)
+    }
+
+    /// The answer to an `Attach`: the node's attachment with its memfd-backed segments, held until `Release`.
+    fn attachment(&mut self) -> Option<Attachment> {
+        use std::os::fd::AsRawFd;
+        let mut attachment = Attachment::clone(self.attach.as_ref()?);
+        for (segment, memory) in self.segments.memories() {
+            let Some(fd) = memory.fd() else { continue };
+            let Ok(meta) = rustix::fs::fstat(fd) else { continue };
+            attachment.segments.push(SharedSegment {
+                segment,
+                fd: fd.as_raw_fd(),
+                inode: meta.st_ino,
+                length: memory.len(),
+            });
+            self.attached.push(memory);
+        }
+        Some(attachment)
     }
 
     /// With keys, whether the peer holds a grant for this transfer (one HMAC per grant it carries, none per

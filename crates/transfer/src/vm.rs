@@ -81,8 +81,30 @@ impl RemoteProcess {
         Ok(RemoteProcess { pid, pidfd })
     }
 
+    /// A duplicate of the node's descriptor `fd` (`pidfd_getfd(2)`: the kernel allows it under the same
+    /// ptrace check as the copies), if it is the file with inode `inode`. `Denied` where the kernel refuses.
+    pub(crate) fn take_fd(&self, fd: i32, inode: u64) -> Result<OwnedFd, CopyError> {
+        let taken =
+            rustix::process::pidfd_getfd(&self.pidfd, fd, rustix::process::PidfdGetfdFlags::empty()).map_err(|e| {
+                match e {
+                    rustix::io::Errno::PERM | rustix::io::Errno::ACCESS | rustix::io::Errno::NOSYS => CopyError::Denied,
+                    e => CopyError::Failed(e.into()),
+                }
+            })?;
+        let stat = rustix::fs::fstat(&taken).map_err(|e| CopyError::Failed(e.into()))?;
+        if stat.st_ino != inode {
+            return Err(CopyError::Failed(io::Error::other("the node's descriptor names another file")));
+        }
+        Ok(taken)
+    }
+
+    /// Another handle on the same process (a duplicate of its pidfd).
+    pub(crate) fn try_clone(&self) -> io::Result<RemoteProcess> {
+        Ok(RemoteProcess { pid: self.pid, pidfd: self.pidfd.try_clone()? })
+    }
+
     /// Whether the process still runs (its pid still names it).
-    fn alive(&self) -> bool {
+    pub(crate) fn alive(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(&self.pidfd, rustix::event::PollFlags::IN)];
         matches!(rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())), Ok(0))
     }

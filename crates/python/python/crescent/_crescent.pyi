@@ -142,6 +142,15 @@ class ReplicateConfig:
         offload: bool = True,
     ) -> None: ...
 
+class MooncakeHostMemAllocator:
+    """Host memory for buffers an engine registers with its store (SGLang's standalone host pool)."""
+
+    def __init__(self) -> None: ...
+    def alloc(self, size: int) -> int:
+        """``size`` bytes of prefaulted memory; its address (``RuntimeError`` when it cannot be had)."""
+    def free(self, ptr: int) -> int:
+        """Frees what ``alloc`` returned: 0, or -1 for any other address."""
+
 class MooncakeDistributedStore:
     """A client of a Crescent cluster with the original ``mooncake.store`` API.
 
@@ -197,6 +206,15 @@ class MooncakeDistributedStore:
         down to 4 KiB)
         and read back from there; a path without the flag is ignored with a warning, as is the flag with
         ``global_segment_size`` 0. The dict form takes the same three keys. 0 or a negative code."""
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Attaches to the storage node on this host listening at ``server_address`` (a ``crescent node``, or a
+        store hosting a segment) instead of contributing memory: the master is the node's, and the node's
+        memfd-backed segments (``crescent node --memfd``) are mapped into this process, so puts and gets of the
+        objects there are memory copies. Writes go to the node first unless their config prefers other segments.
+        ``mem_pool_size`` is accepted and unused (buffers need not be shared). 0 or a negative code."""
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """``size`` bytes of prefaulted host memory to register as a buffer; its address, or 0. Free it with
+        ``MooncakeHostMemAllocator().free``."""
     def close(self, /) -> int:
         """Unmounts this store's segment (objects held only there are gone); 0, also when never set up."""
     def health_check(self) -> int:

@@ -20,6 +20,7 @@ from crescent._crescent import (
     Descriptor,
     DiskDescriptor,
     MemoryDescriptor,
+    MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
@@ -40,6 +41,7 @@ from crescent.async_store import MooncakeDistributedStoreAsync  # noqa: E402 (it
 __all__ = [
     "MooncakeDistributedStore",
     "MooncakeDistributedStoreAsync",
+    "MooncakeHostMemAllocator",
     "ReplicateConfig",
     "SoftPinAction",
     "ObjectDataType",

@@ -29,6 +29,8 @@ _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
 Master = _helpers.Master
 OriginalMaster = _helpers.OriginalMaster
+Node = _helpers.Node
+OriginalRealClient = _helpers.OriginalRealClient
 
 # The read lease the masters get, in ms. The vendored files sleep this long before removing what they just read
 # (their DEFAULT_KV_LEASE_TTL, read at import, so set here, before pytest imports them); the original's own CI
@@ -51,6 +53,11 @@ os.environ["MC_METADATA_SERVER"] = "P2PHANDSHAKE"
 # enable_ssd_offload and MOONCAKE_OFFLOAD_FILE_STORAGE_PATH, set below).
 CRESCENT_MASTER_FLAGS: "dict[str, list[str]]" = {}
 
+# test file name -> the (port, segment bytes) of the "real client" its `setup_dummy` attaches to, started beside
+# the master as the original's run_tests.sh starts `mooncake_client` (its default port, which the file hardcodes):
+# the original's `mooncake_client`, or on Crescent a `crescent node` sharing its memory (`--memfd`).
+REAL_CLIENTS = {"test_dummy_client.py": (50052, 512 << 20)}
+
 # test file name -> extra flags for the original's master, as the original's scripts/run_tests.sh starts it.
 ORIGINAL_MASTER_FLAGS = {
     "test_offload_on_eviction.py": ["--enable_offload=true", "--offload_on_evict=true"],
@@ -68,8 +75,6 @@ NOT_YET = {
     "test_batch_replica_clear.py::TestBatchReplicaClearSingleStore": "batch_replica_clear is missing (the "
     "master's BatchReplicaClear: drop the replicas, all or one segment's, of objects whose lease has expired)",
     "test_batch_replica_clear.py::TestBatchReplicaClearReplication": "batch_replica_clear is missing (as above)",
-    "test_dummy_client.py::TestDistributedObjectStoreSingleStore": "setup_dummy is missing (a dummy client "
-    "borrowing a separate real-client process's memory over shared memory; setUpClass calls it)",
 }
 
 
@@ -134,6 +139,14 @@ def upstream_master(request: pytest.FixtureRequest):
         master = OriginalMaster(LEASE_TTL_MS, original, f"--root_fs_dir={offload_dir}", *ORIGINAL_MASTER_FLAGS.get(name, []))
     else:
         master = Master("--lease-ttl-ms", str(LEASE_TTL_MS), *CRESCENT_MASTER_FLAGS.get(name, []))
+    real_client = None
+    if name in REAL_CLIENTS:
+        port, segment = REAL_CLIENTS[name]
+        if original:
+            binary = str(pathlib.Path(original).parent / "mooncake_client")
+            real_client = OriginalRealClient(master.addr, port, segment, binary)
+        else:
+            real_client = Node(master.addr, f"127.0.0.1:{port}", str(segment))
     saved = {k: os.environ.get(k) for k in ("MASTER_SERVER", "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")}
     os.environ["MASTER_SERVER"] = master.addr
     # Where a store set up with enable_ssd_offload (and no ssd_offload_path) keeps its disk tier, as in the
@@ -143,6 +156,8 @@ def upstream_master(request: pytest.FixtureRequest):
         yield master.addr
     finally:
         _close_open_stores()
+        if real_client is not None:
+            real_client.stop()
         master.stop()
         for k, v in saved.items():
             if v is None:
