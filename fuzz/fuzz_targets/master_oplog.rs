@@ -26,6 +26,7 @@ fn seeds() -> Vec<Vec<u8>> {
         soft_pin_ms: 10,
         data_type: 1,
         no_offload: false,
+        writer: None,
     };
     let segment = SegmentRecord {
         client: [1; 16],

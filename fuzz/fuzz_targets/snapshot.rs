@@ -131,6 +131,7 @@ fn directory() -> SnapshotMetadata {
         soft_pin_ms: 5,
         data_type: 1,
         no_offload: false,
+        writer: None,
     };
     let mut state = ReplayState { last_seq: 12, ..ReplayState::default() };
     for s in [1, 3] {

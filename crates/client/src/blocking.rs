@@ -95,6 +95,11 @@ impl BlockingClient {
         self.rt.block_on(self.client.batch_remove(keys, force))
     }
 
+    /// See [`Client::batch_replica_clear`].
+    pub fn batch_replica_clear(&self, keys: &[&str], segment: &str) -> Result<Vec<String>, ClientError> {
+        self.rt.block_on(self.client.batch_replica_clear(keys, segment))
+    }
+
     /// See [`Client::remove_all`].
     pub fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
         self.rt.block_on(self.client.remove_all(force))

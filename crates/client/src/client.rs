@@ -1238,6 +1238,27 @@ impl Client {
         }
     }
 
+    /// Drops the replicas of this client's own objects (those it wrote) whose read lease has expired, as the
+    /// original's `BatchReplicaClear`: with `segment` empty every replica (the object is removed), else only
+    /// those on segments named `segment` (the object goes with its last one). Returns the keys cleared, in input
+    /// order; a key another client wrote, leased, being written, unknown or invalid is skipped. More keys than a
+    /// batch carries go in several requests, one after the other.
+    pub async fn batch_replica_clear(&self, keys: &[&str], segment: &str) -> Result<Vec<String>, ClientError> {
+        let valid: Vec<&str> = keys.iter().copied().filter(|k| check_key(k).is_ok()).collect();
+        let mut cleared = Vec::new();
+        for chunk in valid.chunks(MAX_BATCH) {
+            let req = MasterRequest::BatchReplicaClear {
+                client: self.inner.id,
+                tenant: self.tenant(),
+                keys: Batch(chunk.iter().map(|k| WireKey::from(*k)).collect()),
+                segment: segment.to_owned(),
+            };
+            let pick = |r| if let MasterResponse::Keys(v) = r { Some(v) } else { None };
+            cleared.extend(self.inner.master.call_expect(&req, pick).await?);
+        }
+        Ok(cleared)
+    }
+
     /// Removes every object of this client's tenant; returns how many.
     pub async fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
         Ok(self.remove_all_report(force).await?.removed)

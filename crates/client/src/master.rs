@@ -310,6 +310,7 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::BatchPutRevoke
         | O::Remove
         | O::BatchRemove
+        | O::BatchReplicaClear
         | O::RemoveAll
         | O::RemoveByRegex
         | O::RemoveGroup
@@ -395,7 +396,8 @@ fn batch_items(req: &MasterRequest) -> Option<usize> {
         MasterRequest::ReleaseLeases { keys, .. }
         | MasterRequest::BatchGetReplicaList { keys, .. }
         | MasterRequest::BatchExistKey { keys, .. }
-        | MasterRequest::BatchRemove { keys, .. } => keys.0.len(),
+        | MasterRequest::BatchRemove { keys, .. }
+        | MasterRequest::BatchReplicaClear { keys, .. } => keys.0.len(),
         MasterRequest::ReportUnreachable { segments, .. } => segments.0.len(),
         _ => return None,
     })

@@ -48,6 +48,7 @@ fn object(i: u64, segments: &[SegmentRecord]) -> (String, ObjectRecord) {
         soft_pin_ms: 0,
         data_type: 1,
         no_offload: false,
+        writer: None,
     };
     (format!("k{i:019}"), o)
 }

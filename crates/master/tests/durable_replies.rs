@@ -2,7 +2,8 @@
 //! only once the log holds it (a restart must not bring back what it said was gone), and an upsert onto a
 //! readable object only once its REMOVE is durable (the writer may not overwrite bytes a failover could still
 //! serve under the old value), and a removal that finds nothing only once what the log holds is durable
-//! (another caller's removal may have hidden the key); a write that removes nothing is answered at once. The backend's next write is held with a fault, so "not answered yet" is a
+//! (another caller's removal may have hidden the key), a replica clear (all of an object's replicas or one
+//! segment's) likewise; a write that removes nothing is answered at once. The backend's next write is held with a fault, so "not answered yet" is a
 //! state the test controls, not a timing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -51,10 +52,14 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
     let writer = ClientId::random();
     let conn = Arc::new(MasterConnection::new(&server.rpc_addr().to_string(), writer, PeerRole::Client, 1, WAIT));
     let cfg = ReplicateConfig::with_replicas(1);
-    for k in ["gone", "rewritten"] {
+    for k in ["gone", "rewritten", "cleared"] {
         svc.put_start(writer, "", k, 4096, &cfg).unwrap();
         svc.put_end(writer, "", k, Some(1)).unwrap();
     }
+    // One object on two segments, for a clear of one segment's replica (a PUT_END of what is left).
+    svc.mount_segment(ClientId::random(), crescent_testkit::segment("s2", 64 << 20)).unwrap();
+    svc.put_start(writer, "", "stripped", 4096, &ReplicateConfig::with_replicas(2)).unwrap();
+    svc.put_end(writer, "", "stripped", Some(1)).unwrap();
     let log = svc.oplog().unwrap().clone();
     log.wait_durable(log.last_committed(), WAIT).await.unwrap();
 
@@ -70,6 +75,24 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
                 config: cfg.clone(),
             },
         ),
+        (
+            "a replica clear",
+            MasterRequest::BatchReplicaClear {
+                client: writer,
+                tenant: String::new(),
+                keys: crescent_proto::wire::Batch(vec![key("cleared")]),
+                segment: String::new(),
+            },
+        ),
+        (
+            "a replica clear of one segment's replicas",
+            MasterRequest::BatchReplicaClear {
+                client: writer,
+                tenant: String::new(),
+                keys: crescent_proto::wire::Batch(vec![key("stripped")]),
+                segment: "s".into(),
+            },
+        ),
     ] {
         let held = hold_next_write(&faulty).await;
         let c = conn.clone();
@@ -82,7 +105,8 @@ async fn a_lone_master_with_a_log_answers_removals_and_upserts_only_once_durable
         );
         held.release.add_permits(1);
         let answer = tokio::time::timeout(WAIT, reply).await.unwrap().unwrap().unwrap();
-        assert!(matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
+        let cleared = matches!(&answer, MasterResponse::Keys(k) if k.len() == 1);
+        assert!(cleared || matches!(answer, MasterResponse::Done | MasterResponse::Replicas(_)), "{what}: {answer:?}");
     }
     // Two removals of one key: the first hides it and its REMOVE is held by the backend; the second finds
     // nothing, and its "not found" says the key is gone just as the first's "done" does, so it waits too (the

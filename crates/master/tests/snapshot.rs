@@ -104,10 +104,10 @@ fn a_damaged_payload_is_a_typed_error_and_restores_nothing() {
 
 #[test]
 fn the_encoding_is_pinned() {
-    // An empty snapshot: magic, version 4, crc32c of the body, body (no regions, no window, no LocalSSD, no
+    // An empty snapshot: magic, version 5, crc32c of the body, body (no regions, no window, no LocalSSD, no
     // object directory).
     let empty = snapshot::encode(&MasterSnapshotView::default());
-    assert_eq!(hex(&empty), "43534e500400c74b674800000000");
+    assert_eq!(hex(&empty), "43534e500500c74b674800000000");
     // One region with one allocation, a CXL-less pool, one LocalSSD client.
     let p = SegmentPool::new(PoolConfig { cxl_window: None, ..Default::default() }).unwrap();
     let client = ClientId::from_u64_pair(1, 2);
@@ -136,7 +136,7 @@ fn the_encoding_is_pinned() {
 /// Magic, version, crc; then postcard: 1 region {spec: id (16-byte uuid), "n", base 0x1000, size 4096, "h:1",
 /// Memory, "h"; client; status Ok; no deadline; Own allocator {4096, [{0, consumed 104, requested 100}]}}, no
 /// CXL window, 1 LocalSSD client {offloading, 300 bytes} (its usage is not encoded), no object directory.
-const GOLDEN_ONE_REGION: &str = "43534e5004001a75190e011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac0200";
+const GOLDEN_ONE_REGION: &str = "43534e5005001a75190e011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac0200";
 
 /// The object directory part: one segment, one object in tenant "t", policies {t: 1024}, at batch 2 / seq 5,
 /// producer view 3. Magic, version, crc; an empty pool part; then `Some` {last_seq 5, batch 2, view 3, [segment
@@ -165,6 +165,7 @@ fn the_object_directory_encoding_is_pinned() {
         soft_pin_ms: 0,
         data_type: 1,
         no_offload: true,
+        writer: Some([3; 16]),
     };
     let mut state = ReplayState { last_seq: 5, ..ReplayState::default() };
     state.segments.insert(segment.spec().unwrap().id, segment);
@@ -175,9 +176,15 @@ fn the_object_directory_encoding_is_pinned() {
     let bytes = snapshot::encode(&view);
     assert_eq!(hex(&bytes), GOLDEN_DIRECTORY);
     assert_eq!(snapshot::decode(&bytes).unwrap(), view);
-    // The previous versions' bytes still decode: a build restores the snapshots of the ones before it. Version 3
-    // did not record `no_offload` (its objects may be offloaded), version 2 not the segment's principal either.
-    let mut v3 = view.clone();
+    // The previous versions' bytes still decode: a build restores the snapshots of the ones before it. Version 4
+    // did not record the writer (unknown: no client's BatchReplicaClear takes the object), version 3 not
+    // `no_offload` either (its objects may be offloaded), version 2 not the segment's principal either.
+    let mut v4 = view.clone();
+    if let Some(m) = v4.metadata.as_mut() {
+        m.state.objects.values_mut().for_each(|o| o.writer = None);
+    }
+    assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V4)).unwrap(), v4);
+    let mut v3 = v4;
     if let Some(m) = v3.metadata.as_mut() {
         m.state.objects.values_mut().for_each(|o| o.no_offload = false);
     }
@@ -222,8 +229,11 @@ fn unhex(s: &str) -> Vec<u8> {
 /// [`GOLDEN_DIRECTORY`] as version 3 wrote it: its object record ends at the data type (01).
 const GOLDEN_DIRECTORY_V3: &str = "43534e500300428b920200000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b640109020202020202020202020202020202020064000107010167010001";
 
-/// The object record ends with `no_offload` (01).
-const GOLDEN_DIRECTORY: &str = "43534e500400922f540000000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b64010902020202020202020202020202020202006400010701016701000101";
+/// [`GOLDEN_DIRECTORY`] as version 4 wrote it: its object record ends with `no_offload` (01).
+const GOLDEN_DIRECTORY_V4: &str = "43534e500400922f540000000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b64010902020202020202020202020202020202006400010701016701000101";
+
+/// The object record ends with `no_offload` (01), then the writer: `Some` (01), 16 × 03.
+const GOLDEN_DIRECTORY: &str = "43534e500500e13e11bf00000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b640109020202020202020202020202020202020064000107010167010001010103030303030303030303030303030303";
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()

@@ -114,6 +114,7 @@ fn state_at(batch: u64, seq: u64) -> (Bytes, SnapshotMetadata) {
         soft_pin_ms: 0,
         data_type: 0,
         no_offload: false,
+        writer: None,
     };
     state.objects.insert(("default".into(), format!("k{seq}")), object);
     let meta = SnapshotMetadata { state, batch_id: batch, producer_view: 1 };

@@ -313,6 +313,12 @@ pub enum MasterRequest {
         counters: Vec<DiskCounters>,
         wait_ms: u32,
     },
+    /// Drops the replicas of the caller's own objects (those `client` wrote) whose read lease has expired, as the
+    /// original's BatchReplicaClear: with `segment` empty every replica (the object is removed), else only the
+    /// complete replicas on segments named `segment` (the object goes with its last replica). A key the caller
+    /// did not write, leased, being written, unknown or malformed is skipped. Answers the keys cleared, in input
+    /// order ([`MasterResponse::Keys`]).
+    BatchReplicaClear { client: ClientId, tenant: String, keys: Batch<WireKey>, segment: String },
 }
 
 /// Longest a [`MasterRequest::DiskTasks`] waits for work before answering with none.
@@ -485,6 +491,7 @@ master_ops! {
     DataTicket => "data_ticket",
     FetchSnapshot => "fetch_snapshot",
     DiskTasks => "disk_tasks",
+    BatchReplicaClear => "batch_replica_clear",
 }
 
 impl MasterOp {
@@ -503,6 +510,7 @@ impl MasterOp {
                 | MasterOp::BatchGetReplicaList
                 | MasterOp::BatchExistKey
                 | MasterOp::BatchRemove
+                | MasterOp::BatchReplicaClear
         )
     }
 }
@@ -527,7 +535,7 @@ pub enum MasterResponse {
     Exists(bool),
     /// A count (RemoveByRegex).
     Count(u64),
-    /// Keys (ListKeys).
+    /// Keys (ListKeys; BatchReplicaClear: the keys cleared).
     Keys(Vec<String>),
     /// A segment's status.
     Status(SegmentStatus),
@@ -609,7 +617,14 @@ mod tests {
             wait_ms: 0,
         };
         assert_eq!(tag(&disk), 38);
-        assert_eq!(MasterOp::ALL.len(), 39, "one operation per request");
+        let clear = MasterRequest::BatchReplicaClear {
+            client: ClientId::random(),
+            tenant: String::new(),
+            keys: Batch(vec![]),
+            segment: String::new(),
+        };
+        assert_eq!(tag(&clear), 39);
+        assert_eq!(MasterOp::ALL.len(), 40, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

@@ -623,13 +623,20 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     let registry = SegmentRegistry::default();
     // A port picked here may be taken by another process before the segment's server binds it: pick again.
     let mut attempts = 0;
-    let given = port;
+    // A port given but in use (by another store of this process set up with the same name, say): as the
+    // original's (whose transfer engine listens on a free port whatever the name says), the store keeps the name
+    // it was given and listens on a free port.
+    let taken = port.filter(|&p| args.global_segment_size > 0 && TcpListener::bind((ip, p)).is_err());
+    if let Some(p) = taken {
+        tracing::warn!("setup: port {p} of {host} is in use; the segment named {host}:{p} listens on a free port");
+    }
+    let given = port.filter(|_| taken.is_none());
     let (hostname, node) = loop {
         let Some(port) = given.or_else(|| free_port(ip)) else {
             tracing::error!("setup: no free port for {host} in {:?}", port_range());
             return Err(INVALID);
         };
-        let hostname = format!("{host}:{port}");
+        let hostname = format!("{host}:{}", taken.unwrap_or(port));
         if args.global_segment_size == 0 {
             break (hostname, None);
         }
@@ -1963,6 +1970,28 @@ impl Store {
         py.detach(|| {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             live.block_on(live.client.batch_remove(&refs, force)).into_iter().map(status).collect()
+        })
+    }
+
+    /// Drops the replicas of this store's own objects (those it wrote) whose read lease has expired: every
+    /// replica (the object goes), or with `segment_name` only those on that segment (the object goes with its
+    /// last one). The keys cleared; a key another client wrote, leased or absent is skipped; `[]` on any error,
+    /// as the original answers.
+    #[pyo3(signature = (keys, segment_name=String::new()))]
+    fn batch_replica_clear(&self, py: Python<'_>, keys: Vec<String>, segment_name: String) -> Vec<String> {
+        let Some(live) = self.live() else { return Vec::new() };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        py.detach(|| {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            match live.block_on(live.client.batch_replica_clear(&refs, &segment_name)) {
+                Ok(cleared) => cleared,
+                Err(e) => {
+                    tracing::error!(error = %e, "batch_replica_clear failed");
+                    Vec::new()
+                }
+            }
         })
     }
 }

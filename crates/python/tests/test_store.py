@@ -304,6 +304,45 @@ def test_batch_remove_by_regex_and_remove_all(store, key):
     assert store.remove_all() == 0
 
 
+def test_batch_replica_clear_takes_only_the_callers_unleased_objects(master, key):
+    a, b = new_store(master), new_store(master)
+    try:
+        two = ReplicateConfig(replica_num=2)
+        assert a.put(key + "-mine", b"v", two) == 0 and a.put(key + "-read", b"v") == 0
+        assert b.put(key + "-theirs", b"v") == 0
+        # An existence check leases the object to its deadline (a put leases nothing, as in the original).
+        assert a.is_exist(key + "-read") == 1
+        asked = [key + "-mine", key + "-read", key + "-theirs", key + "-missing", ""]
+        assert a.batch_replica_clear(asked, segment_name="nowhere:1") == [], "no replica on that segment"
+        assert a.batch_replica_clear(asked, segment_name=a.get_hostname()) == [key + "-mine"]
+        assert b.get(key + "-mine") == b"v", "its replica in b's segment still serves it"
+        assert a.batch_replica_clear(asked[1:]) == [], "leased, another's, absent and invalid skipped"
+        time.sleep(0.6)  # the master's 500 ms read lease runs out
+        assert a.batch_replica_clear(asked) == [key + "-mine", key + "-read"], "in input order"
+        assert a.is_exist(key + "-mine") == 0 and a.is_exist(key + "-read") == 0
+        assert b.batch_replica_clear([key + "-theirs"]) == [key + "-theirs"]
+        assert a.batch_replica_clear([]) == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_store_given_a_port_in_use_keeps_its_name_and_listens_on_a_free_one(master, key):
+    # As the original's (its transfer engine listens on a free port whatever the name says): both stores are
+    # named alike, so an object's replicas (on distinct names) land in one of them.
+    a = new_store(master)
+    b = MooncakeDistributedStore()
+    try:
+        assert b.setup(a.get_hostname(), "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", master) == 0
+        assert b.get_hostname() == a.get_hostname()
+        assert b.put(key, b"v", ReplicateConfig(replica_num=2)) == 0
+        assert a.get(key) == b"v" and b.get(key) == b"v"
+        assert len(b.get_replica_desc(key)) == 1, "one name, one replica"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_upsert_family(store, key):
     assert store.upsert(key, b"one") == 0
     assert store.upsert(key, b"two") == 0

@@ -127,7 +127,7 @@ impl PendingFrees {
 /// durable ([`DeferredFree::release`]). One dropped unreleased — its entry's callback dropped unrun because the
 /// log stopped for good, so the log may still name the object at that space — keeps the space out of reuse for
 /// good (the term ends with its log; a leak is safe, a reuse is not).
-struct DeferredFree {
+pub(crate) struct DeferredFree {
     replicas: SmallVec<[Replica; 1]>,
     tenant: Arc<TenantState>,
     quota: u64,
@@ -136,8 +136,15 @@ struct DeferredFree {
 }
 
 impl DeferredFree {
+    /// What `replicas` and `quota` bytes of `tenant`'s account hold, taken out of an object by a mutation other
+    /// than eviction (BatchReplicaClear's strip): given back by [`DeferredFree::release`], kept out of reuse if
+    /// dropped unreleased (the log never held the mutation).
+    pub(crate) fn new(replicas: SmallVec<[Replica; 1]>, tenant: Arc<TenantState>, quota: u64) -> Self {
+        Self { replicas, tenant, quota, pending: None, released: false }
+    }
+
     /// Gives the space and quota back: the eviction is durable (or nothing logs it).
-    fn release(mut self) {
+    pub(crate) fn release(mut self) {
         self.released = true;
     }
 }

@@ -10,7 +10,8 @@ pub mod sink;
 pub mod snapshots;
 
 pub use payload::{
-    MasterEntry, ObjectRecord, ObjectRecordV2, OpCode, PayloadError, ReplicaRecord, SegmentRecord, SegmentRecordV1,
+    MasterEntry, ObjectRecord, ObjectRecordV2, ObjectRecordV3, OpCode, PayloadError, ReplicaRecord, SegmentRecord,
+    SegmentRecordV1,
 };
 pub use replay::{
     OpLogOptions, OpenError, OpenReport, ReplayState, master_storage, master_writer_config, open, open_with_snapshots,

@@ -2,9 +2,10 @@
 //!
 //! A payload is one schema-version byte ([`PAYLOAD_VERSION`]) followed by the postcard encoding of the
 //! operation's body; nothing may follow the body. Version 2 added the mounting principal to SEGMENT_MOUNT;
-//! version 3 the writer's "do not keep on disk" switch to PUT_END. This build still reads versions 1 and 2 (the
-//! log a leader of an earlier build wrote: a version-1 mount names no principal, and a version-1 or 2 object is
-//! one eviction may offload). Ids are stored as their 16 raw bytes and enums as their wire
+//! version 3 the writer's "do not keep on disk" switch to PUT_END; version 4 the client that wrote the object to
+//! PUT_END. This build still reads versions 1 to 3 (the log a leader of an earlier build wrote: a version-1 mount
+//! names no principal, a version-1 or 2 object is one eviction may offload, and a version-1 to 3 object's writer
+//! is unknown: no client's BatchReplicaClear takes it). Ids are stored as their 16 raw bytes and enums as their wire
 //! numbers, so the bytes do not depend on how a Rust type happens to derive serde (the golden vectors below pin
 //! them).
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// The payload schema this build writes (and the newest it reads).
-pub const PAYLOAD_VERSION: u8 = 3;
+pub const PAYLOAD_VERSION: u8 = 4;
 /// The oldest payload schema this build reads.
 pub const MIN_PAYLOAD_VERSION: u8 = 1;
 
@@ -131,6 +132,36 @@ pub struct ObjectRecord {
     /// Dropped rather than kept on a disk tier when memory eviction takes it (the writer's
     /// `ReplicateConfig::offload` off). Without it in the log, a failover would make such objects offloadable.
     pub no_offload: bool,
+    /// The client that wrote it (raw UUID bytes; `None`: unknown). BatchReplicaClear clears only the caller's
+    /// own objects: without it in the log, a failover would leave its writer unable to clear them.
+    pub writer: Option<[u8; 16]>,
+}
+
+impl ObjectRecord {
+    /// The writer's client id, if known.
+    pub fn writer_id(&self) -> Option<ClientId> {
+        self.writer.map(|b| ClientId(Uuid::from_bytes(b)))
+    }
+}
+
+/// A version-3 PUT_END body: [`ObjectRecord`] before it carried `writer`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRecordV3 {
+    size: u64,
+    replicas: Vec<ReplicaRecord>,
+    checksum: Option<u64>,
+    group: Option<String>,
+    hard_pinned: bool,
+    soft_pin_ms: u64,
+    data_type: u8,
+    no_offload: bool,
+}
+
+impl From<ObjectRecordV3> for ObjectRecord {
+    fn from(r: ObjectRecordV3) -> Self {
+        let ObjectRecordV3 { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type, no_offload } = r;
+        Self { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type, no_offload, writer: None }
+    }
 }
 
 /// A version-1 or 2 PUT_END body: [`ObjectRecord`] before it carried `no_offload`.
@@ -148,7 +179,7 @@ pub struct ObjectRecordV2 {
 impl From<ObjectRecordV2> for ObjectRecord {
     fn from(r: ObjectRecordV2) -> Self {
         let ObjectRecordV2 { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type } = r;
-        Self { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type, no_offload: false }
+        Self { size, replicas, checksum, group, hard_pinned, soft_pin_ms, data_type, no_offload: false, writer: None }
     }
 }
 
@@ -419,6 +450,7 @@ impl MasterEntry {
             OpCode::PutEnd => {
                 let object: ObjectRecord = match version(p)? {
                     1 | 2 => body::<ObjectRecordV2>(p)?.into(),
+                    3 => body::<ObjectRecordV3>(p)?.into(),
                     _ => body(p)?,
                 };
                 check_object(&object)?;
@@ -565,6 +597,7 @@ mod tests {
             soft_pin_ms: 0,
             data_type: 1,
             no_offload: true,
+            writer: Some([0xcd; 16]),
         }
     }
 
@@ -581,18 +614,22 @@ mod tests {
     fn golden_payload_bytes() {
         let put = MasterEntry::PutEnd { tenant: "t".into(), key: "k".into(), object: object() }.encode();
         assert_eq!(put.op, 1);
-        // version 03; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
+        // version 04; size 300 = ac02; one replica: id 07, segment 16 × ab, offset 4096 = 8020, length ac02,
         // tier 00; checksum Some(0xdeadbeef) = 01 + varint; group Some("g") = 01 01 67; hard pin 01; soft pin 00;
-        // data type 01; no offload 01.
+        // data type 01; no offload 01; writer Some(16 × cd).
         let v2_body = format!("ac020107{}8020ac020001effdb6f50d010167010001", "ab".repeat(16));
-        assert_eq!(hex(&put.payload), format!("03{v2_body}01"));
-        // A version-2 PUT_END (the previous build's) still decodes: its object may be offloaded.
+        assert_eq!(hex(&put.payload), format!("04{v2_body}0101{}", "cd".repeat(16)));
+        // A version-3 PUT_END (the previous build's) still decodes: its writer is unknown.
         let mut old = put.clone();
+        old.payload = unhex(&format!("03{v2_body}01"));
+        let MasterEntry::PutEnd { object: back, .. } = MasterEntry::decode(&old).unwrap() else { panic!("not a put") };
+        assert_eq!(back, ObjectRecord { writer: None, ..object() });
+        // A version-2 one too: its object may be offloaded.
         old.payload = unhex(&format!("02{v2_body}"));
         let MasterEntry::PutEnd { object: back, .. } = MasterEntry::decode(&old).unwrap() else { panic!("not a put") };
-        assert_eq!(back, ObjectRecord { no_offload: false, ..object() });
+        assert_eq!(back, ObjectRecord { no_offload: false, writer: None, ..object() });
         let rm = MasterEntry::Remove { tenant: "t".into(), key: "k".into() }.encode();
-        assert_eq!((rm.op, hex(&rm.payload)), (2, "03".to_owned()));
+        assert_eq!((rm.op, hex(&rm.payload)), (2, "04".to_owned()));
         let seg = SegmentRecord {
             client: [1; 16],
             id: [2; 16],
@@ -608,25 +645,25 @@ mod tests {
         assert_eq!(mount.key, "02020202-0202-0202-0202-020202020202");
         // ... kind 00, host "" 00, principal "node:a" 06 6e6f64653a61.
         let v1 = format!("{}{}016e00808040{}0000", "01".repeat(16), "02".repeat(16), "03683a31");
-        assert_eq!(hex(&mount.payload), format!("03{v1}066e6f64653a61"));
+        assert_eq!(hex(&mount.payload), format!("04{v1}066e6f64653a61"));
         // A version-1 mount (the previous build's) still decodes: it names no principal.
         let mut old = mount.clone();
         old.payload = unhex(&format!("01{v1}"));
         let MasterEntry::SegmentMount(back) = MasterEntry::decode(&old).unwrap() else { panic!("not a mount") };
         assert_eq!(back, SegmentRecord { principal: String::new(), ..seg });
         let upd = MasterEntry::SegmentUpdate(SegmentUpdate { id: [2; 16], status: 4, deadline_ms: 300 }).encode();
-        assert_eq!(hex(&upd.payload), format!("03{}04ac02", "02".repeat(16)));
+        assert_eq!(hex(&upd.payload), format!("04{}04ac02", "02".repeat(16)));
         let q = MasterEntry::TenantQuotaSet { tenant: "a".into(), quota: TenantQuota { bytes: 1 } }.encode();
-        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0301".to_owned()));
+        assert_eq!((q.op, q.tenant.as_str(), hex(&q.payload)), (6, "a", "0401".to_owned()));
         // Local SSD registrations (ops 10 and 11, added after the version-2 schema; earlier ops' bytes are
         // unchanged): client 16 × 05, offloading 01, capacity 300 = ac02.
         let ssd =
             MasterEntry::LocalSsdSet(LocalSsdEntry { client: [5; 16], enable_offloading: true, total_capacity: 300 })
                 .encode();
         assert_eq!((ssd.op, ssd.key.as_str()), (10, "05050505-0505-0505-0505-050505050505"));
-        assert_eq!(hex(&ssd.payload), format!("03{}01ac02", "05".repeat(16)));
+        assert_eq!(hex(&ssd.payload), format!("04{}01ac02", "05".repeat(16)));
         let gone = MasterEntry::LocalSsdRemove(ClientRef { client: [5; 16] }).encode();
-        assert_eq!((gone.op, hex(&gone.payload)), (11, format!("03{}", "05".repeat(16))));
+        assert_eq!((gone.op, hex(&gone.payload)), (11, format!("04{}", "05".repeat(16))));
     }
 
     #[test]

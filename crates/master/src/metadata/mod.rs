@@ -8,6 +8,7 @@ mod lock_stats;
 pub mod object;
 pub mod quota;
 pub mod tenant;
+pub mod writers;
 
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use lock_stats::{LockClass, lock_stats};

@@ -63,13 +63,16 @@ pub struct Replica {
     pub refcnt: u16,
     /// The tier its segment belongs to.
     pub tier: Tier,
+    /// Who wrote it ([`super::writers`] number; set when its write ends, `writers::UNKNOWN` before): kept in
+    /// what was padding, so recording an object's writer costs no memory.
+    pub writer: u32,
 }
 
 impl Replica {
     /// A fresh replica in `Processing` state.
     pub fn processing(id: u64, buffer: AllocatedBuffer) -> Self {
         let tier = buffer.region().map_or(Tier::Memory, |r| Tier::of(r.kind()));
-        Self { id, buffer, status: ReplicaStatus::Processing, refcnt: 0, tier }
+        Self { id, buffer, status: ReplicaStatus::Processing, refcnt: 0, tier, writer: super::writers::UNKNOWN }
     }
 
     /// In host memory or CXL (charged to the tenant's quota).
@@ -268,6 +271,12 @@ impl ObjectState {
         self.replicas.iter().any(|r| r.tier == Tier::Disk && r.is_readable())
     }
 
+    /// The object's writer ([`super::writers`] number of the client whose PutEnd made its replicas readable;
+    /// a disk copy inherits it): its first replica's.
+    pub fn writer(&self) -> u32 {
+        self.replicas.first().map_or(super::writers::UNKNOWN, |r| r.writer)
+    }
+
     /// Bytes eviction may take from this object in `tier`: complete replicas there, unpinned by refcount,
     /// readable.
     pub fn evictable_bytes(&self, tier: Tier) -> u64 {
@@ -388,6 +397,8 @@ mod tests {
             (std::mem::size_of::<ObjectEntry>(), std::mem::size_of::<ObjectState>(), std::mem::size_of::<Replica>());
         eprintln!("ObjectEntry {entry} B, ObjectState {state} B, Replica {replica} B");
         assert!(replica <= 48, "Replica grew to {replica} B");
+        // The writer number lives in Replica's former padding: the object's layout did not grow for it.
+        assert!(state <= 112, "ObjectState grew to {state} B");
         assert!(entry <= 160, "ObjectEntry grew to {entry} B");
     }
 }

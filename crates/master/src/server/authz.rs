@@ -74,7 +74,8 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         | R::UpsertStart { client, tenant, .. }
         | R::BatchPutStart { client, tenant, .. }
         | R::BatchPutEnd { client, tenant, .. }
-        | R::BatchPutRevoke { client, tenant, .. } => own(client).and_then(|()| objects(tenant)),
+        | R::BatchPutRevoke { client, tenant, .. }
+        | R::BatchReplicaClear { client, tenant, .. } => own(client).and_then(|()| objects(tenant)),
         R::GetReplicaList { tenant, .. }
         | R::Stat { tenant, .. }
         | R::ReleaseLeases { tenant, .. }
@@ -140,6 +141,15 @@ mod tests {
         assert_eq!(code(authorize(&a, &get("a"), true)), ErrorCode::Ok);
         assert_eq!(code(authorize(&a, &get("b"), true)), ErrorCode::PermissionDenied, "another tenant's object");
         assert_eq!(code(authorize(&a, &put(other, "a"), true)), ErrorCode::PermissionDenied, "in another's name");
+        let clear = |client, tenant: &str| MasterRequest::BatchReplicaClear {
+            client,
+            tenant: tenant.into(),
+            keys: Batch(vec![key()]),
+            segment: String::new(),
+        };
+        assert_eq!(code(authorize(&a, &clear(me, "a"), true)), ErrorCode::Ok);
+        assert_eq!(code(authorize(&a, &clear(other, "a"), true)), ErrorCode::PermissionDenied, "as another writer");
+        assert_eq!(code(authorize(&a, &clear(me, "b"), true)), ErrorCode::PermissionDenied, "another tenant's");
         assert_eq!(code(authorize(&a, &unmount(me), true)), ErrorCode::Ok, "its own segment");
         assert_eq!(code(authorize(&a, &unmount(other), true)), ErrorCode::PermissionDenied);
         assert_eq!(code(authorize(&a, &quota, true)), ErrorCode::PermissionDenied);

@@ -215,6 +215,11 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::BatchRemove { tenant, keys, force } => {
             Ok(A::BatchDone(keys.0.iter().map(|k| k.as_str().and_then(|k| svc.remove(tenant, k, *force))).collect()))
         }
+        R::BatchReplicaClear { client, tenant, keys, segment } => {
+            // A malformed key is skipped, as the original skips an empty one.
+            let keys: Vec<&str> = keys.0.iter().filter_map(|k| k.as_str().ok()).collect();
+            svc.batch_replica_clear(*client, tenant, &keys, segment).map(A::Keys)
+        }
         R::RemoveAll { tenant, force } => svc.remove_all_report(tenant.as_deref(), *force).map(A::RemovedAll),
         R::RemoveByRegex { tenant, pattern, force } => svc.remove_by_regex(tenant, pattern, *force).map(A::Count),
         R::ListKeys { tenant, prefix, limit } => svc.list_keys(tenant, prefix, *limit as usize).map(A::Keys),
@@ -542,6 +547,7 @@ fn holds_until_durable(req: &MasterRequest) -> bool {
         req,
         R::Remove { .. }
             | R::BatchRemove { .. }
+            | R::BatchReplicaClear { .. }
             | R::RemoveAll { .. }
             | R::RemoveByRegex { .. }
             | R::RemoveGroup { .. }

@@ -217,7 +217,8 @@ impl eviction::Offload for Offloader<'_> {
         buffer.hold_for(ttl.saturating_mul(3));
         let id = svc.next_replica_id();
         let dst_offset = buffer.offset();
-        st.replicas.push(Replica::processing(id, buffer));
+        let writer = st.writer();
+        st.replicas.push(Replica { writer, ..Replica::processing(id, buffer) });
         let now = svc.clock.now();
         let task = DiskTask {
             id: svc.disk.next_task.fetch_add(1, Ordering::Relaxed) + 1,
@@ -522,6 +523,7 @@ impl MasterService {
                 (true, slot) => {
                     let mut r = Replica::processing(self.next_replica_id(), buffer);
                     r.status = ReplicaStatus::Complete;
+                    r.writer = st.writer();
                     st.replicas.push(r);
                     st.charged += st.size;
                     if let (Some(log), Some(Some(slot))) = (log, slot) {

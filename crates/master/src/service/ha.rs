@@ -110,6 +110,7 @@ pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestam
         soft_pin_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
         data_type: st.data_type as u8,
         no_offload: st.flags.no_offload(),
+        writer: crate::metadata::writers::client(st.writer()).map(|c| *c.0.as_bytes()),
     }
 }
 
@@ -294,6 +295,7 @@ impl MasterService {
                 continue;
             };
             let mut replicas: SmallVec<[Replica; 1]> = SmallVec::new();
+            let writer = o.writer_id().map_or(crate::metadata::writers::UNKNOWN, crate::metadata::writers::number);
             for r in &o.replicas {
                 max_replica = max_replica.max(r.id);
                 match self.pool.rebind_restored(r.segment_id(), r.offset, r.length) {
@@ -307,6 +309,7 @@ impl MasterService {
                             2 => Tier::Disk,
                             _ => Tier::Memory,
                         },
+                        writer,
                     }),
                     Err(e) => tracing::warn!(key, replica = r.id, error = %e, "replayed replica not restored"),
                 }

@@ -152,6 +152,7 @@ async fn a_put_end_naming_an_unmounted_segment_is_not_revived_by_its_remount() {
         soft_pin_ms: 0,
         data_type: 0,
         no_offload: false,
+        writer: None,
     };
     let commit = |e: MasterEntry| log.reserve().unwrap().commit(e, None).unwrap();
     commit(MasterEntry::SegmentMount(SegmentRecord::new(owner, &spec, None)));

@@ -1,8 +1,8 @@
-//! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex; key counts.
+//! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex, BatchReplicaClear; key counts.
 
 use super::MasterService;
-use crate::metadata::{Lifecycle, ObjectEntry, TenantState, Tier};
-use crescent_proto::{ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
+use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState, Tier, writers};
+use crescent_proto::{ClientId, ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -49,6 +49,90 @@ impl MasterService {
         let rs: Vec<_> = keys.iter().map(|k| self.remove_one(tenant, k, force)).collect();
         self.metrics.remove.record_all(&rs);
         rs
+    }
+
+    /// BatchReplicaClear (the original's): per key, in input order, drops the replicas of an object `client`
+    /// wrote whose read lease has expired — every one with `segment` empty (the object is removed), else its
+    /// complete replicas on segments named `segment` (the object goes with its last one) — and returns the keys
+    /// cleared. A key is skipped (as the original skips it) when it is unknown, written by another client (or by
+    /// one a log from before writers were recorded does not name), leased, being written or copied to a disk
+    /// tier, pinned by a replication task, holds no complete replica on `segment`, or the oplog refuses it. With
+    /// an oplog each clear is logged under the object's lock (REMOVE, or PUT_END of what is left) and its space
+    /// freed once that is durable. An invalid tenant is `INVALID_PARAMS`; an unknown one clears nothing.
+    pub fn batch_replica_clear(
+        &self,
+        client: ClientId,
+        tenant: &str,
+        keys: &[&str],
+        segment: &str,
+    ) -> Result<Vec<String>, ErrorCode> {
+        let Some(t) = self.read_tenant(tenant)? else { return Ok(Vec::new()) };
+        // A client that never ended a write owns nothing.
+        let Some(writer) = writers::lookup(client) else { return Ok(Vec::new()) };
+        Ok(keys.iter().filter(|k| self.clear_one(&t, k, writer, segment)).map(|k| (*k).to_owned()).collect())
+    }
+
+    /// One key of [`MasterService::batch_replica_clear`]: whether it was cleared.
+    fn clear_one(&self, tenant: &Arc<TenantState>, key: &str, writer: u32, segment: &str) -> bool {
+        let Some(entry) = tenant.objects().get(key) else { return false };
+        // Taken before the lock, as a removal's: a refusal skips the key and changes nothing.
+        let Ok(slot) = self.reserve_oplog() else { return false };
+        let now = self.clock.now();
+        let mut st = entry.lock();
+        if st.writer() != writer || removal_check(&st, false, now).is_err() {
+            return false;
+        }
+        if segment.is_empty() {
+            return match slot {
+                Some(slot) => super::ha::erase_logged(tenant, &entry, st, slot).is_ok(),
+                None => {
+                    let dead = tenant.retire(&mut st);
+                    drop(st);
+                    tenant.detach(&entry);
+                    drop(dead);
+                    true
+                }
+            };
+        }
+        let on_segment = |r: &Replica| {
+            r.status == ReplicaStatus::Complete && r.buffer.region().is_some_and(|g| &**g.name() == segment)
+        };
+        // A copy to disk under way reads a memory replica this could take.
+        if st.offloading() || !st.replicas.iter().any(on_segment) {
+            return false;
+        }
+        let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+            std::mem::take(&mut st.replicas).into_iter().partition(|r| on_segment(r));
+        st.replicas = keep;
+        // As an eviction strips: the charge re-settled, and the object retired once nothing valid is left.
+        let mut quota = TenantState::resettle_unreleased(&mut st);
+        let retired = !st.replicas.iter().any(Replica::is_valid);
+        let mut freed = taken;
+        if retired {
+            let (rest, q) = TenantState::retire_unreleased(&mut st);
+            freed.extend(rest);
+            quota += q;
+        }
+        let free = crate::eviction::DeferredFree::new(freed, Arc::clone(tenant), quota);
+        // Logged inside the object's lock, as an eviction's strip is: the space is freed once the entry (PUT_END
+        // of what is left, or REMOVE) is durable. A refusal (the writer stopped for good, its term ending with it)
+        // leaves the change on this primary unacknowledged, its space out of reuse.
+        let (logged, free_now) = match slot {
+            Some(slot) => {
+                let post = super::ha::post_state_entry(tenant, &entry, &st, now);
+                (slot.commit(post, Some(Box::new(move |_seq| free.release()))).is_ok(), None)
+            }
+            None => (true, Some(free)),
+        };
+        drop(st);
+        if retired {
+            tenant.detach(&entry);
+        }
+        // Buffers are freed with no object lock held.
+        if let Some(free) = free_now {
+            free.release();
+        }
+        logged
     }
 
     /// Removes one entry if the removal rules allow it. With an oplog: the slot is taken first (a refusal

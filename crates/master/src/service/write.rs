@@ -829,8 +829,11 @@ impl MasterService {
             drop((stale, dead));
             return Err(ErrorCode::ObjectNotFound);
         }
+        // The writer is recorded for BatchReplicaClear, which clears only the caller's own objects.
+        let writer = crate::metadata::writers::number(pending.writer);
         for r in st.replicas.iter_mut() {
             r.status = ReplicaStatus::Complete;
+            r.writer = writer;
         }
         match pending.soft_pin.action {
             SoftPinAction::Enable if pending.soft_pin.ttl_ms > 0 => {

@@ -11,8 +11,8 @@
 //! master starts without them, as a replayed log does.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
-//! This build writes version 4 and reads 2 to 4 (version 3's segments name their mounting principal, version 4's
-//! objects their writer's "do not keep on disk" switch).
+//! This build writes version 5 and reads 2 to 5 (version 3's segments name their mounting principal, version 4's
+//! objects their writer's "do not keep on disk" switch, version 5's objects the client that wrote them).
 //! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients; segments, tenants and
 //! keys strictly ascending, so duplicates are impossible and the bytes are canonical; every object and segment
 //! record as the oplog decoder checks them); the pool's restore validates the regions against each other and
@@ -27,7 +27,7 @@ pub mod store;
 use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::{SegmentRecordV1, check_object};
-use crate::ha::{ObjectRecord, ObjectRecordV2, ReplayState, SegmentRecord};
+use crate::ha::{ObjectRecord, ObjectRecordV2, ObjectRecordV3, ReplayState, SegmentRecord};
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
@@ -38,8 +38,8 @@ const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes (and the newest it reads).
 /// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]); version 3 the principal
 /// that mounted each segment (SEGMENT_MOUNT's payload version 2); version 4 each object's `no_offload`
-/// (PUT_END's payload version 3).
-pub const VERSION: u16 = 4;
+/// (PUT_END's payload version 3); version 5 each object's writer (PUT_END's payload version 4).
+pub const VERSION: u16 = 5;
 /// The oldest format version this build reads.
 pub const MIN_VERSION: u16 = 2;
 /// Bytes before the body: magic, version, checksum.
@@ -140,7 +140,7 @@ struct WireTenant<'a, O: Clone = ObjectRecord> {
 }
 
 /// `S` and `O`: the segment and object records of the format version (version 2's [`SegmentRecordV1`], versions
-/// 2 and 3's [`ObjectRecordV2`]).
+/// 2 and 3's [`ObjectRecordV2`], version 4's [`ObjectRecordV3`]).
 #[derive(Serialize, Deserialize)]
 struct WireMetadata<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
     last_seq: u64,
@@ -248,6 +248,7 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
     match version {
         2 => decode_body::<SegmentRecordV1, ObjectRecordV2>(body),
         3 => decode_body::<SegmentRecord, ObjectRecordV2>(body),
+        4 => decode_body::<SegmentRecord, ObjectRecordV3>(body),
         _ => decode_body::<SegmentRecord, ObjectRecord>(body),
     }
 }

@@ -337,6 +337,10 @@ class MooncakeDistributedStore:
     def remove_by_regex(self, pattern: str, force: bool = False) -> int: ...
     def remove_all(self, force: bool = False) -> int: ...
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]: ...
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Drops the replicas of this store's own objects whose read lease has expired: all of them (the object
+        goes), or only those on the segment named ``segment_name`` (the object goes with its last one). The keys
+        cleared; others (written by another client, leased, absent) are skipped; ``[]`` on any error."""
     def get_replica_desc(self, key: str, /) -> list[ReplicaDescriptor]:
         """Where ``key``'s replicas are (``[]`` when absent or on any error); leases the object like a read."""
     def batch_get_replica_desc(self, keys: list[str], /) -> dict[str, list[ReplicaDescriptor]]:
