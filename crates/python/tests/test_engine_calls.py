@@ -465,6 +465,46 @@ def test_zero_copy_tensor_calls(store, buf, key):
     assert store.batch_upsert_tensor_from([key], [buf.ptr], [len(obj)]) == [0]
 
 
+def test_with_parallelism_calls_without_a_shard_request_store_the_full_tensor(store, buf, key):
+    from mooncake.store import ReadTarget, ReplicateConfig, TensorParallelism
+
+    t = torch.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert store.put_tensor_with_parallelism(key, t) == 0
+    assert np.array_equal(arr(store.get_tensor(key)), arr(t)), "the full tensor under the key itself"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key)), arr(t))
+    stored = ReadTarget()
+    assert stored.mode == "as_stored"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, stored)), arr(t))
+    assert store.upsert_tensor_with_parallelism(key, torch.Tensor(arr(t) + 1)) == 0
+    assert np.array_equal(arr(store.get_tensor(key)), arr(t) + 1)
+    keys = [key + "-a", key + "-b"]
+    assert store.batch_put_tensor_with_parallelism(keys, [t, torch.Tensor(arr(t) * 2)], config=ReplicateConfig()) == [0, 0]
+    got = store.batch_get_tensor_with_parallelism(keys)
+    assert np.array_equal(arr(got[0]), arr(t)) and np.array_equal(arr(got[1]), arr(t) * 2)
+    got = store.batch_get_tensor_with_parallelism(keys, [None, stored])
+    assert np.array_equal(arr(got[1]), arr(t) * 2)
+    assert store.batch_get_tensor_with_parallelism(keys, [None]) == [None, None], "one target per key"
+    assert store.batch_upsert_tensor_with_parallelism(keys, [t, t]) == [0, 0]
+    assert store.batch_put_tensor_with_parallelism(keys, [t]) == [INVALID_PARAMS] * 2, "mismatched lists"
+    # From registered memory: the tensor object (header, then bytes), checked.
+    a = np.arange(8, dtype=np.int32).reshape(2, 4)
+    obj = tensor_header(6, (2, 4), (2, 4), a.nbytes) + a.tobytes()
+    buf.write(0, obj)
+    assert store.put_tensor_with_parallelism_from(key + "-f", buf.ptr, len(obj)) == 0
+    assert np.array_equal(arr(store.get_tensor(key + "-f")), a)
+    assert store.upsert_tensor_with_parallelism_from(key + "-f", buf.ptr, len(obj), config=ReplicateConfig()) == 0
+    assert store.put_tensor_with_parallelism_from(key + "-t", buf.ptr, len(obj) - 4, config=ReplicateConfig()) == INVALID_PARAMS
+    assert store.batch_put_tensor_with_parallelism_from([key + "-g"], [buf.ptr], [len(obj)]) == [0]
+    assert store.batch_upsert_tensor_with_parallelism_from([key + "-g"], [buf.ptr], [len(obj)]) == [0]
+    into = buf.ptr + 4096
+    assert np.array_equal(arr(store.get_tensor_with_parallelism_into(key + "-g", into, 4096)), a)
+    got = store.batch_get_tensor_with_parallelism_into([key + "-g"], [into], [4096])
+    assert np.array_equal(arr(got[0]), a)
+    # A writer partition with a parallelism is refused before anything is written.
+    assert store.put_tensor_with_parallelism(key + "-x", t, TensorParallelism(), writer_partition=object()) == INVALID_PARAMS
+    assert store.get_tensor(key + "-x") is None
+
+
 def test_zero_copy_tensor_parallel_calls(store, buf, key):
     a = np.arange(16, dtype=np.int16).reshape(4, 4)
     obj = tensor_header(4, (4, 4), (4, 4), a.nbytes) + a.tobytes()

@@ -1,5 +1,5 @@
-"""The original's tensor calls (``put_tensor``, ``get_tensor``, their batch, zero-copy, upsert, ``pub`` and
-``_with_tp`` forms) over the store's byte calls, without torch as a dependency.
+"""The original's tensor calls (``put_tensor``, ``get_tensor``, their batch, zero-copy, upsert, ``pub``,
+``_with_tp`` and ``_with_parallelism`` forms) over the store's byte calls, without torch as a dependency.
 
 On the store a tensor is one object: the original's 304-byte ``TensorMetadata`` header (magic ``MOON``, version,
 dtype code, ndim, layout kind FULL or SHARD, data offset and length, global and local shape, up to four layout
@@ -430,7 +430,7 @@ class TensorCalls:
             return INVALID_PARAMS
         return self.upsert_from(key, buffer_ptr, size)
 
-    def _batch_from(self, keys: list, buffer_ptrs: list, sizes: list, upsert: bool) -> list:
+    def _batch_from(self, keys: list, buffer_ptrs: list, sizes: list, upsert: bool, config: Any = None) -> list:
         n = len(keys)
         if n == 0:
             return []
@@ -440,7 +440,7 @@ class TensorCalls:
         if not all(self._checked_object(p, s) for p, s in zip(buffer_ptrs, sizes)):
             return [INVALID_PARAMS] * n
         call = self.batch_upsert_from if upsert else self.batch_put_from
-        return call(list(keys), list(buffer_ptrs), list(sizes))
+        return call(list(keys), list(buffer_ptrs), list(sizes), config)
 
     def batch_put_tensor_from(self, keys: list, buffer_ptrs: list, sizes: list) -> list:
         """``put_tensor_from`` of each key; every key −600 when any object is not a tensor object."""
@@ -575,6 +575,113 @@ class TensorCalls:
         keys = list(base_keys) if tp_size <= 1 else [tp_key(k, tp_rank) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
+    # -- the unified `_with_parallelism` family --
+    #
+    # The original routes each call by its request: no `parallelism` and no `writer_partition` is a full object
+    # under the key itself (its DIRECT_FULL_OBJECT route, the same object `put_tensor` writes), and a read target
+    # of None or mode "as_stored" without axes reads the key as stored (`get_tensor`). Those routes are these
+    # calls. Shard requests (a `TensorParallelism`, a `writer_partition`, a "shard" or "full" read target) go to
+    # the original's planner of shard keys and manifests, which Crescent does not have yet: they answer −600
+    # (puts) or None (gets), as the original answers a request it cannot plan.
+
+    def _direct_write(self, parallelism: Any, writer_partition: Any, config: Any) -> int:
+        """0 when a request takes the full-object route; else −600 (shard requests, a refused config)."""
+        if parallelism is not None or writer_partition is not None:
+            return INVALID_PARAMS
+        return INVALID_PARAMS if _config_refused(config) else 0
+
+    def _batch_direct_write(self, n: int, parallelisms: Any, writer_partitions: Any, config: Any,
+                            values: int) -> int:
+        """As ``_direct_write`` for a batch of ``n`` keys and ``values`` values, with the original's checks of
+        the batch's ``group_ids`` (one per key, or none) and lengths first."""
+        ids = _group_ids(config)
+        if (ids is not None and len(ids) != n) or values != n:
+            return INVALID_PARAMS
+        return self._direct_write(parallelisms, writer_partitions, config)
+
+    def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
+                                    writer_partition: Any = None) -> int:
+        """Without ``parallelism`` or ``writer_partition``: ``pub_tensor(key, tensor, config)`` (the full tensor
+        under ``key``). Shard requests: −600 (not yet in Crescent)."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._put_tensors([key], [tensor], config, False)[0]
+
+    def upsert_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
+                                       writer_partition: Any = None) -> int:
+        """Like ``put_tensor_with_parallelism``, replacing an existing value."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._put_tensors([key], [tensor], config, True)[0]
+
+    def batch_put_tensor_with_parallelism(self, keys: list, tensors_list: list, parallelisms: Any = None,
+                                          config: Any = None, writer_partitions: Any = None) -> list:
+        """``put_tensor_with_parallelism`` of each key (``[-600] * len(keys)`` for mismatched lists)."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(tensors_list))
+        return [rc] * len(keys) if rc else self._put_tensors(keys, tensors_list, config, False)
+
+    def batch_upsert_tensor_with_parallelism(self, keys: list, tensors_list: list, parallelisms: Any = None,
+                                             config: Any = None, writer_partitions: Any = None) -> list:
+        """``upsert_tensor_with_parallelism`` of each key."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(tensors_list))
+        return [rc] * len(keys) if rc else self._put_tensors(keys, tensors_list, config, True)
+
+    def _tensor_from(self, key: str, buffer_ptr: int, size: int, config: Any, upsert: bool) -> int:
+        if not self._checked_object(buffer_ptr, size):
+            return INVALID_PARAMS
+        return (self.upsert_from if upsert else self.put_from)(key, buffer_ptr, size, config)
+
+    def put_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
+                                         config: Any = None, writer_partition: Any = None) -> int:
+        """Without a shard request: ``put_tensor_from`` with ``config`` (the tensor object at ``buffer_ptr``,
+        checked). Shard requests: −600."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, False)
+
+    def upsert_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
+                                            config: Any = None, writer_partition: Any = None) -> int:
+        """Like ``put_tensor_with_parallelism_from``, replacing an existing value."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, True)
+
+    def batch_put_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
+                                               parallelisms: Any = None, config: Any = None,
+                                               writer_partitions: Any = None) -> list:
+        """``put_tensor_with_parallelism_from`` of each key (every key −600 when any object is not a tensor)."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
+        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, False, config)
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
+                                                  parallelisms: Any = None, config: Any = None,
+                                                  writer_partitions: Any = None) -> list:
+        """``upsert_tensor_with_parallelism_from`` of each key."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
+        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, True, config)
+
+    def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
+        """With no target (or mode "as_stored" and no axes): ``get_tensor(key)``; other targets: None."""
+        return self.get_tensor(key) if _as_stored(target) else None
+
+    def batch_get_tensor_with_parallelism(self, keys: list, targets: Any = None) -> list:
+        """``get_tensor_with_parallelism`` of each key (``targets``: None, or one per key; else all None)."""
+        if targets is None:
+            return self.batch_get_tensor(keys)
+        if not isinstance(targets, list) or len(targets) != len(keys):
+            return [None] * len(keys)
+        return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
+
+    def get_tensor_with_parallelism_into(self, key: str, buffer_ptr: int, size: int, target: Any = None) -> Any:
+        """``get_tensor_into`` for the targets ``get_tensor_with_parallelism`` reads; other targets: None."""
+        return self.get_tensor_into(key, buffer_ptr, size) if _as_stored(target) else None
+
+    def batch_get_tensor_with_parallelism_into(self, keys: list, buffer_ptrs: list, sizes: list,
+                                               targets: Any = None) -> list:
+        """``get_tensor_with_parallelism_into`` of each key."""
+        if targets is None:
+            return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+        if not isinstance(targets, list) or len(targets) != len(keys):
+            return [None] * len(keys)
+        return [self.get_tensor_with_parallelism_into(k, p, n, t)
+                for k, p, n, t in zip(keys, buffer_ptrs, sizes, targets)]
+
     def _object_array(self, ptr: int, size: int) -> Any:
         """The tensor of the object in registered memory at ``ptr`` (a view with the tensor interface), or
         ``None`` if it is not a tensor object."""
@@ -582,6 +689,44 @@ class TensorCalls:
             return None
         p = parse(ctypes.string_at(ptr, HEADER_SIZE), size)
         return _Coded(p, ptr) if p is not None else None
+
+
+class TensorParallelism:
+    """The original's ``TensorParallelism``: a shard's identity as a list of axes (``axes``)."""
+
+    def __init__(self) -> None:
+        self.axes: list = []
+
+
+class ReadTarget:
+    """The original's ``ReadTarget``: what a read wants, ``mode`` ``"as_stored"`` (default), ``"shard"`` or
+    ``"full"``, and for a shard its ``parallelism``."""
+
+    _MODES = ("as_stored", "shard", "full")
+
+    def __init__(self) -> None:
+        self._mode = "as_stored"
+        self.parallelism: Any = None
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        normalized = str(mode).lower()
+        if normalized not in self._MODES:
+            raise RuntimeError("Unsupported ReadTarget mode")
+        self._mode = normalized
+
+
+def _as_stored(target: Any) -> bool:
+    """Whether a read target asks for the object as stored under the key: None, or mode "as_stored" without
+    axes."""
+    if target is None:
+        return True
+    parallelism = getattr(target, "parallelism", None)
+    return getattr(target, "mode", None) == "as_stored" and (parallelism is None or not parallelism.axes)
 
 
 def _view(p: Parsed, ptr: int) -> np.ndarray:

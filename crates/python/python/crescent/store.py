@@ -26,7 +26,7 @@ from crescent._crescent import (
     ReplicateConfig,
     SoftPinAction,
 )
-from crescent._tensor import TensorCalls
+from crescent._tensor import ReadTarget, TensorCalls, TensorParallelism
 
 
 class MooncakeDistributedStore(TensorCalls, _crescent.MooncakeDistributedStore):
@@ -49,6 +49,8 @@ __all__ = [
     "DiskDescriptor",
     "Descriptor",
     "BufferHandle",
+    "TensorParallelism",
+    "ReadTarget",
     "UNKNOWN",
     "KVCACHE",
     "TENSOR",
