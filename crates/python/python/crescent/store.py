@@ -26,7 +26,7 @@ from crescent._crescent import (
     ReplicateConfig,
     SoftPinAction,
 )
-from crescent._tensor import ReadTarget, TensorCalls, TensorParallelism
+from crescent._tensor import ParallelAxis, ReadTarget, TensorCalls, TensorParallelism
 
 
 class MooncakeDistributedStore(TensorCalls, _crescent.MooncakeDistributedStore):
@@ -50,6 +50,7 @@ __all__ = [
     "Descriptor",
     "BufferHandle",
     "TensorParallelism",
+    "ParallelAxis",
     "ReadTarget",
     "UNKNOWN",
     "KVCACHE",
