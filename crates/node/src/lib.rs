@@ -21,11 +21,12 @@ use crescent_proto::{
     ClientId, ClientStatus, ErrorCode, MasterRequest, MasterResponse, SegmentId, SegmentKind, SegmentSpec,
 };
 use crescent_transfer::{SegmentMemory, SegmentRegistry, TransferServer, TransferServerHandle};
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Storage-node settings.
 #[derive(Debug, Clone)]
@@ -127,13 +128,206 @@ impl NodeConfig {
     }
 }
 
+/// The segments a node has mounted, in mount order: what it remounts on `NEED_REMOUNT` and unmounts at
+/// shutdown. Changed only by the node's pinger task (see [`Change`]); the lock is a leaf, never held across an
+/// await.
+type Mounted = Arc<Mutex<Vec<SegmentSpec>>>;
+
+/// A change of the node's mounted segments at run time, carried out by its pinger task: the one task that
+/// tells the master about the node's segments, so a remount never interleaves with a mount or an unmount (a
+/// remount sent with a list read before an unmount, arriving after it, would mount the segment again).
+enum Change {
+    /// Mount `spec` (its memory is registered already) and add it to the mounted list.
+    Mount { spec: SegmentSpec, done: oneshot::Sender<Result<(), ClientError>> },
+    /// Unmount segment `id` (gracefully when `grace_ms > 0`) and take it off the mounted list; answers its spec.
+    Unmount { id: SegmentId, grace_ms: u64, done: oneshot::Sender<Result<SegmentSpec, ClientError>> },
+}
+
+/// Carries out one [`Change`] at the master, updating `mounted` once the master accepted it.
+async fn apply(master: &MasterConnection, id: ClientId, mounted: &Mounted, change: Change) {
+    match change {
+        Change::Mount { spec, done } => {
+            let r = master.call(&MasterRequest::MountSegment { client: id, spec: spec.clone() }).await.map(|_| ());
+            if r.is_ok() {
+                mounted.lock().push(spec);
+            }
+            let _ = done.send(r);
+        }
+        Change::Unmount { id: segment, grace_ms, done } => {
+            let spec = mounted.lock().iter().find(|s| s.id == segment).cloned();
+            let r = match spec {
+                None => Err(unknown_segment(segment)),
+                Some(spec) => {
+                    let req = if grace_ms > 0 {
+                        MasterRequest::GracefulUnmount { client: id, segment, grace_ms }
+                    } else {
+                        MasterRequest::UnmountSegment { client: id, segment }
+                    };
+                    // Off the list once the master accepted it: a later remount must not bring it back (a
+                    // gracefully unmounting segment is unmounted by the master itself when its grace ends).
+                    master.call(&req).await.map(|_| {
+                        mounted.lock().retain(|s| s.id != segment);
+                        spec
+                    })
+                }
+            };
+            let _ = done.send(r);
+        }
+    }
+}
+
+/// The refusal of an unmount of a segment the node has not mounted (`INVALID_PARAMS`, as the original's client).
+fn unknown_segment(segment: SegmentId) -> ClientError {
+    ClientError::Refused(ErrorFrame {
+        code: ErrorCode::InvalidParams,
+        message: format!("segment {segment} is not mounted by this node"),
+    })
+}
+
+/// Mounts and unmounts segments of a running [`StorageNode`] (cheap to clone; usable while the node is shared).
+/// The changes are made by the node's pinger task, so they wait for a ping in flight to finish.
+#[derive(Clone)]
+pub struct SegmentControl {
+    id: ClientId,
+    changes: mpsc::Sender<Change>,
+    registry: SegmentRegistry,
+    master: Arc<MasterConnection>,
+    name: String,
+    endpoint: SocketAddr,
+    host: String,
+    mounted: Mounted,
+    stopped: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for SegmentControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentControl").field("id", &self.id).field("endpoint", &self.endpoint).finish()
+    }
+}
+
+/// How often a gracefully unmounted segment's status is asked once its grace ended, and how many times, before
+/// its memory is given up on (kept registered) with a warning.
+const GRACEFUL_POLL: Duration = Duration::from_secs(1);
+const GRACEFUL_POLLS: u32 = 30;
+
+impl SegmentControl {
+    /// Hands `change` to the pinger task and waits for its answer.
+    async fn send<T>(
+        &self,
+        change: impl FnOnce(oneshot::Sender<Result<T, ClientError>>) -> Change,
+    ) -> Result<T, ClientError> {
+        let stopping = || setup(ErrorCode::UnavailableInCurrentStatus, "storage node", "it is stopping");
+        let (done, answer) = oneshot::channel();
+        self.changes.send(change(done)).await.map_err(|_| stopping())?;
+        answer.await.map_err(|_| stopping())?
+    }
+
+    /// Hosts `memory` as one more memory segment of the node (named and placed like its others) and mounts it at
+    /// the master; from then on it is part of what the node remounts on `NEED_REMOUNT`. With `prefault`, its
+    /// pages are faulted in on a thread of their own after the mount. Returns its spec. On a refusal the
+    /// memory is no longer hosted.
+    pub async fn mount(&self, memory: Arc<SegmentMemory>, prefault: bool) -> Result<SegmentSpec, ClientError> {
+        let spec = SegmentSpec {
+            id: SegmentId::random(),
+            name: self.name.clone(),
+            base: memory.base_addr(),
+            size: memory.len(),
+            endpoint: self.endpoint.to_string(),
+            kind: SegmentKind::Memory,
+            host_id: self.host.clone(),
+        };
+        // Hosted before the master hears of it: a write placed there the moment the mount is accepted finds it.
+        self.registry.register(spec.id, memory.clone());
+        if let Err(e) = self.send(|done| Change::Mount { spec: spec.clone(), done }).await {
+            self.registry.unregister(&spec.id);
+            return Err(e);
+        }
+        tracing::info!(segment = %spec.id, "mounted a segment of {} at run time", fmt_bytes(spec.size));
+        if prefault {
+            prefault_in_background(vec![memory]);
+        }
+        Ok(spec)
+    }
+
+    /// Unmounts memory segment `id` at the master (refused `INVALID_PARAMS` if the node has not mounted it) and
+    /// stops hosting it. With a zero `grace` the master's unmount path drops the objects held there before it
+    /// answers (once its log entry is durable), and the memory goes at once (in-flight transfers keep it until
+    /// they end). With a positive `grace` the segment stays readable but takes no new objects for `grace`, then the
+    /// master unmounts it; the node keeps serving it until the master no longer knows it (asked every second
+    /// after the grace, 30 times at most: past that the memory stays hosted, with a warning).
+    pub async fn unmount(&self, id: SegmentId, grace: Duration) -> Result<SegmentSpec, ClientError> {
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let spec = self.send(|done| Change::Unmount { id, grace_ms, done }).await?;
+        if grace_ms == 0 {
+            self.unhost(&spec);
+            tracing::info!(segment = %id, "unmounted a segment of {}", fmt_bytes(spec.size));
+            return Ok(spec);
+        }
+        let this = self.clone();
+        let kept = spec.clone();
+        tokio::spawn(async move {
+            let mut stopped = this.stopped.clone();
+            let wait = async {
+                tokio::time::sleep(grace).await;
+                for _ in 0..GRACEFUL_POLLS {
+                    match this.master.call(&MasterRequest::SegmentStatus { segment: id }).await {
+                        Err(e) if e.code() == ErrorCode::SegmentNotFound => return true,
+                        Ok(_) | Err(_) => tokio::time::sleep(GRACEFUL_POLL).await,
+                    }
+                }
+                false
+            };
+            tokio::select! {
+                _ = stopped.changed() => {}
+                gone = wait => {
+                    if gone {
+                        this.unhost(&kept);
+                        tracing::info!(segment = %id, "gracefully unmounted a segment of {}", fmt_bytes(kept.size));
+                    } else {
+                        tracing::warn!(segment = %id, "the master still knows a gracefully unmounted segment: kept");
+                    }
+                }
+            }
+        });
+        Ok(spec)
+    }
+
+    /// Unmounts the node's disk tier at the master at once (objects kept only there are gone; it takes no more
+    /// offloads), keeps serving reads of it for `grace` (readers that had its ranges already), then stops hosting
+    /// it: the original's `DrainLocalDiskSegment`, for a planned shutdown. `false` when the node has no disk
+    /// tier mounted.
+    pub async fn drain_disk(&self, grace: Duration) -> Result<bool, ClientError> {
+        let disk = self.mounted.lock().iter().find(|s| s.kind == SegmentKind::Disk).map(|s| s.id);
+        let Some(id) = disk else { return Ok(false) };
+        self.send(|done| Change::Unmount { id, grace_ms: 0, done }).await?;
+        tracing::info!(segment = %id, "disk tier unmounted; serving its reads for {grace:?} more");
+        tokio::time::sleep(grace).await;
+        self.registry.unregister_disk(&id);
+        Ok(true)
+    }
+
+    /// The segments the node has mounted now (memory and disk), in mount order.
+    pub fn segments(&self) -> Vec<SegmentSpec> {
+        self.mounted.lock().clone()
+    }
+
+    /// Stops hosting `spec`'s memory or disk.
+    fn unhost(&self, spec: &SegmentSpec) {
+        match spec.kind {
+            SegmentKind::Disk => drop(self.registry.unregister_disk(&spec.id)),
+            _ => drop(self.registry.unregister(&spec.id)),
+        }
+    }
+}
+
 /// A running storage node.
 pub struct StorageNode {
     id: ClientId,
     endpoint: SocketAddr,
-    specs: Arc<Vec<SegmentSpec>>,
+    specs: Mounted,
     registry: SegmentRegistry,
     master: Arc<MasterConnection>,
+    control: SegmentControl,
     server: Option<TransferServerHandle>,
     stop: watch::Sender<bool>,
     pinger: Option<tokio::task::JoinHandle<()>>,
@@ -343,7 +537,7 @@ impl StorageNode {
         if config.prefault {
             prefault_in_background(memories);
         }
-        let specs = Arc::new(specs);
+        let specs: Mounted = Arc::new(Mutex::new(specs));
         let (stop, mut stopped) = watch::channel(false);
         let disk_worker = disk.map(|(disk_id, disk)| {
             // A connection of its own: a poll waits for work, and must not hold the pings back.
@@ -354,6 +548,18 @@ impl StorageNode {
             );
             disk::spawn_worker(conn, id, registry.clone(), disk_id, disk, stopped.clone())
         });
+        let (changes, mut changed) = mpsc::channel(16);
+        let control = SegmentControl {
+            id,
+            changes,
+            registry: registry.clone(),
+            master: master.clone(),
+            name,
+            endpoint,
+            host,
+            mounted: specs.clone(),
+            stopped: stopped.clone(),
+        };
         let remounts = Arc::new(AtomicU64::new(0));
         let (m, s, r, every) = (master.clone(), specs.clone(), remounts.clone(), config.ping_interval);
         let pinger = tokio::spawn(async move {
@@ -362,14 +568,20 @@ impl StorageNode {
             loop {
                 tokio::select! {
                     _ = stopped.changed() => break,
+                    Some(change) = changed.recv() => {
+                        apply(&m, id, &s, change).await;
+                        continue;
+                    }
                     _ = tick.tick() => {}
                 }
                 match m.call(&MasterRequest::Ping { client: id }).await {
                     Ok(MasterResponse::Pong { status: ClientStatus::NeedRemount, .. }) => {
-                        match remount(&m, id, &s).await {
+                        // The list as it is now: only this task changes it, so it cannot change under the remount.
+                        let list = s.lock().clone();
+                        match remount(&m, id, &list).await {
                             Ok(()) => {
                                 r.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!("master asked for a remount: remounted {} segments", s.len());
+                                tracing::info!("master asked for a remount: remounted {} segments", list.len());
                             }
                             Err(e) => tracing::warn!(error = %e, "remount failed"),
                         }
@@ -385,6 +597,7 @@ impl StorageNode {
             specs,
             registry,
             master,
+            control,
             server: Some(server),
             stop,
             pinger: Some(pinger),
@@ -403,9 +616,14 @@ impl StorageNode {
         self.endpoint
     }
 
-    /// The hosted segments.
-    pub fn segments(&self) -> &[SegmentSpec] {
-        &self.specs
+    /// The mounted segments (memory and disk), in mount order: those of start-up, then those mounted since.
+    pub fn segments(&self) -> Vec<SegmentSpec> {
+        self.specs.lock().clone()
+    }
+
+    /// A handle that mounts and unmounts segments of this node while it runs.
+    pub fn control(&self) -> SegmentControl {
+        self.control.clone()
     }
 
     /// The hosted segments' memory.
@@ -429,17 +647,18 @@ impl StorageNode {
             let _ = w.await;
         }
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let specs = self.specs.lock().clone();
         if grace_ms > 0 {
-            for spec in self.specs.iter() {
+            for spec in &specs {
                 let req = MasterRequest::GracefulUnmount { client: self.id, segment: spec.id, grace_ms };
                 self.master.call(&req).await?;
             }
             tokio::time::sleep(grace).await;
         }
-        for spec in self.specs.iter() {
+        for spec in &specs {
             self.master.call(&MasterRequest::UnmountSegment { client: self.id, segment: spec.id }).await?;
         }
-        tracing::info!("unmounted {} segment{}", self.specs.len(), if self.specs.len() == 1 { "" } else { "s" });
+        tracing::info!("unmounted {} segment{}", specs.len(), if specs.len() == 1 { "" } else { "s" });
         if let Some(s) = self.server.take() {
             s.shutdown().await;
         }

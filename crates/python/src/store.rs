@@ -13,10 +13,10 @@ use crescent_client::{Client, ClientConfig, ClientError, MasterAddress, ReadSess
 use crescent_net::auth::{CredentialSource, Keyring};
 use crescent_net::host::NodeKeys;
 use crescent_net::tls::{Tls, TlsFiles};
-use crescent_node::{NodeConfig, StorageNode};
+use crescent_node::{NodeConfig, SegmentControl, StorageNode};
 use crescent_proto::wire::{Batch, MAX_BATCH, WireKey};
-use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, TenantId};
-use crescent_transfer::{Attached, SegmentRegistry, TransferClient, TransferConfig, TransferError};
+use crescent_proto::{ErrorCode, MasterRequest, MasterResponse, Principal, SegmentId, TenantId};
+use crescent_transfer::{Attached, SegmentMemory, SegmentRegistry, TransferClient, TransferConfig, TransferError};
 use futures_util::future::join_all;
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// `INVALID_PARAMS`: a bad argument value, an unregistered or too-small buffer, mismatched list lengths.
@@ -66,11 +66,18 @@ struct Live {
     /// driving the sockets), so a reply never waits for a runtime thread to be woken (on a busy machine a
     /// cross-thread wake-up can cost a scheduler time slice per request).
     rt: tokio::runtime::Runtime,
-    /// Serves the hosted segment (its data plane and pings) on threads of its own; `None` for a store that
-    /// contributes nothing.
-    node_rt: Option<tokio::runtime::Runtime>,
+    /// Serves the hosted segments (their data plane and pings) on threads of its own; built at setup for a store
+    /// that contributes a segment, else by its first `mount_segment` / `allocate_and_mount_segment`.
+    node_rt: OnceLock<tokio::runtime::Runtime>,
     client: Client,
+    /// The node hosting the store's segments: started at setup with `global_segment_size > 0`, else by its first
+    /// run-time mount.
     node: Mutex<Option<StorageNode>>,
+    /// What a node started later needs (a client-only store's first run-time mount).
+    seed: NodeSeed,
+    /// The segments mounted at run time, by id: mapped from a file (`mount_segment`) or allocated
+    /// (`allocate_and_mount_segment`); each unmount call takes only its own kind, as the original's.
+    added: Mutex<HashMap<SegmentId, Added>>,
     /// `host:port`, what `get_hostname()` returns.
     hostname: String,
     /// The staging limit of the copying calls.
@@ -82,7 +89,191 @@ struct Live {
     prefer: Option<String>,
 }
 
+/// How a segment mounted at run time got its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Added {
+    /// A file's range mapped by `mount_segment`.
+    Mapped,
+    /// Memory `allocate_and_mount_segment` allocated.
+    Allocated,
+}
+
+/// What starting a storage node later takes: the master, where to listen, how to prove itself.
+struct NodeSeed {
+    master: String,
+    ip: IpAddr,
+    keys: Option<Arc<NodeKeys>>,
+    tls: Tls,
+}
+
+/// The original's `Slab::kSize`: `allocate_and_mount_segment` rounds sizes up to a multiple of it.
+const SLAB: u64 = 16 << 20;
+
+/// What the run-time segment calls answer for a failure of their own (the original's `-1`).
+const FAILED: i64 = -1;
+
+/// The runtime a store's hosted segments are served on. Sized and polling as `crescent node`'s runtime: half
+/// the cores (one on 2), and a worker about to sleep polls the process's server connections for 50 µs first, so
+/// the next request finds it awake. Two workers on the 2-vCPU VM served 4 MiB reads at 1.15–1.66 GB/s, one at
+/// 1.93–2.06 (one receiving client, `bench_store.py`'s topology): the client and the segment's one worker each
+/// keep a core.
+fn node_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads((cpus / 2).max(1))
+        .thread_name("crescent-segment")
+        .on_thread_park(crescent_net::poll::idle_park_hook(crescent_net::poll::DEFAULT_POLL_WINDOW))
+        .enable_all()
+        .build()
+}
+
+/// A segment id as the caller gave it: Crescent's form (a UUID, what these calls and replica descriptors
+/// answer) or the original's (`HIGH-LOW`, two decimal 64-bit halves).
+fn parse_segment_id(s: &str) -> Option<SegmentId> {
+    if let Ok(id) = s.parse() {
+        return Some(id);
+    }
+    let (high, low) = s.split_once('-')?;
+    Some(SegmentId::from_u64_pair(high.parse().ok()?, low.parse().ok()?))
+}
+
 impl Live {
+    /// The node's runtime, built now if the store has none yet.
+    fn node_runtime(&self) -> Result<&tokio::runtime::Runtime, i64> {
+        if let Some(rt) = self.node_rt.get() {
+            return Ok(rt);
+        }
+        let rt = node_runtime().map_err(|e| {
+            tracing::error!("no runtime for hosted segments: {e}");
+            FAILED
+        })?;
+        // Two first mounts at once: one runtime is kept, the other dropped unused.
+        let _ = self.node_rt.set(rt);
+        self.node_rt.get().ok_or(FAILED)
+    }
+
+    /// The control of the node hosting the store's segments, starting one (no segment of its own, listening on
+    /// the store's `host:port`) for a store that had none. No lock is held while it starts: two first mounts at
+    /// once may each start one, and the one not kept is shut down.
+    fn segment_control(&self) -> Result<(&tokio::runtime::Runtime, SegmentControl), i64> {
+        if let Some(node) = self.node.lock().as_ref() {
+            return Ok((self.node_runtime()?, node.control()));
+        }
+        if self.seed.tls.client.is_some() && self.seed.tls.server.is_none() {
+            // As `setup` refuses a hosted segment: its peers would dial it through TLS, as every node.
+            tracing::error!("mount: serving a segment in a TLS cluster needs a certificate (tls_cert and tls_key)");
+            return Err(FAILED);
+        }
+        let rt = self.node_runtime()?;
+        let (host, port) = split_host(&self.hostname);
+        let mut listen = port;
+        let mut attempts = 0;
+        let node = loop {
+            let Some(port) = listen.or_else(|| free_port(self.seed.ip)) else {
+                tracing::error!("mount: no free port for {host} in {:?}", port_range());
+                return Err(FAILED);
+            };
+            let mut nc = NodeConfig::new(self.seed.master.clone(), 0);
+            nc.segments = 0;
+            nc.listen = SocketAddr::new(self.seed.ip, port);
+            // Named as the store (`get_hostname()`), as the original names every segment a store mounts.
+            nc.name = Some(self.hostname.clone());
+            nc.host_id = Some(self.hostname.clone());
+            nc.prefault = false;
+            nc.keys = self.seed.keys.clone();
+            nc.tls = self.seed.tls.clone();
+            match rt.block_on(StorageNode::start(nc)) {
+                Ok(node) => break node,
+                Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
+                    if e.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 =>
+                {
+                    attempts += 1;
+                    listen = None;
+                }
+                Err(e) => {
+                    tracing::error!("mount: cannot start serving segments: {e}");
+                    return Err(FAILED);
+                }
+            }
+        };
+        let mut slot = self.node.lock();
+        if let Some(kept) = slot.as_ref() {
+            let control = kept.control();
+            drop(slot);
+            if let Err(e) = rt.block_on(node.shutdown(Duration::ZERO)) {
+                tracing::debug!("mount: a node started twice: {e}");
+            }
+            return Ok((rt, control));
+        }
+        let control = node.control();
+        *slot = Some(node);
+        Ok((rt, control))
+    }
+
+    /// Mounts `memory` as one more segment of the store; its id, or `-1`.
+    fn mount(&self, memory: SegmentMemory, kind: Added) -> Result<SegmentId, i64> {
+        let (rt, control) = self.segment_control()?;
+        match rt.block_on(control.mount(Arc::new(memory), kind == Added::Allocated)) {
+            Ok(spec) => {
+                self.added.lock().insert(spec.id, kind);
+                Ok(spec.id)
+            }
+            Err(e) => {
+                tracing::error!("mount_segment: the master refused the segment: {e}");
+                Err(FAILED)
+            }
+        }
+    }
+
+    /// Unmounts the run-time segments `ids` of `kind`, as the original's `unmountSegment` /
+    /// `unmountAndFreeSegment`: 0, or the first failure (`-1` for an id that is not one of them, else the code
+    /// the master answered); an id that failed keeps its segment.
+    fn unmount(&self, ids: &[String], grace: Duration, kind: Added) -> i64 {
+        let mut first = 0;
+        let mut fail = |c: i64| {
+            if first == 0 {
+                first = c;
+            }
+        };
+        let mut todo = Vec::new();
+        {
+            let added = self.added.lock();
+            for text in ids {
+                match parse_segment_id(text) {
+                    None => {
+                        tracing::error!("unmount: invalid segment id {text:?}");
+                        fail(FAILED);
+                    }
+                    Some(id) if added.get(&id) == Some(&kind) => todo.push(id),
+                    Some(_) => {
+                        tracing::error!("unmount: segment {text} was not mounted by this call's counterpart");
+                        fail(FAILED);
+                    }
+                }
+            }
+        }
+        if todo.is_empty() {
+            return first;
+        }
+        let control = match self.node.lock().as_ref() {
+            Some(node) => node.control(),
+            None => return FAILED,
+        };
+        let Some(rt) = self.node_rt.get() else { return FAILED };
+        for id in todo {
+            match rt.block_on(control.unmount(id, grace)) {
+                Ok(_) => {
+                    self.added.lock().remove(&id);
+                }
+                Err(e) => {
+                    tracing::error!("unmount of segment {id} failed: {e}");
+                    fail(code(&e));
+                }
+            }
+        }
+        first
+    }
+
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }
@@ -603,23 +794,10 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
     };
     let disk = disk_tier(args)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(no_runtime)?;
-    let node_rt = if args.global_segment_size > 0 {
-        // Sized and polling as `crescent node`'s runtime: half the cores (one on 2), and a worker about to sleep
-        // polls the process's server connections for 50 µs first, so the next request finds it awake. Two
-        // workers on the 2-vCPU VM served 4 MiB reads at 1.15–1.66 GB/s, one at 1.93–2.06 (one receiving client,
-        // `bench_store.py`'s topology): the client and the segment's one worker each keep a core.
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads((cpus / 2).max(1))
-            .thread_name("crescent-segment")
-            .on_thread_park(crescent_net::poll::idle_park_hook(crescent_net::poll::DEFAULT_POLL_WINDOW))
-            .enable_all()
-            .build()
-            .map_err(no_runtime)?;
-        Some(rt)
-    } else {
-        None
-    };
+    let node_rt = OnceLock::new();
+    if args.global_segment_size > 0 {
+        let _ = node_rt.set(node_runtime().map_err(no_runtime)?);
+    }
     let registry = SegmentRegistry::default();
     // A port picked here may be taken by another process before the segment's server binds it: pick again.
     let mut attempts = 0;
@@ -650,7 +828,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.keys = keys.clone();
         nc.tls = tls.clone();
         nc.disk = disk.clone();
-        let Some(node_rt) = node_rt.as_ref() else { return Err(NOT_SET_UP) };
+        let Some(node_rt) = node_rt.get() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
             Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
@@ -664,7 +842,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             }
         }
     };
-    let mut config = ClientConfig::new(master.clone()).with_credential(credential).with_tls(tls.client);
+    let mut config = ClientConfig::new(master.clone()).with_credential(credential).with_tls(tls.client.clone());
     config.tenant = tenant.clone();
     config.host_id = Some(hostname.clone());
     let client = Client::with_local_segments(config, registry);
@@ -675,11 +853,14 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
             code(&e)
         })?;
     }
+    let seed = NodeSeed { master, ip, keys, tls: tls.clone() };
     Ok(Live {
         rt,
         node_rt,
         client,
         node: Mutex::new(node),
+        seed,
+        added: Mutex::default(),
         hostname,
         local_buffer: args.local_buffer_size,
         tenant,
@@ -783,9 +964,12 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
     );
     Ok(Live {
         rt,
-        node_rt: None,
+        node_rt: std::sync::OnceLock::new(),
         client,
         node: Mutex::new(None),
+        // Segments it mounts at run time are served by a node of its own, as a client-only store's.
+        seed: NodeSeed { master, ip: IpAddr::from([127, 0, 0, 1]), keys: None, tls: Tls::default() },
+        added: Mutex::default(),
         // The original's attached store has no hostname of its own.
         hostname: String::new(),
         local_buffer: local_buffer_size,
@@ -842,7 +1026,7 @@ async fn attach_with_ticket(client: &Client, endpoints: &[String]) -> Result<Att
 /// stops its runtime.
 fn stop(live: Arc<Live>) {
     let node = live.node.lock().take();
-    if let (Some(node), Some(node_rt)) = (node, live.node_rt.as_ref())
+    if let (Some(node), Some(node_rt)) = (node, live.node_rt.get())
         && let Err(e) = node_rt.block_on(node.shutdown(Duration::ZERO))
     {
         tracing::warn!("close: unmount failed: {e}");
@@ -853,10 +1037,34 @@ fn stop(live: Arc<Live>) {
     // The runtimes stop when the last call in flight lets go of the store.
     if let Ok(live) = Arc::try_unwrap(live) {
         live.rt.shutdown_timeout(Duration::from_secs(1));
-        if let Some(node_rt) = live.node_rt {
+        if let Some(node_rt) = live.node_rt.into_inner() {
             node_rt.shutdown_timeout(Duration::from_secs(1));
         }
     }
+}
+
+/// What a file offset `mount_segment` maps must be a multiple of: the original refuses offsets off a page
+/// boundary; 4 KiB is the page on x86-64 (on a host of larger pages the mapping itself still starts at the
+/// page below the offset, so a 4 KiB-aligned offset maps correctly there too).
+const PAGE: u64 = 4096;
+
+/// The original's answer to a run-time mount: `{"ret", "segment_ids"}` (and `"allocated_size"` when given).
+fn segment_result<'py>(
+    py: Python<'py>,
+    outcome: Result<Vec<SegmentId>, i64>,
+    allocated: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let (ret, ids) = match outcome {
+        Ok(ids) => (0, ids.iter().map(ToString::to_string).collect()),
+        Err(c) => (c, Vec::new()),
+    };
+    d.set_item("ret", ret)?;
+    d.set_item("segment_ids", PyList::new(py, ids)?)?;
+    if let Some(n) = allocated {
+        d.set_item("allocated_size", n)?;
+    }
+    Ok(d)
 }
 
 /// One item of a zero-copy batch: its key and checked range, or the code it fails with at once.
@@ -1101,6 +1309,134 @@ impl Store {
     #[pyo3(signature = (/))]
     fn get_offload_rpc_read_count(&self) -> u64 {
         self.live().map_or(0, |l| l.client.disk_reads())
+    }
+
+    // ---- segments mounted at run time ----
+
+    /// Maps `size` bytes of the file or shared-memory object at `path` from `offset` (a multiple of 4 KiB) and mounts them as one more segment of this store, named as its others (`get_hostname()`); the
+    /// file is mapped shared, so its bytes are the objects'. A store set up without a segment of its own starts
+    /// serving segments now. `{"ret": 0 or -1, "segment_ids": [...]}` (one id; none for `size == 0`), as the
+    /// original: `-1` when the file cannot be opened, the range passes its end, `offset` is not page-aligned, or
+    /// the master refuses the segment. `protocol` and `location` are accepted and not used (Crescent moves bytes
+    /// over TCP).
+    #[pyo3(signature = (path, size, offset=0, protocol=String::from("tcp"), location=String::new()))]
+    fn mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        path: String,
+        size: u64,
+        offset: u64,
+        protocol: String,
+        location: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = (protocol, location);
+        let live = self.live();
+        let outcome = py.detach(|| {
+            let live = live.ok_or(FAILED)?;
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
+                tracing::error!("mount_segment: cannot open {path}: {e}");
+                FAILED
+            })?;
+            let len = file.metadata().map(|m| m.len()).map_err(|e| {
+                tracing::error!("mount_segment: cannot stat {path}: {e}");
+                FAILED
+            })?;
+            if offset > len || size > len - offset {
+                tracing::error!("mount_segment: [{offset}, +{size}) passes the end of {path} ({len} bytes)");
+                return Err(FAILED);
+            }
+            if !offset.is_multiple_of(PAGE) {
+                tracing::error!("mount_segment: offset {offset} is not a multiple of {PAGE}");
+                return Err(FAILED);
+            }
+            if size == 0 {
+                return Ok(Vec::new());
+            }
+            let memory = SegmentMemory::file(&file, offset, size).map_err(|e| {
+                tracing::error!("mount_segment: cannot map {path}: {e}");
+                FAILED
+            })?;
+            live.mount(memory, Added::Mapped).map(|id| vec![id])
+        });
+        segment_result(py, outcome, None)
+    }
+
+    /// Unmounts segments `mount_segment` mounted, by id, through the master's unmount path: with
+    /// `grace_period_seconds == 0` the objects stored there are gone when it answers, and the file is unmapped;
+    /// with a grace period the segment stays readable (taking no new objects) for it, then the master unmounts it
+    /// and the mapping goes. 0, or the first failure: `-1` for an id that is not one of this store's
+    /// `mount_segment` segments, else the master's code.
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_segment(&self, py: Python<'_>, segment_ids: Vec<String>, grace_period_seconds: u64) -> i64 {
+        let Some(live) = self.live() else { return FAILED };
+        py.detach(|| live.unmount(&segment_ids, Duration::from_secs(grace_period_seconds), Added::Mapped))
+    }
+
+    /// Allocates `size` bytes, rounded up to a multiple of 16 MiB (the original's slab), and mounts them as one
+    /// more segment of this store (its pages faulted in on a thread of their own). A store set up without a
+    /// segment of its own starts serving segments now. `{"ret": 0 or -1, "segment_ids": [...],
+    /// "allocated_size": bytes}`; `-1` for `size == 0`, no memory, or a refusal by the master.
+    #[pyo3(signature = (size, protocol=String::from("tcp"), location=String::new()))]
+    fn allocate_and_mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        protocol: String,
+        location: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = (protocol, location);
+        let live = self.live();
+        let aligned = size.checked_next_multiple_of(SLAB);
+        let outcome = py.detach(|| {
+            let live = live.ok_or(FAILED)?;
+            let aligned = match aligned {
+                Some(n) if size > 0 => n,
+                _ => {
+                    tracing::error!("allocate_and_mount_segment: size {size} is 0 or too large");
+                    return Err(FAILED);
+                }
+            };
+            let memory = SegmentMemory::anonymous(aligned).map_err(|e| {
+                tracing::error!("allocate_and_mount_segment: no memory for {aligned} bytes: {e}");
+                FAILED
+            })?;
+            live.mount(memory, Added::Allocated).map(|id| vec![id])
+        });
+        let allocated = if outcome.is_ok() { aligned } else { None };
+        segment_result(py, outcome, Some(allocated.unwrap_or(0)))
+    }
+
+    /// Unmounts segments `allocate_and_mount_segment` mounted, by id, and frees their memory (after the grace
+    /// period, if any: see `unmount_segment`). 0, or the first failure: `-1` for an id that is not one of this
+    /// store's allocated segments, else the master's code.
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_and_free_segment(&self, py: Python<'_>, segment_ids: Vec<String>, grace_period_seconds: u64) -> i64 {
+        let Some(live) = self.live() else { return FAILED };
+        py.detach(|| live.unmount(&segment_ids, Duration::from_secs(grace_period_seconds), Added::Allocated))
+    }
+
+    /// Unmounts this store's disk tier at the master (objects kept only there are gone, no more offloads land
+    /// there), keeps serving its reads for `grace_period_seconds`, then stops: the original's drain before a
+    /// planned shutdown. 0 (also without a disk tier); `-1` when the master refuses.
+    #[pyo3(signature = (grace_period_seconds=0))]
+    fn unmount_local_disk_segment(&self, py: Python<'_>, grace_period_seconds: u64) -> i64 {
+        let Some(live) = self.live() else { return FAILED };
+        let control = live.node.lock().as_ref().map(StorageNode::control);
+        let (Some(control), Some(rt)) = (control, live.node_rt.get()) else {
+            tracing::warn!("unmount_local_disk_segment: no disk tier (ssd offload is not enabled)");
+            return 0;
+        };
+        match py.detach(|| rt.block_on(control.drain_disk(Duration::from_secs(grace_period_seconds)))) {
+            Ok(true) => 0,
+            Ok(false) => {
+                tracing::warn!("unmount_local_disk_segment: no disk tier (ssd offload is not enabled)");
+                0
+            }
+            Err(e) => {
+                tracing::error!("unmount_local_disk_segment: {e}");
+                FAILED
+            }
+        }
     }
 
     // ---- copying calls ----

@@ -157,3 +157,30 @@ def test_reads_served_from_disk_are_counted_and_memory_reads_are_not(lone_master
     finally:
         s.remove_all(force=True)
         s.close()
+
+
+def test_unmount_local_disk_segment_drops_the_disk_tier(lone_master, tmp_path, monkeypatch):
+    monkeypatch.delenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", raising=False)
+    s = MooncakeDistributedStore()
+    rc = s.setup("localhost", "P2PHANDSHAKE", 4 * MiB, 16 * MiB, "tcp", "", lone_master,
+                 enable_ssd_offload=True, ssd_offload_path=str(tmp_path))
+    assert rc == 0
+    try:
+        size = 256 * KiB
+        n = 32
+        for i in range(n):
+            assert s.put(f"d{i}", value(i, size)) == 0, i
+        on_disk = lambda key: [r.is_local_disk_replica() for r in s.get_replica_desc(key)] == [True]
+        assert wait_until(lambda: on_disk("d0")), "the first value was evicted to the disk tier"
+        started = time.monotonic()
+        assert s.unmount_local_disk_segment(grace_period_seconds=1) == 0
+        assert time.monotonic() - started >= 1, "the call waits out the grace period"
+        assert s.get("d0") == b"", "an object kept only on the disk tier is gone with it"
+        assert s.unmount_local_disk_segment() == 0, "no disk tier left: a no-op"
+        # Memory goes on working without it: new values fit once old ones are evicted (and not offloaded).
+        for i in range(n):
+            assert s.put(f"e{i}", value(i, size)) == 0, i
+        assert all(not r.is_local_disk_replica() for i in range(n) for r in s.get_replica_desc(f"e{i}"))
+    finally:
+        s.remove_all(force=True)
+        s.close()

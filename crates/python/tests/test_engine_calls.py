@@ -465,6 +465,96 @@ def test_zero_copy_tensor_calls(store, buf, key):
     assert store.batch_upsert_tensor_from([key], [buf.ptr], [len(obj)]) == [0]
 
 
+def test_with_parallelism_calls_without_a_shard_request_store_the_full_tensor(store, buf, key):
+    from mooncake.store import ReadTarget, ReplicateConfig, TensorParallelism
+
+    t = torch.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert store.put_tensor_with_parallelism(key, t) == 0
+    assert np.array_equal(arr(store.get_tensor(key)), arr(t)), "the full tensor under the key itself"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key)), arr(t))
+    stored = ReadTarget()
+    assert stored.mode == "as_stored"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, stored)), arr(t))
+    assert store.upsert_tensor_with_parallelism(key, torch.Tensor(arr(t) + 1)) == 0
+    assert np.array_equal(arr(store.get_tensor(key)), arr(t) + 1)
+    keys = [key + "-a", key + "-b"]
+    assert store.batch_put_tensor_with_parallelism(keys, [t, torch.Tensor(arr(t) * 2)], config=ReplicateConfig()) == [0, 0]
+    got = store.batch_get_tensor_with_parallelism(keys)
+    assert np.array_equal(arr(got[0]), arr(t)) and np.array_equal(arr(got[1]), arr(t) * 2)
+    got = store.batch_get_tensor_with_parallelism(keys, [None, stored])
+    assert np.array_equal(arr(got[1]), arr(t) * 2)
+    assert store.batch_get_tensor_with_parallelism(keys, [None]) == [None, None], "one target per key"
+    assert store.batch_upsert_tensor_with_parallelism(keys, [t, t]) == [0, 0]
+    assert store.batch_put_tensor_with_parallelism(keys, [t]) == [INVALID_PARAMS] * 2, "mismatched lists"
+    # From registered memory: the tensor object (header, then bytes), checked.
+    a = np.arange(8, dtype=np.int32).reshape(2, 4)
+    obj = tensor_header(6, (2, 4), (2, 4), a.nbytes) + a.tobytes()
+    buf.write(0, obj)
+    assert store.put_tensor_with_parallelism_from(key + "-f", buf.ptr, len(obj)) == 0
+    assert np.array_equal(arr(store.get_tensor(key + "-f")), a)
+    assert store.upsert_tensor_with_parallelism_from(key + "-f", buf.ptr, len(obj), config=ReplicateConfig()) == 0
+    assert store.put_tensor_with_parallelism_from(key + "-t", buf.ptr, len(obj) - 4, config=ReplicateConfig()) == INVALID_PARAMS
+    assert store.batch_put_tensor_with_parallelism_from([key + "-g"], [buf.ptr], [len(obj)]) == [0]
+    assert store.batch_upsert_tensor_with_parallelism_from([key + "-g"], [buf.ptr], [len(obj)]) == [0]
+    into = buf.ptr + 4096
+    assert np.array_equal(arr(store.get_tensor_with_parallelism_into(key + "-g", into, 4096)), a)
+    got = store.batch_get_tensor_with_parallelism_into([key + "-g"], [into], [4096])
+    assert np.array_equal(arr(got[0]), a)
+    # A writer partition with a parallelism is refused before anything is written.
+    assert store.put_tensor_with_parallelism(key + "-x", t, TensorParallelism(), writer_partition=object()) == INVALID_PARAMS
+    assert store.get_tensor(key + "-x") is None
+
+
+def test_a_single_tp_axis_stores_the_callers_shard_and_its_manifest(store, buf, key):
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    def tp(rank, size, split_dim=1, kind="tp"):
+        axis = ParallelAxis()
+        axis.kind, axis.rank, axis.size, axis.split_dim = kind, rank, size, split_dim
+        p = TensorParallelism()
+        p.axes = [axis]
+        return p
+
+    def shard_target(rank, size, split_dim=1):
+        t = ReadTarget()
+        t.mode = "shard"
+        t.parallelism = tp(rank, size, split_dim)
+        return t
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    part = a[:, 2:]
+    shard = torch.Tensor(np.ascontiguousarray(part))
+    assert store.put_tensor_with_parallelism(key, shard, tp(1, 2)) == 0
+    # Rank 1's object: the caller's tensor as a SHARD of the (3, 4) tensor, then the manifest of the split.
+    raw = bytes(store.get_buffer(key + "_tp_1"))
+    axis = (1, 0, 1, 2, 1, 0, 2)  # TP, axis 0, rank 1 of 2, split_dim 1, local extent 2
+    assert raw == tensor_header(0, (3, 4), (3, 2), part.nbytes, [axis]) + part.tobytes()
+    manifest = bytes(store.get_buffer(key + "__parallelism_manifest"))
+    assert manifest == struct.pack("<IHHiiiii4x8q", 0x574D414E, 1, 96, 0, 2, 1, 2, 0, 3, 4, *[-1] * 6)
+    assert store.get_tensor(key) is None, "nothing under the key itself"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2))), part)
+    assert store.get_tensor_with_parallelism(key, shard_target(0, 2)) is None, "rank 0 was not written"
+    # Another split with the other shards missing: the rank's object as stored (the original's fallback).
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2, 0))), part)
+    into = buf.ptr + 4096
+    got = store.get_tensor_with_parallelism_into(key, into, 4096, shard_target(1, 2))
+    assert np.array_equal(arr(got), part)
+    assert store.upsert_tensor_with_parallelism(key, torch.Tensor(np.ascontiguousarray(part) + 1), tp(1, 2)) == 0
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2))), part + 1)
+    # Batches go key by key, each with its own parallelism (None: the full tensor under the key).
+    rows = torch.Tensor(np.ascontiguousarray(a[:1]))
+    keys = [key + "-r", key + "-f"]
+    assert store.batch_put_tensor_with_parallelism(keys, [rows, torch.Tensor(a)], [tp(0, 3, 0), None]) == [0, 0]
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(keys[0], shard_target(0, 3, 0))), a[:1])
+    assert np.array_equal(arr(store.get_tensor(keys[1])), a)
+    assert store.batch_put_tensor_with_parallelism(keys, [rows, rows], [tp(0, 3, 0)]) == [INVALID_PARAMS] * 2
+    # What the original refuses: a rank out of range, no split_dim, a kind it does not know.
+    assert store.put_tensor_with_parallelism(key + "-x", shard, tp(2, 2)) == INVALID_PARAMS
+    assert store.put_tensor_with_parallelism(key + "-x", shard, tp(0, 2, None)) == INVALID_PARAMS
+    assert store.put_tensor_with_parallelism(key + "-x", shard, tp(0, 2, 1, "zz")) == INVALID_PARAMS
+    assert store.get_tensor(key + "-x_tp_0") is None
+
+
 def test_zero_copy_tensor_parallel_calls(store, buf, key):
     a = np.arange(16, dtype=np.int16).reshape(4, 4)
     obj = tensor_header(4, (4, 4), (4, 4), a.nbytes) + a.tobytes()

@@ -124,6 +124,17 @@ impl SegmentMemory {
         Ok(Self { map, leases: Mutex::new(Vec::new()), file: Some(file), owner: Some(owner) })
     }
 
+    /// A shared mapping of `size` bytes of `file` from `offset`, as the original's
+    /// `mount_segment(path, size, offset)` maps a file or shared-memory object: writes land in the file, and the
+    /// mapping outlives `file`'s descriptor. Whoever else maps or writes the file shares the bytes (as with
+    /// [`SegmentMemory::memfd`]); one that truncates it below the mapping makes an access raise `SIGBUS`, as
+    /// for any file mapping. Not a [`SegmentMemory::fd`] segment: offsets into it are not offsets into the
+    /// file.
+    pub fn file(file: &File, offset: u64, size: u64) -> io::Result<Self> {
+        let map = MmapOptions::new().offset(offset).len(to_usize(size)?).map_raw(file)?;
+        Ok(Self { map, leases: Mutex::new(Vec::new()), file: None, owner: None })
+    }
+
     /// Backs the whole segment with memory now (transparent huge pages where the kernel allows), so the
     /// first write into a range does not stall on page faults. A storage node does this once at start-up;
     /// errors (an old kernel without `MADV_POPULATE_WRITE`) leave the segment faulting lazily as before.
@@ -408,6 +419,32 @@ mod tests {
         assert_eq!(&via_fd, b"hello memfd");
         assert!(SegmentMemory::anonymous(16).unwrap().fd().is_none());
         assert!(SegmentMemory::memfd("bad\0name", 16).is_err());
+    }
+
+    #[test]
+    fn file_segments_map_a_range_of_the_file_shared() {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let page = 4096u64;
+        let path = std::env::temp_dir().join(format!("crescent-file-segment-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(4 * page).unwrap();
+        f.seek(SeekFrom::Start(page)).unwrap();
+        f.write_all(b"already there").unwrap();
+        let m = SegmentMemory::file(&f, page, 2 * page).unwrap();
+        assert_eq!(m.len(), 2 * page);
+        assert!(m.fd().is_none(), "offsets into it are not the file's");
+        let mut back = [0u8; 13];
+        m.read_at(0, &mut back).unwrap();
+        assert_eq!(&back, b"already there");
+        m.write_at(page, b"into the file").unwrap();
+        f.seek(SeekFrom::Start(2 * page)).unwrap();
+        let mut via_file = [0u8; 13];
+        f.read_exact(&mut via_file).unwrap();
+        assert_eq!(&via_file, b"into the file");
+        assert!(SegmentMemory::file(&f, 0, u64::MAX).is_err(), "a size beyond usize is refused");
+        drop(f);
+        m.write_at(0, b"after close").unwrap(); // the mapping outlives the descriptor
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -223,6 +223,25 @@ class MooncakeDistributedStore:
         """``host:port`` (a port from [12300, 14300] when ``local_hostname`` had none); ``""`` before setup."""
     def get_offload_rpc_read_count(self, /) -> int:
         """Objects this store has read from a disk-tier replica (``LOCAL_DISK``); ``0`` before setup."""
+    def mount_segment(
+        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Maps ``size`` bytes of the file (or ``/dev/shm`` object) at ``path`` from ``offset`` (4 KiB-aligned)
+        shared and mounts them as one more segment of this store, named ``get_hostname()`` (a store without a
+        segment of its own starts serving segments now). ``{"ret": 0 | -1, "segment_ids": [id]}`` (no id for
+        ``size == 0``); ``protocol`` and ``location`` are not used."""
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmounts ``mount_segment`` segments by id: with no grace period their objects are gone when it answers;
+        with one they stay readable (no new objects) until it ends. 0, or the first failure (``-1`` for an id that
+        is not one of them, else the master's code)."""
+    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp", location: str = "") -> dict[str, Any]:
+        """Allocates ``size`` bytes rounded up to 16 MiB and mounts them as one more segment of this store.
+        ``{"ret": 0 | -1, "segment_ids": [id], "allocated_size": bytes}`` (``-1`` for ``size == 0``)."""
+    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """``unmount_segment`` for ``allocate_and_mount_segment`` segments; their memory is freed."""
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        """Unmounts this store's disk tier at the master at once, serves its reads for the grace period, then stops
+        serving it. 0 (also without a disk tier), ``-1`` on a refusal."""
     def put(self, key: str, value: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
     def upsert(self, key: str, value: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...
     def put_parts(self, key: str, *parts: _BytesLike, config: Optional[ReplicateConfig] = None) -> int: ...

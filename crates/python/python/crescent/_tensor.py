@@ -1,5 +1,5 @@
-"""The original's tensor calls (``put_tensor``, ``get_tensor``, their batch, zero-copy, upsert, ``pub`` and
-``_with_tp`` forms) over the store's byte calls, without torch as a dependency.
+"""The original's tensor calls (``put_tensor``, ``get_tensor``, their batch, zero-copy, upsert, ``pub``,
+``_with_tp`` and ``_with_parallelism`` forms) over the store's byte calls, without torch as a dependency.
 
 On the store a tensor is one object: the original's 304-byte ``TensorMetadata`` header (magic ``MOON``, version,
 dtype code, ndim, layout kind FULL or SHARD, data offset and length, global and local shape, up to four layout
@@ -430,7 +430,7 @@ class TensorCalls:
             return INVALID_PARAMS
         return self.upsert_from(key, buffer_ptr, size)
 
-    def _batch_from(self, keys: list, buffer_ptrs: list, sizes: list, upsert: bool) -> list:
+    def _batch_from(self, keys: list, buffer_ptrs: list, sizes: list, upsert: bool, config: Any = None) -> list:
         n = len(keys)
         if n == 0:
             return []
@@ -440,7 +440,7 @@ class TensorCalls:
         if not all(self._checked_object(p, s) for p, s in zip(buffer_ptrs, sizes)):
             return [INVALID_PARAMS] * n
         call = self.batch_upsert_from if upsert else self.batch_put_from
-        return call(list(keys), list(buffer_ptrs), list(sizes))
+        return call(list(keys), list(buffer_ptrs), list(sizes), config)
 
     def batch_put_tensor_from(self, keys: list, buffer_ptrs: list, sizes: list) -> list:
         """``put_tensor_from`` of each key; every key −600 when any object is not a tensor object."""
@@ -575,6 +575,167 @@ class TensorCalls:
         keys = list(base_keys) if tp_size <= 1 else [tp_key(k, tp_rank) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
+    # -- the unified `_with_parallelism` family --
+    #
+    # The original routes each call by its request. No `parallelism` and no `writer_partition` is a full object
+    # under the key itself (its DIRECT_FULL_OBJECT route, the same object `put_tensor` writes); a read target of
+    # None or mode "as_stored" without axes reads the key as stored (`get_tensor`). A `parallelism` of one TP axis
+    # (its TP_SHARDED_PARALLELISM route with one axis) stores the caller's tensor as that rank's shard: a SHARD
+    # object under `{key}_tp_{rank}` (global shape = the shard's, times `size` along `split_dim`), then the
+    # parallelism manifest under `{key}__parallelism_manifest`; a "shard" target of one TP axis reads that rank's
+    # object back (see `_shard_key`). Those routes are these calls, byte for byte. The other
+    # requests (several axes, DP/EP/PP axes, writer partitions, "full" targets of sharded objects) go to the
+    # original's planner of shard keys and reconstructions, which Crescent does not have yet: they answer −600
+    # (puts) or None (gets), as the original answers a request it cannot plan.
+
+    def _direct_write(self, parallelism: Any, writer_partition: Any, config: Any) -> int:
+        """0 when a request takes the full-object route; else −600 (shard requests, a refused config)."""
+        if parallelism is not None or writer_partition is not None:
+            return INVALID_PARAMS
+        return INVALID_PARAMS if _config_refused(config) else 0
+
+    def _tp_shard_write(self, key: str, tensor: Any, parallelism: Any, writer_partition: Any, config: Any,
+                        upsert: bool) -> Optional[int]:
+        """The single-TP-axis route (see above): 0 or a code; ``None`` when the request is not one."""
+        if writer_partition is not None or parallelism is None:
+            return None
+        axis = _single_tp_axis(parallelism)
+        if axis is None:
+            return INVALID_PARAMS
+        rank, size, split_dim = axis
+        found = as_array(tensor)
+        if found is None or not 0 <= split_dim < found[1].ndim:
+            return INVALID_PARAMS
+        code, array = found
+        global_shape = list(array.shape)
+        global_shape[split_dim] *= size
+        obj = [header(code, global_shape, array.shape, array.nbytes,
+                      [(AXIS_TP, rank, size, split_dim, array.shape[split_dim])]), _raw(array)]
+        rc = self._put_objects([tp_key(key, rank)], [obj], config, upsert)[0]
+        if rc != 0:
+            return rc
+        manifest = manifest_bytes(code, global_shape, split_dim, size)
+        return self._batch_put_values([manifest_key(key)], [manifest], config, upsert)[0]
+
+    def _batch_direct_write(self, n: int, parallelisms: Any, writer_partitions: Any, config: Any,
+                            values: int) -> int:
+        """As ``_direct_write`` for a batch of ``n`` keys and ``values`` values, with the original's checks of
+        the batch's ``group_ids`` (one per key, or none) and lengths first."""
+        ids = _group_ids(config)
+        if (ids is not None and len(ids) != n) or values != n:
+            return INVALID_PARAMS
+        return self._direct_write(parallelisms, writer_partitions, config)
+
+    def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
+                                    writer_partition: Any = None) -> int:
+        """Without ``parallelism`` or ``writer_partition``: ``pub_tensor(key, tensor, config)`` (the full tensor
+        under ``key``). Shard requests: −600 (not yet in Crescent)."""
+        shard = self._tp_shard_write(key, tensor, parallelism, writer_partition, config, False)
+        if shard is not None:
+            return shard
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._put_tensors([key], [tensor], config, False)[0]
+
+    def upsert_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
+                                       writer_partition: Any = None) -> int:
+        """Like ``put_tensor_with_parallelism``, replacing an existing value."""
+        shard = self._tp_shard_write(key, tensor, parallelism, writer_partition, config, True)
+        if shard is not None:
+            return shard
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._put_tensors([key], [tensor], config, True)[0]
+
+    def batch_put_tensor_with_parallelism(self, keys: list, tensors_list: list, parallelisms: Any = None,
+                                          config: Any = None, writer_partitions: Any = None) -> list:
+        """``put_tensor_with_parallelism`` of each key (``[-600] * len(keys)`` for mismatched lists)."""
+        return self._batch_tensors(keys, tensors_list, parallelisms, writer_partitions, config, False)
+
+    def batch_upsert_tensor_with_parallelism(self, keys: list, tensors_list: list, parallelisms: Any = None,
+                                             config: Any = None, writer_partitions: Any = None) -> list:
+        """``upsert_tensor_with_parallelism`` of each key."""
+        return self._batch_tensors(keys, tensors_list, parallelisms, writer_partitions, config, True)
+
+    def _batch_tensors(self, keys: list, tensors_list: list, parallelisms: Any, writer_partitions: Any,
+                       config: Any, upsert: bool) -> list:
+        """The batch puts: all full objects in one batch, or (``parallelisms``: one per key) key by key, each with
+        its own group id when the config has one per key (the original's ``ForSingleKey``)."""
+        n = len(keys)
+        if parallelisms is None:
+            rc = self._batch_direct_write(n, parallelisms, writer_partitions, config, len(tensors_list))
+            return [rc] * n if rc else self._put_tensors(keys, tensors_list, config, upsert)
+        ids = _group_ids(config)
+        if (writer_partitions is not None or len(tensors_list) != n or (ids is not None and len(ids) != n)
+                or not isinstance(parallelisms, list) or len(parallelisms) != n):
+            return [INVALID_PARAMS] * n
+        put = self.upsert_tensor_with_parallelism if upsert else self.put_tensor_with_parallelism
+        return [put(k, t, p, _with_groups(config, [ids[i]]) if ids is not None else config)
+                for i, (k, t, p) in enumerate(zip(keys, tensors_list, parallelisms))]
+
+    def _tensor_from(self, key: str, buffer_ptr: int, size: int, config: Any, upsert: bool) -> int:
+        if not self._checked_object(buffer_ptr, size):
+            return INVALID_PARAMS
+        return (self.upsert_from if upsert else self.put_from)(key, buffer_ptr, size, config)
+
+    def put_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
+                                         config: Any = None, writer_partition: Any = None) -> int:
+        """Without a shard request: ``put_tensor_from`` with ``config`` (the tensor object at ``buffer_ptr``,
+        checked). Shard requests: −600."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, False)
+
+    def upsert_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
+                                            config: Any = None, writer_partition: Any = None) -> int:
+        """Like ``put_tensor_with_parallelism_from``, replacing an existing value."""
+        rc = self._direct_write(parallelism, writer_partition, config)
+        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, True)
+
+    def batch_put_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
+                                               parallelisms: Any = None, config: Any = None,
+                                               writer_partitions: Any = None) -> list:
+        """``put_tensor_with_parallelism_from`` of each key (every key −600 when any object is not a tensor)."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
+        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, False, config)
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
+                                                  parallelisms: Any = None, config: Any = None,
+                                                  writer_partitions: Any = None) -> list:
+        """``upsert_tensor_with_parallelism_from`` of each key."""
+        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
+        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, True, config)
+
+    def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
+        """With no target (or mode "as_stored" and no axes): ``get_tensor(key)``; a "shard" target of one TP
+        axis: that rank's shard (``{key}_tp_{rank}``); other targets: None."""
+        if _as_stored(target):
+            return self.get_tensor(key)
+        shard = _shard_key(key, target)
+        return self.get_tensor(shard) if shard is not None else None
+
+    def batch_get_tensor_with_parallelism(self, keys: list, targets: Any = None) -> list:
+        """``get_tensor_with_parallelism`` of each key (``targets``: None, or one per key; else all None)."""
+        if targets is None:
+            return self.batch_get_tensor(keys)
+        if not isinstance(targets, list) or len(targets) != len(keys):
+            return [None] * len(keys)
+        return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
+
+    def get_tensor_with_parallelism_into(self, key: str, buffer_ptr: int, size: int, target: Any = None) -> Any:
+        """``get_tensor_into`` for the targets ``get_tensor_with_parallelism`` reads; other targets: None."""
+        if _as_stored(target):
+            return self.get_tensor_into(key, buffer_ptr, size)
+        shard = _shard_key(key, target)
+        return self.get_tensor_into(shard, buffer_ptr, size) if shard is not None else None
+
+    def batch_get_tensor_with_parallelism_into(self, keys: list, buffer_ptrs: list, sizes: list,
+                                               targets: Any = None) -> list:
+        """``get_tensor_with_parallelism_into`` of each key."""
+        if targets is None:
+            return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+        if not isinstance(targets, list) or len(targets) != len(keys):
+            return [None] * len(keys)
+        return [self.get_tensor_with_parallelism_into(k, p, n, t)
+                for k, p, n, t in zip(keys, buffer_ptrs, sizes, targets)]
+
     def _object_array(self, ptr: int, size: int) -> Any:
         """The tensor of the object in registered memory at ``ptr`` (a view with the tensor interface), or
         ``None`` if it is not a tensor object."""
@@ -582,6 +743,104 @@ class TensorCalls:
             return None
         p = parse(ctypes.string_at(ptr, HEADER_SIZE), size)
         return _Coded(p, ptr) if p is not None else None
+
+
+class ParallelAxis:
+    """The original's ``ParallelAxis``: one axis of a shard's identity, ``kind`` (``"tp"``, ``"dp"``, ``"ep"``,
+    ``"pp"``), ``rank`` of ``size``, and ``split_dim`` / ``expert_id`` / ``stage_id`` where the kind has one."""
+
+    def __init__(self) -> None:
+        self.kind = ""
+        self.rank = 0
+        self.size = 1
+        self.split_dim: Optional[int] = None
+        self.expert_id: Optional[int] = None
+        self.stage_id: Optional[int] = None
+
+
+class TensorParallelism:
+    """The original's ``TensorParallelism``: a shard's identity as a list of axes (``axes``)."""
+
+    def __init__(self) -> None:
+        self.axes: list = []
+
+
+class ReadTarget:
+    """The original's ``ReadTarget``: what a read wants, ``mode`` ``"as_stored"`` (default), ``"shard"`` or
+    ``"full"``, and for a shard its ``parallelism``."""
+
+    _MODES = ("as_stored", "shard", "full")
+
+    def __init__(self) -> None:
+        self._mode = "as_stored"
+        self.parallelism: Any = None
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        normalized = str(mode).lower()
+        if normalized not in self._MODES:
+            raise RuntimeError("Unsupported ReadTarget mode")
+        self._mode = normalized
+
+
+MANIFEST_MAGIC = 0x574D414E  # "WMAN"
+# magic, version, header_size, dtype, ndim, split_dim, shard_count, reserved0, then 4 bytes of padding (the
+# global shape that follows is 8-byte aligned).
+_MANIFEST = struct.Struct("<IHHiiiii4x")
+MANIFEST_SIZE = _MANIFEST.size + _SHAPE.size
+
+
+def manifest_key(key: str) -> str:
+    """Where the original keeps a sharded tensor's parallelism manifest."""
+    return f"{key}__parallelism_manifest"
+
+
+def manifest_bytes(code: int, global_shape: Sequence[int], split_dim: int, shard_count: int) -> bytes:
+    """The original's ``ParallelismManifest`` (96 bytes): the full tensor's dtype and shape and how it is split."""
+    dims = _SHAPE.pack(*(list(global_shape) + [-1] * (MAX_DIMS - len(global_shape))))
+    return _MANIFEST.pack(MANIFEST_MAGIC, VERSION, MANIFEST_SIZE, code, len(global_shape), split_dim, shard_count,
+                          0) + dims
+
+
+def _single_tp_axis(parallelism: Any) -> Optional[tuple]:
+    """``(rank, size, split_dim)`` of a parallelism of exactly one valid TP axis (the original's checks: a
+    known kind, ``0 <= rank < size``, a ``split_dim``); ``None`` otherwise."""
+    axes = list(getattr(parallelism, "axes", None) or [])
+    if len(axes) != 1:
+        return None
+    axis = axes[0]
+    try:
+        kind, rank, size = str(axis.kind).upper(), int(axis.rank), int(axis.size)
+        split_dim = getattr(axis, "split_dim", None)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if kind != "TP" or size <= 0 or not 0 <= rank < size or split_dim is None:
+        return None
+    return rank, size, int(split_dim)
+
+
+def _shard_key(key: str, target: Any) -> Optional[str]:
+    """For a "shard" read target of one TP axis: the key of that rank's object. The original reads it as stored
+    when its layout names the same axis, and (its legacy fallback) also when it does not and the other ranks'
+    shards are missing; with all of them stored it would cut the requested shard out of the whole, which
+    Crescent does not do yet."""
+    if getattr(target, "mode", None) != "shard":
+        return None
+    axis = _single_tp_axis(getattr(target, "parallelism", None))
+    return tp_key(key, axis[0]) if axis is not None else None
+
+
+def _as_stored(target: Any) -> bool:
+    """Whether a read target asks for the object as stored under the key: None, or mode "as_stored" without
+    axes."""
+    if target is None:
+        return True
+    parallelism = getattr(target, "parallelism", None)
+    return getattr(target, "mode", None) == "as_stored" and (parallelism is None or not parallelism.axes)
 
 
 def _view(p: Parsed, ptr: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from crescent._crescent import (
     ReplicateConfig,
     SoftPinAction,
 )
-from crescent._tensor import TensorCalls
+from crescent._tensor import ParallelAxis, ReadTarget, TensorCalls, TensorParallelism
 
 
 class MooncakeDistributedStore(TensorCalls, _crescent.MooncakeDistributedStore):
@@ -51,6 +51,9 @@ __all__ = [
     "DiskDescriptor",
     "Descriptor",
     "BufferHandle",
+    "TensorParallelism",
+    "ParallelAxis",
+    "ReadTarget",
     "UNKNOWN",
     "KVCACHE",
     "TENSOR",
