@@ -55,11 +55,11 @@ class Master:
 
 class Node:
     """A `crescent node` process on `master` (its JSON readiness line says it mounted), killed at the end;
-    memfd-backed, so a store on this host can attach to it (`setup_dummy`). `endpoint` is what it advertises."""
+    memfd-backed unless `memfd` is false, so a store on this host can map its memory (`setup_dummy`). `endpoint` is what it advertises."""
 
-    def __init__(self, master: str, listen: str = "127.0.0.1:0", segment: str = "64MiB", *extra: str):
+    def __init__(self, master: str, listen: str = "127.0.0.1:0", segment: str = "64MiB", memfd: bool = True):
         args = [crescent_bin(), "node", "--master", master, "--listen", listen, "--segment-size", segment]
-        args += ["--memfd", *extra]
+        args += ["--memfd"] if memfd else []
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines: "queue.Queue[str]" = queue.Queue()
         assert self.proc.stdout is not None
