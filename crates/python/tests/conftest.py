@@ -72,6 +72,16 @@ class Node:
         self.endpoint = ready["node"]
 
     def stop(self) -> None:
+        """Stops the node as an operator does (SIGTERM: it unmounts its segments first)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        """Kills the node (SIGKILL: its segments stay mounted until the master stops hearing it)."""
         self.proc.kill()
         self.proc.wait(timeout=30)
 

@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from conftest import MiB, Node, free_port, new_store
+from conftest import Master, MiB, Node, free_port, new_store
 from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
 
 
@@ -15,6 +15,15 @@ def attached(endpoint: str) -> MooncakeDistributedStore:
     s = MooncakeDistributedStore()
     assert s.setup_dummy(256 * MiB, 16 * MiB, endpoint) == 0
     return s
+
+
+@pytest.fixture(scope="module")
+def master():
+    """A master of this module's own: a node killed here leaves its segment mounted for a while, which the
+    session's other tests must not place objects on."""
+    m = Master("--lease-ttl-ms", "500")
+    yield m.addr
+    m.stop()
 
 
 @pytest.fixture
@@ -95,7 +104,7 @@ def test_writes_after_the_node_died_fail_and_the_store_survives(master, key):
     s = attached(n.endpoint)
     try:
         assert s.put(key, b"before" * 1000) == 0
-        n.stop()
+        n.kill()
         # The master still counts the node's segment until its pings stop counting; the mapping refuses writes.
         assert s.put(key + "-after", b"after" * 1000) != 0
         assert s.health_check() == 0
