@@ -26,8 +26,9 @@ use crescent_proto::rpc::GrantedBatch;
 use crescent_proto::transfer::{Grant, GrantRef};
 use crescent_proto::wire::{Batch, ErrorFrame, MAX_BATCH, PeerRole, WireKey};
 use crescent_proto::{
-    ClientId, ClusterInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest, MasterResponse,
-    ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId, TenantInfo,
+    ClientId, ClusterInfo, DrainInfo, ErrorCode, GetReplicaListResponse, KeyPage, LocalSsdInfo, MasterRequest,
+    MasterResponse, ObjectStat, RemoveAllReport, ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId,
+    TaskId, TaskInfo, TenantInfo,
 };
 use crescent_transfer::{
     BatchRead, BatchWrite, Place, RangeGrant, SegmentRegistry, Tickets, TransferClient, TransferConfig,
@@ -373,7 +374,7 @@ fn fit<'b>(list: &GetReplicaListResponse, buf: &'b mut [u8]) -> Result<&'b mut [
 
 /// Replica location for the data plane: `(endpoint, segment, offset, length, place)`, the place carrying the
 /// master's grant for the range (its own, or one of `grants`, the grants of the batch reply `d` came in).
-fn address<'a>(
+pub fn address<'a>(
     d: &'a ReplicaDescriptor,
     grants: &[Arc<Grant>],
 ) -> Option<(&'a str, crescent_proto::SegmentId, u64, u64, Place)> {
@@ -1257,6 +1258,62 @@ impl Client {
             cleared.extend(self.inner.master.call_expect(&req, pick).await?);
         }
         Ok(cleared)
+    }
+
+    /// Queues a copy of `key` to every segment named in `targets` (the original's `CreateCopyTask`): the node
+    /// holding one of its replicas makes it in the background; follow it with [`Client::query_task`].
+    pub async fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<TaskId, ClientError> {
+        check_key(key)?;
+        let req =
+            MasterRequest::CreateCopyTask { tenant: self.tenant(), key: WireKey::from(key), targets: targets.to_vec() };
+        self.task_id(&req).await
+    }
+
+    /// Queues a move of `key`'s replica on segment `source` to segment `target` (the original's
+    /// `CreateMoveTask`), made by `source`'s node.
+    pub async fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<TaskId, ClientError> {
+        check_key(key)?;
+        let req = MasterRequest::CreateMoveTask {
+            tenant: self.tenant(),
+            key: WireKey::from(key),
+            source: source.to_owned(),
+            target: target.to_owned(),
+        };
+        self.task_id(&req).await
+    }
+
+    async fn task_id(&self, req: &MasterRequest) -> Result<TaskId, ClientError> {
+        self.inner.master.call_expect(req, |r| if let MasterResponse::TaskId(id) = r { Some(id) } else { None }).await
+    }
+
+    /// Where a copy or move task stands (`TASK_NOT_FOUND` once the master dropped it from its history).
+    pub async fn query_task(&self, id: TaskId) -> Result<TaskInfo, ClientError> {
+        let req = MasterRequest::QueryTask { id };
+        self.inner.master.call_expect(&req, |r| if let MasterResponse::Task(t) = r { Some(t) } else { None }).await
+    }
+
+    /// Starts draining the segments named in `segments` (admin credential): see `MasterRequest::CreateDrain`.
+    pub async fn create_drain(
+        &self,
+        segments: &[String],
+        targets: &[String],
+        max_concurrency: u32,
+    ) -> Result<TaskId, ClientError> {
+        let req =
+            MasterRequest::CreateDrain { segments: segments.to_vec(), targets: targets.to_vec(), max_concurrency };
+        self.task_id(&req).await
+    }
+
+    /// A drain job's progress.
+    pub async fn query_drain(&self, id: TaskId) -> Result<DrainInfo, ClientError> {
+        let pick = |r| if let MasterResponse::Drain(d) = r { Some(d) } else { None };
+        self.inner.master.call_expect(&MasterRequest::QueryDrain { id }, pick).await
+    }
+
+    /// Cancels a drain job (its segments take placements again).
+    pub async fn cancel_drain(&self, id: TaskId) -> Result<DrainInfo, ClientError> {
+        let pick = |r| if let MasterResponse::Drain(d) = r { Some(d) } else { None };
+        self.inner.master.call_expect(&MasterRequest::CancelDrain { id }, pick).await
     }
 
     /// Removes every object of this client's tenant; returns how many.

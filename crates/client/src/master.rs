@@ -283,7 +283,9 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::ListTenants
         | O::LocalSsdStatus
         | O::DataTicket
-        | O::FetchSnapshot => true,
+        | O::FetchSnapshot
+        | O::QueryTask
+        | O::QueryDrain => true,
         // Writes that set a state: a repeat finds it set and answers OK (mounting a segment the same client
         // mounted is `AlreadyMounted` = OK; unmounting an unknown one is OK; a graceful unmount already under
         // way is OK and keeps its deadline).
@@ -298,7 +300,9 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::SetLocalSsdOffloading => true,
         // A node's disk-task poll: an outcome applies once (a repeat finds its task gone and is ignored), and
         // the copies a lost reply handed out expire at their deadline.
-        O::DiskTasks => true,
+        O::DiskTasks | O::ReplicaTasks => true,
+        // A drain of the same segments answers the job already running; cancelling twice is cancelled.
+        O::CreateDrain | O::CancelDrain => true,
         // A repeat answers otherwise (exists already, not found, wrong status) or acts twice (a lease
         // released twice may end another reader's).
         O::PutStart
@@ -316,7 +320,10 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::RemoveGroup
         | O::RemoveTenant
         | O::RegisterLocalSsd
-        | O::ReleaseLeases => false,
+        | O::ReleaseLeases
+        // A repeat queues a second task.
+        | O::CreateCopyTask
+        | O::CreateMoveTask => false,
     }
 }
 

@@ -6,6 +6,7 @@
 //! asks for (module `disk`).
 
 mod disk;
+mod tasks;
 
 pub use disk::{DiskDevice, DiskSettings};
 
@@ -333,6 +334,8 @@ pub struct StorageNode {
     pinger: Option<tokio::task::JoinHandle<()>>,
     /// The disk tier's task worker, when the node has a disk.
     disk_worker: Option<tokio::task::JoinHandle<()>>,
+    /// Makes the copies of copy/move tasks and drains (`tasks`).
+    task_worker: Option<tokio::task::JoinHandle<()>>,
     remounts: Arc<AtomicU64>,
 }
 
@@ -548,6 +551,28 @@ impl StorageNode {
             );
             disk::spawn_worker(conn, id, registry.clone(), disk_id, disk, stopped.clone())
         });
+        let task_worker = {
+            // A connection of its own, as the disk worker's; the data-plane tickets of its copies come over it
+            // too (fetched while the worker runs a batch, never while it polls).
+            let conn = Arc::new(
+                MasterConnection::new(&config.master, id, PeerRole::Node, 1, config.rpc_timeout)
+                    .with_credential(config.keys.clone().map(CredentialSource::Host))
+                    .with_tls(config.tls.client.clone()),
+            );
+            let tickets = config.keys.clone().map(|keys| {
+                let tickets =
+                    crescent_client::tickets::MasterTickets::new(conn.clone(), CredentialSource::Host(keys), id);
+                Arc::new(tickets) as Arc<dyn crescent_transfer::Tickets>
+            });
+            let transfer_config = crescent_transfer::TransferConfig {
+                client_id: Some(id),
+                tickets,
+                tls: config.tls.client.clone(),
+                ..Default::default()
+            };
+            let transfer = crescent_transfer::TransferClient::new(transfer_config, registry.clone());
+            tasks::spawn_worker(conn, id, registry.clone(), transfer, stopped.clone())
+        };
         let (changes, mut changed) = mpsc::channel(16);
         let control = SegmentControl {
             id,
@@ -602,6 +627,7 @@ impl StorageNode {
             stop,
             pinger: Some(pinger),
             disk_worker,
+            task_worker: Some(task_worker),
             remounts,
         })
     }
@@ -646,6 +672,9 @@ impl StorageNode {
         if let Some(w) = self.disk_worker.take() {
             let _ = w.await;
         }
+        if let Some(w) = self.task_worker.take() {
+            let _ = w.await;
+        }
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let specs = self.specs.lock().clone();
         if grace_ms > 0 {
@@ -673,6 +702,9 @@ impl Drop for StorageNode {
             p.abort();
         }
         if let Some(w) = self.disk_worker.take() {
+            w.abort();
+        }
+        if let Some(w) = self.task_worker.take() {
             w.abort();
         }
     }

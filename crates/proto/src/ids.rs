@@ -57,6 +57,10 @@ uuid_id!(
     /// Identifies one mounted segment; replica addresses are `(SegmentId, offset)` pairs.
     SegmentId
 );
+uuid_id!(
+    /// Identifies one copy or move task, or one drain job (the original's task UUID).
+    TaskId
+);
 
 #[cfg(test)]
 mod tests {

@@ -20,6 +20,7 @@ pub mod key;
 pub mod replica;
 pub mod rpc;
 pub mod segment;
+pub mod task;
 pub mod tenant;
 pub mod transfer;
 pub mod wire;
@@ -27,7 +28,7 @@ pub mod wire;
 pub use auth::{Principal, PrincipalError};
 pub use config::{MAX_GROUP_LEN, ObjectDataType, ReplicateConfig, SoftPinAction};
 pub use error::{ErrorCode, ErrorCodeUnknown};
-pub use ids::{ClientId, SegmentId};
+pub use ids::{ClientId, SegmentId, TaskId};
 pub use key::{KeyError, MAX_KEY_LEN, ObjectKey};
 pub use replica::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus, write_id};
 pub use rpc::{
@@ -36,4 +37,7 @@ pub use rpc::{
     MasterResponse, MemoryTierInfo, ObjectStat, RemoveAllReport, TenantInfo,
 };
 pub use segment::{DISK_BLOCK, SegmentKind, SegmentSpec, SegmentStatus};
+pub use task::{
+    DrainInfo, JobStatus, REPLICA_TASK_WAIT_MAX_MS, ReplicaTask, ReplicaTaskResult, TaskInfo, TaskKind, TaskStatus,
+};
 pub use tenant::{MAX_TENANT_LEN, TenantId, TenantIdError};

@@ -319,6 +319,26 @@ pub enum MasterRequest {
     /// did not write, leased, being written, unknown or malformed is skipped. Answers the keys cleared, in input
     /// order ([`MasterResponse::Keys`]).
     BatchReplicaClear { client: ClientId, tenant: String, keys: Batch<WireKey>, segment: String },
+    /// CreateCopyTask (the original's): queues a copy of the object to every segment named in `targets` for the
+    /// node holding one of its replicas; answers the task's id ([`MasterResponse::TaskId`]).
+    CreateCopyTask { tenant: String, key: WireKey, targets: Vec<String> },
+    /// CreateMoveTask (the original's): queues a move of the object's replica on segment `source` to segment
+    /// `target`, for the node holding `source`; answers the task's id.
+    CreateMoveTask { tenant: String, key: WireKey, source: String, target: String },
+    /// QueryTask: a task's status ([`MasterResponse::Task`]); `TASK_NOT_FOUND` once pruned or never known.
+    QueryTask { id: crate::ids::TaskId },
+    /// A storage node's task poll: reports the outcomes of the copies it made and takes the ones queued for it
+    /// ([`MasterResponse::ReplicaTasks`]), waiting up to `wait_ms` for one when none is. On a connection of its own.
+    ReplicaTasks { client: ClientId, done: Vec<crate::task::ReplicaTaskResult>, wait_ms: u32 },
+    /// Starts draining the segments named in `segments` (admin): they take no placements, and every replica on
+    /// them is moved elsewhere (to segments named in `targets`, or where placement puts it when empty), at most
+    /// `max_concurrency` moves at a time. A job already draining exactly those segments is answered instead of a
+    /// new one. Answers the job's id ([`MasterResponse::TaskId`]).
+    CreateDrain { segments: Vec<String>, targets: Vec<String>, max_concurrency: u32 },
+    /// A drain job's progress ([`MasterResponse::Drain`]).
+    QueryDrain { id: crate::ids::TaskId },
+    /// Cancels a drain job: moves under way finish, no new ones start, the segments take placements again.
+    CancelDrain { id: crate::ids::TaskId },
 }
 
 /// Longest a [`MasterRequest::DiskTasks`] waits for work before answering with none.
@@ -492,6 +512,13 @@ master_ops! {
     FetchSnapshot => "fetch_snapshot",
     DiskTasks => "disk_tasks",
     BatchReplicaClear => "batch_replica_clear",
+    CreateCopyTask => "create_copy_task",
+    CreateMoveTask => "create_move_task",
+    QueryTask => "query_task",
+    ReplicaTasks => "replica_tasks",
+    CreateDrain => "create_drain",
+    QueryDrain => "query_drain",
+    CancelDrain => "cancel_drain",
 }
 
 impl MasterOp {
@@ -561,6 +588,14 @@ pub enum MasterResponse {
     SnapshotChunk(SnapshotChunk),
     /// The copies a storage node is to make (DiskTasks).
     DiskTasks(Vec<DiskTask>),
+    /// A task's or a drain job's id (CreateCopyTask, CreateMoveTask, CreateDrain).
+    TaskId(crate::ids::TaskId),
+    /// QueryTask.
+    Task(crate::task::TaskInfo),
+    /// The copies and moves a storage node is to make (ReplicaTasks).
+    ReplicaTasks(Vec<crate::task::ReplicaTask>),
+    /// QueryDrain, CancelDrain.
+    Drain(crate::task::DrainInfo),
 }
 
 /// The reply to one request.

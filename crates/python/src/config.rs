@@ -79,6 +79,78 @@ pub enum ReplicaStatus {
     FAILED = 5,
 }
 
+/// What a copy or move task does (`TaskType` of the original).
+#[pyclass(module = "crescent.store", eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, missing_docs)]
+pub enum TaskType {
+    REPLICA_COPY = 0,
+    REPLICA_MOVE = 1,
+}
+
+/// Where a copy or move task stands (`TaskStatus` of the original).
+#[pyclass(module = "crescent.store", eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms, missing_docs)]
+pub enum TaskStatus {
+    PENDING = 0,
+    PROCESSING = 1,
+    FAILED = 2,
+    SUCCESS = 3,
+}
+
+/// A task as `query_task` answers it (`QueryTaskResponse` of the original; ids are `(high, low)` pairs).
+#[pyclass(module = "crescent.store", frozen, get_all)]
+#[derive(Clone, Debug)]
+pub struct QueryTaskResponse {
+    /// The task.
+    pub id: (u64, u64),
+    /// Copy or move.
+    pub r#type: TaskType,
+    /// Where it stands.
+    pub status: TaskStatus,
+    /// Creation time, Unix ms.
+    pub created_at_ms_epoch: i64,
+    /// Last status change, Unix ms.
+    pub last_updated_at_ms_epoch: i64,
+    /// The storage node making the copy.
+    pub assigned_client: (u64, u64),
+    /// Empty while under way; the outcome once ended.
+    pub message: String,
+}
+
+impl From<proto::TaskInfo> for QueryTaskResponse {
+    fn from(t: proto::TaskInfo) -> Self {
+        Self {
+            id: t.id.as_u64_pair(),
+            r#type: match t.kind {
+                proto::TaskKind::Copy => TaskType::REPLICA_COPY,
+                proto::TaskKind::Move => TaskType::REPLICA_MOVE,
+            },
+            status: match t.status {
+                proto::TaskStatus::Pending => TaskStatus::PENDING,
+                proto::TaskStatus::Processing => TaskStatus::PROCESSING,
+                proto::TaskStatus::Failed => TaskStatus::FAILED,
+                proto::TaskStatus::Success => TaskStatus::SUCCESS,
+            },
+            created_at_ms_epoch: i64::try_from(t.created_at_ms).unwrap_or(i64::MAX),
+            last_updated_at_ms_epoch: i64::try_from(t.updated_at_ms).unwrap_or(i64::MAX),
+            assigned_client: t.assigned_client.as_u64_pair(),
+            message: t.message,
+        }
+    }
+}
+
+#[pymethods]
+impl QueryTaskResponse {
+    fn __repr__(&self) -> String {
+        format!(
+            "QueryTaskResponse(id={:?}, type={:?}, status={:?}, message={:?})",
+            self.id, self.r#type, self.status, self.message
+        )
+    }
+}
+
 /// How a write wants its replicas placed and its object retained: the original's `ReplicateConfig`, every
 /// attribute read-write.
 #[pyclass(module = "crescent.store", from_py_object)]

@@ -36,6 +36,9 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::SoftPinAction>()?;
     m.add_class::<config::ObjectDataType>()?;
     m.add_class::<config::ReplicaStatus>()?;
+    m.add_class::<config::TaskType>()?;
+    m.add_class::<config::TaskStatus>()?;
+    m.add_class::<config::QueryTaskResponse>()?;
     replica::register(m)?;
     for (name, value) in config::ObjectDataType::ALL {
         m.add(name, value)?;

@@ -2330,6 +2330,39 @@ impl Store {
             }
         })
     }
+
+    /// Queues a copy of `key` to every segment named in `targets`, made in the background by the storage node
+    /// holding one of its replicas: `(task id, 0)`, or `((0, 0), code)`.
+    fn create_copy_task(&self, py: Python<'_>, key: String, targets: Vec<String>) -> ((u64, u64), i64) {
+        let Some(live) = self.live() else { return ((0, 0), NOT_SET_UP) };
+        py.detach(|| task_id(live.block_on(live.client.create_copy_task(&key, &targets))))
+    }
+
+    /// Queues a move of `key`'s replica on segment `source` to segment `target`, made by `source`'s node:
+    /// `(task id, 0)`, or `((0, 0), code)`.
+    fn create_move_task(&self, py: Python<'_>, key: String, source: String, target: String) -> ((u64, u64), i64) {
+        let Some(live) = self.live() else { return ((0, 0), NOT_SET_UP) };
+        py.detach(|| task_id(live.block_on(live.client.create_move_task(&key, &source, &target))))
+    }
+
+    /// Where a copy or move task stands: `(QueryTaskResponse, 0)`, or `(None, code)` (`TASK_NOT_FOUND`, -1400,
+    /// for an id the master does not know or no longer keeps).
+    fn query_task(&self, py: Python<'_>, task_id: (u64, u64)) -> (Option<crate::config::QueryTaskResponse>, i64) {
+        let Some(live) = self.live() else { return (None, NOT_SET_UP) };
+        let id = crescent_proto::TaskId::from_u64_pair(task_id.0, task_id.1);
+        py.detach(|| match live.block_on(live.client.query_task(id)) {
+            Ok(info) => (Some(info.into()), 0),
+            Err(e) => (None, code(&e)),
+        })
+    }
+}
+
+/// A task id as the original's Python answers it: `((high, low), 0)` or `((0, 0), code)`.
+fn task_id(r: Result<crescent_proto::TaskId, ClientError>) -> ((u64, u64), i64) {
+    match r {
+        Ok(id) => (id.as_u64_pair(), 0),
+        Err(e) => ((0, 0), code(&e)),
+    }
 }
 
 /// The concatenation of `put_parts`' parts; a part that is not bytes-like is a `RuntimeError` (as the

@@ -679,3 +679,74 @@ def test_the_async_store_is_where_the_original_has_it():
     assert issubclass(mooncake.async_store.MooncakeDistributedStoreAsync, mooncake.store.MooncakeDistributedStore)
     if ENGINE_IMPL != "original":
         assert mooncake.store.MooncakeDistributedStoreAsync is mooncake.async_store.MooncakeDistributedStoreAsync
+
+
+def _wait_task(s, task_id, timeout=30.0):
+    """Polls `query_task` until the task ends (the original's nodes poll their tasks once a second)."""
+    from mooncake.store import TaskStatus
+
+    deadline = time.monotonic() + timeout
+    while True:
+        r, rc = s.query_task(task_id)
+        assert rc == 0, rc
+        if r.status in (TaskStatus.SUCCESS, TaskStatus.FAILED):
+            return r
+        assert time.monotonic() < deadline, f"task {task_id} still {r.status}"
+        time.sleep(0.02)  # polling the task's status: the only way either system tells it
+
+
+def test_copy_and_move_tasks_place_replicas_where_asked(impl, request):
+    """`create_copy_task` / `create_move_task` / `query_task` (mooncake-store.md's API reference): a copy adds a
+    replica on the named segment, a move takes the one on the source to the target, both end SUCCESS with the
+    original's message, and the object stays readable from a store that held neither; submission errors and an
+    unknown task answer the original's codes."""
+    if impl == "original" and ENGINE_IMPL != "original":
+        return
+    from conftest import free_port
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig, TaskStatus, TaskType
+
+    addr = request.getfixturevalue("cluster")
+    stores, names = [], []
+    for _ in range(3):
+        s = MooncakeDistributedStore()
+        name = f"127.0.0.1:{free_port()}"
+        assert s.setup(name, "P2PHANDSHAKE", 64 * MiB, 16 * MiB, "tcp", "", addr) == 0
+        stores.append(s)
+        names.append(name)
+    a, b, c = stores
+    key = f"task-{uuid.uuid4().hex[:8]}"
+    data = bytes(np.random.default_rng(7).integers(0, 256, 300_000, dtype=np.uint8))
+    cfg = ReplicateConfig()
+    cfg.preferred_segment = names[0]
+    try:
+        assert a.put(key, data, cfg) == 0
+        assert len(a.get_replica_desc(key)) == 1
+
+        tid, rc = a.create_copy_task(key, [names[1]])
+        assert rc == 0 and tid != (0, 0) and isinstance(tid, tuple) and len(tid) == 2
+        r, rc = a.query_task(tid)
+        assert rc == 0 and r.id == tid and r.type == TaskType.REPLICA_COPY
+        r = _wait_task(a, tid)
+        assert (r.status, r.message) == (TaskStatus.SUCCESS, "Task completed successfully")
+        assert r.last_updated_at_ms_epoch >= r.created_at_ms_epoch > 0
+        assert len(a.get_replica_desc(key)) == 2
+
+        tid, rc = a.create_move_task(key, names[1], names[2])
+        assert rc == 0
+        r = _wait_task(a, tid)
+        assert (r.type, r.status) == (TaskType.REPLICA_MOVE, TaskStatus.SUCCESS), r.message
+        assert len(a.get_replica_desc(key)) == 2
+        # The copy on b went to c: with a's and c's replicas, b's store can go and the object is still whole.
+        b.close()
+        assert c.get(key) == data
+
+        assert a.create_copy_task(key, [])[1] == INVALID_PARAMS
+        assert a.create_copy_task("no-such-key", [names[2]])[1] == OBJECT_NOT_FOUND
+        assert a.create_copy_task(key, ["127.0.0.1:1"])[1] == INVALID_PARAMS
+        assert a.create_move_task(key, names[2], names[2])[1] == INVALID_PARAMS
+        assert a.create_move_task(key, names[1], names[2])[1] == INVALID_PARAMS, "no replica on the source"
+        assert a.create_move_task("no-such-key", names[0], names[2])[1] == OBJECT_NOT_FOUND
+        assert a.query_task((1, 2)) == (None, -1400)
+    finally:
+        for s in (a, c):
+            s.close()

@@ -67,7 +67,14 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         | R::UnregisterLocalSsd { client }
         | R::ReportLocalSsd { client, .. }
         | R::SetLocalSsdOffloading { client, .. }
-        | R::DiskTasks { client, .. } => own(client),
+        | R::DiskTasks { client, .. }
+        | R::ReplicaTasks { client, .. } => own(client),
+        R::CreateCopyTask { tenant, .. } | R::CreateMoveTask { tenant, .. } => objects(tenant),
+        // A task id is 128 random bits, known only to whoever created the task.
+        R::QueryTask { .. } => Ok(()),
+        R::CreateDrain { .. } | R::QueryDrain { .. } | R::CancelDrain { .. } => {
+            Err(denied(caller, "draining segments needs the admin credential"))
+        }
         R::PutStart { client, tenant, .. }
         | R::PutEnd { client, tenant, .. }
         | R::PutRevoke { client, tenant, .. }

@@ -32,6 +32,12 @@ pub fn seal(svc: &MasterService, hosts: &Hosts, bearer: &Bearer, reply: &mut Mas
         Ok(MasterResponse::Replicas(replicas)) => {
             replicas.iter_mut().for_each(|r| sealer.own(GrantOp::Write, r, write_window));
         }
+        // A node's copy and move tasks: their targets are written under write grants, as a put's.
+        Ok(MasterResponse::ReplicaTasks(tasks)) => {
+            for t in tasks.iter_mut() {
+                t.targets.iter_mut().for_each(|r| sealer.own(GrantOp::Write, r, write_window));
+            }
+        }
         Ok(MasterResponse::ReplicaList(list)) => {
             let lease = Duration::from_millis(list.lease_ttl_ms);
             list.replicas.iter_mut().for_each(|r| sealer.own(GrantOp::Read, r, lease));

@@ -140,6 +140,19 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
         R::DiskTasks { client, done, faults, counters, .. } => {
             svc.disk_tasks(*client, done, faults, counters).map(A::DiskTasks)
         }
+        R::ReplicaTasks { client, done, .. } => Ok(A::ReplicaTasks(svc.replica_tasks(*client, done))),
+        R::CreateCopyTask { tenant, key, targets } => {
+            svc.create_copy_task(tenant, key.as_str()?, targets).map(A::TaskId)
+        }
+        R::CreateMoveTask { tenant, key, source, target } => {
+            svc.create_move_task(tenant, key.as_str()?, source, target).map(A::TaskId)
+        }
+        R::QueryTask { id } => svc.query_task(*id).map(A::Task),
+        R::CreateDrain { segments, targets, max_concurrency } => {
+            svc.create_drain(segments, targets, *max_concurrency).map(A::TaskId)
+        }
+        R::QueryDrain { id } => svc.query_drain(*id).map(A::Drain),
+        R::CancelDrain { id } => svc.cancel_drain(*id).map(A::Drain),
         R::ClusterInfo => Ok(A::ClusterInfo(svc.cluster_info())),
         // Answered at the network edge (`serve`), which holds the keys and the snapshot store; the service has none.
         R::DataTicket { .. } | R::FetchSnapshot { .. } => Err(ErrorCode::InvalidParams),
@@ -768,6 +781,18 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: &Shared, shutdown: S
                             let wait = u64::from((*wait_ms).min(crescent_proto::DISK_TASK_WAIT_MAX_MS));
                             let _ = tokio::time::timeout(Duration::from_millis(wait), waiter.notified()).await;
                             Ok(MasterResponse::DiskTasks(svc.disk_tier().take(*client)))
+                        }
+                        other => other,
+                    }
+                } else if let MasterRequest::ReplicaTasks { client, wait_ms, .. } = &body {
+                    // A node's task poll, as the disk-task poll above: waits (bounded) for a task when none is.
+                    let waiter = svc.tasks().waiter(*client);
+                    let reply = dispatch_by(&svc, &body, caller.as_ref().map(|c| &c.principal));
+                    match reply {
+                        Ok(MasterResponse::ReplicaTasks(tasks)) if tasks.is_empty() && *wait_ms > 0 => {
+                            let wait = u64::from((*wait_ms).min(crescent_proto::REPLICA_TASK_WAIT_MAX_MS));
+                            let _ = tokio::time::timeout(Duration::from_millis(wait), waiter.notified()).await;
+                            Ok(MasterResponse::ReplicaTasks(svc.take_replica_tasks(*client)))
                         }
                         other => other,
                     }

@@ -19,6 +19,7 @@ mod read;
 mod remove;
 mod segments;
 mod ssd;
+pub mod tasks;
 mod tenants;
 mod write;
 
@@ -110,6 +111,17 @@ pub struct MasterConfig {
     /// A read of an object found only on a disk tier brings it back to memory in the background, when its node's
     /// memory has room below the eviction watermark (the disk copy stays).
     pub disk_promotion: bool,
+    /// A node must start a copy or move task within this long of taking it (ms); the master ends the task as
+    /// failed after twice that, and keeps its target ranges out of reuse for a third.
+    pub replica_task_timeout_ms: u64,
+    /// A copy or move task no node took within this long ends as failed (ms; 0 = never).
+    pub pending_task_timeout_ms: u64,
+    /// Copy and move tasks queued at most (more are refused with `TASK_PENDING_LIMIT_EXCEEDED`).
+    pub max_pending_tasks: usize,
+    /// Ended tasks kept for `QueryTask`.
+    pub max_finished_tasks: usize,
+    /// Times a task that found no room on its target is tried again before it fails.
+    pub task_retry_attempts: u32,
     /// A client's report that it could not reach a node is checked by the master's own probe before the
     /// segment turns SUSPECT (set by a master that authenticates: there a report is a tenant's word, and a
     /// tenant must not be able to take every segment out of placement). Off: reports are believed at once.
@@ -141,6 +153,11 @@ impl Default for MasterConfig {
             disk_offload: true,
             disk_task_timeout_ms: 10_000,
             disk_promotion: true,
+            replica_task_timeout_ms: 30_000,
+            pending_task_timeout_ms: 300_000,
+            max_pending_tasks: 10_000,
+            max_finished_tasks: 10_000,
+            task_retry_attempts: 10,
             verify_unreachable_reports: false,
         }
     }
@@ -265,6 +282,8 @@ pub struct MasterService {
     disk_frees: Arc<crate::eviction::PendingFrees>,
     /// The disk tier: offload tasks, disks' eviction order and counters.
     disk: disk::DiskTier,
+    /// Copy and move tasks, and drain jobs.
+    tasks: tasks::TaskBoard,
     next_object_id: AtomicU64,
     next_replica_id: AtomicU64,
     metrics: Metrics,
@@ -322,6 +341,7 @@ impl MasterService {
             eviction_frees: Arc::default(),
             disk_frees: Arc::default(),
             disk: disk::DiskTier::default(),
+            tasks: tasks::TaskBoard::default(),
             next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
@@ -634,6 +654,7 @@ impl MasterService {
                     svc.step_graceful_unmounts();
                     svc.step_discards();
                     svc.step_disk_tasks();
+                    svc.step_replica_tasks();
                 }
                 if ticks.is_multiple_of(6000) {
                     svc.step_stale_writes();

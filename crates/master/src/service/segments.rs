@@ -219,6 +219,7 @@ impl MasterService {
         crate::test_hooks::after_unmount();
         self.nof_health.forget(segment);
         self.end_disk_tasks_on(segment);
+        self.end_tasks_on(segment);
         self.disk.forget(segment);
         tracing::info!(%segment, "segment unmounted");
         self.recompute_quotas();

@@ -101,6 +101,35 @@ class ReplicaStatus:
     FAILED: "ReplicaStatus"
     def __int__(self) -> int: ...
 
+class TaskType:
+    """What a copy or move task does."""
+
+    REPLICA_COPY: "TaskType"
+    REPLICA_MOVE: "TaskType"
+    def __int__(self) -> int: ...
+
+class TaskStatus:
+    """Where a copy or move task stands."""
+
+    PENDING: "TaskStatus"
+    PROCESSING: "TaskStatus"
+    FAILED: "TaskStatus"
+    SUCCESS: "TaskStatus"
+    def __int__(self) -> int: ...
+
+class QueryTaskResponse:
+    """A copy or move task as ``query_task`` answers it."""
+
+    id: tuple[int, int]
+    type: TaskType
+    status: TaskStatus
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: tuple[int, int]
+    """The storage node making the copy (the one holding the source replica)."""
+    message: str
+    """Empty while under way; ``"Task completed successfully"`` or why it failed once ended."""
+
 class ReplicateConfig:
     """How a write places its replicas and retains its object. Every attribute is read-write."""
 
@@ -360,6 +389,16 @@ class MooncakeDistributedStore:
         """Drops the replicas of this store's own objects whose read lease has expired: all of them (the object
         goes), or only those on the segment named ``segment_name`` (the object goes with its last one). The keys
         cleared; others (written by another client, leased, absent) are skipped; ``[]`` on any error."""
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        """Queues a copy of ``key`` to every segment named in ``targets``, made in the background by the storage
+        node holding one of its replicas: ``(task id, 0)`` or ``((0, 0), code)`` (−600 for no or an unknown
+        target, −704 for no such key, −1401 when the master's queue is full)."""
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        """Queues a move of ``key``'s replica on segment ``source`` to segment ``target``: ``(task id, 0)`` or
+        ``((0, 0), code)`` (−600 when they are the same, ``target`` is unknown or ``source`` holds no replica)."""
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
+        """``(QueryTaskResponse, 0)``, or ``(None, −1400)`` for a task the master does not know (or no longer
+        keeps: it keeps the last 10 000 ended ones)."""
     def get_replica_desc(self, key: str, /) -> list[ReplicaDescriptor]:
         """Where ``key``'s replicas are (``[]`` when absent or on any error); leases the object like a read."""
     def batch_get_replica_desc(self, keys: list[str], /) -> dict[str, list[ReplicaDescriptor]]:

@@ -23,9 +23,12 @@ from crescent._crescent import (
     MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
+    QueryTaskResponse,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    TaskStatus,
+    TaskType,
 )
 from crescent._tensor import ParallelAxis, ReadTarget, TensorCalls, TensorParallelism
 
@@ -46,6 +49,9 @@ __all__ = [
     "SoftPinAction",
     "ObjectDataType",
     "ReplicaStatus",
+    "TaskStatus",
+    "TaskType",
+    "QueryTaskResponse",
     "ReplicaDescriptor",
     "MemoryDescriptor",
     "DiskDescriptor",

@@ -1,0 +1,367 @@
+//! Copy and move tasks and drain jobs, master side: what a node is handed, what its report does (new replicas
+//! readable only once the bytes are in and match; a move's source dropped only after, and not under a lease),
+//! what a removal, a wrong sum or a silent node does to a task, submission errors as the original's, and a drain
+//! from start to `DRAINED` (and to `FAILED` when its node leaves).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{MIB, spec_on};
+use crescent_master::clock::{ManualClock, Timestamp};
+use crescent_master::service::{MasterConfig, MasterService};
+use crescent_proto::{
+    ClientId, ErrorCode, JobStatus, ReplicaLocation, ReplicaStatus, ReplicaTask, ReplicaTaskResult, ReplicateConfig,
+    SegmentId, SegmentSpec, SegmentStatus, TaskId, TaskKind, TaskStatus,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A master with three nodes `a`, `b`, `c` (one memory segment each).
+struct Cluster {
+    svc: Arc<MasterService>,
+    clock: Arc<ManualClock>,
+    nodes: HashMap<&'static str, (ClientId, SegmentSpec)>,
+    writer: ClientId,
+}
+
+fn crc_of(key: &str) -> u32 {
+    crc32c::crc32c(key.as_bytes())
+}
+
+fn cluster(config: MasterConfig) -> Cluster {
+    let clock = ManualClock::new(Timestamp(1_000_000));
+    let svc = Arc::new(MasterService::new(config, clock.clone()).unwrap());
+    let mut nodes = HashMap::new();
+    for name in ["a", "b", "c"] {
+        let node = ClientId::random();
+        let spec = spec_on(name, 64 * MIB, &format!("host-{name}"));
+        svc.mount_segment(node, spec.clone()).unwrap();
+        nodes.insert(name, (node, spec));
+    }
+    Cluster { svc, clock, nodes, writer: ClientId::random() }
+}
+
+impl Cluster {
+    fn node(&self, name: &str) -> ClientId {
+        self.nodes[name].0
+    }
+
+    fn segment(&self, name: &str) -> SegmentId {
+        self.nodes[name].1.id
+    }
+
+    /// Writes `key` (its checksum: the crc of the key's bytes) on node `on`.
+    fn put_on(&self, key: &str, size: u64, on: &str) {
+        let config = ReplicateConfig { preferred_segments: vec![on.into()], ..ReplicateConfig::default() };
+        self.svc.put_start(self.writer, "", key, size, &config).unwrap();
+        self.svc.put_end(self.writer, "", key, Some(u64::from(crc_of(key)))).unwrap();
+    }
+
+    /// The names of the segments holding a readable replica of `key`, looked at without leasing it.
+    fn holders(&self, key: &str) -> Vec<String> {
+        let stat = self.svc.stat("", key).unwrap();
+        let mut names: Vec<String> = stat
+            .replicas
+            .iter()
+            .filter(|d| d.status == ReplicaStatus::Complete)
+            .map(|d| match &d.location {
+                ReplicaLocation::Memory { segment_id, .. } => {
+                    let (name, _) = self.nodes.iter().find(|(_, (_, s))| s.id == *segment_id).unwrap();
+                    (*name).to_owned()
+                }
+                other => panic!("unexpected location {other:?}"),
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn poll(&self, node: &str, done: Vec<ReplicaTaskResult>) -> Vec<ReplicaTask> {
+        self.svc.replica_tasks(self.node(node), &done)
+    }
+
+    fn status(&self, id: TaskId) -> TaskStatus {
+        self.svc.query_task(id).unwrap().status
+    }
+
+    fn used(&self, name: &str) -> u64 {
+        self.svc.pool().segment(self.segment(name)).unwrap().usage.used
+    }
+}
+
+fn ok(t: &ReplicaTask, key: &str) -> ReplicaTaskResult {
+    ReplicaTaskResult { id: t.id, outcome: Ok(crc_of(key)) }
+}
+
+#[test]
+fn a_copy_is_handed_to_the_source_node_and_counts_only_once_its_bytes_are_in() {
+    let c = cluster(MasterConfig::default());
+    c.put_on("k", 100_000, "a");
+    let id = c.svc.create_copy_task("", "k", &["b".into(), "c".into()]).unwrap();
+    let info = c.svc.query_task(id).unwrap();
+    assert_eq!((info.kind, info.status, info.assigned_client), (TaskKind::Copy, TaskStatus::Pending, c.node("a")));
+    assert!(info.message.is_empty());
+
+    assert!(c.poll("b", vec![]).is_empty(), "a task goes to the node holding the source only");
+    let tasks = c.poll("a", vec![]);
+    assert_eq!(tasks.len(), 1);
+    let t = &tasks[0];
+    assert_eq!((t.id, t.src, t.length), (id, c.segment("a"), 100_000));
+    let targets: Vec<SegmentId> = t
+        .targets
+        .iter()
+        .map(|d| match d.location {
+            ReplicaLocation::Memory { segment_id, length, .. } => {
+                assert_eq!(length, 100_000);
+                segment_id
+            }
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(targets, [c.segment("b"), c.segment("c")]);
+    assert_eq!(c.status(id), TaskStatus::Processing);
+    assert!(c.used("b") >= 100_000, "the target range is allocated");
+    assert_eq!(c.holders("k"), ["a"], "nothing readable on the targets before the node reports");
+    assert!(c.poll("a", vec![]).is_empty(), "handed out once");
+
+    assert!(c.poll("a", vec![ok(t, "k")]).is_empty());
+    let info = c.svc.query_task(id).unwrap();
+    assert_eq!((info.status, info.message.as_str()), (TaskStatus::Success, "Task completed successfully"));
+    assert_eq!(c.holders("k"), ["a", "b", "c"]);
+    let read = c.svc.get_replica_list("", "k").unwrap();
+    assert_eq!(read.replicas.len(), 3, "readers are handed every copy");
+    assert_eq!(c.svc.tasks().metrics().copied_bytes.load(std::sync::atomic::Ordering::Relaxed), 200_000);
+
+    // A copy to where the object already is allocates nothing and succeeds.
+    let again = c.svc.create_copy_task("", "k", &["b".into()]).unwrap();
+    let node = c.svc.query_task(again).unwrap().assigned_client;
+    let tasks = c.svc.replica_tasks(node, &[]);
+    assert!(tasks[0].targets.is_empty());
+    c.svc.replica_tasks(node, &[ok(&tasks[0], "k")]);
+    assert_eq!(c.status(again), TaskStatus::Success);
+    assert_eq!(c.holders("k"), ["a", "b", "c"]);
+}
+
+#[test]
+fn a_move_drops_its_source_only_after_the_copy_and_never_under_a_readers_lease() {
+    let c = cluster(MasterConfig::default());
+    c.put_on("k", 4096, "a");
+    let used_a = c.used("a");
+    let id = c.svc.create_move_task("", "k", "a", "b").unwrap();
+    assert_eq!(c.svc.query_task(id).unwrap().kind, TaskKind::Move);
+    let t = c.poll("a", vec![]).remove(0);
+    // A reader leases the object while the node copies.
+    c.svc.get_replica_list("", "k").unwrap();
+    c.poll("a", vec![ok(&t, "k")]);
+    assert_eq!(c.status(id), TaskStatus::Processing, "the source stays while a reader may read it");
+    assert_eq!(c.holders("k"), ["a"]);
+
+    c.clock.advance(Duration::from_millis(MasterConfig::default().lease_ttl_ms + 1));
+    c.svc.step_replica_tasks();
+    assert_eq!(c.status(id), TaskStatus::Success);
+    assert_eq!(c.holders("k"), ["b"]);
+    assert!(c.used("a") < used_a, "the source's space is freed (no oplog: at once)");
+}
+
+#[test]
+fn a_copy_of_an_object_removed_or_rewritten_meanwhile_or_with_wrong_bytes_fails_and_frees_its_targets() {
+    let c = cluster(MasterConfig::default());
+    c.put_on("gone", 8192, "a");
+    c.put_on("bad", 8192, "a");
+    let gone = c.svc.create_copy_task("", "gone", &["b".into()]).unwrap();
+    let bad = c.svc.create_copy_task("", "bad", &["b".into()]).unwrap();
+    let tasks = c.poll("a", vec![]);
+    assert_eq!(tasks.len(), 2);
+    assert!(c.used("b") >= 16384);
+    c.svc.remove("", "gone", false).unwrap();
+    let gone_t = tasks.iter().find(|t| t.id == gone).unwrap();
+    let bad_t = tasks.iter().find(|t| t.id == bad).unwrap();
+    c.poll("a", vec![ok(gone_t, "gone"), ReplicaTaskResult { id: bad_t.id, outcome: Ok(crc_of("bad") ^ 1) }]);
+
+    let info = c.svc.query_task(gone).unwrap();
+    assert_eq!(info.status, TaskStatus::Failed);
+    assert!(info.message.starts_with("OBJECT_NOT_FOUND"), "{}", info.message);
+    let info = c.svc.query_task(bad).unwrap();
+    assert_eq!(info.status, TaskStatus::Failed);
+    assert!(info.message.starts_with("CHECKSUM_MISMATCH"), "{}", info.message);
+    assert_eq!(c.holders("bad"), ["a"]);
+    assert_eq!(c.used("b"), 0, "the targets are freed once the node says it is done with them");
+
+    // A node that reports a failure ends its task too.
+    let t = c.svc.create_copy_task("", "bad", &["c".into()]).unwrap();
+    let task = c.poll("a", vec![]).remove(0);
+    c.poll("a", vec![ReplicaTaskResult { id: task.id, outcome: Err(ErrorCode::TransferFail) }]);
+    let info = c.svc.query_task(t).unwrap();
+    assert_eq!(info.status, TaskStatus::Failed);
+    assert!(info.message.starts_with("TRANSFER_FAIL"), "{}", info.message);
+    // Another node cannot end a task that is not its own.
+    let t = c.svc.create_copy_task("", "bad", &["c".into()]).unwrap();
+    let task = c.poll("a", vec![]).remove(0);
+    c.poll("b", vec![ok(&task, "bad")]);
+    assert_eq!(c.status(t), TaskStatus::Processing);
+}
+
+#[test]
+fn a_task_whose_node_never_reports_fails_and_its_ranges_wait_one_more_timeout() {
+    let config = MasterConfig { replica_task_timeout_ms: 1000, ..MasterConfig::default() };
+    let c = cluster(config);
+    c.put_on("k", 8192, "a");
+    let id = c.svc.create_copy_task("", "k", &["b".into()]).unwrap();
+    let _ = c.poll("a", vec![]);
+    c.clock.advance(Duration::from_millis(1999));
+    c.svc.step_replica_tasks();
+    assert_eq!(c.status(id), TaskStatus::Processing);
+    c.clock.advance(Duration::from_millis(2));
+    assert_eq!(c.svc.step_replica_tasks(), 1);
+    let info = c.svc.query_task(id).unwrap();
+    assert_eq!(info.status, TaskStatus::Failed);
+    assert!(info.message.contains("did not report in time"), "{}", info.message);
+    c.svc.step_discards();
+    assert!(c.used("b") >= 8192, "a late copy may still land there: held");
+    c.clock.advance(Duration::from_millis(1001));
+    c.svc.step_discards();
+    assert_eq!(c.used("b"), 0);
+    // A late report changes nothing.
+    c.poll("a", vec![ReplicaTaskResult { id, outcome: Ok(crc_of("k")) }]);
+    assert_eq!(c.holders("k"), ["a"]);
+
+    // A task no node takes ends after the pending timeout.
+    let config = MasterConfig { pending_task_timeout_ms: 5000, ..MasterConfig::default() };
+    let c = cluster(config);
+    c.put_on("k", 8192, "a");
+    let id = c.svc.create_copy_task("", "k", &["b".into()]).unwrap();
+    c.clock.advance(Duration::from_millis(5001));
+    c.svc.step_replica_tasks();
+    assert_eq!(c.status(id), TaskStatus::Failed);
+    assert!(c.poll("a", vec![]).is_empty(), "an ended task is not handed out");
+}
+
+#[test]
+fn submissions_fail_as_the_originals_do() {
+    let c = cluster(MasterConfig { max_pending_tasks: 2, ..MasterConfig::default() });
+    c.put_on("k", 4096, "a");
+    let code = |r: Result<TaskId, ErrorCode>| r.unwrap_err();
+    assert_eq!(code(c.svc.create_copy_task("", "k", &[])), ErrorCode::InvalidParams, "no target");
+    assert_eq!(code(c.svc.create_copy_task("", "nokey", &["b".into()])), ErrorCode::ObjectNotFound);
+    assert_eq!(code(c.svc.create_copy_task("", "k", &["nope".into()])), ErrorCode::InvalidParams, "unknown target");
+    assert_eq!(code(c.svc.create_move_task("", "k", "b", "b")), ErrorCode::InvalidParams, "same segment");
+    assert_eq!(code(c.svc.create_move_task("", "k", "b", "c")), ErrorCode::InvalidParams, "no replica on b");
+    assert_eq!(code(c.svc.create_move_task("", "nokey", "a", "b")), ErrorCode::ObjectNotFound);
+    assert_eq!(c.svc.query_task(TaskId::random()).unwrap_err(), ErrorCode::TaskNotFound);
+    c.svc.create_drain(&["c".into()], &[], 1).unwrap();
+    assert_eq!(code(c.svc.create_copy_task("", "k", &["c".into()])), ErrorCode::UnavailableInCurrentStatus);
+
+    c.svc.create_copy_task("", "k", &["b".into()]).unwrap();
+    c.svc.create_move_task("", "k", "a", "b").unwrap();
+    assert_eq!(code(c.svc.create_copy_task("", "k", &["b".into()])), ErrorCode::TaskPendingLimitExceeded);
+}
+
+/// Runs node `a`'s tasks until the drain ends, reporting each copy good; returns the job's end state.
+fn run_drain(c: &Cluster, job: TaskId, keys: &HashMap<u64, String>, max: usize) -> crescent_proto::DrainInfo {
+    for _ in 0..10_000 {
+        c.svc.step_replica_tasks();
+        let info = c.svc.query_drain(job).unwrap();
+        if info.status.is_final() {
+            return info;
+        }
+        let tasks = c.poll("a", vec![]);
+        assert!(tasks.len() <= max, "at most max_concurrency moves at a time: {}", tasks.len());
+        let done = tasks.iter().map(|t| ok(t, &keys[&t.src_offset])).collect();
+        c.poll("a", done);
+    }
+    panic!("the drain never ended");
+}
+
+/// Offsets on node `a` of the keys written there (what a move task names as its source).
+fn offsets(c: &Cluster, keys: &[String]) -> HashMap<u64, String> {
+    keys.iter()
+        .map(|k| {
+            let stat = c.svc.stat("", k).unwrap();
+            let off = stat
+                .replicas
+                .iter()
+                .find_map(|d| match d.location {
+                    ReplicaLocation::Memory { segment_id, offset, .. } if segment_id == c.segment("a") => Some(offset),
+                    _ => None,
+                })
+                .unwrap();
+            (off, k.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn a_drain_moves_every_replica_off_its_segments_and_leaves_them_drained() {
+    let c = cluster(MasterConfig::default());
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        c.put_on(k, 10_000, "a");
+    }
+    c.put_on("elsewhere", 10_000, "b");
+    let by_offset = offsets(&c, &keys);
+    let job = c.svc.create_drain(&["a".into()], &[], 4).unwrap();
+    assert_eq!(c.svc.create_drain(&["a".into()], &[], 4).unwrap(), job, "draining the same segments again follows it");
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Draining));
+    // No new write lands on a draining segment.
+    for i in 0..20 {
+        let d = c.svc.put_start(c.writer, "", &format!("new{i}"), 1000, &ReplicateConfig::default()).unwrap();
+        assert!(d.iter().all(
+            |d| !matches!(d.location, ReplicaLocation::Memory { segment_id, .. } if segment_id == c.segment("a"))
+        ));
+    }
+
+    let info = run_drain(&c, job, &by_offset, 4);
+    assert_eq!(info.status, JobStatus::Succeeded, "{info:?}");
+    assert_eq!((info.succeeded, info.failed, info.remaining), (40, 0, 0));
+    assert_eq!(info.migrated_bytes, 400_000);
+    assert_eq!(info.segments, ["a"]);
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained));
+    for k in &keys {
+        let holders = c.holders(k);
+        assert_eq!(holders.len(), 1);
+        assert_ne!(holders[0], "a", "{k} still on the drained segment");
+    }
+    assert_eq!(c.holders("elsewhere"), ["b"]);
+    assert_eq!(c.used("a"), 0, "nothing left on it");
+
+    // Cancelling afterwards puts the segment back in service.
+    c.svc.cancel_drain(job).unwrap();
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Ok));
+    assert_eq!(c.svc.query_drain(TaskId::random()).unwrap_err(), ErrorCode::JobNotFound);
+}
+
+#[test]
+fn a_drain_whose_node_leaves_midway_fails_saying_what_was_not_moved() {
+    let c = cluster(MasterConfig::default());
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        c.put_on(k, 10_000, "a");
+    }
+    let by_offset = offsets(&c, &keys);
+    let job = c.svc.create_drain(&["a".into()], &["b".into()], 2).unwrap();
+    c.svc.step_replica_tasks();
+    let tasks = c.poll("a", vec![]);
+    assert_eq!(tasks.len(), 2);
+    c.poll("a", tasks.iter().map(|t| ok(t, &by_offset[&t.src_offset])).collect());
+    c.svc.step_replica_tasks();
+    let more = c.poll("a", vec![]);
+    assert_eq!(more.len(), 2, "two more under way when the node goes");
+
+    c.svc.unmount_segment(c.segment("a")).unwrap();
+    c.svc.step_replica_tasks();
+    let info = c.svc.query_drain(job).unwrap();
+    assert_eq!(info.status, JobStatus::Failed, "{info:?}");
+    assert_eq!(info.succeeded, 2);
+    assert!(info.message.contains("left the cluster"), "{}", info.message);
+    assert_eq!(info.failed, 8, "the two under way and the six queued: {info:?}");
+    // What was moved is whole on its target; the rest went with the node.
+    let moved: Vec<&String> = keys.iter().filter(|k| c.svc.stat("", k).is_ok()).collect();
+    assert_eq!(moved.len(), 2);
+    for k in moved {
+        assert_eq!(c.holders(k), ["b"]);
+    }
+    for t in &more {
+        assert_eq!(c.status(t.id), TaskStatus::Failed);
+    }
+}
