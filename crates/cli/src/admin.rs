@@ -1,12 +1,12 @@
-//! Administration commands: `tenant ls|set-quota|rm` (a multi-tenant master's tenants and quotas) and `ssd ls`
-//! (client-local SSD registrations). Failures print as `CODE: message`, like every client command.
+//! Administration commands: `tenant ls|set-quota|rm` (a multi-tenant master's tenants and quotas), `ssd ls`
+//! (client-local SSD registrations) and `drain` (move everything off storage nodes before they stop). Failures print as `CODE: message`, like every client command.
 
 use crate::MasterFlag;
 use crate::config::Global;
 use crate::ops::Failure;
 use crescent_client::Client;
 use crescent_proto::human::fmt_bytes;
-use crescent_proto::{ErrorCode, LocalSsdInfo, TenantInfo};
+use crescent_proto::{DrainInfo, ErrorCode, JobStatus, LocalSsdInfo, TenantInfo};
 
 /// `crescent tenant …`.
 #[derive(clap::Subcommand, Debug)]
@@ -67,6 +67,103 @@ impl SsdCommand {
     pub fn master(&self) -> Option<&str> {
         match self {
             SsdCommand::Ls { to, .. } => to.master.as_deref(),
+        }
+    }
+}
+
+/// `crescent drain`.
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The storage nodes to drain, by segment name (a node's name: its advertised `host:port` unless it was
+    /// given `--name`; `crescent stat` lists them).
+    #[arg(required_unless_present = "cancel")]
+    pub nodes: Vec<String>,
+    /// Move replicas only to these nodes (repeatable); by default wherever placement puts them.
+    #[arg(long = "to", value_name = "NODE")]
+    pub targets: Vec<String>,
+    /// Moves under way at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u32,
+    /// Start the drain and return (the master carries it on); by default it is followed to its end.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Stop the drain job JOB (printed when it started): no new moves, and its nodes take new objects again.
+    #[arg(long, value_name = "JOB", conflicts_with = "nodes")]
+    pub cancel: Option<crescent_proto::TaskId>,
+    #[command(flatten)]
+    pub to: MasterFlag,
+}
+
+/// One line of a drain's progress.
+fn drain_line(d: &DrainInfo) -> String {
+    let done = d.succeeded + d.failed;
+    format!(
+        "{}: moved {} of {} replicas ({}), {} failed, {} waiting for room, {} under way",
+        d.status.name(),
+        d.succeeded,
+        done + d.remaining,
+        fmt_bytes(d.migrated_bytes),
+        d.failed,
+        d.blocked,
+        d.active
+    )
+}
+
+/// `crescent drain NODE…`: marks the nodes' segments unallocatable and has the master move every replica on
+/// them elsewhere, printing progress until nothing is left. A master that lost the job (a failover: jobs are the
+/// leader's memory) is asked again; what was moved is no longer there, so the new job moves only the rest.
+pub async fn drain(args: DrainArgs, g: &Global) -> Result<(), Failure> {
+    let c = client(g);
+    if let Some(job) = args.cancel {
+        let d = c.cancel_drain(job).await?;
+        println!(
+            "drain {job} of {}: cancelled; the nodes take new objects again ({})",
+            d.segments.join(", "),
+            drain_line(&d)
+        );
+        return Ok(());
+    }
+    let start = || c.create_drain(&args.nodes, &args.targets, args.concurrency);
+    let mut job = start().await?;
+    eprintln!(
+        "draining {} (job {job}): it goes on if this command stops; `crescent drain --cancel {job}` stops it",
+        args.nodes.join(", ")
+    );
+    if args.no_wait {
+        println!("{job}");
+        return Ok(());
+    }
+    let mut last = String::new();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let d = match c.query_drain(job).await {
+            Err(e) if e.code() == ErrorCode::JobNotFound => {
+                eprintln!("the master no longer knows job {job} (a failover?): draining the rest again");
+                job = start().await?;
+                continue;
+            }
+            r => r?,
+        };
+        let line = drain_line(&d);
+        // Nothing to say before the master has listed what the nodes hold.
+        let line = if d.message.is_empty() { line } else { format!("{line} ({})", d.message) };
+        if line != last && !matches!(d.status, JobStatus::Created | JobStatus::Planning) {
+            eprintln!("{line}");
+            last = line;
+        }
+        match d.status {
+            JobStatus::Succeeded => {
+                println!(
+                    "{} drained: {} replicas moved ({}); they take no new objects — the node may stop now",
+                    args.nodes.join(", "),
+                    d.succeeded,
+                    fmt_bytes(d.migrated_bytes)
+                );
+                return Ok(());
+            }
+            s if s.is_final() => return Err(Failure(ErrorCode::UnavailableInCurrentStatus, d.message)),
+            _ => {}
         }
     }
 }

@@ -162,6 +162,8 @@ enum Command {
     /// Client-local SSD registrations.
     #[command(subcommand)]
     Ssd(admin::SsdCommand),
+    /// Move every object off storage nodes before taking them down (admin), with progress; resumable.
+    Drain(admin::DrainArgs),
     /// Print the credential of a principal (admin, node, node:NAME, tenant:NAME), derived from the cluster secret.
     Credential(auth::CredentialArgs),
     /// Print a new random cluster secret (save it to a file of mode 600 for --secret-file).
@@ -193,6 +195,7 @@ impl Command {
             | Command::Bench { to, .. } => client(to),
             Command::Tenant(t) => (t.master(), None),
             Command::Ssd(s) => (s.master(), None),
+            Command::Drain(d) => (d.to.master.as_deref(), None),
             Command::Up(_)
             | Command::Master(_)
             | Command::Demo(_)
@@ -380,6 +383,7 @@ fn main() -> ExitCode {
             Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
             Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
             Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
+            Command::Drain(args) => ops::exit(admin::drain(args, &global).await),
             Command::Demo(_)
             | Command::Completions { .. }
             | Command::Credential(_)

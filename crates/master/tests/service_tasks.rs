@@ -257,18 +257,19 @@ fn submissions_fail_as_the_originals_do() {
     assert_eq!(code(c.svc.create_copy_task("", "k", &["b".into()])), ErrorCode::TaskPendingLimitExceeded);
 }
 
-/// Runs node `a`'s tasks until the drain ends, reporting each copy good; returns the job's end state.
+/// Runs node `a`'s tasks until the drain ends, reporting each copy good with the poll that takes the next ones;
+/// returns the job's end state.
 fn run_drain(c: &Cluster, job: TaskId, keys: &HashMap<u64, String>, max: usize) -> crescent_proto::DrainInfo {
+    let mut done = Vec::new();
     for _ in 0..10_000 {
         c.svc.step_replica_tasks();
         let info = c.svc.query_drain(job).unwrap();
         if info.status.is_final() {
             return info;
         }
-        let tasks = c.poll("a", vec![]);
+        let tasks = c.poll("a", std::mem::take(&mut done));
         assert!(tasks.len() <= max, "at most max_concurrency moves at a time: {}", tasks.len());
-        let done = tasks.iter().map(|t| ok(t, &keys[&t.src_offset])).collect();
-        c.poll("a", done);
+        done = tasks.iter().map(|t| ok(t, &keys[&t.src_offset])).collect();
     }
     panic!("the drain never ended");
 }
@@ -343,9 +344,8 @@ fn a_drain_whose_node_leaves_midway_fails_saying_what_was_not_moved() {
     c.svc.step_replica_tasks();
     let tasks = c.poll("a", vec![]);
     assert_eq!(tasks.len(), 2);
-    c.poll("a", tasks.iter().map(|t| ok(t, &by_offset[&t.src_offset])).collect());
-    c.svc.step_replica_tasks();
-    let more = c.poll("a", vec![]);
+    // The report's poll takes the next two: a move that ends starts the next at once.
+    let more = c.poll("a", tasks.iter().map(|t| ok(t, &by_offset[&t.src_offset])).collect());
     assert_eq!(more.len(), 2, "two more under way when the node goes");
 
     c.svc.unmount_segment(c.segment("a")).unwrap();
@@ -364,4 +364,33 @@ fn a_drain_whose_node_leaves_midway_fails_saying_what_was_not_moved() {
     for t in &more {
         assert_eq!(c.status(t.id), TaskStatus::Failed);
     }
+}
+
+#[test]
+fn a_drain_waits_while_its_node_is_unreachable_and_keeps_it_out_of_placement_when_it_is_back() {
+    let c = cluster(MasterConfig::default());
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        c.put_on(k, 10_000, "a");
+    }
+    let by_offset = offsets(&c, &keys);
+    let job = c.svc.create_drain(&["a".into()], &[], 2).unwrap();
+    // Node a misses its TTL while b and c ping: its segment is cut off (kept for it to come back).
+    c.clock.advance(Duration::from_millis(MasterConfig::default().client_ttl_ms + 1));
+    c.svc.ping(c.node("b"));
+    c.svc.ping(c.node("c"));
+    c.svc.step_liveness();
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Disconnected));
+    c.svc.step_replica_tasks();
+    assert!(c.poll("a", vec![]).is_empty(), "no move from a node nobody can reach");
+    let info = c.svc.query_drain(job).unwrap();
+    assert_eq!(info.status, JobStatus::Created);
+    assert!(info.message.contains("unreachable"), "{}", info.message);
+
+    // Its remount brings it back (as OK); the drain takes it out of placement again and goes on.
+    c.svc.remount_segments(c.node("a"), std::slice::from_ref(&c.nodes["a"].1)).unwrap();
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Ok));
+    let info = run_drain(&c, job, &by_offset, 2);
+    assert_eq!((info.status, info.succeeded), (JobStatus::Succeeded, 6), "{info:?}");
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained));
 }

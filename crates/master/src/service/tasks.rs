@@ -418,6 +418,7 @@ impl MasterService {
                 board.finish(id, TaskStatus::Failed, msg, 0, keep);
                 drop(board);
                 self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                self.ended(id);
                 None
             }
             Ok((replica, src_offset, length, buffers)) => {
@@ -528,7 +529,9 @@ impl MasterService {
                     let keep = self.config.max_finished_tasks;
                     // The node is done with the ranges: they go at once.
                     drop(board.finish(id, TaskStatus::Failed, failure(code, "the copy failed"), 0, keep));
+                    drop(board);
                     self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    self.ended(id);
                     return;
                 }
             }
@@ -621,6 +624,15 @@ impl MasterService {
         drop(self.tasks.board.lock().finish(id, TaskStatus::Success, SUCCESS_MESSAGE.into(), bytes, keep));
         self.tasks.metrics.succeeded.fetch_add(1, Ordering::Relaxed);
         self.tasks.metrics.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.ended(id);
+    }
+
+    /// After a task ended: its drain (if any) starts its next move at once rather than at the next step.
+    fn ended(&self, id: TaskId) {
+        let drain = self.tasks.board.lock().tasks.get(&id).and_then(|t| t.drain);
+        if let Some(job) = drain {
+            self.drain_dispatch(job);
+        }
     }
 
     /// Puts a run back on its task (to be taken in later).
@@ -638,6 +650,7 @@ impl MasterService {
         drop(self.tasks.board.lock().finish(id, TaskStatus::Failed, message, 0, keep));
         drop(buffers);
         self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        self.ended(id);
     }
 
     /// Ends the tasks of `segment`'s node that read from it, as failed (it left the pool), their ranges through
@@ -816,7 +829,8 @@ impl MasterService {
         self.query_drain(id)
     }
 
-    /// One step of every running drain: scan what is left, keep its moves going, end it when nothing is.
+    /// One step of every running drain: keep its segments out of placement, wait while its node is unreachable,
+    /// scan what is left when idle, keep its moves going, end it when a scan finds nothing.
     fn step_drains(&self) {
         let jobs: Vec<(TaskId, Vec<SegmentId>, bool)> = {
             let board = self.tasks.board.lock();
@@ -828,8 +842,10 @@ impl MasterService {
                 .collect()
         };
         for (id, segments, idle) in jobs {
-            let lost: Vec<SegmentId> = segments.iter().copied().filter(|s| self.pool.segment(*s).is_none()).collect();
-            if !lost.is_empty() {
+            let statuses: Vec<Option<SegmentStatus>> =
+                segments.iter().map(|s| self.pool.segment(*s).map(|i| i.status)).collect();
+            let lost = statuses.iter().filter(|s| s.is_none()).count();
+            if lost > 0 {
                 let mut board = self.tasks.board.lock();
                 if let Some(job) = board.drains.get_mut(&id) {
                     let left = job.queue.len() as u64;
@@ -838,11 +854,24 @@ impl MasterService {
                     job.info.status = JobStatus::Failed;
                     job.info.updated_at_ms = unix_ms();
                     job.info.message = format!(
-                        "{} of its segments left the cluster (their node stopped?) before the drain ended: {left} \
-                         replicas there were not moved",
-                        lost.len()
+                        "{lost} of its segments left the cluster (their node stopped?) before the drain ended: the \
+                         replicas not yet moved went with them"
                     );
                     tracing::warn!(job = %id, "{}", job.info.message);
+                }
+                continue;
+            }
+            // A node back from SUSPECT is put back in service by its ping: out of placement again.
+            for (s, st) in segments.iter().zip(&statuses) {
+                if *st == Some(SegmentStatus::Ok) {
+                    let _ = self.pool.set_status(*s, SegmentStatus::Draining);
+                }
+            }
+            if statuses.iter().any(|s| matches!(s, Some(SegmentStatus::Suspect | SegmentStatus::Disconnected))) {
+                // Its replicas cannot be read now; the node may come back (or its segments be dropped: above).
+                let mut board = self.tasks.board.lock();
+                if let Some(job) = board.drains.get_mut(&id) {
+                    job.info.message = "waiting: a drained node is unreachable".into();
                 }
                 continue;
             }
@@ -852,13 +881,11 @@ impl MasterService {
                 let Some(job) = board.drains.get_mut(&id) else { continue };
                 job.scans += 1;
                 job.info.updated_at_ms = unix_ms();
+                // The first scan lists the work; a later one that finds nothing proves it done (writes that were
+                // in flight when the drain began land before it).
                 if units.is_empty() && job.scans > 1 {
                     job.info.status = JobStatus::Succeeded;
-                    job.info.message = if job.info.failed == 0 {
-                        "nothing is left on the segments: their node may stop".into()
-                    } else {
-                        format!("{} replicas could not be moved and stay on the segments", job.info.failed)
-                    };
+                    job.info.message = "nothing is left on the segments: their node may stop".into();
                     drop(board);
                     for s in &segments {
                         let _ = self.pool.set_status(*s, SegmentStatus::Drained);
@@ -866,20 +893,23 @@ impl MasterService {
                     tracing::info!(job = %id, "drain done");
                     continue;
                 }
-                // Replicas that failed for good are not retried by a rescan.
-                if job.scans > 1 && units.len() as u64 <= job.info.failed {
+                if job.scans > 1 + DRAIN_RETRIES {
                     job.info.status = JobStatus::Failed;
-                    job.info.message = format!("{} replicas could not be moved and stay on the segments", units.len());
+                    job.info.message = format!(
+                        "{} replicas could not be moved after {DRAIN_RETRIES} rounds and stay on the segments",
+                        units.len()
+                    );
                     continue;
                 }
                 job.info.status = JobStatus::Running;
+                job.info.message.clear();
                 job.queue = units.into();
             }
             self.drain_dispatch(id);
         }
     }
 
-    /// Readable memory replicas on `segments`, as units to move.
+    /// Complete memory replicas on `segments`, as units to move.
     fn drain_scan(&self, segments: &[SegmentId]) -> Vec<Unit> {
         let mut units = Vec::new();
         for tenant in self.tenants.all() {
@@ -889,7 +919,9 @@ impl MasterService {
                     if st.lifecycle != Lifecycle::Active {
                         continue;
                     }
-                    for r in st.replicas.iter().filter(|r| r.tier == Tier::Memory && r.is_readable()) {
+                    for r in
+                        st.replicas.iter().filter(|r| r.tier == Tier::Memory && r.status == ReplicaStatus::Complete)
+                    {
                         if let Some(seg) = r.buffer.segment_id().filter(|s| segments.contains(s)) {
                             units.push(Unit {
                                 tenant: Arc::downgrade(&tenant),
@@ -925,7 +957,10 @@ impl MasterService {
             let there = {
                 let st = entry.lock();
                 st.lifecycle == Lifecycle::Active
-                    && st.replicas.iter().any(|r| r.is_readable() && r.buffer.segment_id() == Some(unit.segment))
+                    && st
+                        .replicas
+                        .iter()
+                        .any(|r| r.status == ReplicaStatus::Complete && r.buffer.segment_id() == Some(unit.segment))
             };
             if !there {
                 continue;
