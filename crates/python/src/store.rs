@@ -186,8 +186,8 @@ impl Live {
             nc.tls = self.seed.tls.clone();
             match rt.block_on(StorageNode::start(nc)) {
                 Ok(node) => break node,
-                Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
-                    if e.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 =>
+                Err(ClientError::Listen { source, .. })
+                    if source.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 =>
                 {
                     attempts += 1;
                     listen = None;
@@ -833,8 +833,8 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         let Some(node_rt) = node_rt.get() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
-            Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
-                if e.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
+            Err(ClientError::Listen { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
             {
                 attempts += 1;
             }
