@@ -640,6 +640,42 @@ def test_sglang_standalone_storage_mha_lifecycle(standalone_master):
         storage.stop()
 
 
+def test_sglang_standalone_storage_mla_layer_first_multi_buffers(standalone_master):
+    """mooncake_store.py with standalone_storage and an MLA model's layer_first host pool (allocated by
+    MooncakeHostTensorAllocator): batch_set_v1 calls batch_put_from_multi_buffers (one piece per layer per page,
+    a ReplicateConfig carrying group_ids under enable_group_semantics) and batch_get_v1
+    batch_get_into_multi_buffers, through the store attached with setup_dummy; byte for byte."""
+    page, layers, token_bytes = 8, 4, 576
+    storage = StandaloneStorage(standalone_master.addr)
+    s = None
+    try:
+        pool = HostPool(mla=True, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes, seed=12,
+                        allocator=MooncakeHostTensorAllocator())
+        cfg = StorageConfig(is_mla_model=True, extra_config={"enable_group_semantics": True})
+        s = StandaloneMooncakeStore(cfg, storage.address, pool)
+        assert s.required_bytes == layers * 64 * token_bytes
+        assert s._use_group_semantics, "ReplicateConfig.group_ids exists"
+        s.register_mem_pool_host(pool)
+        src = pool.kv_buffer.copy()
+        keys = [f"standalone-mla-{i}" for i in range(3)]
+        assert s.batch_set_v1(keys, np.arange(0, 3 * page)) == [True] * 3
+        assert s.last_put_keys == [f"Qwen-Qwen3-8B_standalone-mla-{i}__k" for i in range(3)]
+        assert s.last_put_results == [0] * 3
+        assert s.batch_exists(keys + ["standalone-mla-missing"]) == 3
+        assert s.batch_get_v1(keys, np.arange(4 * page, 7 * page)) == [True] * 3
+        assert s.last_get_results == [page * layers * token_bytes] * 3
+        for i in range(3):
+            want = np.concatenate([src[layer, i * page:(i + 1) * page].ravel() for layer in range(layers)])
+            assert np.array_equal(pool.page((4 + i) * page), want), i
+        s.clear()
+        s.close()
+    finally:
+        if s is not None:
+            s.store.remove_all(force=True)
+            s.store.close()
+        storage.stop()
+
+
 # ---------------------------------------------------------------- direct linker (mooncake_direct_linker.py)
 
 
