@@ -928,8 +928,8 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
         None if refused && credential.is_some() => {
             let Some(master) = ["MOONCAKE_MASTER", "CRESCENT_MASTER"].iter().find_map(|v| std::env::var(v).ok()) else {
                 tracing::error!(
-                    "setup_dummy: the node at {server_address} authenticates its peers; set MOONCAKE_MASTER to the \
-                     master's address (the lanes' tickets come from it)"
+                    "setup_dummy: the node at {server_address} authenticates its peers; set MOONCAKE_MASTER (or \
+                     CRESCENT_MASTER) to the master's address (the lanes' tickets come from it)"
                 );
                 return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
             };
@@ -945,7 +945,7 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
         None if refused => {
             tracing::error!(
                 "setup_dummy: the node at {server_address} authenticates its peers and no credential is set \
-                 (CRESCENT_CREDENTIAL_FILE / CRESCENT_CREDENTIAL)"
+                 (CRESCENT_CREDENTIAL_FILE / CRESCENT_CREDENTIAL, or the secret in CRESCENT_SECRET_FILE)"
             );
             return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
         }
