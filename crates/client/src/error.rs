@@ -78,6 +78,15 @@ pub enum ClientError {
         /// The limit (`crescent_proto::wire::MAX_BATCH`).
         limit: usize,
     },
+    /// A storage node could not listen on its address (`INTERNAL_ERROR`); kept as the I/O error so a caller can
+    /// tell a port in use (`AddrInUse`) from other failures and pick another port.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address it tried to bind.
+        addr: std::net::SocketAddr,
+        /// Why the bind failed.
+        source: std::io::Error,
+    },
     /// The caller's buffer is smaller than the object.
     #[error("buffer of {have} bytes cannot hold {need} bytes")]
     BufferTooSmall {
@@ -111,6 +120,7 @@ impl ClientError {
             ClientError::LeaseExpired { .. } => ErrorCode::LeaseExpired,
             ClientError::BufferTooSmall { .. } => ErrorCode::BufferOverflow,
             ClientError::BatchTooLarge { .. } => ErrorCode::InvalidParams,
+            ClientError::Listen { .. } => ErrorCode::InternalError,
         }
     }
 }

@@ -447,7 +447,7 @@ impl StorageNode {
     /// own replicas are reached by memcpy).
     pub async fn start_with(config: NodeConfig, registry: SegmentRegistry) -> Result<StorageNode, ClientError> {
         let server = TransferServer::bind(config.listen, registry.clone())
-            .map_err(|e| setup(ErrorCode::InternalError, format!("cannot listen on {}", config.listen), e))?
+            .map_err(|source| ClientError::Listen { addr: config.listen, source })?
             .with_poll_window(config.poll_window)
             .with_max_connections(config.max_connections)
             .with_io_timeout(config.frame_timeout)

@@ -176,16 +176,18 @@ impl Live {
             let mut nc = NodeConfig::new(self.seed.master.clone(), 0);
             nc.segments = 0;
             nc.listen = SocketAddr::new(self.seed.ip, port);
-            // Named as the store (`get_hostname()`), as the original names every segment a store mounts.
-            nc.name = Some(self.hostname.clone());
-            nc.host_id = Some(self.hostname.clone());
+            // Named as the store (`get_hostname()`), as the original names every segment a store mounts; an
+            // attached store has no hostname (the master refuses an unnamed segment): named after where it listens.
+            let name = if self.hostname.is_empty() { nc.listen.to_string() } else { self.hostname.clone() };
+            nc.name = Some(name.clone());
+            nc.host_id = Some(name);
             nc.prefault = false;
             nc.keys = self.seed.keys.clone();
             nc.tls = self.seed.tls.clone();
             match rt.block_on(StorageNode::start(nc)) {
                 Ok(node) => break node,
-                Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
-                    if e.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 =>
+                Err(ClientError::Listen { source, .. })
+                    if source.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 =>
                 {
                     attempts += 1;
                     listen = None;
@@ -831,8 +833,8 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         let Some(node_rt) = node_rt.get() else { return Err(NOT_SET_UP) };
         match node_rt.block_on(StorageNode::start_with(nc, registry.clone())) {
             Ok(node) => break (hostname, Some(node)),
-            Err(ClientError::Wire(crescent_proto::wire::WireError::Io(e)))
-                if e.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
+            Err(ClientError::Listen { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && given.is_none() && attempts < 8 =>
             {
                 attempts += 1;
             }
@@ -910,24 +912,30 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
         }
     }
     drop(probe);
-    let (credential, _) = auth(&SetupArgs::default(), "")?;
+    let (credential, keys) = auth(&SetupArgs::default(), "")?;
+    // `setup_dummy` names no tenant: a tenant's credential says which one the store acts in (the master refuses
+    // its calls in any other).
+    let tenant = match credential.as_ref().map(|c| c.current().principal().clone()) {
+        Some(Principal::Tenant(t)) if !t.is_default() => t.as_str().to_owned(),
+        _ => String::new(),
+    };
     let (master, attached, client) = match found {
         Some((_, attached)) => {
             let master = attached.attachment.master.clone();
-            let client = attached_client(master.clone(), credential, &attached.attachment.host_id, registry)?;
+            let client = attached_client(master.clone(), credential, &tenant, &attached.attachment.host_id, registry)?;
             (master, attached, client)
         }
         None if refused && credential.is_some() => {
             let Some(master) = ["MOONCAKE_MASTER", "CRESCENT_MASTER"].iter().find_map(|v| std::env::var(v).ok()) else {
                 tracing::error!(
-                    "setup_dummy: the node at {server_address} authenticates its peers; set MOONCAKE_MASTER to the \
-                     master's address (the lanes' tickets come from it)"
+                    "setup_dummy: the node at {server_address} authenticates its peers; set MOONCAKE_MASTER (or \
+                     CRESCENT_MASTER) to the master's address (the lanes' tickets come from it)"
                 );
                 return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
             };
             let master = master_address(&master)?;
             // The host is not known before attaching: reads rank the mapped segments first regardless.
-            let client = attached_client(master.clone(), credential, "", registry)?;
+            let client = attached_client(master.clone(), credential, &tenant, "", registry)?;
             let attached = rt.block_on(attach_with_ticket(&client, &endpoints)).map_err(|e| {
                 tracing::error!("setup_dummy: attaching to the node at {server_address}: {e}");
                 code(&e)
@@ -937,7 +945,7 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
         None if refused => {
             tracing::error!(
                 "setup_dummy: the node at {server_address} authenticates its peers and no credential is set \
-                 (CRESCENT_CREDENTIAL_FILE / CRESCENT_CREDENTIAL)"
+                 (CRESCENT_CREDENTIAL_FILE / CRESCENT_CREDENTIAL, or the secret in CRESCENT_SECRET_FILE)"
             );
             return Err(i64::from(ErrorCode::AuthenticationFailed.as_i32()));
         }
@@ -968,12 +976,13 @@ fn attach(local_buffer_size: u64, server_address: &str) -> Result<Live, i64> {
         client,
         node: Mutex::new(None),
         // Segments it mounts at run time are served by a node of its own, as a client-only store's.
-        seed: NodeSeed { master, ip: IpAddr::from([127, 0, 0, 1]), keys: None, tls: Tls::default() },
+        // Their node proves the store's credential, as a client-only store's does.
+        seed: NodeSeed { master, ip: IpAddr::from([127, 0, 0, 1]), keys, tls: Tls::default() },
         added: Mutex::default(),
         // The original's attached store has no hostname of its own.
         hostname: String::new(),
         local_buffer: local_buffer_size,
-        tenant: String::new(),
+        tenant,
         prefer: Some(attached.attachment.name),
     })
 }
@@ -997,14 +1006,16 @@ fn attach_endpoints(server_address: &str) -> Vec<String> {
     out
 }
 
-/// The client of an attached store: no memory of its own, the node's mapped segments as its own.
+/// The client of an attached store, acting in `tenant`: no memory of its own, the node's mapped segments as its own.
 fn attached_client(
     master: String,
     credential: Option<CredentialSource>,
+    tenant: &str,
     host: &str,
     registry: SegmentRegistry,
 ) -> Result<Client, i64> {
     let mut config = ClientConfig::new(master).with_credential(credential);
+    config.tenant = tenant.to_owned();
     config.host_id = Some(host.to_owned()).filter(|h| !h.is_empty());
     Ok(Client::with_local_segments(config, registry))
 }

@@ -55,11 +55,14 @@ class Master:
 
 class Node:
     """A `crescent node` process on `master` (its JSON readiness line says it mounted), killed at the end;
-    memfd-backed unless `memfd` is false, so a store on this host can map its memory (`setup_dummy`). `endpoint` is what it advertises."""
+    memfd-backed unless `memfd` is false, so a store on this host can map its memory (`setup_dummy`). `endpoint` is what it advertises;
+    `extra` more flags (`--credential-file FILE` in a cluster with a secret)."""
 
-    def __init__(self, master: str, listen: str = "127.0.0.1:0", segment: str = "64MiB", memfd: bool = True):
+    def __init__(self, master: str, listen: str = "127.0.0.1:0", segment: str = "64MiB", memfd: bool = True,
+                 *extra: str):
         args = [crescent_bin(), "node", "--master", master, "--listen", listen, "--segment-size", segment]
         args += ["--memfd"] if memfd else []
+        args += extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines: "queue.Queue[str]" = queue.Queue()
         assert self.proc.stdout is not None

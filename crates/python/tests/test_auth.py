@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import Master, MiB, crescent_bin
+from conftest import Master, MiB, Node, crescent_bin
 from mooncake.store import MooncakeDistributedStore
 
 SECRET = "a cluster secret for the python tests"
@@ -21,6 +21,10 @@ def secured(tmp_path_factory):
     m = Master("--secret-file", str(path), "--multi-tenant")
     yield m.addr, str(path)
     m.stop()
+
+
+CREDENTIAL_VARS = ("CRESCENT_CREDENTIAL", "CRESCENT_CREDENTIAL_FILE", "CRESCENT_SECRET", "CRESCENT_SECRET_FILE",
+                   "CRESCENT_HOST_CREDENTIAL", "CRESCENT_HOST_CREDENTIAL_FILE", "MOONCAKE_MASTER", "CRESCENT_MASTER")
 
 
 def credential(principal: str, secret_file: str) -> str:
@@ -169,3 +173,130 @@ def test_sessions_move_bytes_under_the_grants_of_their_batched_replies(secured, 
     assert client.batch_get_session_end(keys) == 0
     client.close()
     host.close()
+
+
+# ---- setup_dummy: a store attached to a `crescent node --memfd` of a cluster with a secret ----
+
+
+@pytest.fixture(scope="module")
+def secured_node(secured, tmp_path_factory):
+    """A memfd-backed node of the secured cluster, under a credential of its own (it holds no secret)."""
+    addr, secret_file = secured
+    path = tmp_path_factory.mktemp("node") / "node.cred"
+    path.write_text(credential("node:dummy", secret_file))
+    path.chmod(0o600)
+    n = Node(addr, "127.0.0.1:0", "64MiB", True, "--credential-file", str(path))
+    yield n
+    n.stop()
+
+
+def test_setup_dummy_attaches_with_the_credential_and_master_from_the_environment(secured, secured_node, monkeypatch):
+    """The node's lanes admit a ticket only: the store asks the master named by MOONCAKE_MASTER for one, proving
+    the credential in the environment; its puts land in the node's memory and a store set up as usual reads them."""
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "e")
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cred = credential("tenant:e", secret_file)
+    monkeypatch.setenv("MOONCAKE_MASTER", addr)
+    monkeypatch.setenv("CRESCENT_CREDENTIAL", cred)
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == 0
+    try:
+        value = os.urandom(MiB)
+        assert s.put("dummy", value) == 0
+        assert s.get("dummy") == value
+        (replica,) = s.get_replica_desc("dummy")
+        assert replica.get_memory_descriptor().buffer_descriptor.transport_endpoint == secured_node.endpoint
+        other = MooncakeDistributedStore()
+        assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr, tenant_id="e",
+                           credential=cred) == 0
+        try:
+            assert other.get("dummy") == value, "another client reads it from the node, under a ticket"
+            assert other.put("from-other", b"o" * (2 * MiB)) == 0
+            assert s.get("from-other") == b"o" * (2 * MiB)
+        finally:
+            other.close()
+        assert s.remove("dummy", force=True) == 0
+        assert s.remove("from-other", force=True) == 0
+    finally:
+        assert s.close() == 0
+
+
+def test_setup_dummy_takes_the_master_from_crescent_master_and_the_credential_from_a_file(
+        secured, secured_node, monkeypatch, tmp_path):
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "f")
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "store.cred"
+    path.write_text(credential("tenant:f", secret_file))
+    path.chmod(0o600)
+    monkeypatch.setenv("CRESCENT_MASTER", addr)
+    monkeypatch.setenv("CRESCENT_CREDENTIAL_FILE", str(path))
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == 0
+    assert s.put("f", b"file" * 1000) == 0
+    assert s.get("f") == b"file" * 1000
+    assert s.remove("f", force=True) == 0
+    assert s.close() == 0
+
+
+def test_setup_dummy_without_a_credential_or_master_or_with_a_wrong_one_is_refused(secured, secured_node, monkeypatch):
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "g")
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    s = MooncakeDistributedStore()
+    monkeypatch.setenv("MOONCAKE_MASTER", addr)
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == AUTHENTICATION_FAILED, "no credential"
+    # A credential of another cluster (its key not derived from this one's secret): the master refuses the ticket.
+    monkeypatch.setenv("CRESCENT_CREDENTIAL", "tenant:g:" + "00" * 32)
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == AUTHENTICATION_FAILED, "a wrong credential"
+    # The right credential, but no master to ask a ticket from.
+    monkeypatch.setenv("CRESCENT_CREDENTIAL", credential("tenant:g", secret_file))
+    monkeypatch.delenv("MOONCAKE_MASTER")
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == AUTHENTICATION_FAILED, "no master"
+    assert s.put("g", b"x") < 0, "not set up"
+    # The process and the store survive the refusals: set up right, it works.
+    monkeypatch.setenv("MOONCAKE_MASTER", addr)
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == 0
+    assert s.put("g", b"x" * 4096) == 0
+    assert s.get("g") == b"x" * 4096
+    assert s.remove("g", force=True) == 0
+    assert s.close() == 0
+
+
+def test_an_attached_store_mounts_segments_at_run_time_under_its_credential(secured, secured_node, monkeypatch):
+    """A segment `allocate_and_mount_segment` adds is served by a node of the store's own, which proves the store's
+    credential to the master (as a client-only store's does)."""
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "h")
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cred = credential("tenant:h", secret_file)
+    monkeypatch.setenv("MOONCAKE_MASTER", addr)
+    monkeypatch.setenv("CRESCENT_CREDENTIAL", cred)
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == 0
+    r = s.allocate_and_mount_segment(16 * MiB)
+    assert r["ret"] == 0, r
+    (sid,) = r["segment_ids"]
+    assert s.unmount_and_free_segment([sid]) == 0
+    assert s.close() == 0
+
+
+def test_setup_dummy_with_the_cluster_secret_in_the_environment_acts_in_the_default_tenant(
+        secured, secured_node, monkeypatch):
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "default")  # a multi-tenant master serves registered tenants only
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MOONCAKE_MASTER", addr)
+    monkeypatch.setenv("CRESCENT_SECRET_FILE", secret_file)
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(32 * MiB, 16 * MiB, secured_node.endpoint) == 0
+    assert s.put("default-tenant", b"d" * 4096) == 0
+    assert s.get("default-tenant") == b"d" * 4096
+    assert s.remove("default-tenant", force=True) == 0
+    assert s.close() == 0

@@ -77,6 +77,20 @@ def test_zero_copy_calls_on_pool_memory(node, key):
         s.close()
 
 
+def test_an_attached_store_mounts_segments_at_run_time(node):
+    """An attached store has no hostname (`get_hostname()` is ""): the node serving what it mounts is named after
+    its own address."""
+    s = attached(node.endpoint)
+    try:
+        r = s.allocate_and_mount_segment(16 * MiB)
+        assert r["ret"] == 0, r
+        (sid,) = r["segment_ids"]
+        assert s.get_hostname() == ""
+        assert s.unmount_and_free_segment([sid]) == 0
+    finally:
+        assert s.close() == 0
+
+
 def test_a_node_without_memfd_is_reached_over_its_lane(master, key):
     n = Node(master, memfd=False)
     try:

@@ -6,7 +6,10 @@ Upstream: sgl-project/sglang at commit 00fe477f32b3878f64d44cc36895e1de4a113afe:
     get), register_mem_pool_host (register_buffer), batch_exists (batch_is_exist prefix scan), batch_set_v1
     (batch_is_exist, then batch_put_from, or batch_put_from_multi_buffers for a layer_first MLA host pool, with a
     ReplicateConfig carrying group_ids under enable_group_semantics), batch_get_v1 (batch_get_into or
-    batch_get_into_multi_buffers), clear (remove_all()), close (nothing).
+    batch_get_into_multi_buffers), clear (remove_all()), close (nothing). With `standalone_storage` on:
+    MooncakeHostTensorAllocator.allocate (the host pool's memory from MooncakeHostMemAllocator().alloc),
+    _standalone_required_bytes, and __init__'s setup_dummy(required_bytes, DEFAULT_LOCAL_BUFFER_SIZE,
+    client_server_address) in place of setup, then the same warmup and calls.
   - python/sglang/srt/mem_cache/storage/mooncake_store/mooncake_direct_linker.py (`MooncakeDirectLinker`):
     register_buffers, offload (batch_set_v2 -> batch_is_exist + batch_put_from_multi_buffers), lookup
     (batch_exists_v2 -> batch_is_exist), load_layer_wise (batch_get_session_start, one
@@ -19,6 +22,9 @@ layers * token_bytes) and MLA layer_first (layers, tokens, token_bytes). No torc
 Run against the original with ENGINE_REPLAY_TARGET=original (see engine_target.py).
 """
 
+import ctypes
+import os
+import pathlib
 import socket
 import time
 
@@ -28,7 +34,7 @@ import requests
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
 from engine_target import (  # noqa: F401
-    ORIGINAL, MiB, engine_master, engine_trace, pattern,
+    ORIGINAL, MiB, engine_master, engine_trace, pattern, start_master,
 )
 
 DEFAULT_LOCAL_BUFFER_SIZE = 16 * MiB  # mooncake_store.py: SGLANG_MOONCAKE_LOCAL_BUFFER_SIZE default
@@ -45,12 +51,20 @@ class HostPool:
     """SGLang host KV pool stand-in: `kv_buffer`, `page_size`, and `get_page_buffer_meta(indices)` as
     MHATokenToKVPoolHost (page_first) or MLATokenToKVPoolHost (layer_first) compute them."""
 
-    def __init__(self, *, mla: bool, num_tokens: int, page_size: int, layer_num: int, token_bytes: int, seed=None):
+    def __init__(self, *, mla: bool, num_tokens: int, page_size: int, layer_num: int, token_bytes: int, seed=None,
+                 allocator=None):
         self.mla, self.page_size, self.layer_num, self.token_bytes = mla, page_size, layer_num, token_bytes
         self.size = num_tokens
         shape = (layer_num, num_tokens, token_bytes) if mla else (2, num_tokens, layer_num * token_bytes)
         n = int(np.prod(shape))
-        self.kv_buffer = (pattern(n, seed) if seed is not None else np.zeros(n, dtype=np.uint8)).reshape(shape)
+        content = pattern(n, seed) if seed is not None else np.zeros(n, dtype=np.uint8)
+        # HostKVCache allocates kv_buffer through its allocator (HostTensorAllocator: plain host memory by default).
+        self.allocator = allocator
+        if allocator is None:
+            self.kv_buffer = content.reshape(shape)
+        else:
+            self.kv_buffer = allocator.allocate(shape)
+            self.kv_buffer.reshape(-1)[:] = content
 
     def get_ksize_per_token(self):
         return self.layer_num * self.token_bytes
@@ -471,6 +485,195 @@ def test_sglang_setup_with_a_tenant(engine_master):
         for s in (a, b):
             s.store.remove_all(force=True)
             s.store.close()
+
+
+# ---------------------------------------------------------------- standalone storage (setup_dummy)
+
+
+class MooncakeHostTensorAllocator:
+    """mooncake_store.py MooncakeHostTensorAllocator: allocate(dims) takes the bytes from
+    MooncakeHostMemAllocator().alloc and views them as the pool (a numpy uint8 array here, torch.frombuffer there)."""
+
+    def __init__(self):
+        from mooncake.store import MooncakeHostMemAllocator
+
+        self.allocator = MooncakeHostMemAllocator()
+        self.ptr = None
+
+    def allocate(self, dims):
+        self.dims = dims
+        size = int(np.prod(dims))
+        ptr_int = self.allocator.alloc(size)
+        self.ptr = ptr_int
+        c_array = (ctypes.c_uint8 * size).from_address(ptr_int)
+        return np.ctypeslib.as_array(c_array).reshape(dims)
+
+
+class StandaloneMooncakeStore(MooncakeStore):
+    """mooncake_store.py MooncakeStore with standalone_storage on: the same engine, but __init__ attaches to the
+    storage process on this host (client_server_address: the original's `mooncake_client`, on Crescent a
+    `crescent node --memfd`) with setup_dummy instead of setting up a store of its own."""
+
+    def __init__(self, storage_config: StorageConfig, client_server_address: str, mem_pool: HostPool):
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        self._replicate_config_cls = ReplicateConfig
+        self._supports_group_ids = hasattr(ReplicateConfig, "group_ids")
+        self.store = MooncakeDistributedStore()
+        extra = storage_config.extra_config or {}
+        self.enable_group_semantics = bool(extra.get("enable_group_semantics", False))
+        self._use_group_semantics = self.enable_group_semantics and self._supports_group_ids
+        parts = []
+        if extra.get("extra_backend_tag") is not None:
+            parts.append(str(extra["extra_backend_tag"]))
+        if storage_config.model_name:
+            parts.append("-".join(storage_config.model_name.split("/")))
+        self.config_prefix = "_".join(parts) if parts else None
+        if not isinstance(mem_pool.allocator, MooncakeHostTensorAllocator):
+            raise RuntimeError("MooncakeStore with standalone_storage=True requires MooncakeHostTensorAllocator.")
+        self.required_bytes = self._standalone_required_bytes(mem_pool)
+        ret_code = self.store.setup_dummy(self.required_bytes, DEFAULT_LOCAL_BUFFER_SIZE, client_server_address)
+        if ret_code:
+            raise RuntimeError(f"Failed to setup Mooncake store, error code: {ret_code}")
+        self.local_rank = storage_config.tp_rank
+        self.warmup()
+        self.is_mla_backend = storage_config.is_mla_model
+        self.mha_suffix = f"{self.local_rank}"
+        self.mla_suffix = ""
+        self.registered_pools = {}
+
+    @staticmethod
+    def _standalone_required_bytes(mem_pool: HostPool) -> int:
+        """The bytes of the host buffers the storage process must see: the KV buffer (a single pool, no sidecars)."""
+        return int(mem_pool.kv_buffer.nbytes)
+
+
+class StandaloneStorage:
+    """The storage process SGLang's standalone mode attaches to, started beside the master: on Crescent a
+    `crescent node --memfd` (conftest's Node), on the original its `mooncake_client` (conftest's
+    OriginalRealClient, found beside $MOONCAKE_MASTER_BIN). `address` is client_server_address."""
+
+    def __init__(self, master_addr: str, segment: int = 256 * MiB):
+        from conftest import Node, OriginalRealClient, free_port
+
+        if ORIGINAL:
+            binary = pathlib.Path(os.environ.get("MOONCAKE_MASTER_BIN", "/work/mc-venv/bin/mooncake_master"))
+            port = free_port()
+            self._proc = OriginalRealClient(master_addr, port, segment, str(binary.parent / "mooncake_client"))
+            self.address = f"127.0.0.1:{port}"
+        else:
+            self._proc = Node(master_addr, "127.0.0.1:0", f"{segment // MiB}MiB")
+            self.address = self._proc.endpoint
+
+    def stop(self) -> None:
+        self._proc.stop()
+
+
+@pytest.fixture
+def standalone_master():
+    """A master of the test's own: the storage process it starts stops at its end, and the original's
+    `mooncake_client`, killed, leaves its segment on the master for a while (the module's other tests must not
+    place objects there)."""
+    m = start_master()
+    yield m
+    m.stop()
+
+
+def test_sglang_standalone_storage_mha_lifecycle(standalone_master):
+    """mooncake_store.py with standalone_storage: the host pool allocated by MooncakeHostTensorAllocator
+    (MooncakeHostMemAllocator().alloc), __init__'s setup_dummy(_standalone_required_bytes(mem_pool),
+    DEFAULT_LOCAL_BUFFER_SIZE, client_server_address) and warmup (put/is_exist/get), register_mem_pool_host
+    (register_buffer of the pool), batch_exists, batch_set_v1 (batch_is_exist, batch_put_from of the missing
+    keys), batch_get_v1 (batch_get_into into other slots of the same pool), clear (remove_all()) and close.
+    A second engine set up as usual (not standalone) reads the attached engine's pages, byte for byte."""
+    page, layers, token_bytes = 4, 3, 512
+    storage = StandaloneStorage(standalone_master.addr)
+    s = reader = None
+    try:
+        pool = HostPool(mla=False, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes,
+                        seed=11, allocator=MooncakeHostTensorAllocator())
+        s = StandaloneMooncakeStore(StorageConfig(), storage.address, pool)
+        assert s.required_bytes == 2 * 64 * layers * token_bytes
+        s.register_mem_pool_host(pool)
+        keys = [f"standalone-{i}" for i in range(6)]
+        assert s.batch_exists(keys) == 0
+        src = pool.kv_buffer.copy()  # what the pages hold before any get writes into the pool
+
+        assert s.batch_set_v1(keys[:4], np.arange(0, 4 * page)) == [True] * 4
+        assert s.last_put_results == [0] * 8
+        assert s.batch_exists(keys) == 4
+        assert s.batch_set_v1(keys, np.arange(0, 6 * page)) == [True] * 6
+        assert s.last_put_keys == [f"Qwen-Qwen3-8B_standalone-{i}_0_{kv}" for i in (4, 5) for kv in "kv"]
+        assert s.batch_exists(keys + ["standalone-missing"]) == 6
+
+        # Its own pages back into other slots of its pool.
+        dst_idx = np.arange(8 * page, 14 * page)
+        assert s.batch_get_v1(keys, dst_idx) == [True] * 6
+        assert s.last_get_results == [page * layers * token_bytes] * 12
+        for i in range(6):
+            for kv in (0, 1):
+                assert np.array_equal(pool.kv_buffer[kv, (8 + i) * page:(9 + i) * page], src[kv, i * page:(i + 1) * page])
+
+        # An engine of its own on the master (setup, a segment of its own) reads them from the storage process.
+        reader = MooncakeStore(StorageConfig(), standalone_master.addr, http_port(standalone_master))
+        other = HostPool(mla=False, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes)
+        reader.register_mem_pool_host(other)
+        assert reader.batch_exists(keys) == 6
+        assert reader.batch_get_v1(keys, np.arange(0, 6 * page)) == [True] * 6
+        for i in range(6):
+            assert np.array_equal(other.page(i * page), np.concatenate(
+                [src[0, i * page:(i + 1) * page].ravel(), src[1, i * page:(i + 1) * page].ravel()])), i
+
+        # Pages put and never looked up nor read hold no lease: clear() (remove_all without force) drops them.
+        late = ["standalone-late-0", "standalone-late-1"]
+        assert s.batch_set_v1(late, np.arange(14 * page, 16 * page)) == [True, True]
+        s.clear()
+        assert s.store.batch_is_exist([f"Qwen-Qwen3-8B_{k}_0_{kv}" for k in late for kv in "kv"]) == [0] * 4
+        s.close()
+    finally:
+        if reader is not None:
+            reader.store.remove_all(force=True)
+            reader.store.close()
+        if s is not None:
+            s.store.remove_all(force=True)
+            s.store.close()
+        storage.stop()
+
+
+def test_sglang_standalone_storage_mla_layer_first_multi_buffers(standalone_master):
+    """mooncake_store.py with standalone_storage and an MLA model's layer_first host pool (allocated by
+    MooncakeHostTensorAllocator): batch_set_v1 calls batch_put_from_multi_buffers (one piece per layer per page,
+    a ReplicateConfig carrying group_ids under enable_group_semantics) and batch_get_v1
+    batch_get_into_multi_buffers, through the store attached with setup_dummy; byte for byte."""
+    page, layers, token_bytes = 8, 4, 576
+    storage = StandaloneStorage(standalone_master.addr)
+    s = None
+    try:
+        pool = HostPool(mla=True, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes, seed=12,
+                        allocator=MooncakeHostTensorAllocator())
+        cfg = StorageConfig(is_mla_model=True, extra_config={"enable_group_semantics": True})
+        s = StandaloneMooncakeStore(cfg, storage.address, pool)
+        assert s.required_bytes == layers * 64 * token_bytes
+        assert s._use_group_semantics, "ReplicateConfig.group_ids exists"
+        s.register_mem_pool_host(pool)
+        src = pool.kv_buffer.copy()
+        keys = [f"standalone-mla-{i}" for i in range(3)]
+        assert s.batch_set_v1(keys, np.arange(0, 3 * page)) == [True] * 3
+        assert s.last_put_keys == [f"Qwen-Qwen3-8B_standalone-mla-{i}__k" for i in range(3)]
+        assert s.last_put_results == [0] * 3
+        assert s.batch_exists(keys + ["standalone-mla-missing"]) == 3
+        assert s.batch_get_v1(keys, np.arange(4 * page, 7 * page)) == [True] * 3
+        assert s.last_get_results == [page * layers * token_bytes] * 3
+        for i in range(3):
+            want = np.concatenate([src[layer, i * page:(i + 1) * page].ravel() for layer in range(layers)])
+            assert np.array_equal(pool.page((4 + i) * page), want), i
+        s.clear()
+        s.close()
+    finally:
+        if s is not None:
+            s.store.remove_all(force=True)
+            s.store.close()
+        storage.stop()
 
 
 # ---------------------------------------------------------------- direct linker (mooncake_direct_linker.py)

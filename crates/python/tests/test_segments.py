@@ -166,3 +166,30 @@ def test_a_graceful_unmount_keeps_objects_readable_for_the_grace(master, client_
 def test_unmount_local_disk_segment_without_a_disk_tier_is_a_no_op(store, client_only):
     assert store.unmount_local_disk_segment() == 0
     assert client_only.unmount_local_disk_segment() == 0
+
+
+def test_a_client_only_store_named_on_a_port_in_use_mounts_on_another(master, key):
+    """A store set up without a segment, named `127.0.0.1:PORT` with PORT taken by another listener: its first
+    run-time mount starts its segments' server there, is told the port is in use, and listens on a free port
+    instead (keeping its name, as setup does for a store with a segment)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        name = f"127.0.0.1:{held.getsockname()[1]}"
+        s = MooncakeDistributedStore()
+        assert s.setup(name, "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", master) == 0
+        reader = new_store(master, segment=0)
+        try:
+            r = s.allocate_and_mount_segment(SEGMENT)
+            assert r["ret"] == 0, r
+            [sid] = r["segment_ids"]
+            assert s.get_hostname() == name
+            assert s.put(key, b"moved" * 1000, on(s)) == 0
+            assert segments_of(reader, key) == {sid}
+            assert reader.get(key) == b"moved" * 1000, "served from the port it moved to"
+            assert s.unmount_and_free_segment([sid]) == 0
+        finally:
+            reader.close()
+            s.close()
