@@ -300,3 +300,53 @@ def test_setup_dummy_with_the_cluster_secret_in_the_environment_acts_in_the_defa
     assert s.get("default-tenant") == b"d" * 4096
     assert s.remove("default-tenant", force=True) == 0
     assert s.close() == 0
+
+
+def test_copy_and_move_tasks_run_under_the_hosts_credentials(secured, monkeypatch):
+    """A copy task is made by the node holding the source: its lanes to the target's node prove a ticket the master
+    issued it, and its writes the grants sealed into the task. Both stores host memory with their own
+    credential only (no secret in their environment)."""
+    import time
+
+    from conftest import free_port
+    from mooncake.store import ReplicateConfig, TaskStatus
+
+    addr, secret_file = secured
+    admin_quota(addr, secret_file, "t")
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cred = credential("tenant:t", secret_file)
+    stores, names = [], []
+    for _ in range(2):
+        s = MooncakeDistributedStore()
+        name = f"127.0.0.1:{free_port()}"
+        assert s.setup(name, "P2PHANDSHAKE", 16 * MiB, 16 * MiB, "tcp", "", addr, tenant_id="t", credential=cred) == 0
+        stores.append(s)
+        names.append(name)
+    a, b = stores
+    cfg = ReplicateConfig()
+    cfg.preferred_segment = names[0]
+    value = os.urandom(512 * 1024)
+    assert a.put("copied", value, cfg) == 0
+
+    def finished(task_id):
+        deadline = time.monotonic() + 30
+        while True:
+            r, rc = a.query_task(task_id)
+            assert rc == 0
+            if r.status in (TaskStatus.SUCCESS, TaskStatus.FAILED):
+                return r
+            assert time.monotonic() < deadline
+            time.sleep(0.02)  # polling the task's status: nothing else tells it
+
+    tid, rc = a.create_copy_task("copied", [names[1]])
+    assert rc == 0
+    r = finished(tid)
+    assert r.status == TaskStatus.SUCCESS, r.message
+    assert len(a.get_replica_desc("copied")) == 2
+    tid, rc = a.create_move_task("copied", names[0], names[1])
+    assert rc == 0
+    assert finished(tid).status == TaskStatus.SUCCESS
+    a.close()
+    assert b.get("copied") == value, "the copy on b is whole once a's store is gone"
+    b.close()
