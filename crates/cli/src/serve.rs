@@ -233,7 +233,7 @@ pub struct NodeArgs {
     #[arg(
         long,
         value_name = "FILE",
-        help = "File (mode 600) holding this node's credential (`crescent credential node` or `node:NAME` prints         one; two lines during a rotation, the first current; also CRESCENT_CREDENTIAL_FILE or CRESCENT_CREDENTIAL).         A node needs no cluster secret"
+        help = "File (mode 600) holding this node's credential (`crescent credential node` or `node:NAME` prints one; two lines during a rotation, the first current; also CRESCENT_CREDENTIAL_FILE or CRESCENT_CREDENTIAL). A node needs no cluster secret"
     )]
     credential_file: Option<std::path::PathBuf>,
     #[command(flatten)]

@@ -356,11 +356,17 @@ fn snapshot_health(st: &SnapshotterStatus) -> serde_json::Value {
     })
 }
 
-/// The disk tier's series: the master's own counters, and per disk (labelled by node and segment id) its
+/// Copy/move tasks' counters, and the disk tier's series: the master's own counters, and per disk (labelled by node and segment id) its
 /// capacity, use, objects and evictions, and what its node reported of its reads, writes and errors.
 fn disk_figures(r: &mut Registry, svc: &MasterService) {
-    let m = svc.disk_tier().metrics();
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let t = svc.tasks().metrics();
+    counter(r, "replica_tasks_created", "Copy and move tasks created (a drain's moves included)", load(&t.created));
+    counter(r, "replica_tasks_succeeded", "Copy and move tasks whose replicas are in place", load(&t.succeeded));
+    counter(r, "replica_tasks_failed", "Copy and move tasks that ended without effect", load(&t.failed));
+    counter(r, "replica_task_bytes", "Bytes copied by copy and move tasks that succeeded", load(&t.copied_bytes));
+    gauge(r, "replica_tasks_in_flight", "Copy and move tasks not yet ended", svc.tasks().in_flight() as u64);
+    let m = svc.disk_tier().metrics();
     counter(r, "disk_offloads_started", "Memory evictions being copied to a node's disk", load(&m.offloads_started));
     counter(r, "disk_offloads_done", "Objects kept on a node's disk instead of dropped", load(&m.offloads_done));
     counter(r, "disk_offloads_failed", "Copies to disk that failed or expired", load(&m.offloads_failed));
