@@ -356,8 +356,9 @@ fn snapshot_health(st: &SnapshotterStatus) -> serde_json::Value {
     })
 }
 
-/// Copy/move tasks' counters, and the disk tier's series: the master's own counters, and per disk (labelled by node and segment id) its
-/// capacity, use, objects and evictions, and what its node reported of its reads, writes and errors.
+/// Copy/move tasks' counters, and the disk tier's series: the master's own counters, and per disk (labelled by
+/// node and segment id) its capacity, use, objects and evictions, and what its node reported of its reads, writes
+/// and errors.
 fn disk_figures(r: &mut Registry, svc: &MasterService) {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let t = svc.tasks().metrics();
