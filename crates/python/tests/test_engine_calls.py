@@ -555,6 +555,44 @@ def test_a_single_tp_axis_stores_the_callers_shard_and_its_manifest(store, buf, 
     assert store.get_tensor(key + "-x_tp_0") is None
 
 
+def test_a_shard_read_with_another_tp_size_re_shards_from_the_whole(store, buf, key):
+    """The original (0.3.13) answers a "shard" read of another TP size from every stored shard joined: rank r of
+    n is the r-th of n equal slices along the stored split; the same size, another split or a size that does not
+    divide it reads the rank's stored shard; "full" and non-TP targets answer None."""
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    def tp(rank, size, split_dim=1, kind="tp"):
+        axis = ParallelAxis()
+        axis.kind, axis.rank, axis.size, axis.split_dim = kind, rank, size, split_dim
+        p = TensorParallelism()
+        p.axes = [axis]
+        return p
+
+    def target(rank, size, split_dim=1, kind="tp", mode="shard"):
+        t = ReadTarget()
+        t.mode = mode
+        t.parallelism = tp(rank, size, split_dim, kind)
+        return t
+
+    whole = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for r in range(2):
+        part = torch.Tensor(np.ascontiguousarray(whole[:, r * 3:(r + 1) * 3]))
+        assert store.put_tensor_with_parallelism(key, part, tp(r, 2)) == 0
+    cases = {(3, 0, 1): whole[:, 0:2], (3, 2, 1): whole[:, 4:6], (6, 5, 1): whole[:, 5:6], (1, 0, 1): whole,
+             (2, 1, 1): whole[:, 3:6], (2, 1, 0): whole[:, 3:6], (4, 0, 1): whole[:, 0:3], (3, 0, 0): whole[:, 0:3]}
+    for (size, rank, dim), want in cases.items():
+        got = store.get_tensor_with_parallelism(key, target(rank, size, dim))
+        assert got is not None and np.array_equal(arr(got), want), (size, rank, dim)
+    assert store.get_tensor_with_parallelism(key, target(0, 2, 1, "dp")) is None
+    full = ReadTarget()
+    full.mode = "full"
+    assert store.get_tensor_with_parallelism(key, full) is None
+    into = buf.ptr + 4096
+    assert np.array_equal(arr(store.get_tensor_with_parallelism_into(key, into, 4096, target(1, 3))), whole[:, 2:4])
+    got = store.batch_get_tensor_with_parallelism([key, key], [target(1, 3), target(0, 2)])
+    assert np.array_equal(arr(got[0]), whole[:, 2:4]) and np.array_equal(arr(got[1]), whole[:, 0:3])
+
+
 def test_zero_copy_tensor_parallel_calls(store, buf, key):
     a = np.arange(16, dtype=np.int16).reshape(4, 4)
     obj = tensor_header(4, (4, 4), (4, 4), a.nbytes) + a.tobytes()

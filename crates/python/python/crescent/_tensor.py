@@ -261,8 +261,9 @@ def shards(code: int, array: np.ndarray, tp_size: int, split_dim: int) -> Option
     return out
 
 
-def decode(data: Any) -> Any:
-    """The tensor an object holds (a copy, writable), or ``None`` if it is not a tensor object."""
+def decode_array(data: Any) -> Optional[tuple]:
+    """``(dtype code, storage array)`` of the tensor an object holds (a copy, writable), or ``None`` if it is not
+    a tensor object."""
     _require_numpy()
     if data is None:
         return None
@@ -272,8 +273,13 @@ def decode(data: Any) -> Any:
         return None
     storage = np.dtype(STORAGE[p.code])
     count = p.data_bytes // storage.itemsize
-    array = np.frombuffer(view, dtype=storage, count=count, offset=p.data_offset).reshape(p.shape).copy()
-    return to_result(p.code, array)
+    return p.code, np.frombuffer(view, dtype=storage, count=count, offset=p.data_offset).reshape(p.shape).copy()
+
+
+def decode(data: Any) -> Any:
+    """The tensor an object holds (a copy, writable), or ``None`` if it is not a tensor object."""
+    found = decode_array(data)
+    return to_result(*found) if found is not None else None
 
 
 def decode_at(ptr: int, length: int) -> Any:
@@ -584,9 +590,10 @@ class TensorCalls:
     # object under `{key}_tp_{rank}` (global shape = the shard's, times `size` along `split_dim`), then the
     # parallelism manifest under `{key}__parallelism_manifest`; a "shard" target of one TP axis reads that rank's
     # object back (see `_shard_key`). Those routes are these calls, byte for byte. The other
-    # requests (several axes, DP/EP/PP axes, writer partitions, "full" targets of sharded objects) go to the
-    # original's planner of shard keys and reconstructions, which Crescent does not have yet: they answer −600
-    # (puts) or None (gets), as the original answers a request it cannot plan.
+    # requests (several axes, DP/EP/PP axes, writer partitions) go to the original's planner of shard keys,
+    # which Crescent does not have yet: they answer −600 (puts) or None (gets). A "shard" target of one TP axis
+    # with another shard count re-shards from the whole, as the original does; "full" targets answer None, as
+    # the original's (0.3.13) do.
 
     def _direct_write(self, parallelism: Any, writer_partition: Any, config: Any) -> int:
         """0 when a request takes the full-object route; else −600 (shard requests, a refused config)."""
@@ -703,11 +710,42 @@ class TensorCalls:
         rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
         return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, True, config)
 
+    def _resharded(self, key: str, target: Any) -> Optional[tuple]:
+        """For a "shard" target of one TP axis whose size differs from the stored shard count, along the split
+        the manifest names and dividing it evenly: ``(code, array, axis)``, the requested slice of the whole
+        (the stored shards joined, as the original reassembles them); ``None`` when the request reads a stored
+        shard instead (or a shard is missing: the original's legacy fallback reads the rank's own)."""
+        if getattr(target, "mode", None) != "shard":
+            return None
+        axis = _single_tp_axis(getattr(target, "parallelism", None))
+        manifest = parse_manifest(self.get_buffer(manifest_key(key))) if axis is not None else None
+        if axis is None or manifest is None:
+            return None
+        rank, size, split_dim = axis
+        code, global_shape, stored_dim, count = manifest
+        if size == count or split_dim != stored_dim or global_shape[split_dim] % size != 0:
+            return None
+        parts = [decode_array(b) for b in self.batch_get_buffer([tp_key(key, i) for i in range(count)])]
+        if any(p is None or p[0] != code for p in parts):
+            return None
+        whole = np.concatenate([p[1] for p in parts], axis=split_dim)
+        if list(whole.shape) != list(global_shape):
+            return None
+        width = whole.shape[split_dim] // size
+        index = [slice(None)] * whole.ndim
+        index[split_dim] = slice(rank * width, (rank + 1) * width)
+        return code, np.ascontiguousarray(whole[tuple(index)]), (AXIS_TP, rank, size, split_dim, width)
+
     def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
-        """With no target (or mode "as_stored" and no axes): ``get_tensor(key)``; a "shard" target of one TP
-        axis: that rank's shard (``{key}_tp_{rank}``); other targets: None."""
+        """With no target (or mode "as_stored" and no axes): ``get_tensor(key)``. A "shard" target of one TP
+        axis: that rank's stored shard (``{key}_tp_{rank}``) when the sizes match (or the split differs, as the
+        original's fallback), else the slice of the whole it names (re-sharded from every stored shard). Other
+        targets ("full", several or non-TP axes): None, as the original answers them."""
         if _as_stored(target):
             return self.get_tensor(key)
+        resharded = self._resharded(key, target)
+        if resharded is not None:
+            return to_result(resharded[0], resharded[1])
         shard = _shard_key(key, target)
         return self.get_tensor(shard) if shard is not None else None
 
@@ -723,6 +761,17 @@ class TensorCalls:
         """``get_tensor_into`` for the targets ``get_tensor_with_parallelism`` reads; other targets: None."""
         if _as_stored(target):
             return self.get_tensor_into(key, buffer_ptr, size)
+        resharded = self._resharded(key, target)
+        if resharded is not None:
+            # The re-sharded slice laid out as a shard object in the caller's registered memory.
+            code, part, axis = resharded
+            global_shape = list(part.shape)
+            global_shape[axis[3]] *= axis[2]
+            obj = header(code, global_shape, part.shape, part.nbytes, [axis]) + bytes(_raw(part))
+            if buffer_ptr == 0 or len(obj) > size or not self._registered(buffer_ptr, len(obj)):
+                return None
+            ctypes.memmove(buffer_ptr, obj, len(obj))
+            return decode_at(buffer_ptr, len(obj))
         shard = _shard_key(key, target)
         return self.get_tensor_into(shard, buffer_ptr, size) if shard is not None else None
 
@@ -804,6 +853,22 @@ def manifest_bytes(code: int, global_shape: Sequence[int], split_dim: int, shard
     dims = _SHAPE.pack(*(list(global_shape) + [-1] * (MAX_DIMS - len(global_shape))))
     return _MANIFEST.pack(MANIFEST_MAGIC, VERSION, MANIFEST_SIZE, code, len(global_shape), split_dim, shard_count,
                           0) + dims
+
+
+def parse_manifest(data: Any) -> Optional[tuple]:
+    """``(dtype code, global shape, split_dim, shard_count)`` of a parallelism manifest, or ``None``."""
+    if data is None:
+        return None
+    raw = bytes(memoryview(data).cast("B"))
+    if len(raw) < MANIFEST_SIZE:
+        return None
+    magic, version, size, code, ndim, split_dim, count, _ = _MANIFEST.unpack_from(raw, 0)
+    if magic != MANIFEST_MAGIC or version != VERSION or size != MANIFEST_SIZE or not 0 <= ndim <= MAX_DIMS:
+        return None
+    shape = _SHAPE.unpack_from(raw, _MANIFEST.size)[:ndim]
+    if not 0 <= code < len(DTYPE_CODES) or not 0 <= split_dim < ndim or count <= 0 or any(d < 0 for d in shape):
+        return None
+    return code, tuple(shape), split_dim, count
 
 
 def _single_tp_axis(parallelism: Any) -> Optional[tuple]:
