@@ -195,8 +195,16 @@ fn a_copy_of_an_object_removed_or_rewritten_meanwhile_or_with_wrong_bytes_fails_
     let info = c.svc.query_task(t).unwrap();
     assert_eq!(info.status, TaskStatus::Failed);
     assert!(info.message.starts_with("TRANSFER_FAIL"), "{}", info.message);
-    // Another node cannot end a task that is not its own.
+    // A target that left the cluster meanwhile fails the copy: no replica on a segment that is gone.
     let t = c.svc.create_copy_task("", "bad", &["c".into()]).unwrap();
+    let task = c.poll("a", vec![]).remove(0);
+    c.svc.unmount_segment(c.segment("c")).unwrap();
+    c.poll("a", vec![ok(&task, "bad")]);
+    let info = c.svc.query_task(t).unwrap();
+    assert!(info.message.starts_with("SEGMENT_NOT_FOUND"), "{}", info.message);
+    assert_eq!(c.holders("bad"), ["a"]);
+    // Another node cannot end a task that is not its own.
+    let t = c.svc.create_copy_task("", "bad", &["b".into()]).unwrap();
     let task = c.poll("a", vec![]).remove(0);
     c.poll("b", vec![ok(&task, "bad")]);
     assert_eq!(c.status(t), TaskStatus::Processing);

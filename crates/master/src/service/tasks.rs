@@ -372,7 +372,7 @@ impl MasterService {
         self.take_replica_tasks(node)
     }
 
-    /// Starts and hands out `node`'s queued tasks (at most [`TASKS_PER_POLL`]).
+    /// Starts and hands out `node`'s queued tasks (at most 64 at a time).
     pub fn take_replica_tasks(&self, node: ClientId) -> Vec<ReplicaTask> {
         let ids: Vec<TaskId> = {
             let mut board = self.tasks.board.lock();
@@ -527,9 +527,12 @@ impl MasterService {
                 }
                 Err(code) => {
                     let keep = self.config.max_finished_tasks;
-                    // The node is done with the ranges: they go at once.
-                    drop(board.finish(id, TaskStatus::Failed, failure(code, "the copy failed"), 0, keep));
+                    let run = board.finish(id, TaskStatus::Failed, failure(code, "the copy failed"), 0, keep);
                     drop(board);
+                    // The node is done with the ranges: they go at once (freed with the board's lock released).
+                    if let Some(run) = run {
+                        run.buffers.iter().for_each(AllocatedBuffer::end_hold);
+                    }
                     self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
                     self.ended(id);
                     return;
@@ -565,6 +568,8 @@ impl MasterService {
             Some((ErrorCode::ReplicaNotFound, "the object changed while it was copied"))
         } else if st.flags.has_checksum() && st.checksum != u64::from(crc) {
             Some((ErrorCode::ChecksumMismatch, "the bytes copied do not match the object's checksum"))
+        } else if run.buffers.iter().any(|b| !b.is_live()) {
+            Some((ErrorCode::SegmentNotFound, "a target segment left the cluster while it was copied to"))
         } else {
             None
         };
@@ -648,6 +653,8 @@ impl MasterService {
     fn fail_task(&self, id: TaskId, message: String, buffers: Vec<AllocatedBuffer>) {
         let keep = self.config.max_finished_tasks;
         drop(self.tasks.board.lock().finish(id, TaskStatus::Failed, message, 0, keep));
+        // No transfer to them is coming: reusable at once.
+        buffers.iter().for_each(AllocatedBuffer::end_hold);
         drop(buffers);
         self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
         self.ended(id);
