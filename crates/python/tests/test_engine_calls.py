@@ -593,6 +593,71 @@ def test_a_shard_read_with_another_tp_size_re_shards_from_the_whole(store, buf, 
     assert np.array_equal(arr(got[0]), whole[:, 2:4]) and np.array_equal(arr(got[1]), whole[:, 0:3])
 
 
+def test_dp_ep_pp_and_several_axes_store_their_shard_under_the_planned_key(store, key):
+    """The original (0.3.13): one DP, EP or PP axis stores the caller's tensor whole as a SHARD object (global
+    shape = local shape, the axis with its expert or stage id) under `{key}__dp_{r}of{n}`,
+    `{key}__ep_{r}of{n}_eid{e}`, `{key}__pp_{r}of{n}_sid{s}`, no manifest; a "shard" target of the same axis
+    reads it; several axes, a split_dim on such an axis or a missing id are −600."""
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    def ax(kind, rank, size, split_dim=None, expert=None, stage=None):
+        a = ParallelAxis()
+        a.kind, a.rank, a.size = kind, rank, size
+        if split_dim is not None:
+            a.split_dim = split_dim
+        if expert is not None:
+            a.expert_id = expert
+        if stage is not None:
+            a.stage_id = stage
+        return a
+
+    def par(*axes):
+        p = TensorParallelism()
+        p.axes = list(axes)
+        return p
+
+    def shard(*axes):
+        t = ReadTarget()
+        t.mode = "shard"
+        t.parallelism = par(*axes)
+        return t
+
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = torch.Tensor(a)
+    cases = [(ax("dp", 1, 2), f"{key}__dp_1of2", (0, 0, 1, 2, -1, 0, 0)),
+             (ax("ep", 0, 2, expert=3), f"{key}__ep_0of2_eid3", (2, 0, 0, 2, -1, 3, 0)),
+             (ax("pp", 0, 2, stage=1), f"{key}__pp_0of2_sid1", (3, 0, 0, 2, -1, 1, 0))]
+    for axis, stored_key, fields in cases:
+        assert store.put_tensor_with_parallelism(key, t, par(axis)) == 0
+        raw = bytes(store.get_buffer(stored_key))
+        head = tensor_header(0, (4, 6), (4, 6), a.nbytes, [fields])
+        assert raw[:304] == head[:304] and raw[304:] == a.tobytes(), stored_key
+        assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard(axis))), a)
+    assert store.get_buffer(key + "__parallelism_manifest") is None
+    assert store.get_tensor_with_parallelism(key) is None, "nothing under the key itself"
+    assert store.get_tensor_with_parallelism(key, shard(ax("dp", 0, 2))) is None, "rank 0 was not written"
+    assert store.get_tensor_with_parallelism(key, shard(ax("ep", 0, 2, expert=4))) is None
+    # Several axes: the caller's tensor is the whole one; a TP axis among them cuts this rank's slice; one key
+    # part per axis in kind order (dp, tp, ep, pp), the header's axes in the caller's order, a manifest with TP.
+    assert store.put_tensor_with_parallelism(key + "-m", t, par(ax("tp", 1, 3, 1), ax("ep", 0, 2, expert=1))) == 0
+    raw = bytes(store.get_buffer(f"{key}-m__tp_1of3_sd1__ep_0of2_eid1"))
+    part = np.ascontiguousarray(a[:, 2:4])
+    head = tensor_header(0, (4, 6), (4, 2), part.nbytes, [(1, 0, 1, 3, 1, 0, 2), (2, 1, 0, 2, -1, 1, 0)])
+    assert raw == head + part.tobytes()
+    assert bytes(store.get_buffer(key + "-m__parallelism_manifest")) == struct.pack(
+        "<IHHiiiii4x8q", 0x574D414E, 1, 96, 0, 2, 1, 3, 0, 4, 6, *[-1] * 6)
+    got = store.get_tensor_with_parallelism(key + "-m", shard(ax("ep", 0, 2, expert=1), ax("tp", 1, 3, 1)))
+    assert np.array_equal(arr(got), part), "the same axes in another order"
+    assert store.get_tensor_with_parallelism(key + "-m", shard(ax("tp", 1, 3, 1))) is None
+    assert store.put_tensor_with_parallelism(key + "-n", t, par(ax("pp", 0, 2, stage=1), ax("dp", 0, 2))) == 0
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key + "-n", shard(ax("dp", 0, 2), ax("pp", 0, 2, stage=1)))), a)
+    assert store.get_buffer(key + "-n__parallelism_manifest") is None
+    for refused in [par(ax("tp", 0, 2, 1), ax("tp", 0, 2, 0)), par(ax("dp", 0, 2), ax("dp", 1, 2)),
+                    par(ax("ep", 0, 2)), par(ax("pp", 0, 2)), par(ax("dp", 0, 2, 1)), par(ax("tp", 0, 4, 1), ax("dp", 0, 2))]:
+        axes = [(a.kind, a.rank, a.size, a.split_dim) for a in refused.axes]
+        assert store.put_tensor_with_parallelism(key + "-x", t, refused) == INVALID_PARAMS, axes
+
+
 def test_zero_copy_tensor_parallel_calls(store, buf, key):
     a = np.arange(16, dtype=np.int16).reshape(4, 4)
     obj = tensor_header(4, (4, 4), (4, 4), a.nbytes) + a.tobytes()

@@ -35,6 +35,8 @@ MAX_AXES = 4
 LAYOUT_FULL = 0
 LAYOUT_SHARD = 1
 AXIS_TP = 1
+# The original's other axis kinds (`ParallelAxisKind`), as its headers number them.
+AXIS_DP, AXIS_EP, AXIS_PP = 0, 2, 3
 
 # The original's dtype codes, by torch name, and the NumPy dtype holding each one's bytes.
 DTYPE_CODES = {
@@ -88,8 +90,10 @@ def header(code: int, global_shape: Sequence[int], local_shape: Sequence[int], d
     out += dims(global_shape) + dims(local_shape) + _AXES.pack(len(axes), 0)
     for i in range(MAX_AXES):
         if i < len(axes):
-            k, rank, count, split_dim, extent = axes[i]
-            out += _AXIS.pack(k, i, rank, count, split_dim, 0, extent)
+            # (kind, rank, count, split_dim, extent[, expert or stage id])
+            k, rank, count, split_dim, extent = axes[i][:5]
+            ident = axes[i][5] if len(axes[i]) > 5 else 0
+            out += _AXIS.pack(k, i, rank, count, split_dim, ident, extent)
         else:
             out += bytes(_AXIS.size)
     return out
@@ -589,9 +593,11 @@ class TensorCalls:
     # (its TP_SHARDED_PARALLELISM route with one axis) stores the caller's tensor as that rank's shard: a SHARD
     # object under `{key}_tp_{rank}` (global shape = the shard's, times `size` along `split_dim`), then the
     # parallelism manifest under `{key}__parallelism_manifest`; a "shard" target of one TP axis reads that rank's
-    # object back (see `_shard_key`). Those routes are these calls, byte for byte. The other
-    # requests (several axes, DP/EP/PP axes, writer partitions) go to the original's planner of shard keys,
-    # which Crescent does not have yet: they answer −600 (puts) or None (gets). A "shard" target of one TP axis
+    # object back (see `_shard_key`). Any other valid parallelism (DP, EP, PP axes, several axes with at most one
+    # of each kind) takes the original's planned route (`_axes_write`): the caller's tensor is the whole one, a
+    # TP axis among them cuts this rank's slice, and the shard is stored under `_axes_key`; a "shard" target with
+    # the same axes (in any order) reads it. Those routes are these calls, byte for byte (checked against the
+    # 0.3.13 wheel). Writer partitions go to its planner, which Crescent does not have yet: −600 / None. A "shard" target of one TP axis
     # with another shard count re-shards from the whole, as the original does; "full" targets answer None, as
     # the original's (0.3.13) do.
 
@@ -603,9 +609,12 @@ class TensorCalls:
 
     def _tp_shard_write(self, key: str, tensor: Any, parallelism: Any, writer_partition: Any, config: Any,
                         upsert: bool) -> Optional[int]:
-        """The single-TP-axis route (see above): 0 or a code; ``None`` when the request is not one."""
+        """The single-axis routes (see above): 0 or a code; ``None`` when the request is not one."""
         if writer_partition is not None or parallelism is None:
             return None
+        axes = _axes(parallelism)
+        if axes is not None and not (len(axes) == 1 and axes[0][0] == AXIS_TP):
+            return self._axes_write(key, tensor, axes, config, upsert)
         axis = _single_tp_axis(parallelism)
         if axis is None:
             return INVALID_PARAMS
@@ -622,6 +631,34 @@ class TensorCalls:
         if rc != 0:
             return rc
         manifest = manifest_bytes(code, global_shape, split_dim, size)
+        return self._batch_put_values([manifest_key(key)], [manifest], config, upsert)[0]
+
+    def _axes_write(self, key: str, tensor: Any, axes: list, config: Any, upsert: bool) -> int:
+        """Any other valid parallelism (the original's planned route): the caller's tensor is the whole one; with
+        a TP axis this rank's slice along its ``split_dim`` is stored (an even split, or −600) and the manifest
+        written after it, else the whole tensor; a SHARD object whose header lists the axes in the caller's
+        order, under ``_axes_key``."""
+        found = as_array(tensor)
+        if found is None:
+            return INVALID_PARAMS
+        code, array = found
+        local = array
+        tp = next((a for a in axes if a[0] == AXIS_TP), None)
+        if tp is not None:
+            _, rank, size, split_dim, _ = tp
+            if not 0 <= split_dim < array.ndim or array.shape[split_dim] % size != 0:
+                return INVALID_PARAMS
+            width = array.shape[split_dim] // size
+            index = [slice(None)] * array.ndim
+            index[split_dim] = slice(rank * width, (rank + 1) * width)
+            local = np.ascontiguousarray(array[tuple(index)])
+        fields = [(kind, rank, size, split_dim, local.shape[split_dim] if kind == AXIS_TP else 0, ident)
+                  for kind, rank, size, split_dim, ident in axes]
+        obj = [header(code, array.shape, local.shape, local.nbytes, fields), _raw(local)]
+        rc = self._put_objects([_axes_key(key, axes)], [obj], config, upsert)[0]
+        if rc != 0 or tp is None:
+            return rc
+        manifest = manifest_bytes(code, array.shape, tp[3], tp[2])
         return self._batch_put_values([manifest_key(key)], [manifest], config, upsert)[0]
 
     def _batch_direct_write(self, n: int, parallelisms: Any, writer_partitions: Any, config: Any,
@@ -888,6 +925,51 @@ def _single_tp_axis(parallelism: Any) -> Optional[tuple]:
     return rank, size, int(split_dim)
 
 
+_KINDS = {"DP": AXIS_DP, "TP": AXIS_TP, "EP": AXIS_EP, "PP": AXIS_PP}
+
+
+def _axes(parallelism: Any) -> Optional[list]:
+    """The axes of a parallelism as ``(kind, rank, size, split_dim, id)`` (``split_dim`` −1 and ``id`` 0 where
+    the kind has none), in the caller's order, checked as the original checks them: a known kind at most once,
+    ``0 <= rank < size``, a ``split_dim`` for TP and none for the others, an ``expert_id`` for EP and a
+    ``stage_id`` for PP; ``None`` when one fails (or there is no axis)."""
+    axes = list(getattr(parallelism, "axes", None) or [])
+    out = []
+    for axis in axes:
+        try:
+            kind, rank, size = _KINDS.get(str(axis.kind).upper()), int(axis.rank), int(axis.size)
+            split_dim = getattr(axis, "split_dim", None)
+            expert, stage = getattr(axis, "expert_id", None), getattr(axis, "stage_id", None)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        if kind is None or size <= 0 or not 0 <= rank < size or (split_dim is None) == (kind == AXIS_TP):
+            return None
+        ident = {AXIS_EP: expert, AXIS_PP: stage}.get(kind, 0)
+        if ident is None:
+            return None
+        out.append((kind, rank, size, -1 if split_dim is None else int(split_dim), int(ident)))
+    if not out or len({a[0] for a in out}) != len(out):
+        return None
+    return out
+
+
+def _axes_key(key: str, axes: list) -> str:
+    """The original's key of a shard named by ``axes`` (other than a lone TP axis, which is ``{key}_tp_{rank}``):
+    one ``__`` part per axis in kind order — ``dp_{r}of{n}``, ``tp_{r}of{n}_sd{split_dim}``,
+    ``ep_{r}of{n}_eid{expert}``, ``pp_{r}of{n}_sid{stage}``."""
+    parts = []
+    for kind, rank, size, split_dim, ident in sorted(axes):
+        if kind == AXIS_DP:
+            parts.append(f"dp_{rank}of{size}")
+        elif kind == AXIS_TP:
+            parts.append(f"tp_{rank}of{size}_sd{split_dim}")
+        elif kind == AXIS_EP:
+            parts.append(f"ep_{rank}of{size}_eid{ident}")
+        else:
+            parts.append(f"pp_{rank}of{size}_sid{ident}")
+    return key + "".join("__" + p for p in parts)
+
+
 def _shard_key(key: str, target: Any) -> Optional[str]:
     """For a "shard" read target of one TP axis: the key of that rank's object. The original reads it as stored
     when its layout names the same axis, and (its legacy fallback) also when it does not and the other ranks'
@@ -895,8 +977,12 @@ def _shard_key(key: str, target: Any) -> Optional[str]:
     Crescent does not do yet."""
     if getattr(target, "mode", None) != "shard":
         return None
-    axis = _single_tp_axis(getattr(target, "parallelism", None))
-    return tp_key(key, axis[0]) if axis is not None else None
+    parallelism = getattr(target, "parallelism", None)
+    axis = _single_tp_axis(parallelism)
+    if axis is not None:
+        return tp_key(key, axis[0])
+    axes = _axes(parallelism)
+    return _axes_key(key, axes) if axes is not None else None
 
 
 def _as_stored(target: Any) -> bool:
