@@ -659,7 +659,11 @@ mod tests {
             segment: String::new(),
         };
         assert_eq!(tag(&clear), 39);
-        assert_eq!(MasterOp::ALL.len(), 40, "one operation per request");
+        let copy =
+            MasterRequest::CreateCopyTask { tenant: String::new(), key: WireKey::Key("k".into()), targets: vec![] };
+        assert_eq!(tag(&copy), 40);
+        assert_eq!(tag(&MasterRequest::CancelDrain { id: crate::TaskId::random() }), 46);
+        assert_eq!(MasterOp::ALL.len(), 47, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {
