@@ -26,6 +26,7 @@
 
 mod checksum;
 mod client;
+mod copy;
 pub mod disk;
 mod error;
 mod local;
