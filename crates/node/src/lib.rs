@@ -56,9 +56,6 @@ pub struct NodeConfig {
     pub rpc_timeout: Duration,
     /// Fault every segment page in at start-up (no page-fault stalls on first writes).
     pub prefault: bool,
-    /// Ask for transparent huge pages for the segments when prefaulting them (default true; see
-    /// `SegmentMemory::prefault_pages_with` for when that makes the prefault slower).
-    pub huge_pages: bool,
     /// How long an idle data-plane connection polls for its next request before parking (default 0 = never;
     /// see `TransferServer::with_poll_window` for why). Polling all connections at once is a runtime hook
     /// instead: `crescent_net::poll::idle_park_hook`, which `crescent node` installs.
@@ -118,7 +115,6 @@ impl NodeConfig {
             ping_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(10),
             prefault: true,
-            huge_pages: true,
             poll_window: Duration::ZERO,
             master_retry: None,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
@@ -248,7 +244,7 @@ impl SegmentControl {
         }
         tracing::info!(segment = %spec.id, "mounted a segment of {} at run time", fmt_bytes(spec.size));
         if prefault {
-            prefault_in_background(vec![memory], true);
+            prefault_in_background(vec![memory]);
         }
         Ok(spec)
     }
@@ -401,11 +397,11 @@ async fn mount_retrying(
 /// Prefaults the segments on a thread of their own, after they are mounted: the node is ready at once
 /// whatever its size (an 8 GiB segment takes ~30 s to back), writes that arrive meanwhile fault their own
 /// pages as they would without prefaulting, and `MADV_POPULATE_WRITE` never changes a byte already written.
-fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, huge_pages: bool) {
+fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>) {
     let count = memories.len();
     let spawned = std::thread::Builder::new().name("crescent-prefault".into()).spawn(move || {
         for (i, mem) in memories.iter().enumerate() {
-            prefault(mem, i, count, huge_pages);
+            prefault(mem, i, count);
         }
     });
     if let Err(e) = spawned {
@@ -415,10 +411,10 @@ fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, huge_pages: bool) {
 
 /// Prefaults `mem` (segment `i` of `count`), saying how far it got every second so a slow prefault shows
 /// progress.
-fn prefault(mem: &SegmentMemory, i: usize, count: usize, huge_pages: bool) {
+fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
     let start = std::time::Instant::now();
     let mut last = start;
-    let r = mem.prefault_pages_with(huge_pages, |done, total| {
+    let r = mem.prefault_with(|done, total| {
         if last.elapsed() >= Duration::from_secs(1) {
             last = std::time::Instant::now();
             tracing::info!("prefaulting segment {}/{count}: {} of {}", i + 1, fmt_bytes(done), fmt_bytes(total));
@@ -539,7 +535,7 @@ impl StorageNode {
             config.master
         );
         if config.prefault {
-            prefault_in_background(memories, config.huge_pages);
+            prefault_in_background(memories);
         }
         let specs: Mounted = Arc::new(Mutex::new(specs));
         let (stop, mut stopped) = watch::channel(false);

@@ -823,14 +823,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         // Named as the original names a store's segment, `local_hostname:port` (what get_hostname() returns:
         // engines pass it back as a preferred segment and look for it in the master's listings).
         nc.name = Some(hostname.clone());
-        // Backed on a thread of its own from the start, as a node's segment, in small pages: the store is ready at
-        // once, and the backing runs ahead of the first writes (which the master places from the segment's
-        // start), so they rarely stop to fault pages in. Huge pages measured worse here: compacting memory to
-        // make them made the prefault and the writes it raced slower than faulting lazily (cold rows of
-        // `scripts/bench-python.sh`, 4 MiB put_from, GB/s: lazy 1.6–1.7, prefault with huge pages 0.5–0.6,
-        // without 2.7–3.9).
-        nc.prefault = true;
-        nc.huge_pages = false;
+        nc.prefault = false;
         nc.host_id = Some(hostname.clone());
         nc.keys = keys.clone();
         nc.tls = tls.clone();

@@ -147,27 +147,16 @@ impl SegmentMemory {
     /// each, so a caller can report a slow start-up (a large segment takes seconds). One `madvise` per
     /// 256 MiB costs nothing next to faulting the pages in.
     pub fn prefault_with(&self, progress: impl FnMut(u64, u64)) -> io::Result<()> {
-        self.prefault_chunked(PREFAULT_CHUNK, true, progress)
+        self.prefault_chunked(PREFAULT_CHUNK, progress)
     }
 
-    /// [`SegmentMemory::prefault_with`], asking for transparent huge pages only if `huge_pages`. Without them
-    /// the pages come faster: where the kernel compacts memory to make huge pages for regions that ask
-    /// (`defrag` = `madvise`, its default), backing them measured 2.7× slower on the 2-vCPU VM (4 GiB: 4.4 s vs
-    /// 1.6 s once the host backed the guest's memory; 9.6 s vs 6.5 s before), and writes meanwhile fault
-    /// huge pages in themselves, compacting too.
-    pub fn prefault_pages_with(&self, huge_pages: bool, progress: impl FnMut(u64, u64)) -> io::Result<()> {
-        self.prefault_chunked(PREFAULT_CHUNK, huge_pages, progress)
-    }
-
-    fn prefault_chunked(&self, chunk: usize, huge_pages: bool, mut progress: impl FnMut(u64, u64)) -> io::Result<()> {
+    fn prefault_chunked(&self, chunk: usize, mut progress: impl FnMut(u64, u64)) -> io::Result<()> {
         let len = self.map.len();
         if len == 0 {
             return Ok(());
         }
         // Huge pages are a hint: 2 MiB pages cut both fault and TLB-miss costs for MiB-sized objects.
-        if huge_pages {
-            let _ = self.map.advise(memmap2::Advice::HugePage);
-        }
+        let _ = self.map.advise(memmap2::Advice::HugePage);
         let mut done = 0;
         while done < len {
             let n = chunk.min(len - done);
@@ -402,7 +391,7 @@ mod tests {
     fn prefault_reports_progress_chunk_by_chunk_up_to_the_whole_segment() {
         let m = SegmentMemory::anonymous(5 << 20).unwrap();
         let mut seen = Vec::new();
-        m.prefault_chunked(2 << 20, false, |done, total| seen.push((done >> 20, total >> 20))).unwrap();
+        m.prefault_chunked(2 << 20, |done, total| seen.push((done >> 20, total >> 20))).unwrap();
         assert_eq!(seen, [(2, 5), (4, 5), (5, 5)]);
         let mut calls = 0;
         m.prefault_with(|_, _| calls += 1).unwrap();
