@@ -202,8 +202,9 @@ pub enum PutOutcome {
 enum Written {
     /// The master refused to start it: nothing was written.
     NotStarted,
-    /// Every replica has its bytes.
-    Done,
+    /// Every replica has its bytes; with the crc32c of the value when a copy summed it on the way (a copy
+    /// within this process), so it need not be summed again.
+    Done(Option<u32>),
     /// A replica's write failed (the first failure is kept); the object is revoked.
     Failed(ClientError),
 }
@@ -211,7 +212,7 @@ enum Written {
 impl Written {
     /// Records a replica's failure; the first one is the one reported.
     fn fail(&mut self, e: ClientError) {
-        if matches!(self, Written::Done) {
+        if matches!(self, Written::Done(_)) {
             *self = Written::Failed(e);
         }
     }
@@ -710,8 +711,8 @@ impl Client {
             match (start, w) {
                 (Err(ErrorCode::ObjectAlreadyExists), _) => out.push(Ok(())),
                 (Err(c), _) => out.push(Err(c.into())),
-                (Ok(d), Written::Done) => {
-                    to_end.push((i, crescent_proto::write_id(&d)));
+                (Ok(d), Written::Done(crc)) => {
+                    to_end.push((i, crescent_proto::write_id(&d), crc));
                     out.push(Ok(()));
                 }
                 (Ok(d), Written::Failed(e)) => {
@@ -733,7 +734,10 @@ impl Client {
             let ends = Batch(
                 to_end
                     .iter()
-                    .map(|&(i, write)| (WireKey::from(items[i].0), Some(checksum(items[i].1)), write))
+                    .map(|&(i, write, crc)| {
+                        let crc = crc.map_or_else(|| checksum(items[i].1), u64::from);
+                        (WireKey::from(items[i].0), Some(crc), write)
+                    })
                     .collect(),
             );
             let req = MasterRequest::BatchPutEnd { client: self.inner.id, tenant: self.tenant(), items: ends };
@@ -743,7 +747,7 @@ impl Client {
                 Err(code) => vec![Err(code); to_end.len()],
             };
             let mut pending = Vec::new();
-            for (&(i, write), r) in to_end.iter().zip(ends) {
+            for (&(i, write, _), r) in to_end.iter().zip(ends) {
                 if let Err(c) = r {
                     if left_pending(c) {
                         pending.push((WireKey::from(items[i].0), write));
@@ -774,7 +778,7 @@ impl Client {
         grants: &[Arc<Grant>],
     ) -> (Vec<Written>, Vec<crescent_proto::SegmentId>) {
         let mut written: Vec<Written> =
-            starts.iter().map(|s| if s.is_ok() { Written::Done } else { Written::NotStarted }).collect();
+            starts.iter().map(|s| if s.is_ok() { Written::Done(None) } else { Written::NotStarted }).collect();
         let mut by_peer: HashMap<&str, (Vec<usize>, Vec<BatchWrite<'_>>)> = HashMap::new();
         for (i, ((_, data), start)) in items.iter().zip(starts).enumerate() {
             for d in start.iter().flatten() {
@@ -790,16 +794,26 @@ impl Client {
         }
         let t = &self.inner.transfer;
         let per_peer = by_peer.iter().map(|(endpoint, (idx, writes))| async move {
-            idx.iter().copied().zip(writes).zip(t.write_batch(endpoint, writes).await).collect::<Vec<_>>()
+            idx.iter().copied().zip(writes).zip(t.write_batch_summed(endpoint, writes).await).collect::<Vec<_>>()
         });
         let mut unreachable = Vec::new();
         for ((i, w), r) in join_all(per_peer).await.into_iter().flatten() {
-            if let (Err(e), Some(slot)) = (r, written.get_mut(i)) {
-                let e = ClientError::from(e);
-                if node_unreachable(&e) {
-                    unreachable.push(w.segment);
+            let Some(slot) = written.get_mut(i) else { continue };
+            match r {
+                // Any replica's sum is the value's (the same bytes); the first one kept.
+                Ok(Some(crc)) => {
+                    if let Written::Done(sum @ None) = slot {
+                        *sum = Some(crc);
+                    }
                 }
-                slot.fail(e);
+                Ok(None) => {}
+                Err(e) => {
+                    let e = ClientError::from(e);
+                    if node_unreachable(&e) {
+                        unreachable.push(w.segment);
+                    }
+                    slot.fail(e);
+                }
             }
         }
         (written, unreachable)
@@ -1094,9 +1108,10 @@ impl Client {
             Ok(v) => v,
             Err(code) => return all_failed(items.len(), code),
         };
-        // Each object's first-choice replica: remote ones are read per storage node in pipelined runs; own-process
-        // replicas (memcpy) and any object whose batched read failed go through `read_replica`, which also
-        // falls back to the other replicas.
+        // Each object's first-choice replica, read per storage node in one batch (`read_batch_checksummed`: the
+        // ranges in this process's segments copied together, over both cores, the others in pipelined runs);
+        // an object whose batched read failed, or with no replica to try first, goes through `read_replica`,
+        // which also falls back to the other replicas.
         let mut out: Vec<Option<Result<usize, ClientError>>> = Vec::new();
         out.resize_with(items.len(), || None);
         let mut by_peer: HashMap<&str, Vec<(usize, BatchRead<'_>)>> = HashMap::new();
@@ -1124,12 +1139,12 @@ impl Client {
                 .filter_map(|d| address(d, &grants).map(|a| (d.location.is_disk(), a)))
                 .find(|(_, a)| unreached.skip(a.0).is_none());
             match first {
-                Some((disk, (endpoint, segment, offset, _, place))) if self.inner.local.get(&segment).is_none() => {
+                Some((disk, (endpoint, segment, offset, _, place))) => {
                     from_disk[i] = disk;
                     let read = BatchRead { segment, grant: place.grant, offset, buf };
                     by_peer.entry(endpoint).or_default().push((i, read));
                 }
-                _ => single.push((i, *key, list, buf)),
+                None => single.push((i, *key, list, buf)),
             }
         }
         let (t, lists, grants, from_disk) = (&self.inner.transfer, &lists, &grants, &from_disk);

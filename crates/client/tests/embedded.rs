@@ -43,6 +43,59 @@ async fn an_embedded_client_reads_its_own_replicas_by_memcpy_and_refuses_corrupt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_clients_batches_are_copied_and_summed_in_process_and_verified() {
+    let cluster = LocalCluster::start(0, 0).await;
+    let addr = cluster.addr();
+    let local = SegmentRegistry::default();
+    let node = StorageNode::start_with(cluster.node_config(64 << 20), local.clone()).await.unwrap();
+    let client = Client::with_local_segments(ClientConfig::new(addr.clone()), local.clone());
+    // Odd sizes, and enough bytes in all (and one value alone) for the copies to be split over
+    // two threads, cutting ranges in the middle.
+    let sizes = [1usize, 4093, 65_537, (3 << 20) + 7, 1 << 20, (2 << 20) - 1];
+    let values: Vec<Vec<u8>> =
+        sizes.iter().enumerate().map(|(k, &n)| (0..n).map(|i| (i * 7 + k * 13) as u8).collect()).collect();
+    let keys: Vec<String> = (0..sizes.len()).map(|k| format!("b{k}")).collect();
+    let items: Vec<(&str, &[u8])> = keys.iter().map(|k| k.as_str()).zip(values.iter().map(|v| v.as_slice())).collect();
+    for r in client.batch_put_from(&items, &ReplicateConfig::default()).await {
+        r.unwrap();
+    }
+    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();
+    let mut reads: Vec<(&str, &mut [u8])> =
+        keys.iter().map(|k| k.as_str()).zip(bufs.iter_mut().map(|b| b.as_mut_slice())).collect();
+    let got: Vec<usize> = client.batch_get_into(&mut reads).await.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(got, sizes);
+    assert_eq!(bufs, values);
+    let endpoint = node.endpoint().to_string();
+    assert_eq!(client.transfer().open_connections(&endpoint), 0, "own replicas never touch a socket");
+    // The checksums the copies summed are the stored ones: a reader over TCP verifies the bytes against them.
+    let remote = Client::new(ClientConfig::new(addr));
+    for (k, v) in keys.iter().zip(&values) {
+        assert_eq!(&remote.get(k).await.unwrap(), v, "{k}");
+    }
+
+    // A corrupted object fails its own read in a batch; the others are read.
+    let stat = client.stat("b3").await.unwrap();
+    let seg = stat.replicas[0].location.segment_id().unwrap();
+    let offset = match &stat.replicas[0].location {
+        crescent_proto::ReplicaLocation::Memory { offset, .. } => *offset,
+        other => panic!("{other:?}"),
+    };
+    local.get(&seg).unwrap().write_at(offset + (2 << 20), &[!values[3][2 << 20]]).unwrap();
+    let mut reads: Vec<(&str, &mut [u8])> =
+        keys.iter().map(|k| k.as_str()).zip(bufs.iter_mut().map(|b| b.as_mut_slice())).collect();
+    let got = client.batch_get_into(&mut reads).await;
+    for (k, r) in got.iter().enumerate() {
+        match r {
+            Err(e) if k == 3 => assert_eq!(e.code(), ErrorCode::ChecksumMismatch),
+            Ok(n) if k != 3 => assert_eq!(*n, sizes[k]),
+            other => panic!("object {k}: {other:?}"),
+        }
+    }
+    assert_eq!(client.checksum_mismatches(), 1);
+    node.shutdown(std::time::Duration::ZERO).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_address_list_falls_through_to_a_reachable_master() {
     let cluster = LocalCluster::start(0, 0).await;
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();

@@ -315,8 +315,8 @@ impl TransferClient {
         checksum: bool,
     ) -> Result<u32, TransferError> {
         if let Some(mem) = self.inner.local.get(&place.segment) {
-            mem.write_at(offset, data)?;
-            return Ok(if checksum { crc32c::crc32c(data) } else { 0 });
+            let (_inflight, alone) = self.inner.inflight.enter();
+            return mem.write_at_summed(offset, data, checksum, alone);
         }
         offset.checked_add(data.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint, Some(place.segment));
@@ -401,8 +401,8 @@ impl TransferClient {
         checksum: bool,
     ) -> Result<u32, TransferError> {
         if let Some(mem) = self.inner.local.get(&place.segment) {
-            mem.read_at(offset, buf)?;
-            return Ok(if checksum { crc32c::crc32c(buf) } else { 0 });
+            let (_inflight, alone) = self.inner.inflight.enter();
+            return mem.read_at_summed(offset, buf, checksum, alone);
         }
         offset.checked_add(buf.len() as u64).ok_or(TransferError::OutOfRange)?;
         let peer = self.peer(endpoint, Some(place.segment));

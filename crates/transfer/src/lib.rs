@@ -14,7 +14,7 @@
 //! Modules: `memory` ([`SegmentMemory`] and its range leases), `registry`, `server`, `client` (and
 //! `client::batch`, pipelined runs of small ranges), `local` (local lanes: the Unix socket a node on this host
 //! answers under its endpoint's name), `vm` (local copies: `process_vm_writev`/`readv` into a located range),
-//! `net` (socket sizing, payloads into their destination, sendfile), `checksum` (joining crc32c sums of adjacent
+//! `copy` (copies within this process: summed piece by piece as they go, split over two threads when long), `net` (socket sizing, payloads into their destination, sendfile), `checksum` (joining crc32c sums of adjacent
 //! pieces), `error` ([`TransferError`]), [`disk`] (the SSD tier's node side: block devices, [`DiskSegment`]
 //! served from its own I/O threads, hosted beside memory segments and served for reads).
 //!
@@ -26,6 +26,7 @@
 
 mod checksum;
 mod client;
+mod copy;
 pub mod disk;
 mod error;
 mod local;

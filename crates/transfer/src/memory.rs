@@ -27,6 +27,7 @@
 //! off writes while it reads), and the pin keeps the mapping alive until the client says it is done.
 #![allow(unsafe_code)]
 
+use crate::copy;
 use crate::error::TransferError;
 use crate::vm::RemoteProcess;
 use memmap2::{MmapOptions, MmapRaw};
@@ -269,6 +270,32 @@ impl SegmentMemory {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), TransferError> {
         buf.copy_from_slice(&self.lease(offset, buf.len() as u64)?);
         Ok(())
+    }
+
+    /// [`SegmentMemory::write_at`] that also returns the crc32c of the bytes if `checksum` (else 0), summed as
+    /// they are copied; with `parallel`, a long copy is split over two threads (`copy::copy_all`).
+    pub(crate) fn write_at_summed(
+        &self,
+        offset: u64,
+        data: &[u8],
+        checksum: bool,
+        parallel: bool,
+    ) -> Result<u32, TransferError> {
+        let mut dst = self.lease_mut(offset, data.len() as u64)?;
+        Ok(copy::copy_all(vec![(&mut *dst, data)], checksum, parallel).first().copied().unwrap_or(0))
+    }
+
+    /// [`SegmentMemory::read_at`] that also returns the crc32c of the bytes if `checksum` (else 0), as
+    /// [`SegmentMemory::write_at_summed`].
+    pub(crate) fn read_at_summed(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        checksum: bool,
+        parallel: bool,
+    ) -> Result<u32, TransferError> {
+        let src = self.lease(offset, buf.len() as u64)?;
+        Ok(copy::copy_all(vec![(buf, &*src)], checksum, parallel).first().copied().unwrap_or(0))
     }
 }
 

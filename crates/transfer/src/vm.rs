@@ -110,24 +110,12 @@ impl RemoteProcess {
     }
 
     /// Copies `data` to `addr` in the node's memory; returns its crc32c if `checksum` (else 0): a long write's
-    /// summed on a scoped thread meanwhile ([`PARALLEL_SUM_MIN`]), a short one's piece by piece ([`summed`]).
+    /// summed on a helper thread meanwhile ([`PARALLEL_SUM_MIN`], `copy::join`), a short one's piece by piece ([`summed`]).
     pub(crate) fn write(&self, addr: u64, data: &[u8], checksum: bool) -> Result<u32, CopyError> {
         let copy = |sum| summed(data.chunks(SUM_PIECE).enumerate(), sum, |(i, piece)| self.write_piece(addr, i, piece));
         if checksum && data.len() >= PARALLEL_SUM_MIN {
-            let done = std::thread::scope(|scope| {
-                // No thread to be had: `None`, and the sum is taken on this thread below.
-                let summer = std::thread::Builder::new()
-                    .name("crescent-sum".into())
-                    .spawn_scoped(scope, || crc32c::crc32c(data))
-                    .ok()?;
-                let copied = copy(false);
-                let crc =
-                    summer.join().map_err(|_| CopyError::Failed(std::io::Error::other("the summing thread died")));
-                Some(copied.and(crc))
-            });
-            if let Some(done) = done {
-                return done;
-            }
+            let (crc, copied) = crate::copy::join(|| crc32c::crc32c(data), || copy(false));
+            return copied.map(|_| crc);
         }
         copy(checksum)
     }

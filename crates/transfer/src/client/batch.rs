@@ -10,13 +10,16 @@
 //! (the lane is then dropped, as in single transfers).
 
 use super::{GrantSlots, Lane, LaneGuard, Peer, Place, RangeGrant, TransferClient};
+use crate::copy;
 use crate::error::TransferError;
+use crate::memory::SegmentMemory;
 use crate::vm::{CopyError, RemoteProcess};
 use crescent_proto::transfer::{TransferRequest, TransferResponse};
 use crescent_proto::wire::{Head, WireError};
 use crescent_proto::{ErrorCode, SegmentId};
 use futures_util::future::join_all;
 use std::io::IoSlice;
+use std::sync::Arc;
 use tokio::time::timeout;
 
 /// Most requests in one pipelined run (bounds the bytes a run parks in socket buffers).
@@ -50,70 +53,93 @@ pub struct BatchWrite<'a> {
 
 impl TransferClient {
     /// Reads many ranges hosted at `endpoint` into their buffers and returns each range's crc32c (summed as it
-    /// lands), in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
+    /// lands), in input order. Ranges in segments of this process are copied first, all together
+    /// ([`TransferClient::read_local`]); of the others, small ranges are pipelined over the peer's lanes and
+    /// larger ones striped.
     pub async fn read_batch_checksummed(
         &self,
         endpoint: &str,
         items: &mut [BatchRead<'_>],
     ) -> Vec<Result<u32, TransferError>> {
-        let peer = self.peer(endpoint, items.first().map(|i| i.segment));
-        let stripe = self.stripe(&peer);
-        let mut runs: Vec<(usize, &mut BatchRead<'_>)> = Vec::new();
-        let mut singles = Vec::new();
+        let mut out: Vec<Option<Result<u32, TransferError>>> = Vec::new();
+        out.resize_with(items.len(), || None);
+        // The whole batch is one transfer: its runs may poll, and its local copies use both cores, when it is the
+        // client's only one.
+        let (_inflight, alone) = self.inner.inflight.enter();
+        let mut local = Vec::new();
+        let mut rest = Vec::new();
         for (i, item) in items.iter_mut().enumerate() {
-            if item.buf.len() <= stripe && self.inner.local.get(&item.segment).is_none() {
-                runs.push((i, item));
-            } else {
-                singles.push((i, item));
+            match self.inner.local.get(&item.segment) {
+                Some(mem) => local.push((i, mem, item)),
+                None => rest.push((i, item)),
             }
         }
-        let mut out: Vec<Option<Result<u32, TransferError>>> = Vec::new();
-        out.resize_with(runs.len() + singles.len(), || None);
-        let lanes = self.inner.config.lanes_per_peer.max(1);
-        let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
-        // The whole batch is one transfer: its runs may poll when it is the client's only one.
-        let (_inflight, alone) = self.inner.inflight.enter();
-        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run, alone));
-        let striped = singles.into_iter().map(|(i, item)| async move {
-            vec![(
-                i,
-                self.read_into_checksummed(
-                    endpoint,
-                    Place::new(item.segment, item.grant.clone()),
-                    item.offset,
-                    item.buf,
-                )
-                .await,
-            )]
-        });
-        let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
-        for (i, r) in pipelined.into_iter().chain(striped).flatten() {
+        for (i, r) in read_local(local, alone) {
             out[i] = Some(r);
+        }
+        if !rest.is_empty() {
+            let peer = self.peer(endpoint, rest.first().map(|(_, item)| item.segment));
+            let stripe = self.stripe(&peer);
+            let (runs, singles): (Vec<_>, Vec<_>) = rest.into_iter().partition(|(_, item)| item.buf.len() <= stripe);
+            let lanes = self.inner.config.lanes_per_peer.max(1);
+            let bytes = runs.iter().map(|(_, r)| r.buf.len()).sum();
+            let pipelined =
+                split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.read_run(&peer, run, alone));
+            let striped = singles.into_iter().map(|(i, item)| async move {
+                let place = Place::new(item.segment, item.grant.clone());
+                vec![(i, self.read_into_checksummed(endpoint, place, item.offset, item.buf).await)]
+            });
+            let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
+            for (i, r) in pipelined.into_iter().chain(striped).flatten() {
+                out[i] = Some(r);
+            }
         }
         out.into_iter().map(|r| r.unwrap_or(Err(TransferError::Closed))).collect()
     }
 
     /// Writes many ranges hosted at `endpoint`; each is acknowledged only once its bytes are in the segment.
-    /// Results in input order. Small ranges are pipelined over the peer's lanes; larger ones are striped.
+    /// Results in input order. Ranges in segments of this process are copied first, all together; of the
+    /// others, small ranges are pipelined over the peer's lanes and larger ones striped.
     pub async fn write_batch(&self, endpoint: &str, items: &[BatchWrite<'_>]) -> Vec<Result<(), TransferError>> {
-        let peer = self.peer(endpoint, items.first().map(|i| i.segment));
-        let stripe = self.write_stripe_bytes(&peer);
-        let (runs, singles): (Vec<_>, Vec<_>) = items
-            .iter()
-            .enumerate()
-            .partition(|(_, w)| w.data.len() <= stripe && self.inner.local.get(&w.segment).is_none());
-        let lanes = self.inner.config.lanes_per_peer.max(1);
-        let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
-        let (_inflight, alone) = self.inner.inflight.enter();
-        let pipelined = split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
-        let striped = singles.into_iter().map(|(i, w)| async move {
-            vec![(i, self.write_from(endpoint, Place::new(w.segment, w.grant.clone()), w.offset, w.data).await)]
-        });
-        let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
-        let mut out: Vec<Option<Result<(), TransferError>>> = Vec::new();
+        self.write_batch_summed(endpoint, items).await.into_iter().map(|r| r.map(|_| ())).collect()
+    }
+
+    /// [`TransferClient::write_batch`] that also returns the crc32c of the ranges it copied within this process
+    /// (summed as they were copied: `Some`); `None` for ranges sent to the node, whose bytes it does not sum.
+    pub async fn write_batch_summed(
+        &self,
+        endpoint: &str,
+        items: &[BatchWrite<'_>],
+    ) -> Vec<Result<Option<u32>, TransferError>> {
+        let mut out: Vec<Option<Result<Option<u32>, TransferError>>> = Vec::new();
         out.resize_with(items.len(), || None);
-        for (i, r) in pipelined.into_iter().chain(striped).flatten() {
-            out[i] = Some(r);
+        let (_inflight, alone) = self.inner.inflight.enter();
+        let mut local = Vec::new();
+        let mut rest = Vec::new();
+        for (i, w) in items.iter().enumerate() {
+            match self.inner.local.get(&w.segment) {
+                Some(mem) => local.push((i, mem, w)),
+                None => rest.push((i, w)),
+            }
+        }
+        for (i, r) in write_local(local, alone) {
+            out[i] = Some(r.map(Some));
+        }
+        if !rest.is_empty() {
+            let peer = self.peer(endpoint, rest.first().map(|(_, w)| w.segment));
+            let stripe = self.write_stripe_bytes(&peer);
+            let (runs, singles): (Vec<_>, Vec<_>) = rest.into_iter().partition(|(_, w)| w.data.len() <= stripe);
+            let lanes = self.inner.config.lanes_per_peer.max(1);
+            let bytes = runs.iter().map(|(_, w)| w.data.len()).sum();
+            let pipelined =
+                split_runs(runs, bytes, stripe, lanes).into_iter().map(|run| self.write_run(&peer, run, alone));
+            let striped = singles.into_iter().map(|(i, w)| async move {
+                vec![(i, self.write_from(endpoint, Place::new(w.segment, w.grant.clone()), w.offset, w.data).await)]
+            });
+            let (pipelined, striped) = tokio::join!(join_all(pipelined), join_all(striped));
+            for (i, r) in pipelined.into_iter().chain(striped).flatten() {
+                out[i] = Some(r.map(|()| None));
+            }
         }
         out.into_iter().map(|r| r.unwrap_or(Err(TransferError::Closed))).collect()
     }
@@ -201,6 +227,48 @@ fn split_runs<T>(items: Vec<T>, bytes: usize, stripe: usize, lanes: usize) -> Ve
         runs.push(rest.by_ref().take(per).collect());
     }
     runs
+}
+
+/// Reads the ranges of a batch that lie in segments of this process (`(index, memory, range)`), all in one
+/// [`copy::copy_all`]: summed as they are copied, over two threads when the batch is `alone` (the client's only
+/// transfer, so the other core is likely idle) and long enough. A range whose lease is refused fails alone.
+fn read_local(
+    local: Vec<(usize, Arc<SegmentMemory>, &mut BatchRead<'_>)>,
+    alone: bool,
+) -> Vec<(usize, Result<u32, TransferError>)> {
+    let mut out = Vec::with_capacity(local.len());
+    let (mems, mut reads): (Vec<_>, Vec<_>) = local.into_iter().map(|(i, mem, item)| ((i, mem), item)).unzip();
+    let mut leased = Vec::with_capacity(mems.len());
+    for ((i, mem), item) in mems.iter().zip(reads.iter_mut()) {
+        match mem.lease(item.offset, item.buf.len() as u64) {
+            Ok(src) => leased.push((*i, src, &mut *item.buf)),
+            Err(e) => out.push((*i, Err(e))),
+        }
+    }
+    let pairs = leased.iter_mut().map(|(_, src, buf)| (&mut **buf, &**src)).collect();
+    let crcs = copy::copy_all(pairs, true, alone);
+    out.extend(leased.iter().map(|(i, _, _)| *i).zip(crcs).map(|(i, crc)| (i, Ok(crc))));
+    out
+}
+
+/// Writes the ranges of a batch that lie in segments of this process, as [`read_local`] reads them; returns
+/// each one's crc32c.
+fn write_local(
+    local: Vec<(usize, Arc<SegmentMemory>, &BatchWrite<'_>)>,
+    alone: bool,
+) -> Vec<(usize, Result<u32, TransferError>)> {
+    let mut out = Vec::with_capacity(local.len());
+    let mut leased = Vec::with_capacity(local.len());
+    for (i, mem, w) in &local {
+        match mem.lease_mut(w.offset, w.data.len() as u64) {
+            Ok(dst) => leased.push((*i, dst, w.data)),
+            Err(e) => out.push((*i, Err(e))),
+        }
+    }
+    let pairs = leased.iter_mut().map(|(_, dst, data)| (&mut **dst, *data)).collect();
+    let crcs = copy::copy_all(pairs, true, alone);
+    out.extend(leased.iter().map(|(i, _, _)| *i).zip(crcs).map(|(i, crc)| (i, Ok(crc))));
+    out
 }
 
 /// The first range gets `e`; the others `Closed` (an error is not cloneable, and they were never attempted).
