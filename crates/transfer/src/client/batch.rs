@@ -54,7 +54,7 @@ pub struct BatchWrite<'a> {
 impl TransferClient {
     /// Reads many ranges hosted at `endpoint` into their buffers and returns each range's crc32c (summed as it
     /// lands), in input order. Ranges in segments of this process are copied first, all together
-    /// ([`TransferClient::read_local`]); of the others, small ranges are pipelined over the peer's lanes and
+    /// (`read_local`); of the others, small ranges are pipelined over the peer's lanes and
     /// larger ones striped.
     pub async fn read_batch_checksummed(
         &self,
