@@ -465,6 +465,53 @@ def test_zero_copy_tensor_calls(store, buf, key):
     assert store.batch_upsert_tensor_from([key], [buf.ptr], [len(obj)]) == [0]
 
 
+# ---- tensor parallelism: the original's ParallelAxis / TensorParallelism / ReadTarget, built ----
+
+
+def ax(kind, rank, size, split_dim=None, expert=None, stage=None):
+    """A `ParallelAxis` (`expert_id` / `stage_id` / `split_dim` set only when given)."""
+    from mooncake.store import ParallelAxis
+
+    a = ParallelAxis()
+    a.kind, a.rank, a.size = kind, rank, size
+    if split_dim is not None:
+        a.split_dim = split_dim
+    if expert is not None:
+        a.expert_id = expert
+    if stage is not None:
+        a.stage_id = stage
+    return a
+
+
+def par(*axes):
+    """A `TensorParallelism` of `axes`."""
+    from mooncake.store import TensorParallelism
+
+    p = TensorParallelism()
+    p.axes = list(axes)
+    return p
+
+
+def tp(rank, size, split_dim=1, kind="tp"):
+    """A parallelism of one axis (TP by default)."""
+    return par(ax(kind, rank, size, split_dim))
+
+
+def shard(*axes):
+    """A "shard" `ReadTarget` of `axes`."""
+    from mooncake.store import ReadTarget
+
+    t = ReadTarget()
+    t.mode = "shard"
+    t.parallelism = par(*axes)
+    return t
+
+
+def shard_target(rank, size, split_dim=1, kind="tp"):
+    """A "shard" target of one axis (TP by default)."""
+    return shard(ax(kind, rank, size, split_dim))
+
+
 def test_with_parallelism_calls_without_a_shard_request_store_the_full_tensor(store, buf, key):
     from mooncake.store import ReadTarget, ReplicateConfig, TensorParallelism
 
@@ -506,20 +553,6 @@ def test_with_parallelism_calls_without_a_shard_request_store_the_full_tensor(st
 
 
 def test_a_single_tp_axis_stores_the_callers_shard_and_its_manifest(store, buf, key):
-    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
-
-    def tp(rank, size, split_dim=1, kind="tp"):
-        axis = ParallelAxis()
-        axis.kind, axis.rank, axis.size, axis.split_dim = kind, rank, size, split_dim
-        p = TensorParallelism()
-        p.axes = [axis]
-        return p
-
-    def shard_target(rank, size, split_dim=1):
-        t = ReadTarget()
-        t.mode = "shard"
-        t.parallelism = tp(rank, size, split_dim)
-        return t
 
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     part = a[:, 2:]
@@ -559,20 +592,6 @@ def test_a_shard_read_with_another_tp_size_re_shards_from_the_whole(store, buf, 
     """The original (0.3.13) answers a "shard" read of another TP size from every stored shard joined: rank r of
     n is the r-th of n equal slices along the stored split; the same size, another split or a size that does not
     divide it reads the rank's stored shard; "full" and non-TP targets answer None."""
-    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
-
-    def tp(rank, size, split_dim=1, kind="tp"):
-        axis = ParallelAxis()
-        axis.kind, axis.rank, axis.size, axis.split_dim = kind, rank, size, split_dim
-        p = TensorParallelism()
-        p.axes = [axis]
-        return p
-
-    def target(rank, size, split_dim=1, kind="tp", mode="shard"):
-        t = ReadTarget()
-        t.mode = mode
-        t.parallelism = tp(rank, size, split_dim, kind)
-        return t
 
     whole = np.arange(24, dtype=np.float32).reshape(4, 6)
     for r in range(2):
@@ -581,15 +600,17 @@ def test_a_shard_read_with_another_tp_size_re_shards_from_the_whole(store, buf, 
     cases = {(3, 0, 1): whole[:, 0:2], (3, 2, 1): whole[:, 4:6], (6, 5, 1): whole[:, 5:6], (1, 0, 1): whole,
              (2, 1, 1): whole[:, 3:6], (2, 1, 0): whole[:, 3:6], (4, 0, 1): whole[:, 0:3], (3, 0, 0): whole[:, 0:3]}
     for (size, rank, dim), want in cases.items():
-        got = store.get_tensor_with_parallelism(key, target(rank, size, dim))
+        got = store.get_tensor_with_parallelism(key, shard_target(rank, size, dim))
         assert got is not None and np.array_equal(arr(got), want), (size, rank, dim)
-    assert store.get_tensor_with_parallelism(key, target(0, 2, 1, "dp")) is None
+    assert store.get_tensor_with_parallelism(key, shard_target(0, 2, 1, "dp")) is None
+    from mooncake.store import ReadTarget
+
     full = ReadTarget()
     full.mode = "full"
     assert store.get_tensor_with_parallelism(key, full) is None
     into = buf.ptr + 4096
-    assert np.array_equal(arr(store.get_tensor_with_parallelism_into(key, into, 4096, target(1, 3))), whole[:, 2:4])
-    got = store.batch_get_tensor_with_parallelism([key, key], [target(1, 3), target(0, 2)])
+    assert np.array_equal(arr(store.get_tensor_with_parallelism_into(key, into, 4096, shard_target(1, 3))), whole[:, 2:4])
+    got = store.batch_get_tensor_with_parallelism([key, key], [shard_target(1, 3), shard_target(0, 2)])
     assert np.array_equal(arr(got[0]), whole[:, 2:4]) and np.array_equal(arr(got[1]), whole[:, 0:3])
 
 
@@ -598,29 +619,6 @@ def test_dp_ep_pp_and_several_axes_store_their_shard_under_the_planned_key(store
     shape = local shape, the axis with its expert or stage id) under `{key}__dp_{r}of{n}`,
     `{key}__ep_{r}of{n}_eid{e}`, `{key}__pp_{r}of{n}_sid{s}`, no manifest; a "shard" target of the same axis
     reads it; several axes, a split_dim on such an axis or a missing id are −600."""
-    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
-
-    def ax(kind, rank, size, split_dim=None, expert=None, stage=None):
-        a = ParallelAxis()
-        a.kind, a.rank, a.size = kind, rank, size
-        if split_dim is not None:
-            a.split_dim = split_dim
-        if expert is not None:
-            a.expert_id = expert
-        if stage is not None:
-            a.stage_id = stage
-        return a
-
-    def par(*axes):
-        p = TensorParallelism()
-        p.axes = list(axes)
-        return p
-
-    def shard(*axes):
-        t = ReadTarget()
-        t.mode = "shard"
-        t.parallelism = par(*axes)
-        return t
 
     a = np.arange(24, dtype=np.float32).reshape(4, 6)
     t = torch.Tensor(a)
