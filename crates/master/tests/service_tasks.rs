@@ -32,6 +32,11 @@ fn crc_of(key: &str) -> u32 {
 fn cluster(config: MasterConfig) -> Cluster {
     let clock = ManualClock::new(Timestamp(1_000_000));
     let svc = Arc::new(MasterService::new(config, clock.clone()).unwrap());
+    mounted(svc, clock)
+}
+
+/// The three nodes mounted on `svc` (a master that may already have its oplog).
+fn mounted(svc: Arc<MasterService>, clock: Arc<ManualClock>) -> Cluster {
     let mut nodes = HashMap::new();
     for name in ["a", "b", "c"] {
         let node = ClientId::random();
@@ -401,4 +406,37 @@ fn a_drain_waits_while_its_node_is_unreachable_and_keeps_it_out_of_placement_whe
     let info = run_drain(&c, job, &by_offset, 2);
     assert_eq!((info.status, info.succeeded), (JobStatus::Succeeded, 6), "{info:?}");
     assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logged_move_frees_its_source_once_durable_and_a_stopped_log_fails_the_task() {
+    use crescent_ha::kv::{HaKvBackend, MemoryKv};
+    use crescent_ha::oplog::WriterConfig;
+    use crescent_master::ha::OpLogOptions;
+
+    let clock = ManualClock::new(Timestamp(1_000_000));
+    let svc = Arc::new(MasterService::new(MasterConfig::default(), clock.clone()).unwrap());
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let options = OpLogOptions { kv, cluster: "tasks".into(), writer: WriterConfig::default() };
+    let (log, _) = crescent_master::ha::open(&options, &svc).await.unwrap();
+    let c = mounted(svc, clock);
+    c.put_on("k", 8192, "a");
+    c.put_on("j", 8192, "a");
+    let id = c.svc.create_move_task("", "k", "a", "b").unwrap();
+    let t = c.poll("a", vec![]).remove(0);
+    c.poll("a", vec![ok(&t, "k")]);
+    assert_eq!(c.status(id), TaskStatus::Success);
+    assert_eq!(c.holders("k"), ["b"]);
+    // The source's space comes back once the PUT_END of what is left is durable.
+    assert!(crescent_testkit::eventually(Duration::from_secs(20), || async { c.used("a") < 2 * 8192 }).await);
+
+    // A log that takes no more entries: the copy lands nowhere, and the task says why.
+    let id = c.svc.create_copy_task("", "j", &["c".into()]).unwrap();
+    let t = c.poll("a", vec![]).remove(0);
+    log.stop().await;
+    c.poll("a", vec![ok(&t, "j")]);
+    let info = c.svc.query_task(id).unwrap();
+    assert_eq!(info.status, TaskStatus::Failed);
+    assert!(info.message.contains("the log"), "{}", info.message);
+    assert_eq!(c.holders("j"), ["a"]);
 }

@@ -610,22 +610,27 @@ impl MasterService {
         let quota = TenantState::resettle_unreleased(&mut st);
         let free = crate::eviction::DeferredFree::new(freed, Arc::clone(&tenant), quota);
         // Logged inside the object's lock; a dropped source's space is freed once the entry is durable.
-        let free_now = match slot {
+        // A refusal (the writer stopped for good, its term ending with it) leaves the change on this primary
+        // unacknowledged and the source's space out of reuse (the callback never runs); the task says so.
+        let (logged, free_now) = match slot {
             Some(slot) => {
                 let post = super::ha::post_state_entry(&tenant, &entry, &st, now);
-                if let Err(code) = slot.commit(post, Some(Box::new(move |_seq| free.release()))) {
-                    tracing::warn!(%code, key = entry.key(), "a task's outcome was not logged");
-                }
-                None
+                (slot.commit(post, Some(Box::new(move |_seq| free.release()))), None)
             }
-            None => Some(free),
+            None => (Ok(0), Some(free)),
         };
         drop(st);
         if let Some(free) = free_now {
             free.release();
         }
-        let bytes = size * added.max(u64::from(drop_source));
         let keep = self.config.max_finished_tasks;
+        if let Err(code) = logged {
+            tracing::warn!(%code, key = entry.key(), "a task's outcome was not logged");
+            drop(self.tasks.board.lock().finish(id, TaskStatus::Failed, failure(code, "the log refused it"), 0, keep));
+            self.tasks.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return self.ended(id);
+        }
+        let bytes = size * added.max(u64::from(drop_source));
         drop(self.tasks.board.lock().finish(id, TaskStatus::Success, SUCCESS_MESSAGE.into(), bytes, keep));
         self.tasks.metrics.succeeded.fetch_add(1, Ordering::Relaxed);
         self.tasks.metrics.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
