@@ -11,7 +11,6 @@ use crescent_transfer::SegmentRegistry;
 use crescent_transfer::disk::DiskSegment;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 
 /// A node's disk tier settings.
@@ -33,9 +32,6 @@ impl std::fmt::Debug for DiskDevice {
         f.debug_tuple("DiskDevice").field(&self.0.describe()).finish()
     }
 }
-
-/// Longest pause between polls after a failed one.
-const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Runs one task: checks it is the node's own and still in time, then copies.
 async fn run(task: &DiskTask, registry: &SegmentRegistry, disk_id: SegmentId, disk: &DiskSegment) -> DiskTaskResult {
@@ -86,22 +82,13 @@ pub(crate) fn spawn_worker(
     registry: SegmentRegistry,
     disk_id: SegmentId,
     disk: Arc<DiskSegment>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut done: Vec<DiskTaskResult> = Vec::new();
         let mut faults: Vec<DiskFault> = Vec::new();
-        let mut pause = Duration::ZERO;
+        let mut poller = crate::poll::Poller::new("disk-task", stopped);
         loop {
-            if *stopped.borrow() {
-                break;
-            }
-            if !pause.is_zero() {
-                tokio::select! {
-                    _ = stopped.changed() => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
             faults.extend(disk.take_faults().into_iter().map(|(offset, length)| DiskFault {
                 segment: disk_id,
                 offset,
@@ -114,26 +101,16 @@ pub(crate) fn spawn_worker(
                 counters: vec![counters(disk_id, &disk)],
                 wait_ms: DISK_TASK_WAIT_MAX_MS,
             };
-            let reply = tokio::select! {
-                _ = stopped.changed() => break,
-                r = master.call(&req) => r,
-            };
+            let Some(reply) = poller.call(&master, &req).await else { break };
             match reply {
                 Ok(MasterResponse::DiskTasks(tasks)) => {
                     done.clear();
                     faults.clear();
-                    pause = Duration::ZERO;
+                    poller.answered();
                     let runs = tasks.iter().map(|t| run(t, &registry, disk_id, &disk));
                     done = futures_util::future::join_all(runs).await;
                 }
-                Ok(other) => {
-                    tracing::warn!(?other, "unexpected answer to a disk-task poll");
-                    pause = RETRY_MAX;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "disk-task poll failed");
-                    pause = (pause * 2).clamp(Duration::from_millis(100), RETRY_MAX);
-                }
+                other => poller.failed(other),
             }
         }
     })

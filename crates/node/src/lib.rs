@@ -6,6 +6,7 @@
 //! asks for (module `disk`).
 
 mod disk;
+mod poll;
 mod tasks;
 
 pub use disk::{DiskDevice, DiskSettings};

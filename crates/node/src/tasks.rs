@@ -11,11 +11,7 @@ use crescent_proto::{
 use crescent_transfer::{SegmentRegistry, TransferClient};
 use futures_util::StreamExt;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
-
-/// Longest pause between polls after a failed one.
-const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Tasks of one poll run at once (each holds its object's bytes while it writes them).
 const CONCURRENT: usize = 8;
@@ -59,43 +55,24 @@ pub(crate) fn spawn_worker(
     id: ClientId,
     registry: SegmentRegistry,
     transfer: TransferClient,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut done: Vec<ReplicaTaskResult> = Vec::new();
-        let mut pause = Duration::ZERO;
+        let mut poller = crate::poll::Poller::new("task", stopped);
         loop {
-            if *stopped.borrow() {
-                break;
-            }
-            if !pause.is_zero() {
-                tokio::select! {
-                    _ = stopped.changed() => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
             let req = MasterRequest::ReplicaTasks { client: id, done: done.clone(), wait_ms: REPLICA_TASK_WAIT_MAX_MS };
-            let reply = tokio::select! {
-                _ = stopped.changed() => break,
-                r = master.call(&req) => r,
-            };
+            let Some(reply) = poller.call(&master, &req).await else { break };
             match reply {
                 Ok(MasterResponse::ReplicaTasks(tasks)) => {
-                    pause = Duration::ZERO;
+                    poller.answered();
                     let runs = futures_util::stream::iter(tasks.into_iter().map(|t| {
                         let (registry, transfer) = (registry.clone(), transfer.clone());
                         async move { run(&t, &registry, &transfer).await }
                     }));
                     done = runs.buffer_unordered(CONCURRENT).collect().await;
                 }
-                Ok(other) => {
-                    tracing::warn!(?other, "unexpected answer to a task poll");
-                    pause = RETRY_MAX;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "task poll failed");
-                    pause = (pause * 2).clamp(Duration::from_millis(100), RETRY_MAX);
-                }
+                other => poller.failed(other),
             }
         }
     })
