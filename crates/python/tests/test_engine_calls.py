@@ -13,6 +13,7 @@ import pathlib
 import struct
 import sys
 import time
+import types
 import uuid
 
 import numpy as np
@@ -586,6 +587,63 @@ def test_a_single_tp_axis_stores_the_callers_shard_and_its_manifest(store, buf, 
     assert store.put_tensor_with_parallelism(key + "-x", shard, tp(0, 2, None)) == INVALID_PARAMS
     assert store.put_tensor_with_parallelism(key + "-x", shard, tp(0, 2, 1, "zz")) == INVALID_PARAMS
     assert store.get_tensor(key + "-x_tp_0") is None
+
+
+def test_a_writer_partition_stores_the_ranks_slice_of_the_full_tensor(store, buf, key):
+    """The original's `writer_partition` route (0.3.13): the caller's full tensor, rank's even slice stored as a
+    SHARD of one TP axis under `{key}__writer_{r}of{n}_sd{d}`, the manifest under `{key}__writer_manifest`; a
+    "shard" target of the same TP axis reads it back (after `{key}_tp_{r}`, which wins when both exist)."""
+    if store is None:
+        return
+    W = types.SimpleNamespace
+    whole = np.arange(24, dtype=np.float32).reshape(4, 6)
+    assert store.put_tensor_with_parallelism(key, torch.Tensor(whole), writer_partition=W(rank=1, size=2, split_dim=1)) == 0
+    part = whole[:, 3:]
+    axis = (1, 0, 1, 2, 1, 0, 3)  # TP, axis 0, rank 1 of 2, split_dim 1, local extent 3
+    assert bytes(store.get_buffer(key + "__writer_1of2_sd1")) == tensor_header(0, (4, 6), (4, 3), part.nbytes, [axis]) + part.tobytes()
+    manifest = struct.pack("<IHHiiiii4x8q", 0x574D414E, 1, 96, 0, 2, 1, 2, 0, 4, 6, *[-1] * 6)
+    assert bytes(store.get_buffer(key + "__writer_manifest")) == manifest
+    for other in ("", "__parallelism_manifest", "_tp_1"):
+        assert store.get_buffer(key + other) is None, f"nothing under {key + other}"
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2))), part)
+    for target in (shard_target(0, 2), shard_target(1, 2, 0), shard_target(0, 3), shard_target(1, 1)):
+        assert store.get_tensor_with_parallelism(key, target) is None
+    got = store.get_tensor_with_parallelism_into(key, buf.ptr + 4096, 4096, shard_target(1, 2))
+    assert np.array_equal(arr(got), part)
+    assert store.upsert_tensor_with_parallelism(key, torch.Tensor(whole + 1), writer_partition=W(rank=1, size=2, split_dim=1)) == 0
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2))), part + 1)
+    # A TP-parallelism shard of the same rank is read first.
+    rank1 = np.ascontiguousarray(whole[:, 3:] * 10)
+    assert store.put_tensor_with_parallelism(key, torch.Tensor(rank1), tp(1, 2)) == 0
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key, shard_target(1, 2))), rank1)
+    # What the original refuses: an uneven split, no attributes, a rank out of range, a split past the shape,
+    # a writer partition together with a parallelism.
+    for bad in (W(rank=0, size=4, split_dim=1), (0, 2, 1), W(rank=-1, size=2, split_dim=1), W(rank=1, size=2, split_dim=5)):
+        assert store.put_tensor_with_parallelism(key + "-x", torch.Tensor(whole), writer_partition=bad) == INVALID_PARAMS
+    assert store.put_tensor_with_parallelism(key + "-x", torch.Tensor(whole), tp(0, 2), writer_partition=W(rank=0, size=2, split_dim=1)) == INVALID_PARAMS
+    assert store.get_buffer(key + "-x__writer_manifest") is None
+    # Batches: one partition per key (None: the full tensor under the key), never with `parallelisms`.
+    keys = [key + "-d", key + "-e", key + "-g"]
+    parts = [W(rank=0, size=2, split_dim=0), W(rank=1, size=3, split_dim=1), None]
+    assert store.batch_put_tensor_with_parallelism(keys, [torch.Tensor(whole)] * 3, writer_partitions=parts) == [0, 0, 0]
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(keys[0], shard_target(0, 2, 0))), whole[:2])
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(keys[1], shard_target(1, 3, 1))), whole[:, 2:4])
+    assert np.array_equal(arr(store.get_tensor(keys[2])), whole)
+    assert store.get_buffer(keys[2] + "__writer_manifest") is None
+    assert store.batch_put_tensor_with_parallelism(keys[:2], [torch.Tensor(whole)] * 2, writer_partitions=parts[:1]) == [INVALID_PARAMS] * 2
+    assert store.batch_put_tensor_with_parallelism(keys[:1], [torch.Tensor(whole)], [None], writer_partitions=parts[:1]) == [INVALID_PARAMS]
+    assert store.batch_upsert_tensor_with_parallelism(keys[:1], [torch.Tensor(whole + 5)], writer_partitions=parts[:1]) == [0]
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(keys[0], shard_target(0, 2, 0))), whole[:2] + 5)
+    # The `_from` forms take the full tensor object from registered memory.
+    assert store.put_tensor(key + "-full", torch.Tensor(whole)) == 0
+    obj = bytes(store.get_buffer(key + "-full"))
+    buf.write(0, obj)
+    assert store.put_tensor_with_parallelism_from(key + "-j", buf.ptr, len(obj), writer_partition=W(rank=1, size=2, split_dim=1)) == 0
+    assert store.batch_put_tensor_with_parallelism_from([key + "-k"], [buf.ptr], [len(obj)], writer_partitions=[W(rank=0, size=2, split_dim=1)]) == [0]
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key + "-j", shard_target(1, 2))), part)
+    assert np.array_equal(arr(store.get_tensor_with_parallelism(key + "-k", shard_target(0, 2))), whole[:, :3])
+    assert store.get_buffer(key + "-j") is None
+    assert store.put_tensor_with_parallelism_from(key + "-l", buf.ptr, len(obj) - 4, writer_partition=W(rank=1, size=2, split_dim=1)) == INVALID_PARAMS
 
 
 def test_a_shard_read_with_another_tp_size_re_shards_from_the_whole(store, buf, key):

@@ -246,23 +246,34 @@ def encode(code: int, array: np.ndarray) -> list:
     return [header(code, array.shape, array.shape, array.nbytes), _raw(array)]
 
 
+def rank_slice(array: np.ndarray, rank: int, size: int, split_dim: int) -> Optional[np.ndarray]:
+    """Rank ``rank``'s of ``size`` equal slices of ``array`` along ``split_dim`` (contiguous); ``None`` when it
+    does not split evenly or ``split_dim`` is out of range (the original's ``validate_uniform_shard_request``)."""
+    shape = array.shape
+    if size <= 0 or not 0 <= rank < size or not 0 <= split_dim < len(shape) or shape[split_dim] % size != 0:
+        return None
+    width = shape[split_dim] // size
+    index = [slice(None)] * len(shape)
+    index[split_dim] = slice(rank * width, (rank + 1) * width)
+    return np.ascontiguousarray(array[tuple(index)])
+
+
+def shard_object(code: int, array: np.ndarray, rank: int, size: int, split_dim: int) -> Optional[list]:
+    """The object of rank ``rank``'s TP shard of ``array`` (a SHARD of the whole: header and bytes, not yet
+    joined), or ``None`` (see ``rank_slice``)."""
+    part = rank_slice(array, rank, size, split_dim)
+    if part is None:
+        return None
+    axis = (AXIS_TP, rank, size, split_dim, part.shape[split_dim])
+    return [header(code, array.shape, part.shape, part.nbytes, [axis]), _raw(part)]
+
+
 def shards(code: int, array: np.ndarray, tp_size: int, split_dim: int) -> Optional[list]:
     """The objects of a tensor split into ``tp_size`` equal shards along ``split_dim`` (the original's
     ``build_tp_shard_infos``), rank by rank; ``None`` when it does not split evenly or ``split_dim`` is out of
     range."""
-    shape = array.shape
-    if tp_size <= 0 or not 0 <= split_dim < len(shape) or shape[split_dim] % tp_size != 0:
-        return None
-    out = []
-    for rank in range(tp_size):
-        start = shape[split_dim] * rank // tp_size
-        end = shape[split_dim] * (rank + 1) // tp_size
-        index = [slice(None)] * len(shape)
-        index[split_dim] = slice(start, end)
-        part = np.ascontiguousarray(array[tuple(index)])
-        axis = (AXIS_TP, rank, tp_size, split_dim, part.shape[split_dim])
-        out.append([header(code, shape, part.shape, part.nbytes, [axis]), _raw(part)])
-    return out
+    out = [shard_object(code, array, rank, tp_size, split_dim) for rank in range(max(tp_size, 1))]
+    return None if any(o is None for o in out) else out
 
 
 def decode_array(data: Any) -> Optional[tuple]:
@@ -301,6 +312,28 @@ def decode_at(ptr: int, length: int) -> Any:
 def tp_key(key: str, rank: int) -> str:
     """The key of rank ``rank``'s shard of ``key`` (the original's ``get_tp_key_name``)."""
     return f"{key}_tp_{rank}"
+
+
+def writer_key(key: str, rank: int, size: int, split_dim: int) -> str:
+    """The key of a writer partition's shard (the original's ``get_writer_shard_key_name``)."""
+    return f"{key}__writer_{rank}of{size}_sd{split_dim}"
+
+
+def writer_manifest_key(key: str) -> str:
+    """Where the original keeps the manifest of a tensor written by writer partitions."""
+    return f"{key}__writer_manifest"
+
+
+def _writer_spec(partition: Any) -> Optional[tuple]:
+    """``(rank, size, split_dim)`` of a writer partition (any object with those attributes), checked as the
+    original checks it (``size > 0``, ``0 <= rank < size``, ``split_dim >= 0``); ``None`` when it fails."""
+    try:
+        rank, size, split_dim = int(partition.rank), int(partition.size), int(partition.split_dim)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if size <= 0 or not 0 <= rank < size or split_dim < 0:
+        return None
+    return rank, size, split_dim
 
 
 # ---- the store's calls ----
@@ -597,7 +630,11 @@ class TensorCalls:
     # of each kind) takes the original's planned route (`_axes_write`): the caller's tensor is the whole one, a
     # TP axis among them cuts this rank's slice, and the shard is stored under `_axes_key`; a "shard" target with
     # the same axes (in any order) reads it. Those routes are these calls, byte for byte (checked against the
-    # 0.3.13 wheel). Writer partitions go to its planner, which Crescent does not have yet: −600 / None. A "shard" target of one TP axis
+    # 0.3.13 wheel). A ``writer_partition`` (any object with ``rank``, ``size``, ``split_dim``; never with a
+    # ``parallelism``) takes the full tensor and stores that rank's even slice as a SHARD of one TP axis under
+    # ``{key}__writer_{rank}of{size}_sd{split_dim}``, then the manifest under ``{key}__writer_manifest``
+    # (`_writer_write`); a "shard" target of one TP axis reads it when ``{key}_tp_{rank}`` is missing, as the
+    # original's second read route does (`_shard_read`). A "shard" target of one TP axis
     # with another shard count re-shards from the whole, as the original does; "full" targets answer None, as
     # the original's (0.3.13) do.
 
@@ -607,10 +644,15 @@ class TensorCalls:
             return INVALID_PARAMS
         return INVALID_PARAMS if _config_refused(config) else 0
 
-    def _tp_shard_write(self, key: str, tensor: Any, parallelism: Any, writer_partition: Any, config: Any,
-                        upsert: bool) -> Optional[int]:
-        """The single-axis routes (see above): 0 or a code; ``None`` when the request is not one."""
-        if writer_partition is not None or parallelism is None:
+    def _shard_write(self, key: str, tensor: Any, parallelism: Any, writer_partition: Any, config: Any,
+                     upsert: bool) -> Optional[int]:
+        """The shard routes (see above): 0 or a code; ``None`` when the request is for the full object."""
+        if writer_partition is not None:
+            spec = _writer_spec(writer_partition)
+            if parallelism is not None or spec is None:
+                return INVALID_PARAMS
+            return self._writer_write(key, tensor, spec, config, upsert)
+        if parallelism is None:
             return None
         axes = _axes(parallelism)
         if axes is not None and not (len(axes) == 1 and axes[0][0] == AXIS_TP):
@@ -627,11 +669,28 @@ class TensorCalls:
         global_shape[split_dim] *= size
         obj = [header(code, global_shape, array.shape, array.nbytes,
                       [(AXIS_TP, rank, size, split_dim, array.shape[split_dim])]), _raw(array)]
-        rc = self._put_objects([tp_key(key, rank)], [obj], config, upsert)[0]
-        if rc != 0:
-            return rc
-        manifest = manifest_bytes(code, global_shape, split_dim, size)
-        return self._batch_put_values([manifest_key(key)], [manifest], config, upsert)[0]
+        return self._put_with_manifest(tp_key(key, rank), obj, manifest_key(key),
+                                       manifest_bytes(code, global_shape, split_dim, size), config, upsert)
+
+    def _put_with_manifest(self, key: str, obj: list, manifest_at: str, manifest: bytes, config: Any,
+                           upsert: bool) -> int:
+        """Stores a shard object, then (once it is stored) the manifest of its split."""
+        rc = self._put_objects([key], [obj], config, upsert)[0]
+        return rc if rc != 0 else self._batch_put_values([manifest_at], [manifest], config, upsert)[0]
+
+    def _writer_write(self, key: str, tensor: Any, spec: tuple, config: Any, upsert: bool) -> int:
+        """The writer-partition route: rank's even slice of the caller's full tensor (−600 when it does not split
+        evenly) and the writer manifest (see above)."""
+        found = as_array(tensor)
+        if found is None:
+            return INVALID_PARAMS
+        code, array = found
+        rank, size, split_dim = spec
+        obj = shard_object(code, array, rank, size, split_dim)
+        if obj is None:
+            return INVALID_PARAMS
+        return self._put_with_manifest(writer_key(key, rank, size, split_dim), obj, writer_manifest_key(key),
+                                       manifest_bytes(code, array.shape, split_dim, size), config, upsert)
 
     def _axes_write(self, key: str, tensor: Any, axes: list, config: Any, upsert: bool) -> int:
         """Any other valid parallelism (the original's planned route): the caller's tensor is the whole one; with
@@ -646,20 +705,16 @@ class TensorCalls:
         tp = next((a for a in axes if a[0] == AXIS_TP), None)
         if tp is not None:
             _, rank, size, split_dim, _ = tp
-            if not 0 <= split_dim < array.ndim or array.shape[split_dim] % size != 0:
+            local = rank_slice(array, rank, size, split_dim)
+            if local is None:
                 return INVALID_PARAMS
-            width = array.shape[split_dim] // size
-            index = [slice(None)] * array.ndim
-            index[split_dim] = slice(rank * width, (rank + 1) * width)
-            local = np.ascontiguousarray(array[tuple(index)])
         fields = [(kind, rank, size, split_dim, local.shape[split_dim] if kind == AXIS_TP else 0, ident)
                   for kind, rank, size, split_dim, ident in axes]
         obj = [header(code, array.shape, local.shape, local.nbytes, fields), _raw(local)]
-        rc = self._put_objects([_axes_key(key, axes)], [obj], config, upsert)[0]
-        if rc != 0 or tp is None:
-            return rc
-        manifest = manifest_bytes(code, array.shape, tp[3], tp[2])
-        return self._batch_put_values([manifest_key(key)], [manifest], config, upsert)[0]
+        if tp is None:
+            return self._put_objects([_axes_key(key, axes)], [obj], config, upsert)[0]
+        return self._put_with_manifest(_axes_key(key, axes), obj, manifest_key(key),
+                                       manifest_bytes(code, array.shape, tp[3], tp[2]), config, upsert)
 
     def _batch_direct_write(self, n: int, parallelisms: Any, writer_partitions: Any, config: Any,
                             values: int) -> int:
@@ -673,8 +728,8 @@ class TensorCalls:
     def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
                                     writer_partition: Any = None) -> int:
         """Without ``parallelism`` or ``writer_partition``: ``pub_tensor(key, tensor, config)`` (the full tensor
-        under ``key``). Shard requests: −600 (not yet in Crescent)."""
-        shard = self._tp_shard_write(key, tensor, parallelism, writer_partition, config, False)
+        under ``key``); with one, the shard routes (see above)."""
+        shard = self._shard_write(key, tensor, parallelism, writer_partition, config, False)
         if shard is not None:
             return shard
         rc = self._direct_write(parallelism, writer_partition, config)
@@ -683,7 +738,7 @@ class TensorCalls:
     def upsert_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
                                        writer_partition: Any = None) -> int:
         """Like ``put_tensor_with_parallelism``, replacing an existing value."""
-        shard = self._tp_shard_write(key, tensor, parallelism, writer_partition, config, True)
+        shard = self._shard_write(key, tensor, parallelism, writer_partition, config, True)
         if shard is not None:
             return shard
         rc = self._direct_write(parallelism, writer_partition, config)
@@ -704,48 +759,64 @@ class TensorCalls:
         """The batch puts: all full objects in one batch, or (``parallelisms``: one per key) key by key, each with
         its own group id when the config has one per key (the original's ``ForSingleKey``)."""
         n = len(keys)
-        if parallelisms is None:
+        if parallelisms is None and writer_partitions is None:
             rc = self._batch_direct_write(n, parallelisms, writer_partitions, config, len(tensors_list))
             return [rc] * n if rc else self._put_tensors(keys, tensors_list, config, upsert)
-        ids = _group_ids(config)
-        if (writer_partitions is not None or len(tensors_list) != n or (ids is not None and len(ids) != n)
-                or not isinstance(parallelisms, list) or len(parallelisms) != n):
+        requests = _per_key_requests(n, parallelisms, writer_partitions, config, len(tensors_list))
+        if requests is None:
             return [INVALID_PARAMS] * n
         put = self.upsert_tensor_with_parallelism if upsert else self.put_tensor_with_parallelism
-        return [put(k, t, p, _with_groups(config, [ids[i]]) if ids is not None else config)
-                for i, (k, t, p) in enumerate(zip(keys, tensors_list, parallelisms))]
+        return [put(k, t, p, cfg, w) for k, t, (p, w, cfg) in zip(keys, tensors_list, requests)]
 
-    def _tensor_from(self, key: str, buffer_ptr: int, size: int, config: Any, upsert: bool) -> int:
-        if not self._checked_object(buffer_ptr, size):
-            return INVALID_PARAMS
+    def _tensor_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any, writer_partition: Any,
+                     config: Any, upsert: bool) -> int:
+        """The ``_with_parallelism_from`` writes: the tensor object at ``buffer_ptr`` (checked) stored as it is,
+        or (a writer partition) rank's slice of it; other shard requests −600."""
+        if writer_partition is not None and parallelism is None:
+            found = self._object_array(buffer_ptr, size)
+            if found is None:
+                return INVALID_PARAMS
+            rc = self._shard_write(key, found, None, writer_partition, config, upsert)
+            return INVALID_PARAMS if rc is None else rc
+        rc = self._direct_write(parallelism, writer_partition, config)
+        if rc or not self._checked_object(buffer_ptr, size):
+            return rc or INVALID_PARAMS
         return (self.upsert_from if upsert else self.put_from)(key, buffer_ptr, size, config)
 
     def put_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
                                          config: Any = None, writer_partition: Any = None) -> int:
         """Without a shard request: ``put_tensor_from`` with ``config`` (the tensor object at ``buffer_ptr``,
-        checked). Shard requests: −600."""
-        rc = self._direct_write(parallelism, writer_partition, config)
-        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, False)
+        checked); with a ``writer_partition``, rank's slice of it (the writer route). Other shard requests: −600."""
+        return self._tensor_from(key, buffer_ptr, size, parallelism, writer_partition, config, False)
 
     def upsert_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
                                             config: Any = None, writer_partition: Any = None) -> int:
         """Like ``put_tensor_with_parallelism_from``, replacing an existing value."""
-        rc = self._direct_write(parallelism, writer_partition, config)
-        return rc if rc else self._tensor_from(key, buffer_ptr, size, config, True)
+        return self._tensor_from(key, buffer_ptr, size, parallelism, writer_partition, config, True)
 
     def batch_put_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
                                                parallelisms: Any = None, config: Any = None,
                                                writer_partitions: Any = None) -> list:
         """``put_tensor_with_parallelism_from`` of each key (every key −600 when any object is not a tensor)."""
-        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
-        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, False, config)
+        return self._batch_tensors_from(keys, buffer_ptrs, sizes, parallelisms, config, writer_partitions, False)
 
     def batch_upsert_tensor_with_parallelism_from(self, keys: list, buffer_ptrs: list, sizes: list,
                                                   parallelisms: Any = None, config: Any = None,
                                                   writer_partitions: Any = None) -> list:
         """``upsert_tensor_with_parallelism_from`` of each key."""
-        rc = self._batch_direct_write(len(keys), parallelisms, writer_partitions, config, len(buffer_ptrs))
-        return [rc] * len(keys) if rc else self._batch_from(keys, buffer_ptrs, sizes, True, config)
+        return self._batch_tensors_from(keys, buffer_ptrs, sizes, parallelisms, config, writer_partitions, True)
+
+    def _batch_tensors_from(self, keys: list, buffer_ptrs: list, sizes: list, parallelisms: Any, config: Any,
+                            writer_partitions: Any, upsert: bool) -> list:
+        n = len(keys)
+        if writer_partitions is None:
+            rc = self._batch_direct_write(n, parallelisms, writer_partitions, config, len(buffer_ptrs))
+            return [rc] * n if rc else self._batch_from(keys, buffer_ptrs, sizes, upsert, config)
+        requests = _per_key_requests(n, parallelisms, writer_partitions, config, len(buffer_ptrs))
+        if requests is None or len(sizes) != n:
+            return [INVALID_PARAMS] * n
+        return [self._tensor_from(k, ptr, size, p, w, cfg, upsert)
+                for k, ptr, size, (p, w, cfg) in zip(keys, buffer_ptrs, sizes, requests)]
 
     def _resharded(self, key: str, target: Any) -> Optional[tuple]:
         """For a "shard" target of one TP axis whose size differs from the stored shard count, along the split
@@ -768,10 +839,8 @@ class TensorCalls:
         whole = np.concatenate([p[1] for p in parts], axis=split_dim)
         if list(whole.shape) != list(global_shape):
             return None
-        width = whole.shape[split_dim] // size
-        index = [slice(None)] * whole.ndim
-        index[split_dim] = slice(rank * width, (rank + 1) * width)
-        return code, np.ascontiguousarray(whole[tuple(index)]), (AXIS_TP, rank, size, split_dim, width)
+        part = rank_slice(whole, rank, size, split_dim)
+        return None if part is None else (code, part, (AXIS_TP, rank, size, split_dim, part.shape[split_dim]))
 
     def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
         """With no target (or mode "as_stored" and no axes): ``get_tensor(key)``. A "shard" target of one TP
@@ -783,8 +852,7 @@ class TensorCalls:
         resharded = self._resharded(key, target)
         if resharded is not None:
             return to_result(resharded[0], resharded[1])
-        shard = _shard_key(key, target)
-        return self.get_tensor(shard) if shard is not None else None
+        return self._shard_read(key, target, self.get_tensor)
 
     def batch_get_tensor_with_parallelism(self, keys: list, targets: Any = None) -> list:
         """``get_tensor_with_parallelism`` of each key (``targets``: None, or one per key; else all None)."""
@@ -809,8 +877,15 @@ class TensorCalls:
                 return None
             ctypes.memmove(buffer_ptr, obj, len(obj))
             return decode_at(buffer_ptr, len(obj))
+        return self._shard_read(key, target, lambda k: self.get_tensor_into(k, buffer_ptr, size))
+
+    def _shard_read(self, key: str, target: Any, read: Any) -> Any:
+        """``read`` of the stored shard a "shard" target names (``_shard_key``); for one TP axis, when that is
+        missing, of the writer partition's shard of the same rank, size and split (the original's second route)."""
         shard = _shard_key(key, target)
-        return self.get_tensor_into(shard, buffer_ptr, size) if shard is not None else None
+        got = read(shard) if shard is not None else None
+        axis = _single_tp_axis(getattr(target, "parallelism", None)) if got is None and shard is not None else None
+        return read(writer_key(key, *axis)) if axis is not None else got
 
     def batch_get_tensor_with_parallelism_into(self, keys: list, buffer_ptrs: list, sizes: list,
                                                targets: Any = None) -> list:
@@ -983,6 +1058,23 @@ def _shard_key(key: str, target: Any) -> Optional[str]:
         return tp_key(key, axis[0])
     axes = _axes(parallelism)
     return _axes_key(key, axes) if axes is not None else None
+
+
+def _per_key_requests(n: int, parallelisms: Any, writer_partitions: Any, config: Any,
+                      values: int) -> Optional[list]:
+    """The batch shard writes as ``(parallelism, writer_partition, config)`` per key (each key with its own group
+    id when the config has one per key, the original's ``ForSingleKey``); ``None`` when the original refuses the
+    batch: ``values`` or the request lists not one per key, or both lists given."""
+    ids = _group_ids(config)
+    if values != n or (ids is not None and len(ids) != n) or (parallelisms is None) == (writer_partitions is None):
+        return None
+    requests = parallelisms if parallelisms is not None else writer_partitions
+    if not isinstance(requests, list) or len(requests) != n:
+        return None
+    configs = [_with_groups(config, [ids[i]]) if ids is not None else config for i in range(n)]
+    if parallelisms is not None:
+        return [(p, None, c) for p, c in zip(parallelisms, configs)]
+    return [(None, w, c) for w, c in zip(writer_partitions, configs)]
 
 
 def _as_stored(target: Any) -> bool:
