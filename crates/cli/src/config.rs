@@ -18,6 +18,8 @@ nof_probe_timeout_ms = 300
 nof_heartbeat_failures = 5
 enable_multi_tenants = true
 placement_policy = "local-first"
+replica_task_timeout_ms = 20000
+max_pending_tasks = 500
 poll_us = 0
 max_connections = 2000
 frame_timeout_ms = 5000
@@ -293,6 +295,7 @@ mod tests {
     fn file_sections_parse_and_unknown_keys_are_refused() {
         let f: FileConfig = toml::from_str(super::EXAMPLE).unwrap();
         assert_eq!(f.server.master.lease_ttl_ms, 5000);
+        assert_eq!((f.server.master.replica_task_timeout_ms, f.server.master.max_pending_tasks), (20000, 500));
         assert!(f.server.unknown.is_empty(), "{:?}", f.server.unknown);
         assert_eq!(
             (f.server.advertise.as_deref(), f.node.advertise.as_deref()),

@@ -71,6 +71,29 @@ pub struct MasterArgs {
         MasterConfig::default().placement_policy,
     ))]
     placement: Option<PlacementPolicy>,
+    /// How long a node has to start a copy/move task it took, in ms.
+    #[arg(long, help = dflt(
+        "A node must start a copy or move task within this long of taking it, in ms; the master fails the task \
+         after twice that",
+        MasterConfig::default().replica_task_timeout_ms
+    ))]
+    replica_task_timeout_ms: Option<u64>,
+    /// A copy/move task no node took this long fails, in ms.
+    #[arg(long, help = dflt("A copy or move task no node took within this long fails, in ms; 0 never",
+        MasterConfig::default().pending_task_timeout_ms))]
+    pending_task_timeout_ms: Option<u64>,
+    /// Copy/move tasks queued at most.
+    #[arg(long, help = dflt("Copy or move tasks queued at most (more are refused with TASK_PENDING_LIMIT_EXCEEDED)",
+        MasterConfig::default().max_pending_tasks))]
+    max_pending_tasks: Option<usize>,
+    /// Ended tasks kept for `query_task`.
+    #[arg(long, help = dflt("Ended tasks kept for query_task",
+        MasterConfig::default().max_finished_tasks))]
+    max_finished_tasks: Option<usize>,
+    /// Times a task that found no room on its target is tried again.
+    #[arg(long, help = dflt("Times a task that found no room on its target is tried again before it fails",
+        MasterConfig::default().task_retry_attempts))]
+    task_retry_attempts: Option<u32>,
     #[command(flatten)]
     limits: LimitArgs,
     /// etcd endpoints of the oplog and of leader election (with --cluster-id).
@@ -328,6 +351,21 @@ fn master_config(a: &MasterArgs, file: &FileConfig) -> Result<MasterConfig> {
     }
     if let Some(p) = a.placement {
         c.placement_policy = p;
+    }
+    if let Some(v) = a.replica_task_timeout_ms {
+        c.replica_task_timeout_ms = v;
+    }
+    if let Some(v) = a.pending_task_timeout_ms {
+        c.pending_task_timeout_ms = v;
+    }
+    if let Some(v) = a.max_pending_tasks {
+        c.max_pending_tasks = v;
+    }
+    if let Some(v) = a.max_finished_tasks {
+        c.max_finished_tasks = v;
+    }
+    if let Some(v) = a.task_retry_attempts {
+        c.task_retry_attempts = v;
     }
     Ok(c)
 }
@@ -707,6 +745,20 @@ mod tests {
         );
         let flags = MasterArgs { nof_probe_timeout_ms: Some(250), ..MasterArgs::default() };
         assert_eq!(master_config(&flags, &FileConfig::default()).map(|c| c.nof_probe_timeout_ms).ok(), Some(250));
+    }
+
+    #[test]
+    fn task_settings_come_from_the_flag_then_the_file_then_the_default() {
+        let file = FileConfig::parse("[server]\nreplica_task_timeout_ms = 2000\nmax_pending_tasks = 4\n")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let flags = MasterArgs { max_pending_tasks: Some(7), task_retry_attempts: Some(1), ..MasterArgs::default() };
+        let c = master_config(&flags, &file).unwrap_or_else(|e| panic!("{e:#}"));
+        let d = MasterConfig::default();
+        assert_eq!(
+            (c.replica_task_timeout_ms, c.pending_task_timeout_ms, c.max_pending_tasks, c.max_finished_tasks),
+            (2000, d.pending_task_timeout_ms, 7, d.max_finished_tasks)
+        );
+        assert_eq!(c.task_retry_attempts, 1);
     }
 
     async fn err(a: MasterArgs, f: &FileConfig) -> String {
