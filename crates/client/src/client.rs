@@ -11,6 +11,7 @@
 //! Every master request is bounded by the request timeout per master address (see [`crate::master`]); a batch
 //! over the protocol's `MAX_BATCH` items is refused before anything is sent.
 
+mod prefix;
 mod session;
 
 pub use session::{ReadSession, WriteSession};
@@ -133,6 +134,8 @@ struct Inner {
     master: Arc<MasterConnection>,
     transfer: TransferClient,
     local: SegmentRegistry,
+    /// Prefix lookups' replica lists, kept for the reads that follow them.
+    prefix: prefix::KeptLookups,
 }
 
 /// An asynchronous Crescent client. Cheap to clone.
@@ -431,7 +434,8 @@ impl Client {
         let transfer = TransferClient::with_in_flight(transfer_config, local.clone(), inflight);
         let checksum_mismatches = std::sync::atomic::AtomicU64::new(0);
         let disk_reads = std::sync::atomic::AtomicU64::new(0);
-        Self { inner: Arc::new(Inner { checksum_mismatches, disk_reads, id, config, master, transfer, local }) }
+        let prefix = prefix::KeptLookups::default();
+        Self { inner: Arc::new(Inner { checksum_mismatches, disk_reads, id, config, master, transfer, local, prefix }) }
     }
 
     /// This client's id.
@@ -1092,21 +1096,28 @@ impl Client {
         out
     }
 
-    /// One pass of a batch read: one batched replica-list request, the reads, one batched lease release.
+    /// One pass of a batch read: one batched replica-list request (none when a prefix lookup kept the lists of
+    /// every key), the reads, one batched lease release.
     async fn batch_read_once(
         &self,
         items: &mut [(&str, &mut [u8])],
         unreached: &Unreached,
     ) -> Vec<Result<usize, ClientError>> {
-        let started = Instant::now();
         let items_keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let items_keys = &items_keys;
-        let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
-        let req = MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys };
-        let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
-        let (lists, grants) = match self.granted_call(&req, items.len(), pick).await {
-            Ok(v) => v,
-            Err(code) => return all_failed(items.len(), code),
+        let (started, lists, grants) = match self.inner.prefix.take(items_keys) {
+            // Leases run from the lookup's request: reads judge expiry against it.
+            Some(kept) => (kept.sent, kept.lists, kept.grants),
+            None => {
+                let started = Instant::now();
+                let keys = Batch(items.iter().map(|(k, _)| WireKey::from(*k)).collect());
+                let req = MasterRequest::BatchGetReplicaList { tenant: self.tenant(), keys };
+                let pick = |r| if let MasterResponse::BatchReplicaList(v) = r { Some(v) } else { None };
+                match self.granted_call(&req, items.len(), pick).await {
+                    Ok((lists, grants)) => (started, lists, grants),
+                    Err(code) => return all_failed(items.len(), code),
+                }
+            }
         };
         // Each object's first-choice replica, read per storage node in one batch (`read_batch_checksummed`: the
         // ranges in this process's segments copied together, over both cores, the others in pipelined runs);

@@ -275,6 +275,7 @@ pub fn retry_safe(op: MasterOp) -> bool {
         | O::SegmentStatus
         | O::GetReplicaList
         | O::BatchGetReplicaList
+        | O::BatchPrefixLease
         | O::Stat
         | O::ExistKey
         | O::BatchExistKey
@@ -402,6 +403,7 @@ fn batch_items(req: &MasterRequest) -> Option<usize> {
         MasterRequest::BatchPutRevoke { keys, .. } => keys.0.len(),
         MasterRequest::ReleaseLeases { keys, .. }
         | MasterRequest::BatchGetReplicaList { keys, .. }
+        | MasterRequest::BatchPrefixLease { keys, .. }
         | MasterRequest::BatchExistKey { keys, .. }
         | MasterRequest::BatchRemove { keys, .. }
         | MasterRequest::BatchReplicaClear { keys, .. } => keys.0.len(),

@@ -217,6 +217,33 @@ fn stat_looks_without_leasing_and_existence_checks_hold_a_lease() {
 }
 
 #[test]
+fn a_prefix_lookup_leases_exactly_the_run_it_finds() {
+    let h = Harness::default3();
+    for k in ["p0", "p1", "p3", "p4"] {
+        h.put(k, 10);
+    }
+    h.svc.put_start(h.writer, "", "w", 10, &cfg(1)).unwrap();
+    let leased = |k: &str| h.svc.stat("", k).unwrap().lease_readers;
+    // p2 is absent: the run is p0, p1; p3 and p4 are neither looked at nor leased.
+    let run = h.svc.batch_prefix_lease("", &["p0", "p1", "p2", "p3", "p4"]).unwrap();
+    assert_eq!(run.len(), 2);
+    assert!(run.iter().all(|r| r.size == 10 && r.replicas.len() == 1 && r.lease_ttl_ms == 10_000));
+    assert_eq!([leased("p0"), leased("p1"), leased("p3"), leased("p4")], [1, 1, 0, 0]);
+    // The run is held against removal (and eviction) for the lease, as a read's lookup is.
+    assert_eq!(h.svc.remove("", "p1", false).unwrap_err(), ErrorCode::ObjectHasLease);
+    h.svc.remove("", "p3", false).unwrap();
+    // A key being written ends a run as an absent one does; so does the first key.
+    assert_eq!(h.svc.batch_prefix_lease("", &["p4", "w", "p0"]).unwrap().len(), 1);
+    assert_eq!(h.svc.batch_prefix_lease("", &["p2", "p0"]).unwrap().len(), 0);
+    assert!(h.svc.batch_prefix_lease("", &[]).unwrap().is_empty());
+    h.advance(Duration::from_secs(10));
+    h.svc.remove("", "p1", false).unwrap();
+    let m = &h.svc.metrics().prefix_lookups;
+    let counts = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((counts(&m.keys), counts(&m.hits)), (10, 3));
+}
+
+#[test]
 fn unfinished_writes_cannot_be_removed_even_by_force() {
     let h = Harness::default3();
     h.svc.put_start(h.writer, "", "k", 10, &cfg(1)).unwrap();

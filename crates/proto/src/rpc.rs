@@ -339,6 +339,12 @@ pub enum MasterRequest {
     QueryDrain { id: crate::ids::TaskId },
     /// Cancels a drain job: moves under way finish, no new ones start, the segments take placements again.
     CancelDrain { id: crate::ids::TaskId },
+    /// A prompt's prefix lookup: the longest run of `keys`, from the first, whose objects are readable now, each
+    /// leased as GetReplicaList leases it, in one step; the first key that is not (absent, being written, on
+    /// unreachable nodes, malformed) ends the run, and nothing after it is looked at or leased. Answers
+    /// [`MasterResponse::BatchReplicaList`] with one item per key of the run (all `Ok`), so a read that follows
+    /// within the lease needs no second lookup and cannot miss them.
+    BatchPrefixLease { tenant: String, keys: Batch<WireKey> },
 }
 
 /// Longest a [`MasterRequest::DiskTasks`] waits for work before answering with none.
@@ -519,6 +525,7 @@ master_ops! {
     CreateDrain => "create_drain",
     QueryDrain => "query_drain",
     CancelDrain => "cancel_drain",
+    BatchPrefixLease => "batch_prefix_lease",
 }
 
 impl MasterOp {
@@ -538,6 +545,7 @@ impl MasterOp {
                 | MasterOp::BatchExistKey
                 | MasterOp::BatchRemove
                 | MasterOp::BatchReplicaClear
+                | MasterOp::BatchPrefixLease
         )
     }
 }
@@ -663,7 +671,8 @@ mod tests {
             MasterRequest::CreateCopyTask { tenant: String::new(), key: WireKey::Key("k".into()), targets: vec![] };
         assert_eq!(tag(&copy), 40);
         assert_eq!(tag(&MasterRequest::CancelDrain { id: crate::TaskId::random() }), 46);
-        assert_eq!(MasterOp::ALL.len(), 47, "one operation per request");
+        assert_eq!(tag(&MasterRequest::BatchPrefixLease { tenant: String::new(), keys: Batch(vec![]) }), 47);
+        assert_eq!(MasterOp::ALL.len(), 48, "one operation per request");
         let removed: MasterReply = Ok(MasterResponse::RemovedAll(RemoveAllReport::default()));
         assert_eq!(postcard::to_allocvec(&removed).unwrap()[..2], [0, 14], "Ok, then RemovedAll keeps 14");
         let reply: MasterReply = Ok(MasterResponse::Tenants(vec![TenantInfo {

@@ -2220,6 +2220,22 @@ impl Store {
         })
     }
 
+    /// How many of `keys`, from the first, are cached and readable now (SGLang's `batch_exists`: the length of
+    /// the consecutive existing prefix), or a negative code. The master leases exactly that run in the same
+    /// step, so a `batch_get_into` of those keys that follows within the lease finds them, and reads them with
+    /// no lookup of its own.
+    #[pyo3(signature = (keys,))]
+    fn batch_is_exist_prefix(&self, py: Python<'_>, keys: Vec<String>) -> i64 {
+        let Some(live) = self.live() else { return NOT_SET_UP };
+        py.detach(|| {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            match live.block_on(live.client.batch_prefix_lease(&refs)) {
+                Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+                Err(e) => code(&e),
+            }
+        })
+    }
+
     /// The size of `key`'s value, or a negative code (`OBJECT_NOT_FOUND` when absent).
     #[pyo3(signature = (key, /))]
     fn get_size(&self, py: Python<'_>, key: String) -> i64 {

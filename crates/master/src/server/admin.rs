@@ -468,6 +468,13 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
         "Unreachable reports the master's own probe refuted (the node answered)",
         m.unreachable_refuted.load(Ordering::Relaxed),
     );
+    counter(r, "prefix_lookup_keys", "Keys asked for by prefix lookups", m.prefix_lookups.keys.load(Ordering::Relaxed));
+    counter(
+        r,
+        "prefix_lookup_hits",
+        "Of the keys asked for by prefix lookups, those in the runs found (and leased)",
+        m.prefix_lookups.hits.load(Ordering::Relaxed),
+    );
     gauge(r, "keys", "Objects stored", svc.key_count(None) as u64);
     gauge(r, "active_clients", "Clients tracked by the liveness monitor", svc.active_clients() as u64);
     let (listing, waiting) = super::lister::load();

@@ -87,6 +87,7 @@ pub fn authorize(caller: &Caller, req: &MasterRequest, multi_tenant: bool) -> Re
         | R::Stat { tenant, .. }
         | R::ReleaseLeases { tenant, .. }
         | R::BatchGetReplicaList { tenant, .. }
+        | R::BatchPrefixLease { tenant, .. }
         | R::ExistKey { tenant, .. }
         | R::BatchExistKey { tenant, .. }
         | R::Remove { tenant, .. }

@@ -218,6 +218,12 @@ fn answer(svc: &MasterService, req: &MasterRequest, by: Option<&Principal>) -> R
                 svc.batch_get_replica_list(tenant, &only_keys(valid))
             }))))
         }
+        R::BatchPrefixLease { tenant, keys } => {
+            // A malformed key ends the run, as an absent one does.
+            let keys: Vec<&str> = keys.0.iter().map_while(|k| k.as_str().ok()).collect();
+            let run = svc.batch_prefix_lease(tenant, &keys)?;
+            Ok(A::BatchReplicaList(GrantedBatch::new(run.into_iter().map(Ok).collect())))
+        }
         R::ExistKey { tenant, key } => svc.exist_key(tenant, key.as_str()?).map(A::Exists),
         R::BatchExistKey { tenant, keys } => {
             Ok(A::BatchExists(on_valid_keys(keys.0.iter().map(|k| (k, ())), |valid| {

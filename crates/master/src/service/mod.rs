@@ -204,6 +204,24 @@ pub struct Metrics {
     pub unreachable_confirmed: AtomicU64,
     /// Unreachable reports the master's own probe refuted (the node answered).
     pub unreachable_refuted: AtomicU64,
+    /// Keys asked for by prefix lookups (BatchPrefixLease), and of those the keys in the runs found.
+    pub prefix_lookups: PrefixCounter,
+}
+
+/// Prefix lookups' keys asked and found: the cache's prefix hit ratio as the engines see it.
+#[derive(Debug, Default)]
+pub struct PrefixCounter {
+    /// Keys asked for.
+    pub keys: AtomicU64,
+    /// Keys in the runs found (and leased).
+    pub hits: AtomicU64,
+}
+
+impl PrefixCounter {
+    fn record(&self, asked: usize, found: usize) {
+        self.keys.fetch_add(asked as u64, Ordering::Relaxed);
+        self.hits.fetch_add(found as u64, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
