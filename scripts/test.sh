@@ -35,6 +35,8 @@ venv="$target/py-venv"
 # the engine replays (crates/python/tests/test_engine_*.py) hold their buffers in NumPy arrays and read the
 # master's HTTP API with requests, as the engines do.
 "$venv/bin/python" -c 'import numpy, requests' 2>/dev/null || "$venv/bin/python" -m pip install -q "numpy>=1.24" "requests>=2"
+# pyzmq and msgpack: the KV event stream's test reads it as the original's consumers do (crates/python/tests/test_kv_events.py).
+"$venv/bin/python" -c 'import zmq, msgpack' 2>/dev/null || "$venv/bin/python" -m pip install -q "pyzmq>=25" "msgpack>=1"
 [ -x "$venv/bin/moto_server" ] || "$venv/bin/python" -m pip install -q "moto[server]>=5,<6"
 export CRESCENT_MOTO_SERVER="$venv/bin/moto_server"
 [ -x "$CRESCENT_MOTO_SERVER" ]

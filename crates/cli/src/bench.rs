@@ -38,7 +38,9 @@ use std::time::{Duration, Instant};
 /// `bench` flags.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Comma-separated phases: write, read, mixed, dedup, metadata, master-put, master-get.
+    /// Comma-separated phases: write, read, mixed, dedup, metadata, master-put, master-get, prefix, prefix-exist
+    /// (a prompt's `--batch` blocks looked up as the longest cached run, read, the rest written: with the leased
+    /// prefix lookup, or with batch-exists; `--keys` prompts, `--zipf` their popularity).
     #[arg(long, default_value = "write,read")]
     phases: String,
     /// Bytes per value (e.g. 4KiB, 1MiB).
@@ -114,8 +116,11 @@ pub struct PhaseResult {
     errors: u64,
     /// Puts tried again after NO_AVAILABLE_HANDLE (`--retry-full`).
     retries: u64,
-    /// Failed keys by error code (`VERIFY_MISMATCH`: read, but not the bytes written).
+    /// Failed keys by error code (`VERIFY_MISMATCH`: read, but not the bytes written; `MISS_AFTER_LOOKUP`: a
+    /// prefix phase's block found by its lookup and gone when read).
     errors_by_code: BTreeMap<&'static str, u64>,
+    /// Requests sent to the master per request of the phase (lookups, writes' starts and ends, lease releases).
+    master_requests_per_request: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -127,6 +132,8 @@ enum Phase {
     Metadata,
     MasterPut,
     MasterGet,
+    Prefix,
+    PrefixExist,
 }
 
 impl Phase {
@@ -139,18 +146,20 @@ impl Phase {
             "metadata" => Phase::Metadata,
             "master-put" => Phase::MasterPut,
             "master-get" => Phase::MasterGet,
+            "prefix" => Phase::Prefix,
+            "prefix-exist" => Phase::PrefixExist,
             other => bail!("unknown phase {other:?}"),
         })
     }
 
     /// Whether the phase writes values (and so needs buffers to send from).
     fn writes(self) -> bool {
-        matches!(self, Phase::Write | Phase::Mixed | Phase::Dedup)
+        matches!(self, Phase::Write | Phase::Mixed | Phase::Dedup | Phase::Prefix | Phase::PrefixExist)
     }
 
     /// Whether the phase reads values (and so needs buffers to receive into).
     fn reads(self) -> bool {
-        matches!(self, Phase::Read | Phase::Mixed)
+        matches!(self, Phase::Read | Phase::Mixed | Phase::Prefix | Phase::PrefixExist)
     }
 
     fn name(self) -> &'static str {
@@ -162,6 +171,8 @@ impl Phase {
             Phase::Metadata => "metadata",
             Phase::MasterPut => "master-put",
             Phase::MasterGet => "master-get",
+            Phase::Prefix => "prefix",
+            Phase::PrefixExist => "prefix-exist",
         }
     }
 }
@@ -416,6 +427,80 @@ impl Shared {
         (ok, n as u64 - ok)
     }
 
+    /// The blocks of prompt `p` (`--batch` of them): the first half shared by the four prompts of its family, the
+    /// rest its own, so prompts share prefixes as a chat's turns and a system prompt's users do.
+    fn prompt_blocks(&self, p: u64) -> Vec<String> {
+        let half = self.batch / 2;
+        (0..self.batch)
+            .map(|i| {
+                if i < half {
+                    format!("bench-{}-f{}-b{i}", self.run, p / PROMPTS_PER_FAMILY)
+                } else {
+                    format!("bench-{}-p{p}-b{i}", self.run)
+                }
+            })
+            .collect()
+    }
+
+    /// One request of a prefix phase: a prompt (one of `--keys` prompts, Zipf-drawn with `--zipf`), the longest
+    /// cached run of its blocks looked up — with the leased prefix lookup (`prefix`: one request, the run's
+    /// replica lists kept for the read) or `batch_is_exist` counted as SGLang's `batch_exists` does
+    /// (`prefix-exist`) —, that run read, and the rest written. A block the lookup found and the read missed
+    /// counts as `MISS_AFTER_LOOKUP`. Returns (blocks read or written, errors).
+    async fn prefix_request(&self, w: &mut Worker, leased: bool) -> (u64, u64) {
+        let prompt = match &self.zipf {
+            Some(z) => z.sample(&mut w.rng),
+            None => w.rng.u64(..self.key_budget.max(1)),
+        };
+        let names = self.prompt_blocks(prompt);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let run = if leased {
+            match self.client.batch_prefix_lease(&refs).await {
+                Ok(n) => n,
+                Err(e) => {
+                    self.failed(e.code().name());
+                    return (0, names.len() as u64);
+                }
+            }
+        } else {
+            self.client.batch_is_exist(&refs).await.iter().take_while(|r| matches!(r, Ok(true))).count()
+        };
+        let (mut ok, mut errors) = (0, 0);
+        if run > 0 {
+            w.read.resize_with(run, || vec![0u8; self.base.len()]);
+            let mut items: Vec<(&str, &mut [u8])> =
+                refs[..run].iter().copied().zip(w.read.iter_mut().map(Vec::as_mut_slice)).collect();
+            for r in self.client.batch_get_into(&mut items).await {
+                match r {
+                    Ok(_) => ok += 1,
+                    Err(e) => {
+                        errors += 1;
+                        let miss = e.code() == crescent_proto::ErrorCode::ObjectNotFound;
+                        self.failed(if miss { "MISS_AFTER_LOOKUP" } else { e.code().name() });
+                    }
+                }
+            }
+        }
+        if run < names.len() {
+            w.batch.resize_with(names.len() - run, || self.base.clone());
+            let items: Vec<(&str, &[u8])> =
+                refs[run..].iter().copied().zip(w.batch.iter().map(Vec::as_slice)).collect();
+            let written = self.client.batch_put_from(&items, &self.replicate).await;
+            for r in written {
+                match r {
+                    Ok(()) => ok += 1,
+                    // Another request wrote it meanwhile: as good as written.
+                    Err(e) if e.code() == crescent_proto::ErrorCode::ObjectAlreadyExists => ok += 1,
+                    Err(e) => {
+                        errors += 1;
+                        self.failed(e.code().name());
+                    }
+                }
+            }
+        }
+        (ok, errors)
+    }
+
     /// GetReplicaList of `batch` keys `master-put` made (uniformly at random); returns (keys ok, errors).
     async fn master_get(&self, rng: &mut fastrand::Rng) -> (u64, u64) {
         let n = self.meta_written.load(Ordering::Relaxed).max(1);
@@ -493,6 +578,10 @@ async fn request(s: &Shared, phase: Phase, w: &mut Worker) -> (u64, u64, u64) {
             let (ok, err) = s.master_get(&mut w.rng).await;
             (ok, 0, err)
         }
+        Phase::Prefix | Phase::PrefixExist => {
+            let (ok, err) = s.prefix_request(w, phase == Phase::Prefix).await;
+            (ok, ok * size, err)
+        }
         Phase::Dedup | Phase::Metadata => {
             // Half the batch was written before, half is new: the connector pattern.
             let mut ks = s.existing_keys(&mut w.rng);
@@ -533,6 +622,7 @@ fn meaning(code: &str) -> &'static str {
         "NO_AVAILABLE_HANDLE" | "TENANT_QUOTA_EXCEEDED" => "no space",
         "TRANSFER_FAIL" | "RPC_FAIL" | "RPC_TIMEOUT" => "transfer or network",
         "CHECKSUM_MISMATCH" | "VERIFY_MISMATCH" => "wrong bytes",
+        "MISS_AFTER_LOOKUP" => "found by the lookup, gone when read",
         _ => "other",
     }
 }
@@ -604,6 +694,9 @@ impl Latencies {
     }
 }
 
+/// Prompts that share their first half of blocks in the prefix phases.
+const PROMPTS_PER_FAMILY: u64 = 4;
+
 /// Keys `master-get` makes per concurrent worker when no `master-put` ran before it (the original's
 /// `master_bench` prefills 10 000 keys per thread).
 const MASTER_GET_KEYS_PER_WORKER: u64 = 10_000;
@@ -630,6 +723,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
     s.errors.store(0, Ordering::Relaxed);
     s.retries.store(0, Ordering::Relaxed);
     s.errors_by_code.lock().clear();
+    let master_requests = s.client.master_requests();
     let workers: Vec<Worker> = (0..a.concurrency.max(1)).map(|w| Worker::prepared(w as u64 + 1, s, phase)).collect();
     let started = Instant::now();
     let (keys, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -695,6 +789,7 @@ async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult 
         errors: s.errors.load(Ordering::Relaxed),
         retries: s.retries.load(Ordering::Relaxed),
         errors_by_code: std::mem::take(&mut *s.errors_by_code.lock()),
+        master_requests_per_request: (s.client.master_requests() - master_requests) as f64 / requests.max(1) as f64,
     }
 }
 
@@ -815,6 +910,9 @@ pub async fn run(a: BenchArgs, g: &Global, _file: &FileConfig) -> Result<()> {
         );
         if r.retries > 0 {
             println!("          {} puts tried again after NO_AVAILABLE_HANDLE (--retry-full)", r.retries);
+        }
+        if matches!(phase, Phase::Prefix | Phase::PrefixExist) {
+            println!("          {:.2} master requests per request", r.master_requests_per_request);
         }
         if !r.errors_by_code.is_empty() {
             let by: Vec<String> =

@@ -30,6 +30,9 @@ data_dir = "/var/lib/crescent"
 snapshot_dir = "/var/lib/crescent/snapshots"
 snapshot_interval = "10m"
 snapshot_retain = 3
+kv_events = "tcp://127.0.0.1:5557"
+kv_events_backend_id = "pool-a"
+kv_events_queue_capacity = 1024
 [node]
 segment_size = "64MiB"
 advertise = "node-1.example"
@@ -108,6 +111,12 @@ pub struct ServerSection {
     pub snapshot_interval: Option<String>,
     /// Snapshots kept.
     pub snapshot_retain: Option<usize>,
+    /// Where the KV event stream is published (`tcp://HOST:PORT`; none: off).
+    pub kv_events: Option<String>,
+    /// The `backend_id` every KV event carries.
+    pub kv_events_backend_id: Option<String>,
+    /// KV events queued at most before the oldest are dropped (0: unbounded).
+    pub kv_events_queue_capacity: Option<usize>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,

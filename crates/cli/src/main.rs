@@ -15,6 +15,7 @@ mod admin;
 mod auth;
 mod bench;
 mod demo;
+mod events;
 mod ops;
 mod serve;
 mod snapshots;
@@ -164,6 +165,9 @@ enum Command {
     Ssd(admin::SsdCommand),
     /// Move every object off storage nodes before taking them down (admin), with progress; resumable.
     Drain(admin::DrainArgs),
+    /// Follow a master's KV event stream (`crescent master --kv-events`): what is stored and removed, as it happens.
+    #[command(subcommand)]
+    Events(events::EventsCommand),
     /// Print the credential of a principal (admin, node, node:NAME, tenant:NAME), derived from the cluster secret.
     Credential(auth::CredentialArgs),
     /// Print a new random cluster secret (save it to a file of mode 600 for --secret-file).
@@ -198,6 +202,7 @@ impl Command {
             Command::Drain(d) => (d.to.master.as_deref(), None),
             Command::Up(_)
             | Command::Master(_)
+            | Command::Events(_)
             | Command::Demo(_)
             | Command::Completions { .. }
             | Command::Credential(_)
@@ -384,6 +389,7 @@ fn main() -> ExitCode {
             Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
             Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
             Command::Drain(args) => ops::exit(admin::drain(args, &global).await),
+            Command::Events(cmd) => report(events::run(cmd).await),
             Command::Demo(_)
             | Command::Completions { .. }
             | Command::Credential(_)

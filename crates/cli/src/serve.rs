@@ -6,6 +6,7 @@ use crate::config::{
     DEFAULT_SEGMENTS, DEFAULT_SHUTDOWN_GRACE_MS, FileConfig,
 };
 use anyhow::{Context, Result, anyhow, bail};
+use crescent_master::events::EventsConfig;
 use crescent_master::placement::PlacementPolicy;
 use crescent_master::server::{MasterServer, RpcLimits};
 use crescent_master::service::MasterConfig;
@@ -94,6 +95,23 @@ pub struct MasterArgs {
     #[arg(long, help = dflt("Times a task that found no room on its target is tried again before it fails",
         MasterConfig::default().task_retry_attempts))]
     task_retry_attempts: Option<u32>,
+    /// Where the KV event stream is published.
+    #[arg(long, value_name = "tcp://HOST:PORT", help = dflt(
+        "Publish the KV event stream (stored/removed events in the original's ZMQ format, for routers) on a PUB \
+         socket bound here (port 0: a free one; /kv_events/status shows it)",
+        "off",
+    ))]
+    kv_events: Option<String>,
+    /// The `backend_id` stamped on every event.
+    #[arg(long, value_name = "ID", help = dflt("The backend_id every KV event carries (names this cache to routers)",
+        "empty"))]
+    kv_events_backend_id: Option<String>,
+    /// Events queued at most before the oldest are dropped.
+    #[arg(long, value_name = "N", help = dflt(
+        "KV events queued at most before the oldest are dropped (counted; 0 unbounded)",
+        crescent_master::events::DEFAULT_QUEUE_CAPACITY,
+    ))]
+    kv_events_queue_capacity: Option<usize>,
     #[command(flatten)]
     limits: LimitArgs,
     /// etcd endpoints of the oplog and of leader election (with --cluster-id).
@@ -398,6 +416,22 @@ struct Settings {
     keyring: Option<Arc<Keyring>>,
     /// TLS, if the master serves it (and dials nodes through it).
     tls: crescent_net::tls::Tls,
+    /// The KV event stream, if published.
+    events: Option<EventsConfig>,
+}
+
+/// The KV event stream's settings: flags over `[server]` keys; `None` when no endpoint is given.
+fn events_config(a: &MasterArgs, file: &FileConfig) -> Option<EventsConfig> {
+    let f = &file.server;
+    let endpoint = a.kv_events.clone().or_else(|| f.kv_events.clone())?;
+    let mut c = EventsConfig::new(endpoint);
+    if let Some(id) = a.kv_events_backend_id.clone().or_else(|| f.kv_events_backend_id.clone()) {
+        c.backend_id = id;
+    }
+    if let Some(n) = a.kv_events_queue_capacity.or(f.kv_events_queue_capacity) {
+        c.queue_capacity = n;
+    }
+    Some(c)
 }
 
 fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Settings> {
@@ -417,11 +451,12 @@ fn master_settings(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<
     let tls = a.auth.tls()?;
     a.auth.guard(keyring.is_some(), &tls, &[("rpc", listen), ("admin", admin)])?;
     crate::auth::reload_on_hangup(keyring.clone(), None, tls.clone(), "master")?;
-    Ok(Settings { config, listen, admin, poll, limits, keyring, tls })
+    let events = events_config(a, file);
+    Ok(Settings { config, listen, admin, poll, limits, keyring, tls, events })
 }
 
 async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Result<Started> {
-    let Settings { config, listen, admin, poll, limits, keyring, tls } = master_settings(a, file, combined)?;
+    let Settings { config, listen, admin, poll, limits, keyring, tls, events } = master_settings(a, file, combined)?;
     let advertise = a.advertise.as_deref().or(file.server.advertise.as_deref());
     let oplog = oplog_options(a, file).await?;
     let snapshots =
@@ -435,6 +470,7 @@ async fn start_master(a: &MasterArgs, file: &FileConfig, combined: bool) -> Resu
         .snapshots(snapshots)
         .keyring(keyring.clone())
         .tls(tls)
+        .events(events)
         .start()
         .await?;
     let advertised = crescent_net::advertise::advertised(server.rpc_addr(), advertise)
@@ -623,6 +659,7 @@ async fn candidate(
         .snapshots(snapshots)
         .keyring(s.keyring)
         .tls(s.tls)
+        .events(s.events)
         .start_candidate(options)
         .await?;
     tracing::info!(
@@ -759,6 +796,24 @@ mod tests {
             (2000, d.pending_task_timeout_ms, 7, d.max_finished_tasks)
         );
         assert_eq!(c.task_retry_attempts, 1);
+    }
+
+    #[test]
+    fn the_event_stream_comes_from_the_flags_then_the_file() {
+        let none = FileConfig::default();
+        assert!(events_config(&MasterArgs::default(), &none).is_none(), "off unless an endpoint is given");
+        let file = FileConfig::parse("[server]\nkv_events = \"tcp://127.0.0.1:1\"\nkv_events_backend_id = \"f\"\n")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let c = events_config(&MasterArgs::default(), &file).unwrap_or_else(|| panic!("on"));
+        assert_eq!((c.endpoint.as_str(), c.backend_id.as_str()), ("tcp://127.0.0.1:1", "f"));
+        assert_eq!(c.queue_capacity, crescent_master::events::DEFAULT_QUEUE_CAPACITY);
+        let flags = MasterArgs {
+            kv_events: Some("tcp://0.0.0.0:2".into()),
+            kv_events_queue_capacity: Some(5),
+            ..MasterArgs::default()
+        };
+        let c = events_config(&flags, &file).unwrap_or_else(|| panic!("on"));
+        assert_eq!((c.endpoint.as_str(), c.backend_id.as_str(), c.queue_capacity), ("tcp://0.0.0.0:2", "f", 5));
     }
 
     async fn err(a: MasterArgs, f: &FileConfig) -> String {

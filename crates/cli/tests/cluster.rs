@@ -287,6 +287,40 @@ async fn bench_runs_every_phase_against_a_cluster_and_reports_each_key() {
     let _ = std::fs::remove_file(&json);
 }
 
+/// The prefix phases: every request reads its prompt's cached run and writes the rest (all blocks counted, no
+/// miss), and the leased lookup sends the master fewer requests than batch-exists followed by a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prefix_phases_read_the_cached_run_with_fewer_master_requests() {
+    let master = Proc::start(bin(), &["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+    let addr = master.field("master");
+    let _node = Proc::start(
+        bin(),
+        &["node", "--master", &addr, "--listen", "127.0.0.1:0", "--segment-size", "64MiB", "--prefault", "false"],
+    );
+    let json = std::env::temp_dir().join(format!("crescent-bench-prefix-{}.jsonl", std::process::id()));
+    let out = Command::new(bin())
+        .args(["--master", &addr, "bench", "--phases", "prefix-exist,prefix", "--keys", "8", "--zipf", "0.9"])
+        .args(["--value-size", "4KiB", "--batch", "4", "--concurrency", "2", "--count", "60"])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("master requests per request"), "{stdout}");
+    let phases: Vec<serde_json::Value> =
+        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let _ = std::fs::remove_file(&json);
+    let names: Vec<&str> = phases.iter().map(|p| p["phase"].as_str().unwrap()).collect();
+    assert_eq!(names, ["prefix-exist", "prefix"]);
+    for p in &phases {
+        assert_eq!((p["errors"].as_u64(), p["keys"].as_u64()), (Some(0), Some(60 * 4)), "{p}");
+    }
+    let per_request = |i: usize| phases[i]["master_requests_per_request"].as_f64().unwrap();
+    // Batch-exists, the read's lookup and its release (and a write's start and end) against the leased lookup
+    // and the release: with the prompts cached after their first requests, one request fewer each.
+    assert!(per_request(1) < per_request(0) - 0.5, "{} vs {}", per_request(1), per_request(0));
+}
+
 /// Two nodes, one `kill -9`'d: writes keep succeeding at once (the first that cannot reach the dead node
 /// reports it and the master stops placing there), well before its client TTL, and the bench's key budget
 /// shrinks to the live node. (Before: nearly every write failed for the whole TTL.)

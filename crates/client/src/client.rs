@@ -438,6 +438,11 @@ impl Client {
         Self { inner: Arc::new(Inner { checksum_mismatches, disk_reads, id, config, master, transfer, local, prefix }) }
     }
 
+    /// Requests this client has sent its master so far (lookups, writes' starts and ends, lease releases).
+    pub fn master_requests(&self) -> u64 {
+        self.inner.master.requests_sent()
+    }
+
     /// This client's id.
     pub fn id(&self) -> ClientId {
         self.inner.id

@@ -515,6 +515,12 @@ impl MasterConnection {
         self
     }
 
+    /// Requests sent so far (every call and deferred send, whatever its outcome): what a benchmark counts as
+    /// round trips to the master.
+    pub fn requests_sent(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed).saturating_sub(1)
+    }
+
     /// The master address.
     pub fn addr(&self) -> &str {
         &self.addr

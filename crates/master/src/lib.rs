@@ -5,6 +5,7 @@
 //! * [`service`]: `MasterService`, request orchestration for every RPC, client liveness, delayed releases,
 //!   metrics and the background loop.
 //! * [`metadata`]: object metadata, tenant first (tenants, quotas, object indexes, groups, objects).
+//! * [`events`]: the KV event stream routers follow (stored/removed events on a ZMQ PUB socket).
 //! * [`eviction`]: the eviction kernel every trigger runs (census, selection, commit).
 //! * [`segment_pool`]: the single owner of mounted Memory/CXL/NoF segments and the regions behind them.
 //! * [`placement`]: stateless replica placement over a lock-scoped view of the pool.
@@ -17,6 +18,7 @@
 
 pub mod alloc;
 pub mod clock;
+pub mod events;
 pub mod eviction;
 pub mod ha;
 pub mod local_ssd;

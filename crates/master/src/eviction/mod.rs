@@ -21,6 +21,8 @@
 //! round evicts only what makes that room, and nothing at all when no segment can be freed enough.
 
 use crate::clock::Timestamp;
+use crate::events::object::{removed_event, state_event};
+use crate::events::{EventHub, KvEvent, RemoveCause};
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
 use crescent_proto::{ReplicaStatus, SegmentId, TenantId};
 use smallvec::SmallVec;
@@ -42,7 +44,7 @@ pub trait EvictionLog {
     /// Takes a slot without waiting (under a group lock); `None`: refused.
     fn try_reserve(&self) -> Option<Self::Slot<'_>>;
     /// Records `entry`'s post-state `st` in `tenant` (PUT_END of what is left, or REMOVE), called under the
-    /// object's lock; `on_durable` runs once the record is durable. False: the log will never hold it (its writer
+    /// object's lock; `on_durable` runs once the record is durable, with its sequence. False: the log will never hold it (its writer
     /// stopped for good), and `on_durable` was dropped unrun.
     fn record(
         &self,
@@ -51,7 +53,7 @@ pub trait EvictionLog {
         entry: &ObjectEntry,
         st: &ObjectState,
         now: Timestamp,
-        on_durable: Box<dyn FnOnce() + Send>,
+        on_durable: Box<dyn FnOnce(u64) + Send>,
     ) -> bool;
 }
 
@@ -79,6 +81,8 @@ pub struct Outlets<'a, L> {
     pub oplog: Option<(&'a L, &'a Arc<PendingFrees>)>,
     /// The disk tier, for a memory round on a master that has one.
     pub offload: Option<&'a dyn Offload>,
+    /// The KV event stream each eviction is reported to, if one is attached.
+    pub events: Option<&'a Arc<EventHub>>,
 }
 
 /// Evictions logged but not yet durable, whose space and quota are still held: a write that evicted for its
@@ -313,9 +317,55 @@ struct Committer<'a, L: EvictionLog> {
     now: Timestamp,
     groups_done: HashSet<*const GroupEntry>,
     report: EvictionReport,
+    /// Where each eviction is reported, if anywhere.
+    events: Option<&'a Arc<EventHub>>,
 }
 
-impl<L: EvictionLog> Committer<'_, L> {
+impl<'a, L: EvictionLog> Committer<'a, L> {
+    /// The events of `entry` as `st` holds it after an eviction for `cause` (none without a stream).
+    fn events_of(
+        &self,
+        tenant: &TenantState,
+        entry: &ObjectEntry,
+        st: &ObjectState,
+        cause: RemoveCause,
+    ) -> Vec<KvEvent> {
+        self.events.map(|_| vec![state_event(tenant, entry, st, cause)]).unwrap_or_default()
+    }
+
+    /// Settles an eviction made under `st`'s lock: with a log, its post-state recorded through `slot`, and once
+    /// that is durable its space released and `events` published (under the entry's sequence); without one, both
+    /// at once.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        slot: Option<L::Slot<'a>>,
+        tenant: &TenantState,
+        entry: &ObjectEntry,
+        st: &ObjectState,
+        free: DeferredFree,
+        events: Vec<KvEvent>,
+    ) {
+        let hub = self.events.filter(|_| !events.is_empty()).cloned();
+        match (slot, self.oplog) {
+            (Some(slot), Some((log, _))) => {
+                let on_durable = move |seq: u64| {
+                    free.release();
+                    if let Some(hub) = hub {
+                        hub.publish(seq, events);
+                    }
+                };
+                log.record(slot, tenant, entry, st, self.now, Box::new(on_durable));
+            }
+            _ => {
+                free.release();
+                if let Some(hub) = hub {
+                    hub.publish_now(events);
+                }
+            }
+        }
+    }
+
     /// Gives back what an evicted object held: at once without an oplog, else once `slot`'s entry (the
     /// object's post-state) is durable.
     fn release(&self, tenant: &Arc<TenantState>, replicas: SmallVec<[Replica; 1]>, quota: u64) -> DeferredFree {
@@ -366,12 +416,8 @@ impl<L: EvictionLog> Committer<'_, L> {
                 self.report.bytes += bytes_of(&freed, self.tier);
                 let free = self.release(tenant, freed, quota);
                 // Logged inside the object's lock: a removal that takes the lock next is logged after this.
-                match (slot, self.oplog) {
-                    (Some(slot), Some((log, _))) => {
-                        log.record(slot, tenant, &c.entry, &st, self.now, Box::new(move || free.release()));
-                    }
-                    _ => free.release(),
-                }
+                let events = self.events_of(tenant, &c.entry, &st, RemoveCause::Evicted);
+                self.settle(slot, tenant, &c.entry, &st, free, events);
                 drop(st);
                 #[cfg(test)]
                 crate::test_hooks::after_eviction_unlock();
@@ -454,12 +500,8 @@ impl<L: EvictionLog> Committer<'_, L> {
                 bytes += bytes_of(&f, self.tier);
                 let free = self.release(tenant, f, quota);
                 // Committed under the member's lock (the entry order is the lock order); released on durable.
-                match (slots.pop(), self.oplog) {
-                    (Some(slot), Some((log, _))) => {
-                        log.record(slot, tenant, m, st, self.now, Box::new(move || free.release()));
-                    }
-                    _ => free.release(),
-                }
+                let events = self.events_of(tenant, m, st, RemoveCause::Evicted);
+                self.settle(slots.pop(), tenant, m, st, free, events);
                 if r {
                     retired.push(m);
                 }
@@ -610,7 +652,7 @@ pub fn make_room<L: EvictionLog>(
     census_chunk: usize,
     outlets: Outlets<'_, L>,
 ) -> RoomReport {
-    let Outlets { oplog, offload } = outlets;
+    let Outlets { oplog, offload, events } = outlets;
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, true);
     let soft_pass: &[Candidate] = if allow_evict_soft_pinned { &soft } else { &[] };
     // Rank = eviction order: oldest lease first, soft-pinned after all others.
@@ -633,7 +675,7 @@ pub fn make_room<L: EvictionLog>(
     let Some((seg, window)) = choice else {
         return RoomReport { segment: None, report };
     };
-    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report, events };
     let mut done = vec![false; ordered.len()];
     for &r in &window.ranks {
         done[r] = true;
@@ -663,6 +705,7 @@ pub fn evict_disk_replica<L: EvictionLog>(
     unreadable: bool,
     now: Timestamp,
     oplog: Option<(&L, &Arc<PendingFrees>)>,
+    events: Option<&Arc<EventHub>>,
 ) -> Option<u64> {
     let k = Committer {
         tenants: &[],
@@ -672,6 +715,7 @@ pub fn evict_disk_replica<L: EvictionLog>(
         now,
         groups_done: HashSet::new(),
         report: EvictionReport::default(),
+        events,
     };
     if tenant.lifecycle() == TenantLifecycle::Removed {
         return None;
@@ -697,12 +741,8 @@ pub fn evict_disk_replica<L: EvictionLog>(
         quota += retired_quota;
     }
     let free = k.release(tenant, freed, quota);
-    match (slot, oplog) {
-        (Some(slot), Some((log, _))) => {
-            log.record(slot, tenant, entry, &st, now, Box::new(move || free.release()));
-        }
-        _ => free.release(),
-    }
+    let events = k.events_of(tenant, entry, &st, RemoveCause::Evicted);
+    k.settle(slot, tenant, entry, &st, free, events);
     drop(st);
     if retired {
         tenant.detach(entry);
@@ -738,6 +778,7 @@ pub fn complete_offload<L: EvictionLog>(
     crc: Option<u32>,
     now: Timestamp,
     oplog: Option<(&L, &Arc<PendingFrees>)>,
+    events: Option<&Arc<EventHub>>,
 ) -> OffloadEnd {
     let k = Committer {
         tenants: &[],
@@ -747,6 +788,7 @@ pub fn complete_offload<L: EvictionLog>(
         now,
         groups_done: HashSet::new(),
         report: EvictionReport::default(),
+        events,
     };
     let slot = oplog.map(|(log, _)| log.reserve());
     let mut st = entry.lock();
@@ -783,14 +825,15 @@ pub fn complete_offload<L: EvictionLog>(
         freed_bytes = bytes_of(&taken, Tier::Memory);
         (taken, TenantState::resettle_unreleased(&mut st))
     };
+    // Reported as the memory copy's removal (offloaded), then the object as it now stands (on disk).
+    let mut events = Vec::new();
+    if let Some(gone) = k.events.and(freed.first()).map(|_| removed_event(tenant, entry, &st, RemoveCause::Offloaded)) {
+        events.push(KvEvent { medium: "cpu", ..gone });
+    }
+    events.extend(k.events_of(tenant, entry, &st, RemoveCause::Evicted));
     let free = k.release(tenant, freed, quota);
     // A record the log refuses (its writer stopped for good) keeps the freed space out of reuse for good.
-    match (slot, oplog) {
-        (Some(slot), Some((log, _))) => {
-            log.record(slot, tenant, entry, &st, now, Box::new(move || free.release()));
-        }
-        _ => free.release(),
-    }
+    k.settle(slot, tenant, entry, &st, free, events);
     OffloadEnd::Kept { freed: freed_bytes }
 }
 
@@ -804,9 +847,9 @@ pub fn run<L: EvictionLog>(
     census_chunk: usize,
     outlets: Outlets<'_, L>,
 ) -> EvictionReport {
-    let Outlets { oplog, offload } = outlets;
+    let Outlets { oplog, offload, events } = outlets;
     let (report, normal, soft) = census(tenants, tier, now, census_chunk, false);
-    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report };
+    let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report, events };
     let mut evicted = 0u64;
     match target {
         EvictionTarget::Fraction { target, lower } => {

@@ -113,6 +113,7 @@ pub fn admin_router(
         .route("/tenants", get(list_tenants))
         .route("/tenants/{tenant}", axum::routing::put(set_tenant_quota).delete(remove_tenant))
         .route("/local-ssd", get(local_ssd))
+        .route("/kv_events/snapshot", get(kv_events_snapshot))
         .merge(super::admin_compat::routes())
         .with_state(AdminState { target, rpc, snapshots, keyring })
 }
@@ -266,6 +267,18 @@ fn per_op(
 
 /// The exposition of what there is: the servers' counters always, the service's while it serves, a
 /// candidate's HA status.
+/// The KV event stream's figures (a master that publishes one).
+fn event_figures(r: &mut Registry, s: &crate::events::EventStats) {
+    counter(r, "kv_events_published_batches", "KV event messages sent", s.published_batches);
+    counter(r, "kv_events_published_events", "KV events sent", s.published_events);
+    let dropped = "KV events dropped because the queue was full (subscribers see a gap in the message sequence)";
+    counter(r, "kv_events_dropped_events", dropped, s.dropped_events);
+    counter(r, "kv_events_unparsed_keys", "KV events whose key is not a block hash", s.skipped_unparsed_keys);
+    gauge(r, "kv_events_queued", "KV events waiting to be sent", s.queued);
+    gauge(r, "kv_events_subscribers", "Subscribers connected to the KV event stream", s.subscribers);
+    gauge(r, "kv_events_last_event_id", "The id (log sequence) of the last KV event queued", s.last_event_id);
+}
+
 fn render(
     svc: Option<&MasterService>,
     rpc: &RpcMetrics,
@@ -297,6 +310,9 @@ fn render(
     }
     if let Some(svc) = svc {
         service_figures(&mut r, svc);
+        if let Some(hub) = svc.events() {
+            event_figures(&mut r, &hub.stats());
+        }
     }
     let mut out = String::new();
     if encode(&mut out, &r).is_err() {
@@ -742,6 +758,69 @@ async fn keys(State(s): State<AdminState>, Query(q): Query<KeysQuery>) -> Result
             .into_response()),
         other => Err(unexpected(&other)),
     }
+}
+
+/// `/kv_events/snapshot`'s query: a tenant (default: the default tenant), the previous page's `next_cursor`, and
+/// how many objects a page holds (default 1 000, at most 100 000).
+#[derive(serde::Deserialize)]
+struct SnapshotQuery {
+    #[serde(default)]
+    tenant: String,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /kv_events/snapshot`: one page of what a tenant stores, for a KV event consumer that resyncs:
+/// `{"event_id": S, "objects": [{object_key, tenant_id, group_id, medium, size, replicas, seq_hashes}, ...],
+/// "next_cursor": KEY | null}`, objects in key order. Apply the stream's events with ids above the first page's
+/// `event_id` over the pages. Runs as `/keys` does (off the request workers, one listing at a time; 503 when
+/// busy).
+async fn kv_events_snapshot(State(s): State<AdminState>, Query(q): Query<SnapshotQuery>) -> Result<Response, Response> {
+    #[derive(serde::Serialize)]
+    struct Replica<'a> {
+        segment: &'a str,
+        tier: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Object<'a> {
+        object_key: &'a str,
+        tenant_id: &'a str,
+        group_id: Option<&'a str>,
+        medium: &'a str,
+        size: u64,
+        replicas: Vec<Replica<'a>>,
+        seq_hashes: Vec<u64>,
+    }
+    #[derive(serde::Serialize)]
+    struct Page<'a> {
+        event_id: u64,
+        objects: Vec<Object<'a>>,
+        next_cursor: Option<&'a str>,
+    }
+    let limit = q.limit.unwrap_or(1_000).min(100_000);
+    let svc = s.svc().map_err(refused)?;
+    let page = match super::lister::run(move || svc.events_snapshot_page(&q.tenant, q.cursor.as_deref(), limit)).await {
+        Ok(Ok(page)) => page,
+        Ok(Err(code)) => {
+            return Err(refused(ErrorFrame { code, message: format!("{}: snapshot refused", code.name()) }));
+        }
+        Err(ErrorCode::UnavailableInCurrentStatus) => return Err(busy()),
+        Err(code) => return Err(refused(ErrorFrame { code, message: "the snapshot failed".into() })),
+    };
+    let objects = page
+        .objects
+        .iter()
+        .map(|e| Object {
+            object_key: &e.key,
+            tenant_id: &e.tenant,
+            group_id: e.group.as_deref(),
+            medium: e.medium,
+            size: e.size,
+            replicas: e.replicas.iter().map(|r| Replica { segment: &r.segment, tier: r.tier }).collect(),
+            seq_hashes: crate::events::wire::parse_seq_hash(&e.key).into_iter().collect(),
+        })
+        .collect();
+    Ok(Json(Page { event_id: page.as_of, objects, next_cursor: page.next.as_deref() }).into_response())
 }
 
 /// 503: other listings kept the master busy.

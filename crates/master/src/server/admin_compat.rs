@@ -60,6 +60,7 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/query_key", get(query_key))
         .route("/batch_query_keys", get(batch_query_keys))
         .route("/get_all_keys", get(get_all_keys))
+        .route("/kv_events/status", get(kv_events_status))
 }
 
 /// A query string's pairs, percent-decoded, in order.
@@ -157,6 +158,39 @@ async fn get_all_segments(State(s): State<AdminState>) -> Result<Response, Refus
         body.push('\n');
     }
     Ok(([(header::CONTENT_TYPE, TEXT)], body).into_response())
+}
+
+/// The KV event stream's counters, in the original's shape (`enabled`, `published_batches`, `published_events`,
+/// `dropped_events`, `skipped_unparsed_keys`) with Crescent's after them: the endpoint, events queued,
+/// subscribers connected and the id of the last event queued.
+async fn kv_events_status(State(s): State<AdminState>) -> Result<Response, Refused> {
+    #[derive(Serialize)]
+    struct Status {
+        enabled: bool,
+        published_batches: u64,
+        published_events: u64,
+        dropped_events: u64,
+        skipped_unparsed_keys: u64,
+        endpoint: Option<String>,
+        queued: u64,
+        subscribers: u64,
+        last_event_id: u64,
+    }
+    let svc = service(&s)?;
+    let hub = svc.events();
+    let st = hub.map(|h| h.stats()).unwrap_or_default();
+    let body = Status {
+        enabled: hub.is_some(),
+        published_batches: st.published_batches,
+        published_events: st.published_events,
+        dropped_events: st.dropped_events,
+        skipped_unparsed_keys: st.skipped_unparsed_keys,
+        endpoint: hub.and_then(|h| h.bound_endpoint()),
+        queued: st.queued,
+        subscribers: st.subscribers,
+        last_event_id: st.last_event_id,
+    };
+    Ok(json(StatusCode::OK, &body))
 }
 
 /// A segment status by the original's enumerator names (Crescent's own states beyond them by the same rule).

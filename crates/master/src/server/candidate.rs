@@ -81,6 +81,8 @@ pub(super) struct TermConfig {
     /// The hosts' keys and the client claims (with a keyring), shared by every term.
     pub hosts: Option<Arc<Hosts>>,
     pub tls: Tls,
+    /// The KV event stream every term reports to (one for the candidate's life: its ids are the log's).
+    pub events: Option<Arc<crate::events::EventHub>>,
 }
 
 /// One term as leader: what runs while this candidate leads, torn down when it stops.
@@ -119,6 +121,8 @@ pub struct CandidateServer {
     admin_advertised: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     task: RoleTask,
+    /// The KV event publisher, stopped last.
+    events: Option<crate::events::publisher::Publisher>,
 }
 
 /// The role loop's task, aborted when the server is dropped without a shutdown.
@@ -202,7 +206,7 @@ impl CandidateServer {
             admin: admin_advertised.map(|a| a.to_string()),
         };
         let task = RoleTask(Some(tokio::spawn(role.run(stopped))));
-        Ok(Self { elected, rpc, admin, advertised, admin_advertised, stop, task })
+        Ok(Self { elected, rpc, admin, advertised, admin_advertised, stop, task, events: None })
     }
 
     /// Where the RPC server listens.
@@ -248,7 +252,7 @@ impl CandidateServer {
     /// Steps down (a leader drains its writer and gives the lease up, so a standby takes over at once), then
     /// stops the servers, letting every connection finish the request in hand.
     pub async fn shutdown(self) {
-        let CandidateServer { rpc, admin, stop, mut task, .. } = self;
+        let CandidateServer { rpc, admin, stop, mut task, events, .. } = self;
         let _ = stop.send(true);
         if let Some(t) = task.0.take() {
             let _ = t.await;
@@ -257,6 +261,20 @@ impl CandidateServer {
         if let Some(admin) = admin {
             admin.shutdown().await;
         }
+        if let Some(p) = events {
+            p.stop().await;
+        }
+    }
+
+    /// The endpoint its KV event stream is published on (the port chosen when 0 was asked for), if any.
+    pub fn events_endpoint(&self) -> Option<&str> {
+        self.events.as_ref().map(|p| p.endpoint())
+    }
+
+    /// Keeps the KV event publisher for the candidate's life (stopped at shutdown).
+    pub(super) fn with_publisher(mut self, publisher: Option<crate::events::publisher::Publisher>) -> Self {
+        self.events = publisher;
+        self
     }
 }
 
@@ -541,6 +559,9 @@ impl RoleLoop {
             start_writing(&self.storage, &t.oplog, t.snapshots.as_ref(), &svc, state, prefix, view)
                 .map_err(|e| e.to_string())?;
         tracing::info!(objects, segments, view, "restored the promoted state");
+        if let Some(hub) = &t.events {
+            svc.attach_events(Arc::clone(hub)).map_err(|c| c.to_string())?;
+        }
         let background = if t.background { Some(svc.spawn_background().map_err(|e| e.to_string())?) } else { None };
         let nof_heartbeat = t.background.then(|| {
             let timeout = Duration::from_millis(svc.config().nof_probe_timeout_ms);

@@ -8,6 +8,8 @@ use super::nof_heartbeat::{NofHeartbeat, NofProber, TransferProber};
 use super::rpc::{RpcLimits, RpcMetrics, RpcServer, RpcServerHandle};
 use super::target::Target;
 use crate::clock::{Clock, SystemClock};
+use crate::events::publisher::Publisher;
+use crate::events::{EventHub, EventsConfig};
 use crate::ha::{OpLog, OpLogOptions, SnapshotOptions, SnapshotterHandle};
 use crate::service::{BackgroundLoop, MasterConfig, MasterService};
 use crescent_net::auth::Keyring;
@@ -43,6 +45,9 @@ pub enum StartError {
     /// A candidate was asked for without an oplog to follow and write.
     #[error("a master candidate needs an oplog")]
     NoOpLog,
+    /// The KV event stream could not start.
+    #[error(transparent)]
+    Events(#[from] crate::events::publisher::PublishError),
 }
 
 /// How to run a master; [`MasterServerBuilder::start`] runs it on the current tokio runtime.
@@ -59,9 +64,16 @@ pub struct MasterServerBuilder {
     snapshots: Option<SnapshotOptions>,
     keyring: Option<Arc<Keyring>>,
     tls: Tls,
+    events: Option<EventsConfig>,
 }
 
 impl MasterServerBuilder {
+    /// Publishes the KV event stream as `events` says (default: none).
+    pub fn events(mut self, events: Option<EventsConfig>) -> Self {
+        self.events = events;
+        self
+    }
+
     /// TLS (default: none, plain TCP). Its server side is what the RPC and admin ports serve (every connection
     /// through the handshake before its hello or request); its client side is what the NoF heartbeat's probes
     /// dial nodes with.
@@ -155,6 +167,14 @@ impl MasterServerBuilder {
         self.authenticating_config();
         // The configuration is checked now, not at the first promotion.
         MasterService::new(self.config.clone(), self.clock.clone()).map_err(StartError::Config)?;
+        // One stream for the candidate's life: each term it leads reports to it.
+        let (events, publisher) = match self.events.take() {
+            Some(config) => {
+                let (hub, publisher) = start_events(config).await?;
+                (Some(hub), Some(publisher))
+            }
+            None => (None, None),
+        };
         let term = TermConfig {
             config: self.config,
             clock: self.clock,
@@ -165,8 +185,10 @@ impl MasterServerBuilder {
             hosts: self.keyring.clone().map(Hosts::new),
             keyring: self.keyring,
             tls: self.tls,
+            events,
         };
-        CandidateServer::start(term, ha, self.rpc, self.admin, self.poll_window, self.limits).await
+        let server = CandidateServer::start(term, ha, self.rpc, self.admin, self.poll_window, self.limits).await?;
+        Ok(server.with_publisher(publisher))
     }
 
     /// Starts the service and its servers on the current tokio runtime.
@@ -181,6 +203,15 @@ impl MasterServerBuilder {
                 (Some(log), snapshotter)
             }
             None => (None, None),
+        };
+        // Attached before anything is served: every change from the first request on is reported.
+        let events = match self.events.take() {
+            Some(config) => {
+                let (hub, publisher) = start_events(config).await?;
+                svc.attach_events(hub).map_err(StartError::Config)?;
+                Some(publisher)
+            }
+            None => None,
         };
         let metrics = Arc::new(RpcMetrics::default());
         let bind = |what, addr| move |source| StartError::Bind { what, addr, source };
@@ -215,7 +246,7 @@ impl MasterServerBuilder {
             });
             NofHeartbeat::spawn(svc.clone(), prober)
         });
-        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog, snapshotter })
+        Ok(MasterServer { svc, nof_heartbeat, rpc, admin, _background: background, oplog, snapshotter, events })
     }
 }
 
@@ -233,6 +264,8 @@ pub struct MasterServer {
     oplog: Option<Arc<OpLog>>,
     /// The snapshotter, stopped first at shutdown.
     snapshotter: Option<SnapshotterHandle>,
+    /// The KV event publisher, stopped last (it sends what the final changes reported).
+    events: Option<Publisher>,
 }
 
 impl std::fmt::Debug for MasterServer {
@@ -257,6 +290,7 @@ impl MasterServer {
             snapshots: None,
             keyring: None,
             tls: Tls::default(),
+            events: None,
         }
     }
 
@@ -285,10 +319,15 @@ impl MasterServer {
         &self.svc
     }
 
+    /// The endpoint its KV event stream is published on (the port chosen when 0 was asked for), if any.
+    pub fn events_endpoint(&self) -> Option<&str> {
+        self.events.as_ref().map(|p| p.endpoint())
+    }
+
     /// Stops the NoF heartbeat, stops accepting, lets every connection finish the request in hand, stops the
     /// admin HTTP and the background loop.
     pub async fn shutdown(self) {
-        let MasterServer { nof_heartbeat, rpc, admin, _background, oplog, snapshotter, .. } = self;
+        let MasterServer { nof_heartbeat, rpc, admin, _background, oplog, snapshotter, events, .. } = self;
         if let Some(s) = snapshotter {
             s.stop().await;
         }
@@ -305,7 +344,17 @@ impl MasterServer {
         if let Some(log) = oplog {
             log.stop().await;
         }
+        if let Some(p) = events {
+            p.stop().await;
+        }
     }
+}
+
+/// A hub for `config` and its publisher, bound and running.
+async fn start_events(config: EventsConfig) -> Result<(Arc<EventHub>, Publisher), StartError> {
+    let hub = Arc::new(EventHub::new(config));
+    let publisher = Publisher::start(hub.clone()).await?;
+    Ok((hub, publisher))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 use super::MasterService;
 use crate::clock::Timestamp;
+use crate::events::RemoveCause;
 use crate::eviction::{self, OffloadEnd};
 use crate::metadata::{Lifecycle, ObjectEntry, ObjectId, ObjectState, Replica, TenantState, Tier};
 use crate::segment_pool::AllocatedBuffer;
@@ -398,7 +399,7 @@ impl MasterService {
             let Some(r) = self.disk.pop_oldest(disk) else { break };
             let (Some(tenant), Some(entry)) = (r.tenant.upgrade(), r.entry.upgrade()) else { continue };
             let now = self.clock.now();
-            match eviction::evict_disk_replica(&tenant, &entry, r.replica, false, now, self.disk_log()) {
+            match eviction::evict_disk_replica(&tenant, &entry, r.replica, false, now, self.disk_log(), self.events()) {
                 Some(freed) => {
                     self.disk.metrics.disk_evictions.fetch_add(1, Ordering::Relaxed);
                     *self.disk.state.lock().evictions.entry(disk).or_default() += 1;
@@ -526,6 +527,8 @@ impl MasterService {
                     r.writer = st.writer();
                     st.replicas.push(r);
                     st.charged += st.size;
+                    // Reported as the object now stands: back in memory (and still on disk).
+                    let report = self.report_state(&task.tenant, &task.entry, &st, RemoveCause::Evicted);
                     if let (Some(log), Some(Some(slot))) = (log, slot) {
                         EvictionLog::record(
                             &**log,
@@ -534,8 +537,10 @@ impl MasterService {
                             &task.entry,
                             &st,
                             self.clock.now(),
-                            Box::new(|| {}),
+                            report.on_durable(None).unwrap_or_else(|| Box::new(|_| {})),
                         );
+                    } else {
+                        report.send();
                     }
                     true
                 }
@@ -557,7 +562,15 @@ impl MasterService {
         }
         let now = self.clock.now();
         let crc = outcome.ok();
-        let end = eviction::complete_offload(&task.tenant, &task.entry, task.replica, crc, now, self.eviction_log());
+        let end = eviction::complete_offload(
+            &task.tenant,
+            &task.entry,
+            task.replica,
+            crc,
+            now,
+            self.eviction_log(),
+            self.events(),
+        );
         match end {
             OffloadEnd::Kept { freed } => {
                 self.disk.state.lock().failing.remove(&task.wire.dst);
@@ -587,7 +600,8 @@ impl MasterService {
         let Some(r) = self.disk.take_at(f.segment, f.offset) else { return };
         let (Some(tenant), Some(entry)) = (r.tenant.upgrade(), r.entry.upgrade()) else { return };
         let now = self.clock.now();
-        if eviction::evict_disk_replica(&tenant, &entry, r.replica, true, now, self.disk_log()).is_some() {
+        if eviction::evict_disk_replica(&tenant, &entry, r.replica, true, now, self.disk_log(), self.events()).is_some()
+        {
             self.disk.metrics.disk_faults.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(key = entry.key(), disk = %f.segment, offset = f.offset, "an unreadable disk replica was dropped");
         }

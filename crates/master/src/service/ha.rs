@@ -70,9 +70,9 @@ impl crate::eviction::EvictionLog for OpLog {
         entry: &ObjectEntry,
         st: &ObjectState,
         now: Timestamp,
-        on_durable: Box<dyn FnOnce() + Send>,
+        on_durable: Box<dyn FnOnce(u64) + Send>,
     ) -> bool {
-        slot.commit(post_state_entry(tenant, entry, st, now), Some(Box::new(move |_seq| on_durable()))).is_ok()
+        slot.commit(post_state_entry(tenant, entry, st, now), Some(on_durable)).is_ok()
     }
 }
 
@@ -138,16 +138,18 @@ pub(crate) fn remove_entry(tenant: &TenantState, entry: &ObjectEntry) -> MasterE
 /// written again at once, as a new object). Space, quota and group membership are released only by the durable
 /// callback, which re-locks this very entry and acts only if it is still the removal it was given. The entry is
 /// committed first, still under the lock: a log that refuses it (`PERSISTENT_FAIL`) leaves the object as it was.
+/// `report` (the removal's events) is published once the REMOVE is durable.
 pub(super) fn erase_logged(
     tenant: &Arc<TenantState>,
     entry: &Arc<ObjectEntry>,
     mut st: ObjectGuard<'_>,
     slot: Slot<'_>,
+    report: super::events::Report,
 ) -> Result<(), ErrorCode> {
     let ids: SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
     let (t, e) = (Arc::clone(tenant), Arc::clone(entry));
     let finalize = move |_seq| finalize_removal(&t, &e, &ids);
-    slot.commit(remove_entry(tenant, entry), Some(Box::new(finalize)))?;
+    slot.commit(remove_entry(tenant, entry), report.on_durable(Some(Box::new(finalize))))?;
     for r in st.replicas.iter_mut() {
         r.status = ReplicaStatus::Removed;
     }

@@ -234,7 +234,7 @@ fn an_eviction_the_log_refuses_to_record_frees_nothing() {
             _entry: &ObjectEntry,
             _st: &ObjectState,
             _now: Ts,
-            on_durable: Box<dyn FnOnce() + Send>,
+            on_durable: Box<dyn FnOnce(u64) + Send>,
         ) -> bool {
             drop(on_durable);
             false
@@ -255,7 +255,7 @@ fn an_eviction_the_log_refuses_to_record_frees_nothing() {
         Ts(u64::MAX / 2),
         false,
         1024,
-        crate::eviction::Outlets { oplog: Some((&Refusing, &pending)), offload: None },
+        crate::eviction::Outlets { oplog: Some((&Refusing, &pending)), offload: None, events: None },
     );
     assert_eq!(report.objects, 1);
     assert!(!pending.any(), "nothing left waiting");

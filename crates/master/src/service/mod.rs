@@ -11,6 +11,8 @@
 mod clients;
 mod discard;
 pub mod disk;
+mod events;
+pub use events::EventsSnapshotPage;
 pub(crate) mod ha;
 pub mod listing;
 mod mounters;
@@ -307,6 +309,8 @@ pub struct MasterService {
     metrics: Metrics,
     /// The oplog every mutation logs through, once attached (empty: no oplog, nothing logged).
     oplog: std::sync::OnceLock<Arc<crate::ha::OpLog>>,
+    /// The KV event stream every object change is reported to, once attached (empty: none, nothing built).
+    events: std::sync::OnceLock<Arc<crate::events::EventHub>>,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -364,6 +368,7 @@ impl MasterService {
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
             oplog: std::sync::OnceLock::new(),
+            events: std::sync::OnceLock::new(),
         };
         if !svc.config.enable_multi_tenants {
             svc.tenants.get_or_insert_with(&TenantId::default_tenant(), || {
@@ -544,6 +549,7 @@ impl MasterService {
             crate::eviction::Outlets {
                 oplog: self.eviction_log(),
                 offload: offloader.as_ref().map(|o| o as &dyn crate::eviction::Offload),
+                events: self.events(),
             },
         );
         self.record_eviction(tier, &report);

@@ -201,7 +201,7 @@ impl MasterService {
                     %segment, %endpoint, failures,
                     "NoF target failed {failures} heartbeat probes in a row: unmounting its segment"
                 );
-                match self.unmount(segment) {
+                match self.unmount(segment, crate::events::RemoveCause::Expired) {
                     Ok(unmounted) => {
                         if unmounted {
                             self.metrics.nof_unmounted_segments.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,8 @@
 //! Removal: Remove, BatchRemove, RemoveAll, RemoveByRegex, BatchReplicaClear; key counts.
 
 use super::MasterService;
+use crate::events::RemoveCause;
+use crate::events::object::removed_event;
 use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState, Tier, writers};
 use crescent_proto::{ClientId, ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
 use smallvec::SmallVec;
@@ -83,9 +85,11 @@ impl MasterService {
             return false;
         }
         if segment.is_empty() {
+            let report = self.report_removed(tenant, &entry, &st, RemoveCause::Removed);
             return match slot {
-                Some(slot) => super::ha::erase_logged(tenant, &entry, st, slot).is_ok(),
+                Some(slot) => super::ha::erase_logged(tenant, &entry, st, slot, report).is_ok(),
                 None => {
+                    report.send();
                     let dead = tenant.retire(&mut st);
                     drop(st);
                     tenant.detach(&entry);
@@ -117,12 +121,17 @@ impl MasterService {
         // Logged inside the object's lock, as an eviction's strip is: the space is freed once the entry (PUT_END
         // of what is left, or REMOVE) is durable. A refusal (the writer stopped for good, its term ending with it)
         // leaves the change on this primary unacknowledged, its space out of reuse.
+        let report = self.report_state(tenant, &entry, &st, RemoveCause::Removed);
         let (logged, free_now) = match slot {
             Some(slot) => {
                 let post = super::ha::post_state_entry(tenant, &entry, &st, now);
-                (slot.commit(post, Some(Box::new(move |_seq| free.release()))).is_ok(), None)
+                let release: crescent_ha::oplog::DurableCallback = Box::new(move |_seq| free.release());
+                (slot.commit(post, report.on_durable(Some(release))).is_ok(), None)
             }
-            None => (true, Some(free)),
+            None => {
+                report.send();
+                (true, Some(free))
+            }
         };
         drop(st);
         if retired {
@@ -148,9 +157,11 @@ impl MasterService {
         let now = self.clock.now();
         let mut st = entry.lock();
         removal_check(&st, force, now)?;
+        let report = self.report_removed(tenant, entry, &st, RemoveCause::Removed);
         if let Some(slot) = slot {
-            return super::ha::erase_logged(tenant, entry, st, slot);
+            return super::ha::erase_logged(tenant, entry, st, slot, report);
         }
+        report.send();
         let dead = tenant.retire(&mut st);
         drop(st);
         tenant.detach(entry);
@@ -185,8 +196,13 @@ impl MasterService {
             if let Some(e) = guards.iter().find_map(|st| removal_check(st, force, now).err()) {
                 return Err(e);
             }
+            let mut report = self.report();
+            for (m, st) in live.iter().zip(guards.iter()) {
+                report.push(self.events().map(|_| removed_event(&t, m, st, RemoveCause::Removed)));
+            }
             match slot {
                 None => {
+                    report.send();
                     for st in guards.iter_mut() {
                         freed.push(t.retire(st));
                     }
@@ -210,7 +226,7 @@ impl MasterService {
                     // Committed first, under every lock: a refusal leaves the group as it was.
                     slot.commit(
                         crate::ha::MasterEntry::GroupRemove { tenant: t.id().to_string(), group: group.to_owned() },
-                        Some(Box::new(finalize)),
+                        report.on_durable(Some(Box::new(finalize))),
                     )?;
                     for st in guards.iter_mut() {
                         for r in st.replicas.iter_mut() {

@@ -1,7 +1,10 @@
 //! Segments and client liveness: mount / remount / unmount / graceful unmount wired to the pool's two-phase
 //! unmount and the metadata sweep; Ping and the client TTL.
 
+use super::events::LateReport;
 use super::{MasterService, NofProbe};
+use crate::events::object::state_event;
+use crate::events::{KvEvent, RemoveCause};
 use crate::metadata::{Lifecycle, Replica};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome, PoolChange};
 use crescent_proto::{
@@ -171,7 +174,7 @@ impl MasterService {
                 tracing::warn!(%segment, owner = %s.client, %client, "unmount refused: not the segment's owner");
                 Err(ErrorCode::InvalidParams)
             }
-            Some(_) => self.unmount_segment(segment),
+            Some(_) => self.unmount(segment, RemoveCause::Removed).map(drop),
         }
     }
 
@@ -179,14 +182,18 @@ impl MasterService {
     /// their quota released. Unknown id → OK. (The master's own decisions; clients go through
     /// [`MasterService::unmount_own_segment`].)
     pub fn unmount_segment(&self, segment: SegmentId) -> Result<(), ErrorCode> {
-        self.unmount(segment).map(|_| ())
+        self.unmount(segment, RemoveCause::Expired).map(|_| ())
     }
 
-    /// [`MasterService::unmount_segment`], saying whether this call unmounted it (false: unknown id).
-    pub(super) fn unmount(&self, segment: SegmentId) -> Result<bool, ErrorCode> {
+    /// [`MasterService::unmount_segment`], saying whether this call unmounted it (false: unknown id); objects
+    /// it takes away are reported gone for `cause`.
+    pub(super) fn unmount(&self, segment: SegmentId, cause: RemoveCause) -> Result<bool, ErrorCode> {
         // Reserved first: an unmount the log cannot take does not happen.
         let mut slot = self.reserve_oplog()?;
         let logged = slot.is_some();
+        // What the sweep changes is reported once the UNMOUNT is durable (the sweep runs after it is logged).
+        let late = self.events().filter(|_| logged).map(LateReport::new);
+        let mut on_durable = late.clone();
         // Logged under the pool's lock as the segment leaves placement: a remount racing this one either comes
         // first (and is logged first) or finds it unmounting and is refused. The segment stays in the catalog,
         // unmounting, until the entry is durable: its owner may remount the same id (same memory) only then, or
@@ -197,9 +204,13 @@ impl MasterService {
                 let entry =
                     crate::ha::MasterEntry::SegmentUnmount(crate::ha::payload::SegmentRef { id: *id.0.as_bytes() });
                 let pool = Arc::clone(&self.pool);
-                let erase = move |_seq| {
+                let late = on_durable.take();
+                let erase = move |seq| {
                     if let Err(e) = pool.erase(id) {
                         tracing::warn!(segment = %id, error = %e, "erasing an unmounted segment failed");
+                    }
+                    if let Some(late) = late {
+                        late.durable(seq);
                     }
                 };
                 slot.commit(entry, Some(Box::new(erase))).map(drop)
@@ -211,7 +222,16 @@ impl MasterService {
         };
         // Its space was the node's: the sweep drops the objects' replicas at once (no other object can be placed
         // there, logged or not, while it is out of placement).
-        self.sweep(&deactivated);
+        let events = self.sweep(&deactivated, cause);
+        match late {
+            Some(late) => late.fill(events),
+            None if !events.is_empty() => {
+                if let Some(hub) = self.events() {
+                    hub.publish_now(events);
+                }
+            }
+            None => {}
+        }
         if !logged {
             self.pool.erase(segment).map_err(|e| e.code())?;
         }
@@ -253,7 +273,8 @@ impl MasterService {
     pub fn step_graceful_unmounts(&self) -> usize {
         let due = self.pool.due_graceful_unmounts(self.clock.now());
         for id in &due {
-            if let Err(e) = self.unmount_segment(*id) {
+            // A graceful unmount is the owner's choice: its objects were removed, not lost.
+            if let Err(e) = self.unmount(*id, RemoveCause::Removed) {
                 tracing::warn!(segment = %id, error = %e, "graceful unmount failed");
             }
         }
@@ -441,14 +462,19 @@ impl MasterService {
 
     /// The metadata sweep between deactivate and erase: drops every replica in `region`, erases objects left
     /// with nothing, and re-settles quota. Readers already ignore these replicas; this reclaims metadata.
-    pub(super) fn sweep(&self, region: &DeactivatedSegment) {
-        self.sweep_objects(region);
+    /// Drops the replicas on a deactivated segment; the events of the objects it changed (none without a stream),
+    /// those left with nothing removed for `cause`.
+    pub(super) fn sweep(&self, region: &DeactivatedSegment, cause: RemoveCause) -> Vec<KvEvent> {
+        let events = self.sweep_objects(region, cause);
         if region.usage.live_allocations >= crate::memory::TRIM_THRESHOLD {
             crate::memory::release_free_memory();
         }
+        events
     }
 
-    fn sweep_objects(&self, region: &DeactivatedSegment) {
+    fn sweep_objects(&self, region: &DeactivatedSegment, cause: RemoveCause) -> Vec<KvEvent> {
+        let reporting = self.events().is_some();
+        let mut events = Vec::new();
         for tenant in self.tenants.all() {
             tenant.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {
@@ -460,6 +486,9 @@ impl MasterService {
                         std::mem::take(&mut st.replicas).into_iter().partition(|r| region.holds(&r.buffer));
                     st.replicas = keep;
                     tenant.resettle(&mut st);
+                    if reporting && gone.iter().any(|r| r.status == crescent_proto::ReplicaStatus::Complete) {
+                        events.push(state_event(&tenant, &entry, &st, cause));
+                    }
                     if st.replicas.is_empty() {
                         let dead = tenant.retire(&mut st);
                         drop(st);
@@ -472,6 +501,7 @@ impl MasterService {
                 }
             });
         }
+        events
     }
 }
 

@@ -612,12 +612,18 @@ impl MasterService {
         // Logged inside the object's lock; a dropped source's space is freed once the entry is durable.
         // A refusal (the writer stopped for good, its term ending with it) leaves the change on this primary
         // unacknowledged and the source's space out of reuse (the callback never runs); the task says so.
+        // Reported as the object now stands (its replicas where the copy or move put them).
+        let report = self.report_state(&tenant, &entry, &st, crate::events::RemoveCause::Removed);
         let (logged, free_now) = match slot {
             Some(slot) => {
                 let post = super::ha::post_state_entry(&tenant, &entry, &st, now);
-                (slot.commit(post, Some(Box::new(move |_seq| free.release()))), None)
+                let release: crescent_ha::oplog::DurableCallback = Box::new(move |_seq| free.release());
+                (slot.commit(post, report.on_durable(Some(release))), None)
             }
-            None => (Ok(0), Some(free)),
+            None => {
+                report.send();
+                (Ok(0), Some(free))
+            }
         };
         drop(st);
         if let Some(free) = free_now {

@@ -2,6 +2,7 @@
 
 use super::{Handout, MasterService, OpCounter};
 use crate::clock::Timestamp;
+use crate::events::RemoveCause;
 use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
     GroupEntry, Lifecycle, ObjectEntry, ObjectFlags, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest,
@@ -301,7 +302,7 @@ impl MasterService {
             // A stale unfinished write (or an object with nothing left): preempt it and start afresh.
             let discarded = self.take_pending(tenant, &mut st);
             if let Some(slot) = slot {
-                let erased = super::ha::erase_logged(tenant, &entry, st, slot);
+                let erased = super::ha::erase_logged(tenant, &entry, st, slot, super::events::Report::none());
                 self.discard(discarded);
                 drop(stale);
                 return erased.map(|()| Next::Create);
@@ -330,7 +331,7 @@ impl MasterService {
         let discarded = self.take_pending(tenant, &mut st);
         if !st.has_readable() {
             if let Some(slot) = slot {
-                let erased = super::ha::erase_logged(tenant, &entry, st, slot);
+                let erased = super::ha::erase_logged(tenant, &entry, st, slot, super::events::Report::none());
                 self.discard(discarded);
                 drop(stale);
                 return erased.map(|()| Next::Create);
@@ -356,9 +357,8 @@ impl MasterService {
         // the object until its End (its bytes are being overwritten; the buffers stay the object's own). The
         // RPC server holds this reply until the REMOVE is durable (it logged a removal: `ha::take_hid_objects`):
         // the writer must not overwrite bytes a failover could still serve under the old value.
-        if let Some(slot) = slot
-            && let Err(e) = slot.commit(super::ha::remove_entry(tenant, &entry), None)
-        {
+        let report = self.report_removed(tenant, &entry, &st, RemoveCause::Removed);
+        if let Err(e) = report.commit(slot, || super::ha::remove_entry(tenant, &entry), None) {
             drop(st);
             self.discard(discarded);
             drop(stale);
@@ -581,6 +581,7 @@ impl MasterService {
                 crate::eviction::Outlets {
                     oplog: self.eviction_log(),
                     offload: offloader.as_ref().map(|o| o as &dyn crate::eviction::Offload),
+                    events: self.events(),
                 },
             );
             self.record_eviction(tier, &round.report);
@@ -724,11 +725,14 @@ impl MasterService {
         // log forgets the object until the new write's End. Their quota comes back once the REMOVE is durable
         // too (at once without a log).
         let old_charge = std::mem::take(&mut st.charged);
+        let report = self.report_removed(tenant, entry, &st, RemoveCause::Removed);
         match slot {
             Some(slot) => {
                 let t = Arc::clone(tenant);
                 let release = move |_seq| t.release_quota(old_charge);
-                if let Err(e) = slot.commit(super::ha::remove_entry(tenant, entry), Some(Box::new(release))) {
+                let logged =
+                    slot.commit(super::ha::remove_entry(tenant, entry), report.on_durable(Some(Box::new(release))));
+                if let Err(e) = logged {
                     st.charged = old_charge;
                     drop(st);
                     tenant.release_quota(charge);
@@ -736,7 +740,10 @@ impl MasterService {
                     return Err(e);
                 }
             }
-            None => tenant.release_quota(old_charge),
+            None => {
+                report.send();
+                tenant.release_quota(old_charge);
+            }
         }
         let old = std::mem::take(&mut st.replicas);
         // Readers may still be reading the old bytes under their lease.
@@ -856,8 +863,8 @@ impl MasterService {
         st.version = st.version.wrapping_add(1);
         st.lease = st.lease.max(now);
         // A refusal (the writer stopped for good) fails the request: the log will never hold this object.
-        let logged =
-            slot.map_or(Ok(0), |slot| slot.commit(super::ha::post_state_entry(&tenant, &entry, &st, now), None));
+        let report = self.report_state(&tenant, &entry, &st, RemoveCause::Removed);
+        let logged = report.commit(slot, || super::ha::post_state_entry(&tenant, &entry, &st, now), None);
         drop(st);
         drop(stale);
         logged.map(|_| ())

@@ -1,0 +1,239 @@
+//! The original's KV event wire format (its `KvEventPublisher`, RFC #1527 with the vLLM/SGLang legacy fields
+//! and `object_key` on, its defaults), so a consumer written for it reads this stream unchanged.
+//!
+//! A message is three frames: an empty topic, the message sequence (u64 big-endian), and a msgpack payload
+//! `[timestamp_ms, [event, ...], dp_rank]`. An event is a map, in this order: `event_id`, `timestamp`,
+//! `event_type` (`stored` / `removed`), `type` (`BlockStored` / `BlockRemoved`), `model_name`, `block_size`,
+//! `additional_salt`, `lora_name` (nil: a storage pool does not know them), `tenant_id`, `backend_id`,
+//! `group_id`, `medium` (`cpu` / `disk`), `dp_rank` (nil), `object_key`, `seq_hashes` and `block_hashes` (the
+//! key read as a decimal or `0x` hex u64 block hash, or empty), then for a stored event `base_block_idx` 0 and
+//! nil `parent_hash`, `token_ids`, `parent_block_hash`, for a removed one a nil `base_block_idx`. Crescent adds,
+//! after those (consumers skip keys they do not know): `size` and `replicas` (`[{segment, tier}]`) on stored
+//! events, `cause` on removed ones.
+
+use super::{EventKind, KvEvent};
+use rmp::encode;
+
+/// The key of an object read as a block hash, as the original reads it (`ParseSeqHashFromObjectKey`): the whole
+/// key is a decimal u64, or `0x`/`0X` and a hex u64.
+pub fn parse_seq_hash(key: &str) -> Option<u64> {
+    let (digits, radix) = match key.strip_prefix("0x").or_else(|| key.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None => (key, 10),
+    };
+    // `from_str_radix` would take a leading `+`; the original's whole-key check takes digits only.
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, radix).ok()
+}
+
+/// The payload of one message; also returns how many of its keys are not block hashes.
+pub fn encode_payload(events: &[KvEvent], backend_id: &str, timestamp_ms: i64) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(64 + events.len() * 256);
+    let mut unparsed = 0;
+    // Writes into a Vec cannot fail.
+    let _ = write_payload(&mut out, events, backend_id, timestamp_ms, &mut unparsed);
+    (out, unparsed)
+}
+
+fn write_payload(
+    out: &mut Vec<u8>,
+    events: &[KvEvent],
+    backend_id: &str,
+    timestamp_ms: i64,
+    unparsed: &mut usize,
+) -> std::io::Result<()> {
+    encode::write_array_len(out, 3)?;
+    write_int(out, timestamp_ms)?;
+    encode::write_array_len(out, events.len() as u32)?;
+    for e in events {
+        let hash = parse_seq_hash(&e.key);
+        if hash.is_none() {
+            *unparsed += 1;
+        }
+        write_event(out, e, hash, backend_id, timestamp_ms)?;
+    }
+    // The batch's dp_rank: a storage pool has no DP context.
+    encode::write_uint(out, 0)?;
+    Ok(())
+}
+
+fn write_event(
+    out: &mut Vec<u8>,
+    e: &KvEvent,
+    hash: Option<u64>,
+    backend_id: &str,
+    timestamp_ms: i64,
+) -> std::io::Result<()> {
+    let stored = e.kind == EventKind::Stored;
+    // 13 base fields, 2 legacy, object_key; stored: 3 + 1 legacy, removed: 1; Crescent's: 2 stored, 1 removed.
+    let fields = 13 + 2 + 1 + if stored { 4 + 2 } else { 1 + 1 };
+    encode::write_map_len(out, fields)?;
+    field(out, "event_id")?;
+    encode::write_uint(out, e.id)?;
+    field(out, "timestamp")?;
+    write_int(out, timestamp_ms)?;
+    field(out, "event_type")?;
+    encode::write_str(out, if stored { "stored" } else { "removed" })?;
+    field(out, "type")?;
+    encode::write_str(out, if stored { "BlockStored" } else { "BlockRemoved" })?;
+    for unknown in ["model_name", "block_size", "additional_salt", "lora_name"] {
+        field(out, unknown)?;
+        encode::write_nil(out)?;
+    }
+    field(out, "tenant_id")?;
+    encode::write_str(out, &e.tenant)?;
+    field(out, "backend_id")?;
+    encode::write_str(out, backend_id)?;
+    field(out, "group_id")?;
+    optional_str(out, e.group.as_deref())?;
+    field(out, "medium")?;
+    optional_str(out, Some(e.medium))?;
+    field(out, "dp_rank")?;
+    encode::write_nil(out)?;
+    field(out, "object_key")?;
+    encode::write_str(out, &e.key)?;
+    field(out, "seq_hashes")?;
+    encode::write_array_len(out, u32::from(hash.is_some()))?;
+    if let Some(h) = hash {
+        encode::write_uint(out, h)?;
+    }
+    field(out, "block_hashes")?;
+    encode::write_array_len(out, u32::from(hash.is_some()))?;
+    if let Some(h) = hash {
+        // The original packs the hash as an int64 here.
+        write_int(out, h as i64)?;
+    }
+    field(out, "base_block_idx")?;
+    if stored {
+        encode::write_uint(out, 0)?;
+        for nil in ["parent_hash", "token_ids", "parent_block_hash"] {
+            field(out, nil)?;
+            encode::write_nil(out)?;
+        }
+        field(out, "size")?;
+        encode::write_uint(out, e.size)?;
+        field(out, "replicas")?;
+        encode::write_array_len(out, e.replicas.len() as u32)?;
+        for r in &e.replicas {
+            encode::write_map_len(out, 2)?;
+            field(out, "segment")?;
+            encode::write_str(out, &r.segment)?;
+            field(out, "tier")?;
+            encode::write_str(out, r.tier)?;
+        }
+    } else {
+        encode::write_nil(out)?;
+        field(out, "cause")?;
+        encode::write_str(out, e.cause.map_or("removed", |c| c.name()))?;
+    }
+    Ok(())
+}
+
+fn field(out: &mut Vec<u8>, name: &str) -> std::io::Result<()> {
+    Ok(encode::write_str(out, name)?)
+}
+
+fn optional_str(out: &mut Vec<u8>, s: Option<&str>) -> std::io::Result<()> {
+    match s {
+        Some(s) if !s.is_empty() => Ok(encode::write_str(out, s)?),
+        _ => encode::write_nil(out),
+    }
+}
+
+/// A signed integer in the form the original's packer gives it: non-negative values as unsigned.
+fn write_int(out: &mut Vec<u8>, v: i64) -> std::io::Result<()> {
+    match u64::try_from(v) {
+        Ok(u) => encode::write_uint(out, u).map(drop).map_err(Into::into),
+        Err(_) => encode::write_sint(out, v).map(drop).map_err(Into::into),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Location, RemoveCause};
+
+    #[test]
+    fn keys_read_as_block_hashes_as_the_original_reads_them() {
+        assert_eq!(parse_seq_hash("12345"), Some(12345));
+        assert_eq!(parse_seq_hash("0x2a"), Some(42));
+        assert_eq!(parse_seq_hash("0XFF"), Some(255));
+        for bad in ["", "not-a-hash", "123abc", "0x", "+5", "0x+5", "18446744073709551616", " 1"] {
+            assert_eq!(parse_seq_hash(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_payload_is_the_originals_array_with_crescents_fields_after() {
+        let stored = KvEvent {
+            kind: EventKind::Stored,
+            id: 9,
+            tenant: "default".into(),
+            key: "0x10".into(),
+            group: None,
+            medium: "cpu",
+            size: 100,
+            replicas: vec![Location { segment: "10.0.0.1:7000".into(), tier: "memory" }],
+            cause: None,
+        };
+        let removed = KvEvent {
+            kind: EventKind::Removed,
+            key: "prompt-a".into(),
+            group: Some("g".into()),
+            replicas: Vec::new(),
+            cause: Some(RemoveCause::Evicted),
+            ..stored.clone()
+        };
+        let (bytes, unparsed) = encode_payload(&[stored, removed], "pool-a", 1_700_000_000_000);
+        assert_eq!(unparsed, 1);
+        let v = rmpv::decode::read_value(&mut bytes.as_slice()).unwrap();
+        let root = v.as_array().unwrap();
+        assert_eq!(root.len(), 3);
+        assert_eq!(root[0].as_u64(), Some(1_700_000_000_000));
+        assert_eq!(root[2].as_u64(), Some(0));
+        let events = root[1].as_array().unwrap();
+        let get = |e: &rmpv::Value, k: &str| {
+            e.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone())
+        };
+        let names = |e: &rmpv::Value| -> Vec<String> {
+            e.as_map().unwrap().iter().map(|(k, _)| k.as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(
+            names(&events[0])[..16],
+            [
+                "event_id",
+                "timestamp",
+                "event_type",
+                "type",
+                "model_name",
+                "block_size",
+                "additional_salt",
+                "lora_name",
+                "tenant_id",
+                "backend_id",
+                "group_id",
+                "medium",
+                "dp_rank",
+                "object_key",
+                "seq_hashes",
+                "block_hashes"
+            ]
+        );
+        assert_eq!(get(&events[0], "event_type").unwrap().as_str(), Some("stored"));
+        assert_eq!(get(&events[0], "seq_hashes").unwrap().as_array().unwrap()[0].as_u64(), Some(16));
+        assert_eq!(get(&events[0], "base_block_idx").unwrap().as_u64(), Some(0));
+        assert!(get(&events[0], "parent_hash").unwrap().is_nil());
+        assert_eq!(get(&events[0], "size").unwrap().as_u64(), Some(100));
+        assert!(get(&events[0], "group_id").unwrap().is_nil());
+        assert_eq!(get(&events[1], "type").unwrap().as_str(), Some("BlockRemoved"));
+        assert_eq!(get(&events[1], "group_id").unwrap().as_str(), Some("g"));
+        assert!(get(&events[1], "seq_hashes").unwrap().as_array().unwrap().is_empty());
+        assert!(get(&events[1], "base_block_idx").unwrap().is_nil());
+        assert_eq!(get(&events[1], "cause").unwrap().as_str(), Some("evicted"));
+        assert_eq!(get(&events[1], "event_id").unwrap().as_u64(), Some(9));
+        assert_eq!(events[0].as_map().unwrap().len(), 22);
+        assert_eq!(events[1].as_map().unwrap().len(), 18);
+    }
+}
