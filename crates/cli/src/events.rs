@@ -26,6 +26,10 @@ pub struct TailArgs {
     /// One JSON object per event (its fields, with the message sequence as `seq`).
     #[arg(long)]
     json: bool,
+    /// Count instead of printing: one line a second with events and messages received and messages missed
+    /// (events are not decoded: the cheapest subscriber, for measuring the stream).
+    #[arg(long, conflicts_with = "json")]
+    stats: bool,
 }
 
 /// Runs `crescent events`.
@@ -40,6 +44,9 @@ async fn tail(a: TailArgs) -> Result<()> {
     let mut sub = zeromq::SubSocket::new();
     sub.connect(&a.endpoint).await.with_context(|| format!("cannot connect to {}", a.endpoint))?;
     sub.subscribe("").await.context("cannot subscribe")?;
+    if a.stats {
+        return stats(&mut sub, a.count).await;
+    }
     let mut out = std::io::stdout().lock();
     let mut seen = 0u64;
     let mut last: Option<u64> = None;
@@ -66,6 +73,47 @@ async fn tail(a: TailArgs) -> Result<()> {
         out.flush()?;
     }
     Ok(())
+}
+
+/// `--stats`: counts events (read off each payload's array header only), messages and gaps, a line a second.
+async fn stats(sub: &mut zeromq::SubSocket, count: Option<u64>) -> Result<()> {
+    let (mut events, mut messages, mut missed) = (0u64, 0u64, 0u64);
+    let mut last: Option<u64> = None;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.tick().await;
+    let mut out = std::io::stdout().lock();
+    while count.is_none_or(|n| events < n) {
+        tokio::select! {
+            m = sub.recv() => {
+                let frames = m.context("the stream ended")?.into_vec();
+                let Some((seq, n)) = header(&frames) else { continue };
+                if let Some(prev) = last && seq > prev + 1 {
+                    missed += seq - prev - 1;
+                }
+                last = Some(seq);
+                messages += 1;
+                events += n;
+            }
+            _ = tick.tick() => {
+                writeln!(out, "events {events} messages {messages} missed {missed}")?;
+                out.flush()?;
+            }
+        }
+    }
+    writeln!(out, "events {events} messages {messages} missed {missed}")?;
+    Ok(())
+}
+
+/// A message's sequence and event count, read off the payload's array headers.
+fn header(frames: &[bytes::Bytes]) -> Option<(u64, u64)> {
+    let [_, seq, payload] = frames else { return None };
+    let seq = u64::from_be_bytes(seq.as_ref().try_into().ok()?);
+    let mut rd = payload.as_ref();
+    if rmp::decode::read_array_len(&mut rd).ok()? != 3 {
+        return None;
+    }
+    let _timestamp: i64 = rmp::decode::read_int(&mut rd).ok()?;
+    Some((seq, u64::from(rmp::decode::read_array_len(&mut rd).ok()?)))
 }
 
 /// The sequence and events of one message (`[topic, sequence, payload]`), or `None` if it is not one.
@@ -183,6 +231,7 @@ mod tests {
         let (seq, events) = decode(&frames).unwrap_or_default();
         assert_eq!((seq, events.len()), (9, 1));
         assert!(decode(&frames[..2]).is_none());
+        assert_eq!(header(&frames), Some((9, 1)));
         assert!(check_endpoint("ipc:///x").is_err() && check_endpoint("tcp://h:1").is_ok());
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod object;
 pub mod publisher;
 pub mod wire;
 
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,10 +84,16 @@ impl RemoveCause {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
     /// The segment's name (its node's address for a node's own segment).
-    pub segment: String,
+    pub segment: CompactString,
     /// `memory` or `disk`.
     pub tier: &'static str,
 }
+
+/// The locations of a stored object's replicas (two inline).
+pub type Replicas = smallvec::SmallVec<[Location; 2]>;
+
+/// The events of one change (one inline: most changes are one object's).
+pub type Events = smallvec::SmallVec<[KvEvent; 1]>;
 
 /// One change, as the stream reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,17 +103,17 @@ pub struct KvEvent {
     /// The oplog sequence of the change (see the module), set when it is published.
     pub id: u64,
     /// The tenant the object belongs to (`default` for the default tenant).
-    pub tenant: String,
-    /// The object's key.
-    pub key: String,
+    pub tenant: CompactString,
+    /// The object's key (inline up to 24 bytes: no allocation for most keys).
+    pub key: CompactString,
     /// The object's group, if it is in one.
-    pub group: Option<String>,
+    pub group: Option<CompactString>,
     /// The original's medium: `cpu` (memory) or `disk`; for a stored event the fastest tier it is on.
     pub medium: &'static str,
     /// Object bytes.
     pub size: u64,
     /// Stored: every readable replica. Removed: empty.
-    pub replicas: Vec<Location>,
+    pub replicas: Replicas,
     /// Removed: why.
     pub cause: Option<RemoveCause>,
 }
@@ -188,8 +195,10 @@ impl EventHub {
     /// full the oldest event goes, counted).
     pub fn publish(&self, id: u64, events: impl IntoIterator<Item = KvEvent>) {
         let mut dropped = 0u64;
+        let was_empty;
         {
             let mut q = self.queue.lock();
+            was_empty = q.is_empty();
             for mut e in events {
                 e.id = id;
                 if self.config.queue_capacity > 0 && q.len() >= self.config.queue_capacity {
@@ -206,7 +215,11 @@ impl EventHub {
             // One message number per dropped event: a consumer counting messages sees that it missed some.
             self.next_message.fetch_add(dropped, Ordering::Relaxed);
         }
-        self.ready.notify_one();
+        // The publisher drains the whole queue before it waits again: only the first event after it emptied
+        // the queue needs to wake it (one wake-up per batch, not per event).
+        if was_empty {
+            self.ready.notify_one();
+        }
     }
 
     /// Queues `events` of one change on a master without an oplog, under the next id of this run.
@@ -225,6 +238,11 @@ impl EventHub {
         let batch: Vec<KvEvent> = q.drain(..n).collect();
         let seq = self.next_message.fetch_add(1, Ordering::Relaxed);
         Some((seq, batch))
+    }
+
+    /// Events queued now.
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.lock().len()
     }
 
     /// Waits until an event may be queued (spurious wake-ups are possible).
@@ -273,7 +291,7 @@ mod tests {
             group: None,
             medium: "cpu",
             size: 1,
-            replicas: Vec::new(),
+            replicas: Replicas::new(),
             cause: None,
         }
     }

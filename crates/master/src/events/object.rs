@@ -1,18 +1,18 @@
 //! The events of an object's state, built under its lock (by the service and by the eviction kernel).
 
-use super::{EventKind, KvEvent, Location, RemoveCause};
+use super::{EventKind, KvEvent, Location, RemoveCause, Replicas};
 use crate::metadata::{ObjectEntry, ObjectState, TenantState, Tier};
 use crescent_proto::ReplicaStatus;
 
 /// The stored event of `entry` as `st` holds it, or its removed event (for `cause`) when nothing is readable.
 pub(crate) fn state_event(tenant: &TenantState, entry: &ObjectEntry, st: &ObjectState, cause: RemoveCause) -> KvEvent {
-    let replicas: Vec<Location> = st
+    let replicas: Replicas = st
         .replicas
         .iter()
         .filter(|r| r.status == ReplicaStatus::Complete)
         .filter_map(|r| {
             let region = r.buffer.region()?;
-            Some(Location { segment: region.name().to_string(), tier: tier_name(r.tier) })
+            Some(Location { segment: (**region.name()).into(), tier: tier_name(r.tier) })
         })
         .collect();
     if replicas.is_empty() {
@@ -21,9 +21,9 @@ pub(crate) fn state_event(tenant: &TenantState, entry: &ObjectEntry, st: &Object
     KvEvent {
         kind: EventKind::Stored,
         id: 0,
-        tenant: tenant.id().to_string(),
-        key: entry.key().to_owned(),
-        group: entry.group().map(|g| g.name().to_string()),
+        tenant: tenant.id().as_str().into(),
+        key: entry.key().into(),
+        group: entry.group().map(|g| (**g.name()).into()),
         medium: medium(replicas.iter().map(|l| l.tier)),
         size: st.size,
         replicas,
@@ -41,12 +41,12 @@ pub(crate) fn removed_event(
     KvEvent {
         kind: EventKind::Removed,
         id: 0,
-        tenant: tenant.id().to_string(),
-        key: entry.key().to_owned(),
-        group: entry.group().map(|g| g.name().to_string()),
+        tenant: tenant.id().as_str().into(),
+        key: entry.key().into(),
+        group: entry.group().map(|g| (**g.name()).into()),
         medium: medium(st.replicas.iter().map(|r| tier_name(r.tier))),
         size: st.size,
-        replicas: Vec::new(),
+        replicas: Replicas::new(),
         cause: Some(cause),
     }
 }

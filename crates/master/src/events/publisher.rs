@@ -26,26 +26,60 @@ pub enum PublishError {
 pub struct Publisher {
     endpoint: String,
     stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// Says when the thread has sent what was queued and closed the socket.
+    done: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Publisher {
-    /// Binds the hub's endpoint and starts publishing on the current runtime.
+    /// Binds the hub's endpoint and starts publishing on a thread of its own (with its own runtime, where the
+    /// socket's tasks run too): the stream gets its share of the CPU from the OS, not from whatever turns the
+    /// request tasks leave it, and never takes a request worker's.
     pub async fn start(hub: Arc<EventHub>) -> Result<Self, PublishError> {
         let asked = hub.config().endpoint.clone();
         let bind_error = |reason: String| PublishError::Bind { endpoint: asked.clone(), reason };
         if !asked.starts_with("tcp://") {
             return Err(bind_error("only tcp:// endpoints are served".into()));
         }
-        let mut socket = zeromq::PubSocket::new();
-        let monitor = socket.monitor();
-        let bound = socket.bind(&asked).await.map_err(|e| bind_error(e.to_string()))?;
-        let endpoint = bound.to_string();
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let thread_hub = Arc::clone(&hub);
+        let thread_asked = asked.clone();
+        std::thread::Builder::new()
+            .name("kv-events".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = bound_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut socket = zeromq::PubSocket::new();
+                    let monitor = socket.monitor();
+                    match socket.bind(&thread_asked).await {
+                        Ok(bound) => {
+                            let _ = bound_tx.send(Ok(bound.to_string()));
+                        }
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    }
+                    run(thread_hub, socket, monitor, stopped).await;
+                });
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| bind_error(format!("cannot start its thread: {e}")))?;
+        let endpoint = match bound_rx.await {
+            Ok(Ok(endpoint)) => endpoint,
+            Ok(Err(reason)) => return Err(bind_error(reason)),
+            Err(_) => return Err(bind_error("its thread ended".into())),
+        };
         tracing::info!(%endpoint, "kv events published");
         hub.set_bound(endpoint.clone());
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(run(hub, socket, monitor, stopped));
-        Ok(Self { endpoint, stop, task })
+        Ok(Self { endpoint, stop, done: Some(done_rx) })
     }
 
     /// The endpoint bound (`tcp://IP:PORT`, the port chosen when 0 was asked for).
@@ -54,13 +88,25 @@ impl Publisher {
     }
 
     /// Sends what is queued, then closes the socket.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         let _ = self.stop.send(true);
-        if let Err(e) = self.task.await {
-            tracing::warn!(error = %e, "kv event publisher ended abnormally");
+        if let Some(done) = self.done.take()
+            && done.await.is_err()
+        {
+            tracing::warn!("kv event publisher ended abnormally");
         }
     }
 }
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // Dropped without `stop` (a failed start elsewhere, a test): the thread still ends.
+        let _ = self.stop.send(true);
+    }
+}
+
+/// How long the publisher lets a batch gather after its first event: the most an event waits for its message.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(200);
 
 async fn run(
     hub: Arc<EventHub>,
@@ -71,7 +117,15 @@ async fn run(
     loop {
         drain(&hub, &mut socket).await;
         tokio::select! {
-            () = hub.ready() => {}
+            () = hub.ready() => {
+                // Woken by the first event after the queue emptied: let a batch gather before sending. A message
+                // costs the socket and the kernel about as much as its events' encoding; under load messages of
+                // a few events each would cost the master several times what full ones do. This thread is the
+                // stream's own (its runtime runs only the socket), so it may sleep.
+                if hub.queued() < super::MAX_BATCH_EVENTS {
+                    std::thread::sleep(LINGER);
+                }
+            }
             changed = stopped.changed() => {
                 if changed.is_err() || *stopped.borrow() {
                     break;

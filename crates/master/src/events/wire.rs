@@ -78,10 +78,7 @@ fn write_event(
     encode::write_str(out, if stored { "stored" } else { "removed" })?;
     field(out, "type")?;
     encode::write_str(out, if stored { "BlockStored" } else { "BlockRemoved" })?;
-    for unknown in ["model_name", "block_size", "additional_salt", "lora_name"] {
-        field(out, unknown)?;
-        encode::write_nil(out)?;
-    }
+    out.extend_from_slice(&constants().unknown);
     field(out, "tenant_id")?;
     encode::write_str(out, &e.tenant)?;
     field(out, "backend_id")?;
@@ -105,13 +102,8 @@ fn write_event(
         // The original packs the hash as an int64 here.
         write_int(out, h as i64)?;
     }
-    field(out, "base_block_idx")?;
     if stored {
-        encode::write_uint(out, 0)?;
-        for nil in ["parent_hash", "token_ids", "parent_block_hash"] {
-            field(out, nil)?;
-            encode::write_nil(out)?;
-        }
+        out.extend_from_slice(&constants().stored_tail);
         field(out, "size")?;
         encode::write_uint(out, e.size)?;
         field(out, "replicas")?;
@@ -124,11 +116,44 @@ fn write_event(
             encode::write_str(out, r.tier)?;
         }
     } else {
-        encode::write_nil(out)?;
+        out.extend_from_slice(&constants().removed_tail);
         field(out, "cause")?;
         encode::write_str(out, e.cause.map_or("removed", |c| c.name()))?;
     }
     Ok(())
+}
+
+/// The runs of fields whose values never change, encoded once.
+struct Constants {
+    /// `model_name`, `block_size`, `additional_salt`, `lora_name`: nil.
+    unknown: Vec<u8>,
+    /// A stored event's `base_block_idx` 0 and nil `parent_hash`, `token_ids`, `parent_block_hash`.
+    stored_tail: Vec<u8>,
+    /// A removed event's nil `base_block_idx`.
+    removed_tail: Vec<u8>,
+}
+
+fn constants() -> &'static Constants {
+    static C: std::sync::OnceLock<Constants> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        let nils = |names: &[&str]| {
+            let mut out = Vec::new();
+            for n in names {
+                let _ = field(&mut out, n);
+                let _ = encode::write_nil(&mut out);
+            }
+            out
+        };
+        let mut stored_tail = Vec::new();
+        let _ = field(&mut stored_tail, "base_block_idx");
+        let _ = encode::write_uint(&mut stored_tail, 0);
+        stored_tail.extend(nils(&["parent_hash", "token_ids", "parent_block_hash"]));
+        Constants {
+            unknown: nils(&["model_name", "block_size", "additional_salt", "lora_name"]),
+            stored_tail,
+            removed_tail: nils(&["base_block_idx"]),
+        }
+    })
 }
 
 fn field(out: &mut Vec<u8>, name: &str) -> std::io::Result<()> {
@@ -175,14 +200,14 @@ mod tests {
             group: None,
             medium: "cpu",
             size: 100,
-            replicas: vec![Location { segment: "10.0.0.1:7000".into(), tier: "memory" }],
+            replicas: [Location { segment: "10.0.0.1:7000".into(), tier: "memory" }].into_iter().collect(),
             cause: None,
         };
         let removed = KvEvent {
             kind: EventKind::Removed,
             key: "prompt-a".into(),
             group: Some("g".into()),
-            replicas: Vec::new(),
+            replicas: Default::default(),
             cause: Some(RemoveCause::Evicted),
             ..stored.clone()
         };

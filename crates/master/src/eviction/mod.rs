@@ -22,7 +22,7 @@
 
 use crate::clock::Timestamp;
 use crate::events::object::{removed_event, state_event};
-use crate::events::{EventHub, KvEvent, RemoveCause};
+use crate::events::{EventHub, Events, KvEvent, RemoveCause};
 use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
 use crescent_proto::{ReplicaStatus, SegmentId, TenantId};
 use smallvec::SmallVec;
@@ -323,14 +323,8 @@ struct Committer<'a, L: EvictionLog> {
 
 impl<'a, L: EvictionLog> Committer<'a, L> {
     /// The events of `entry` as `st` holds it after an eviction for `cause` (none without a stream).
-    fn events_of(
-        &self,
-        tenant: &TenantState,
-        entry: &ObjectEntry,
-        st: &ObjectState,
-        cause: RemoveCause,
-    ) -> Vec<KvEvent> {
-        self.events.map(|_| vec![state_event(tenant, entry, st, cause)]).unwrap_or_default()
+    fn events_of(&self, tenant: &TenantState, entry: &ObjectEntry, st: &ObjectState, cause: RemoveCause) -> Events {
+        self.events.map(|_| Events::from_iter([state_event(tenant, entry, st, cause)])).unwrap_or_default()
     }
 
     /// Settles an eviction made under `st`'s lock: with a log, its post-state recorded through `slot`, and once
@@ -344,7 +338,7 @@ impl<'a, L: EvictionLog> Committer<'a, L> {
         entry: &ObjectEntry,
         st: &ObjectState,
         free: DeferredFree,
-        events: Vec<KvEvent>,
+        events: Events,
     ) {
         let hub = self.events.filter(|_| !events.is_empty()).cloned();
         match (slot, self.oplog) {
@@ -826,7 +820,7 @@ pub fn complete_offload<L: EvictionLog>(
         (taken, TenantState::resettle_unreleased(&mut st))
     };
     // Reported as the memory copy's removal (offloaded), then the object as it now stands (on disk).
-    let mut events = Vec::new();
+    let mut events = Events::new();
     if let Some(gone) = k.events.and(freed.first()).map(|_| removed_event(tenant, entry, &st, RemoveCause::Offloaded)) {
         events.push(KvEvent { medium: "cpu", ..gone });
     }

@@ -4,7 +4,7 @@
 
 use super::MasterService;
 use crate::events::object::{removed_event, state_event};
-use crate::events::{EventHub, KvEvent, RemoveCause};
+use crate::events::{EventHub, Events, KvEvent, RemoveCause};
 use crate::ha::Slot;
 use crate::metadata::{ObjectEntry, ObjectState, TenantState};
 use crescent_ha::oplog::DurableCallback;
@@ -13,11 +13,13 @@ use std::sync::Arc;
 
 /// The events of one change, on their way to the stream (empty when no stream is attached).
 #[must_use = "send the report with the change's commit (`Report::commit`) or at once (`Report::send`)"]
-pub(super) struct Report {
-    to: Option<(Arc<EventHub>, Vec<KvEvent>)>,
+pub(super) struct Report<'a> {
+    /// The hub, borrowed (an `Arc` is taken only for a durable callback: a clone per change would bounce the
+    /// count's cache line between the request workers).
+    to: Option<(&'a Arc<EventHub>, Events)>,
 }
 
-impl Report {
+impl Report<'_> {
     /// No events (no stream, or nothing to say).
     pub(super) fn none() -> Self {
         Self { to: None }
@@ -34,12 +36,15 @@ impl Report {
     /// hands its commit.
     pub(super) fn on_durable(self, callback: Option<DurableCallback>) -> Option<DurableCallback> {
         match self.to {
-            Some((hub, events)) if !events.is_empty() => Some(Box::new(move |seq| {
-                if let Some(cb) = callback {
-                    cb(seq);
-                }
-                hub.publish(seq, events);
-            })),
+            Some((hub, events)) if !events.is_empty() => {
+                let hub = Arc::clone(hub);
+                Some(Box::new(move |seq| {
+                    if let Some(cb) = callback {
+                        cb(seq);
+                    }
+                    hub.publish(seq, events);
+                }))
+            }
             _ => callback,
         }
     }
@@ -116,8 +121,8 @@ impl MasterService {
 
     /// An empty report for a change about to be made (one atomic load when no stream is attached).
     #[inline]
-    pub(super) fn report(&self) -> Report {
-        Report { to: self.events.get().map(|hub| (Arc::clone(hub), Vec::new())) }
+    pub(super) fn report(&self) -> Report<'_> {
+        Report { to: self.events.get().map(|hub| (hub, Events::new())) }
     }
 
     /// A report of `entry` as `st` holds it now: stored (its readable replicas) or, with none left, removed
@@ -128,7 +133,7 @@ impl MasterService {
         entry: &ObjectEntry,
         st: &ObjectState,
         cause: RemoveCause,
-    ) -> Report {
+    ) -> Report<'_> {
         let mut r = self.report();
         if r.to.is_some() {
             r.push(Some(state_event(tenant, entry, st, cause)));
@@ -143,7 +148,7 @@ impl MasterService {
         entry: &ObjectEntry,
         st: &ObjectState,
         cause: RemoveCause,
-    ) -> Report {
+    ) -> Report<'_> {
         let mut r = self.report();
         if r.to.is_some() {
             r.push(Some(removed_event(tenant, entry, st, cause)));

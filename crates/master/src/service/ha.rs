@@ -144,7 +144,7 @@ pub(super) fn erase_logged(
     entry: &Arc<ObjectEntry>,
     mut st: ObjectGuard<'_>,
     slot: Slot<'_>,
-    report: super::events::Report,
+    report: super::events::Report<'_>,
 ) -> Result<(), ErrorCode> {
     let ids: SmallVec<[u64; 2]> = st.replicas.iter().map(|r| r.id).collect();
     let (t, e) = (Arc::clone(tenant), Arc::clone(entry));
