@@ -64,9 +64,15 @@ for r in $(seq 1 "$rounds"); do
         --kv-events "tcp://127.0.0.1:$port")
     # The leanest subscriber (counts, decodes nothing): what a consumer on another host costs this one is its
     # share of the socket's sends only.
-    # At the lowest CPU priority: a consumer on another host takes none of this one's CPU.
-    nice -n 19 "$bin" events tail --stats --endpoint "tcp://127.0.0.1:$port" >"$work/tail-$r.out" 2>/dev/null &
-    echo $! >"$work/tail.pid"
+    # At the lowest CPU priority: a consumer on another host takes none of this one's CPU. With
+    # CRESCENT_EVENTS_SUBSCRIBER=0 none connects (the master builds, queues and encodes every event; the socket
+    # sends nothing): what the master's side costs alone.
+    if [ "${CRESCENT_EVENTS_SUBSCRIBER:-1}" != 0 ]; then
+        nice -n 19 "$bin" events tail --stats --endpoint "tcp://127.0.0.1:$port" >"$work/tail-$r.out" 2>/dev/null &
+        echo $! >"$work/tail.pid"
+    else
+        : >"$work/tail-$r.out"
+    fi
     for i in 0 1; do
         m=${modes[$(((i + r) % 2))]}
         t0=$(ticks "$m")

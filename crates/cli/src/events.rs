@@ -10,7 +10,8 @@ use zeromq::{Socket, SocketRecv};
 /// `crescent events ...`.
 #[derive(clap::Subcommand, Debug)]
 pub enum EventsCommand {
-    /// Print the KV event stream as it comes (stops after --count events, or on Ctrl-C).
+    /// Print the KV event stream as it comes (stops after --count events, or on Ctrl-C). Until the publisher is
+    /// up it waits, as a ZMQ subscriber does (it connects whenever the endpoint answers).
     Tail(TailArgs),
 }
 

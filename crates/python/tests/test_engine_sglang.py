@@ -31,6 +31,7 @@ import time
 import numpy as np
 import pytest
 import requests
+from requests import get as requests_get
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
 from engine_target import (  # noqa: F401
@@ -383,6 +384,54 @@ def test_sglang_hicache_mha_page_first_lifecycle(engine_master):
         assert reader.batch_get_v1(["page-hash-missing"], np.arange(0, page)) == [False]
         assert all(r < 0 for r in reader.last_get_results)
         assert not dst.kv_buffer[:, 0:page].any()
+    finally:
+        writer.store.remove_all(force=True)
+        for s in (reader, writer):
+            s.close()
+            s.store.close()
+
+
+class PrefixMooncakeStore(MooncakeStore):
+    """mooncake_store.py's MooncakeStore with its existence lookup served by Crescent's `batch_is_exist_prefix`:
+    `batch_exists` (which counts the leading hits) gets the same count from one request that answers the run and
+    leases it for the `batch_get_v1` that follows."""
+
+    def _batch_exist(self, key_strs):
+        run = self.store.batch_is_exist_prefix(key_strs)
+        return [1] * run + [0] * (len(key_strs) - run)
+
+
+@pytest.mark.skipif(ORIGINAL, reason="batch_is_exist_prefix is Crescent's own call: the original has none")
+def test_sglang_batch_exists_in_one_request_and_the_pages_it_found_read_without_a_lookup(engine_master):
+    """mooncake_store.py's batch_exists then batch_get_v1 (as in the lifecycle above), with batch_exists served by
+    `batch_is_exist_prefix`: the same counts, one master request per lookup instead of one per batch_is_exist and
+    another per read, and the read of the pages found takes the lookup's replica lists."""
+    page, layers, token_bytes = 4, 2, 256
+    writer = MooncakeStore(StorageConfig(), engine_master.addr, http_port(engine_master))
+    reader = PrefixMooncakeStore(StorageConfig(), engine_master.addr, http_port(engine_master))
+    try:
+        src = HostPool(mla=False, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes, seed=9)
+        dst = HostPool(mla=False, num_tokens=64, page_size=page, layer_num=layers, token_bytes=token_bytes)
+        writer.register_mem_pool_host(src)
+        reader.register_mem_pool_host(dst)
+        keys = [f"prefix-page-{i}" for i in range(6)]
+        assert reader.batch_exists(keys) == 0
+        assert writer.batch_set_v1(keys[:4], np.arange(0, 4 * page)) == [True] * 4
+        # Page 5 stored, page 4 not: the prefix is the first four.
+        assert writer.batch_set_v1(keys[5:], np.arange(5 * page, 6 * page)) == [True]
+
+        def requests(op):
+            text = requests_get(f"http://{engine_master.http}/metrics").text
+            line = next((x for x in text.splitlines() if x.startswith(f'crescent_master_requests_total{{op="{op}"}}')), "")
+            return int(float(line.split()[-1])) if line else 0
+
+        lookups = requests("batch_get_replica_list")
+        assert reader.batch_exists(keys) == 4
+        dst_idx = np.arange(8 * page, 12 * page)
+        assert reader.batch_get_v1(keys[:4], dst_idx) == [True] * 4
+        assert requests("batch_get_replica_list") == lookups, "the read took the lookup's replica lists"
+        for i in range(4):
+            assert np.array_equal(dst.page(dst_idx[i * page]), src.page(i * page)), i
     finally:
         writer.store.remove_all(force=True)
         for s in (reader, writer):

@@ -134,11 +134,7 @@ impl MasterService {
         st: &ObjectState,
         cause: RemoveCause,
     ) -> Report<'_> {
-        let mut r = self.report();
-        if r.to.is_some() {
-            r.push(Some(state_event(tenant, entry, st, cause)));
-        }
-        r
+        self.report_one(|| state_event(tenant, entry, st, cause))
     }
 
     /// A report of `entry`'s removal for `cause` (`st` as it was before).
@@ -149,9 +145,14 @@ impl MasterService {
         st: &ObjectState,
         cause: RemoveCause,
     ) -> Report<'_> {
+        self.report_one(|| removed_event(tenant, entry, st, cause))
+    }
+
+    /// A report of the one event `event` builds, built only when a stream is attached.
+    fn report_one(&self, event: impl FnOnce() -> KvEvent) -> Report<'_> {
         let mut r = self.report();
         if r.to.is_some() {
-            r.push(Some(removed_event(tenant, entry, st, cause)));
+            r.push(Some(event()));
         }
         r
     }

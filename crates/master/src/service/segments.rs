@@ -462,8 +462,8 @@ impl MasterService {
 
     /// The metadata sweep between deactivate and erase: drops every replica in `region`, erases objects left
     /// with nothing, and re-settles quota. Readers already ignore these replicas; this reclaims metadata.
-    /// Drops the replicas on a deactivated segment; the events of the objects it changed (none without a stream),
-    /// those left with nothing removed for `cause`.
+    /// Returns the events of the objects it changed (none without a stream): those left with nothing are
+    /// removed for `cause`.
     pub(super) fn sweep(&self, region: &DeactivatedSegment, cause: RemoveCause) -> Vec<KvEvent> {
         let events = self.sweep_objects(region, cause);
         if region.usage.live_allocations >= crate::memory::TRIM_THRESHOLD {
