@@ -96,6 +96,18 @@ def master():
     m.stop()
 
 
+def master_count(admin: str, metric: str, op: str) -> int:
+    """A per-operation counter (`crescent_master_{metric}{op="..."}`) from the /metrics of the master whose admin
+    HTTP is at `admin` (0 before the operation's first request)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'crescent_master_{metric}{{op="{op}"}} '):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 def new_store(master_addr: str, segment: int = 64 * MiB, local: int = 64 * MiB) -> MooncakeDistributedStore:
     s = MooncakeDistributedStore()
     rc = s.setup("localhost", "P2PHANDSHAKE", segment, local, "tcp", "", master_addr)

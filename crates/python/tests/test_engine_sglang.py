@@ -31,9 +31,9 @@ import time
 import numpy as np
 import pytest
 import requests
-from requests import get as requests_get
 
 # engine_master and engine_trace are fixtures (engine_trace autouse).
+from conftest import master_count
 from engine_target import (  # noqa: F401
     ORIGINAL, MiB, engine_master, engine_trace, pattern, start_master,
 )
@@ -420,16 +420,12 @@ def test_sglang_batch_exists_in_one_request_and_the_pages_it_found_read_without_
         # Page 5 stored, page 4 not: the prefix is the first four.
         assert writer.batch_set_v1(keys[5:], np.arange(5 * page, 6 * page)) == [True]
 
-        def requests(op):
-            text = requests_get(f"http://{engine_master.http}/metrics").text
-            line = next((x for x in text.splitlines() if x.startswith(f'crescent_master_requests_total{{op="{op}"}}')), "")
-            return int(float(line.split()[-1])) if line else 0
-
-        lookups = requests("batch_get_replica_list")
+        lookups = master_count(engine_master.http, "requests_total", "batch_get_replica_list")
         assert reader.batch_exists(keys) == 4
         dst_idx = np.arange(8 * page, 12 * page)
         assert reader.batch_get_v1(keys[:4], dst_idx) == [True] * 4
-        assert requests("batch_get_replica_list") == lookups, "the read took the lookup's replica lists"
+        after = master_count(engine_master.http, "requests_total", "batch_get_replica_list")
+        assert after == lookups, "the read took the lookup's replica lists"
         for i in range(4):
             assert np.array_equal(dst.page(dst_idx[i * page]), src.page(i * page)), i
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 import crescent.store
 import mooncake.store
-from conftest import Master, MiB, new_store
+from conftest import Master, MiB, master_count, new_store
 from crescent import _crescent
 from mooncake.store import MooncakeDistributedStore, ReplicaStatus, ReplicateConfig, SoftPinAction
 
@@ -421,17 +421,6 @@ def test_batch_put_from_and_batch_get_into(store, key):
     assert store.is_exist(key + "-x") == 0
 
 
-def master_count(master, metric: str, op: str) -> int:
-    """A per-operation counter from the master's /metrics (0 before the operation's first request)."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://{master.admin}/metrics", timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'crescent_master_{metric}{{op="{op}"}} '):
-            return int(float(line.split()[-1]))
-    return 0
-
-
 @pytest.fixture
 def leasing_master():
     """A master of this test's own, with a 10 s lease (a read that follows a lookup well inside it)."""
@@ -454,15 +443,15 @@ def test_a_prefix_lookup_counts_and_leases_the_run_and_the_read_after_it_needs_n
     keys = [f"{key}-{i}" for i in range(n)]
     written = [0, 1, 2, 4, 5]  # block 3 is missing: the prefix is 3 long
     assert store.batch_put_from([keys[i] for i in written], [src_ptr + i * size for i in written], [size] * 5) == [0] * 5
-    prefix_lookups = master_count(master, "requests_total", "batch_prefix_lease")
-    lookups = master_count(master, "requests_total", "batch_get_replica_list")
+    prefix_lookups = master_count(master.admin, "requests_total", "batch_prefix_lease")
+    lookups = master_count(master.admin, "requests_total", "batch_get_replica_list")
     assert store.batch_is_exist_prefix(keys) == 3
-    assert master_count(master, "requests_total", "batch_prefix_lease") == prefix_lookups + 1, "one request"
+    assert master_count(master.admin, "requests_total", "batch_prefix_lease") == prefix_lookups + 1, "one request"
     assert store.remove(keys[1]) == LEASE_HELD, "the run is leased"
     assert store.remove(keys[4]) == 0, "a key past the gap is not"
     got = store.batch_get_into(keys[:3], [dst_ptr + i * size for i in range(3)], [size] * 3)
     assert got == [size] * 3 and dst.raw[:3 * size] == src.raw[:3 * size]
-    assert master_count(master, "requests_total", "batch_get_replica_list") == lookups, "no lookup of its own"
+    assert master_count(master.admin, "requests_total", "batch_get_replica_list") == lookups, "no lookup of its own"
     # Nothing cached, a missing first key, an empty or invalid first key: 0 (and nothing leased).
     assert store.batch_is_exist_prefix([key + "-none", keys[0]]) == 0
     assert store.batch_is_exist_prefix([]) == 0

@@ -178,41 +178,78 @@ pub(super) struct LateReport {
     state: Arc<parking_lot::Mutex<Late>>,
 }
 
-enum Late {
-    Waiting,
-    Durable(u64),
-    Events(Vec<KvEvent>),
-    Done,
+/// What a [`LateReport`] has of its two halves so far.
+#[derive(Default)]
+struct Late {
+    /// The entry's sequence, once durable.
+    seq: Option<u64>,
+    /// The events, once the sweep made them (taken when published).
+    events: Option<Vec<KvEvent>>,
 }
 
 impl LateReport {
     pub(super) fn new(hub: &Arc<EventHub>) -> Self {
-        Self { hub: Arc::clone(hub), state: Arc::new(parking_lot::Mutex::new(Late::Waiting)) }
+        Self { hub: Arc::clone(hub), state: Arc::default() }
     }
 
     /// The entry is durable under `seq`.
     pub(super) fn durable(&self, seq: u64) {
-        let mut s = self.state.lock();
-        match std::mem::replace(&mut *s, Late::Done) {
-            Late::Events(events) => {
-                drop(s);
-                self.hub.publish(seq, events);
-            }
-            Late::Waiting => *s = Late::Durable(seq),
-            done => *s = done,
-        }
+        self.complete(|l| l.seq = Some(seq));
     }
 
     /// The events are in.
     pub(super) fn fill(&self, events: Vec<KvEvent>) {
-        let mut s = self.state.lock();
-        match std::mem::replace(&mut *s, Late::Done) {
-            Late::Durable(seq) => {
-                drop(s);
-                self.hub.publish(seq, events);
+        self.complete(|l| l.events = Some(events));
+    }
+
+    /// Records one half; publishes (outside the lock) once both are in.
+    fn complete(&self, set: impl FnOnce(&mut Late)) {
+        let ready = {
+            let mut l = self.state.lock();
+            set(&mut l);
+            match l.seq {
+                Some(seq) => l.events.take().map(|events| (seq, events)),
+                None => None,
             }
-            Late::Waiting => *s = Late::Events(events),
-            done => *s = done,
+        };
+        if let Some((seq, events)) = ready {
+            self.hub.publish(seq, events);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{EventKind, EventsConfig};
+
+    fn removed(key: &str) -> KvEvent {
+        KvEvent {
+            kind: EventKind::Removed,
+            id: 0,
+            tenant: "default".into(),
+            key: key.into(),
+            group: None,
+            medium: "cpu",
+            size: 1,
+            replicas: Default::default(),
+            cause: Some(RemoveCause::Expired),
+        }
+    }
+
+    #[test]
+    fn a_late_report_publishes_once_both_halves_are_in_whichever_comes_first() {
+        let hub = Arc::new(EventHub::new(EventsConfig::new("tcp://127.0.0.1:0")));
+        let (a, b) = (LateReport::new(&hub), LateReport::new(&hub));
+        a.durable(7);
+        assert_eq!(hub.stats().queued, 0, "durable, but the sweep's events are not in yet");
+        a.fill(vec![removed("x"), removed("y")]);
+        b.fill(vec![removed("z")]);
+        assert_eq!(hub.stats().queued, 2, "b's entry is not durable yet");
+        b.durable(9);
+        let s = hub.stats();
+        assert_eq!((s.queued, s.last_event_id), (3, 9));
+        a.durable(7);
+        assert_eq!(hub.stats().queued, 3, "published once");
     }
 }
