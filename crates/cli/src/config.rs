@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use crescent_master::service::MasterConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// A file that sets a key in every section (tests and the config fuzzer's seed corpus start from it).
@@ -11,6 +11,7 @@ pub const EXAMPLE: &str = r#"
 master = "10.0.0.1:1"
 [server]
 listen = "127.0.0.1:0"
+admin = "127.0.0.1:9003"
 advertise = "10.0.0.2"
 lease_ttl_ms = 5000
 nof_heartbeat_interval_ms = 2000
@@ -24,16 +25,23 @@ poll_us = 0
 max_connections = 2000
 frame_timeout_ms = 5000
 frame_budget = "64MiB"
+etcd = "10.0.0.5:2379,10.0.0.6:2379,10.0.0.7:2379"
 cluster_id = "prod-1"
 leader_lease_ttl = 3
 data_dir = "/var/lib/crescent"
 snapshot_dir = "/var/lib/crescent/snapshots"
+snapshot_s3 = "s3://crescent-snapshots/prod-1"
+snapshot_s3_endpoint = "http://10.0.0.9:9000"
+snapshot_s3_region = "us-east-1"
 snapshot_interval = "10m"
 snapshot_retain = 3
 kv_events = "tcp://127.0.0.1:5557"
 kv_events_backend_id = "pool-a"
 kv_events_queue_capacity = 1024
+cxl_window = 68719476736
 [node]
+listen = "0.0.0.0:0"
+host_id = "rack-1-host-7"
 segment_size = "64MiB"
 advertise = "node-1.example"
 segments = 2
@@ -72,7 +80,7 @@ pub const DEFAULT_PREFAULT: bool = true;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 0;
 
 /// Settings of `crescent master` / `up`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ServerSection {
     /// RPC listen address.
@@ -127,7 +135,7 @@ pub struct ServerSection {
 }
 
 /// Settings of `crescent node` (and the node inside `up`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeSection {
     /// Data-plane listen address.
@@ -166,7 +174,7 @@ pub struct NodeSection {
 }
 
 /// Settings of client commands.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientSection {
     /// Replicas per object.
@@ -187,7 +195,7 @@ pub struct ClientSection {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FileConfig {
     /// Master address for client commands and nodes.

@@ -17,6 +17,7 @@ mod bench;
 mod demo;
 mod events;
 mod ops;
+mod reference;
 mod serve;
 mod snapshots;
 
@@ -150,6 +151,13 @@ enum Command {
         #[command(flatten)]
         to: ClientFlags,
     },
+    /// Wait until the master answers (and `--nodes N` storage nodes serve memory): for scripts that start a cluster.
+    Wait {
+        #[command(flatten)]
+        args: ops::WaitArgs,
+        #[command(flatten)]
+        to: ClientFlags,
+    },
     /// Measure throughput and latency against a running cluster.
     Bench {
         #[command(flatten)]
@@ -176,6 +184,8 @@ enum Command {
     Certs(auth::CertsArgs),
     /// Replay a KV-cache workload through the master core in-process.
     Demo(demo::DemoArgs),
+    /// Print a config file with every key at its default (`--defaults`), or the configuration guide's tables.
+    Config(reference::ConfigArgs),
     /// Print a shell completion script to stdout (e.g. `crescent completions bash > /etc/bash_completion.d/crescent`).
     Completions {
         /// The shell.
@@ -196,6 +206,7 @@ impl Command {
             | Command::Rm { to, .. }
             | Command::Ls { to, .. }
             | Command::Stat { to, .. }
+            | Command::Wait { to, .. }
             | Command::Bench { to, .. } => client(to),
             Command::Tenant(t) => (t.master(), None),
             Command::Ssd(s) => (s.master(), None),
@@ -205,6 +216,7 @@ impl Command {
             | Command::Events(_)
             | Command::Demo(_)
             | Command::Completions { .. }
+            | Command::Config(_)
             | Command::Credential(_)
             | Command::Secret
             | Command::Certs(_) => (None, None),
@@ -219,6 +231,7 @@ impl Command {
             | Command::Rm { to, .. }
             | Command::Ls { to, .. }
             | Command::Stat { to, .. }
+            | Command::Wait { to, .. }
             | Command::Bench { to, .. } => to.request_timeout,
             _ => None,
         }
@@ -345,7 +358,12 @@ fn main() -> ExitCode {
     // Commands that dial a cluster take its credential and TLS from the environment.
     let offline = matches!(
         cli.command,
-        Command::Demo(_) | Command::Completions { .. } | Command::Credential(_) | Command::Secret | Command::Certs(_)
+        Command::Demo(_)
+            | Command::Completions { .. }
+            | Command::Config(_)
+            | Command::Credential(_)
+            | Command::Secret
+            | Command::Certs(_)
     );
     if role == Role::Client && !offline {
         match auth::client_credential().and_then(|c| Ok((c, auth::client_tls()?))) {
@@ -361,6 +379,10 @@ fn main() -> ExitCode {
         Command::Credential(a) => return report(auth::credential(&a)),
         Command::Secret => return report(auth::secret()),
         Command::Certs(a) => return report(auth::certs(&a)),
+        Command::Config(a) => {
+            reference::run(&a, &cli_command());
+            return ExitCode::SUCCESS;
+        }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "crescent", &mut std::io::stdout());
             return ExitCode::SUCCESS;
@@ -385,6 +407,7 @@ fn main() -> ExitCode {
             Command::Rm { args, .. } => ops::exit(ops::rm(args, &global).await),
             Command::Ls { args, .. } => ops::exit(ops::ls(args, &global).await),
             Command::Stat { args, .. } => ops::exit(ops::stat(args, &global).await),
+            Command::Wait { args, .. } => ops::exit(ops::wait(args, &global).await),
             Command::Bench { args, .. } => report(bench::run(args, &global, &file).await),
             Command::Tenant(cmd) => ops::exit(admin::tenant(cmd, &global).await),
             Command::Ssd(cmd) => ops::exit(admin::ssd(cmd, &global).await),
@@ -392,11 +415,19 @@ fn main() -> ExitCode {
             Command::Events(cmd) => report(events::run(cmd).await),
             Command::Demo(_)
             | Command::Completions { .. }
+            | Command::Config(_)
             | Command::Credential(_)
             | Command::Secret
             | Command::Certs(_) => ExitCode::SUCCESS,
         }
     })
+}
+
+/// The command line's definition, built (defaults and value counts filled in) for [`reference`] to read.
+fn cli_command() -> clap::Command {
+    let mut cmd = Cli::command();
+    cmd.build();
+    cmd
 }
 
 fn report(r: Result<()>) -> ExitCode {

@@ -16,7 +16,7 @@ pub struct PutArgs {
     /// File to store (`-` or absent: stdin).
     file: Option<PathBuf>,
     /// Replicas.
-    #[arg(long)]
+    #[arg(long, help = "Replicas to store, each on another node [default: 1]")]
     replicas: Option<u32>,
     /// Keep the value an existing key holds (put-if-absent) instead of replacing it; says when it existed.
     #[arg(long)]
@@ -259,6 +259,53 @@ pub async fn ls(a: LsArgs, g: &Global) -> Result<(), Failure> {
         eprintln!("(the first {} keys; more match: raise --limit)", a.limit);
     }
     Ok(())
+}
+
+/// `crescent wait` flags.
+#[derive(clap::Args, Debug)]
+pub struct WaitArgs {
+    /// Storage nodes that must serve memory.
+    #[arg(long, default_value_t = 0, help = "Also wait until at least this many storage nodes have memory \
+        segments in service")]
+    nodes: usize,
+    /// How long to wait.
+    #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, default_value = "30s",
+        help = "Give up after this long (exit 1, saying what was missing)")]
+    timeout: std::time::Duration,
+}
+
+/// `crescent wait`: until the master answers (and `--nodes` nodes serve memory), for scripts that start a
+/// cluster and then use it. Polls every 100 ms; says what it last saw when it gives up.
+pub async fn wait(a: WaitArgs, g: &Global) -> Result<(), Failure> {
+    let deadline = tokio::time::Instant::now() + a.timeout;
+    let client = Client::new(g.client_config());
+    loop {
+        let missing = match client.cluster_info().await {
+            Ok(info) => {
+                let mut nodes: Vec<&str> = info
+                    .memories
+                    .iter()
+                    .filter(|m| m.status == crescent_proto::SegmentStatus::Ok)
+                    .map(|m| m.node.as_str())
+                    .collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                if nodes.len() >= a.nodes {
+                    return Ok(());
+                }
+                Failure(
+                    ErrorCode::UnavailableInCurrentStatus,
+                    format!("{} storage nodes serve memory; waited for {}", nodes.len(), a.nodes),
+                )
+            }
+            Err(e) => Failure::from(e),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            let Failure(code, msg) = missing;
+            return Err(Failure(code, format!("gave up after {}: {msg}", fmt_ms(a.timeout.as_millis() as u64))));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// `crescent stat KEY`: size, checksum, lease, pins and where each replica lives, without leasing the object.

@@ -38,10 +38,10 @@ pub struct SnapshotArgs {
     #[arg(long, value_name = "REGION", help = "S3 region for --snapshot-s3 (default: AWS_DEFAULT_REGION)")]
     pub snapshot_s3_region: Option<String>,
     /// Time between snapshots.
-    #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, help = "Time between snapshots, e.g. 30s, 10m (default 10m; one is written only when the log moved)")]
+    #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, help = format!("Time between snapshots, e.g. 30s, 10m (one is written only when the log moved) [default: {}m]", crescent_master::ha::snapshots::DEFAULT_SNAPSHOT_INTERVAL.as_secs() / 60))]
     pub snapshot_interval: Option<std::time::Duration>,
     /// Snapshots kept.
-    #[arg(long, value_name = "N", help = "Snapshots kept (default 2, at least 1)")]
+    #[arg(long, value_name = "N", help = format!("Snapshots kept (at least 1) [default: {}]", crescent_master::ha::snapshots::DEFAULT_SNAPSHOT_RETAIN))]
     pub snapshot_retain: Option<usize>,
 }
 
