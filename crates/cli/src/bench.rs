@@ -55,9 +55,10 @@ pub struct BenchArgs {
     /// Replicas per value.
     #[arg(long, default_value_t = 1)]
     replicas: u32,
-    /// Seconds per phase (ignored with --count).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    /// How long each phase runs (ignored with --count).
+    #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "10s",
+        help = "How long each phase runs, e.g. 500ms, 10s (a bare number is seconds; ignored with --count)")]
+    duration: Duration,
     /// Requests per phase (overrides --duration).
     #[arg(long)]
     count: Option<u64>,
@@ -702,7 +703,7 @@ const PROMPTS_PER_FAMILY: u64 = 4;
 const MASTER_GET_KEYS_PER_WORKER: u64 = 10_000;
 
 async fn run_phase(s: &Arc<Shared>, phase: Phase, a: &BenchArgs) -> PhaseResult {
-    let deadline = Duration::from_secs_f64(a.duration.max(0.0));
+    let deadline = a.duration;
     let bar = match a.count {
         Some(n) => ProgressBar::new(n),
         None => ProgressBar::new(deadline.as_millis() as u64),
@@ -1037,9 +1038,26 @@ fn key_budget(info: &ClusterInfo, size: u64, replicas: u32) -> u64 {
     if size > info.largest_free || usable < per_key { 0 } else { (usable / per_key) as u64 }
 }
 
+/// `--duration`: `500ms`, `10s`, `1m`, or a bare number of seconds (as the flag took before it took units).
+fn seconds_or_duration(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}")),
+        Err(_) => crescent_cli::parse_duration(s),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_duration_takes_units_or_bare_seconds() {
+        assert_eq!(seconds_or_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(seconds_or_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(seconds_or_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(seconds_or_duration("-1").is_err());
+        assert!(seconds_or_duration("soon").is_err());
+    }
 
     #[test]
     fn held_memory_counts_as_room_once_released_only() {
