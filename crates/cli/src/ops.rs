@@ -265,8 +265,12 @@ pub async fn ls(a: LsArgs, g: &Global) -> Result<(), Failure> {
 #[derive(clap::Args, Debug)]
 pub struct WaitArgs {
     /// Storage nodes that must serve memory.
-    #[arg(long, default_value_t = 0, help = "Also wait until at least this many storage nodes have memory \
-        segments in service")]
+    #[arg(
+        long,
+        default_value_t = 0,
+        help = "Also wait until at least this many storage nodes have memory \
+        segments in service"
+    )]
     nodes: usize,
     /// How long to wait.
     #[arg(long, value_name = "DURATION", value_parser = crescent_cli::parse_duration, default_value = "30s",

@@ -16,8 +16,11 @@ use std::fmt::Write as _;
 #[group(required = true, multiple = false)]
 pub struct ConfigArgs {
     /// Print a config file with every key at its default, commented out.
-    #[arg(long, help = "Print a config file with every key, commented out, at its default (or an example where \
-        the default is computed), each with what it does and the flag that overrides it")]
+    #[arg(
+        long,
+        help = "Print a config file with every key, commented out, at its default (or an example where \
+        the default is computed), each with what it does and the flag that overrides it"
+    )]
     defaults: bool,
     /// Print the configuration guide's generated part (Markdown).
     #[arg(long, help = "Print the flag and key tables of docs/configuration.md (Markdown)")]
@@ -58,49 +61,117 @@ pub fn file_only() -> Vec<(&'static str, String)> {
         pairs.iter().map(|(k, h)| (*k, squash(h))).collect()
     };
     let mut keys = vec![
-        ("server.poll_us", format!("Microseconds an idle RPC connection polls for its next request before parking \
-            (0 never; 0 for the master inside `up`) [default: {poll}]")),
-        ("server.frame_budget", format!("Bytes of large frames (over 16 KiB) all RPC connections may hold at once \
-            (at least one 16 MiB frame) [default: {}]", size_literal(budget))),
-        ("node.poll_us", format!("Microseconds the node's runtime polls all its connections before it sleeps (0 \
-            never) [default: {poll}]")),
+        (
+            "server.poll_us",
+            format!(
+                "Microseconds an idle RPC connection polls for its next request before parking \
+            (0 never; 0 for the master inside `up`) [default: {poll}]"
+            ),
+        ),
+        (
+            "server.frame_budget",
+            format!(
+                "Bytes of large frames (over 16 KiB) all RPC connections may hold at once \
+            (at least one 16 MiB frame) [default: {}]",
+                size_literal(budget)
+            ),
+        ),
+        (
+            "node.poll_us",
+            format!(
+                "Microseconds the node's runtime polls all its connections before it sleeps (0 \
+            never) [default: {poll}]"
+            ),
+        ),
         ("client.lanes", format!("Data-plane connections per storage node [default: {}]", t.lanes_per_peer)),
-        ("client.stripe_size", format!("Reads larger than this are striped over several lanes [default: {}]",
-            size_literal(t.stripe_size))),
-        ("client.write_stripe_size", format!("Writes larger than this are striped over several lanes [default: {}]",
-            size_literal(t.write_stripe_size))),
-        ("client.poll_us", format!("Microseconds a request polls for its reply before parking (0 never) \
-            [default: {}]", t.poll_window.as_micros())),
-        ("client.local_lanes", format!("Reach storage nodes on this host over their Unix socket when they offer \
-            one [default: {}]", t.local_lanes)),
+        (
+            "client.stripe_size",
+            format!("Reads larger than this are striped over several lanes [default: {}]", size_literal(t.stripe_size)),
+        ),
+        (
+            "client.write_stripe_size",
+            format!(
+                "Writes larger than this are striped over several lanes [default: {}]",
+                size_literal(t.write_stripe_size)
+            ),
+        ),
+        (
+            "client.poll_us",
+            format!(
+                "Microseconds a request polls for its reply before parking (0 never) \
+            [default: {}]",
+                t.poll_window.as_micros()
+            ),
+        ),
+        (
+            "client.local_lanes",
+            format!(
+                "Reach storage nodes on this host over their Unix socket when they offer \
+            one [default: {}]",
+                t.local_lanes
+            ),
+        ),
     ];
     keys.extend(owned(&[
-        ("server.put_start_discard_timeout_ms", "An unfinished write may be preempted by a new put of its key \
-            after this long, in ms"),
-        ("server.put_start_release_timeout_ms", "The buffers of a preempted write are freed this long after its \
-            start, in ms (a zombie writer may still write until then)"),
+        (
+            "server.put_start_discard_timeout_ms",
+            "An unfinished write may be preempted by a new put of its key \
+            after this long, in ms",
+        ),
+        (
+            "server.put_start_release_timeout_ms",
+            "The buffers of a preempted write are freed this long after its \
+            start, in ms (a zombie writer may still write until then)",
+        ),
         ("server.default_soft_pin_ttl_ms", "Soft-pin TTL of a write that asks for a soft pin without a TTL, in ms"),
         ("server.max_soft_pin_ttl_ms", "Longest soft-pin TTL accepted, in ms"),
         ("server.allow_evict_soft_pinned", "Eviction may take soft-pinned objects (after all others)"),
         ("server.cxl_window", "CXL device window in bytes (enables CXL segments) [default: none]"),
-        ("server.census_chunk", "Handles copied per route-lock hold while the master walks its index (listings, \
-            snapshots, eviction census)"),
-        ("server.grant_write_window_ms", "How long a put's data-plane write grants live in an authenticating \
-            cluster, in ms: a put's transfers must start within it"),
-        ("server.write_hold_ms", "Space freed within this long of its allocation stays out of reuse until then, \
-            in ms (0 off; an authenticating master sets it to the write-grant window plus clock slack)"),
-        ("server.disk_offload", "Memory evictions keep objects on the disk tier of the node that held them, where \
-            it has one (false: they are dropped)"),
-        ("server.disk_task_timeout_ms", "A node must start a disk copy within this long of its task, in ms; the \
-            master fails the task after twice that"),
-        ("server.disk_promotion", "A read of an object found only on a disk tier brings it back to memory in the \
-            background when its node has room below the eviction watermark"),
-        ("server.verify_unreachable_reports", "A client's report that it cannot reach a node is checked by the \
-            master's own probe before the node leaves placement (an authenticating master turns it on)"),
-        ("node.threads", "Runtime threads of `crescent node` and `up` (1: single-threaded) [default: half the \
-            CPUs, at least one]"),
-        ("node.local_lanes", "Serve clients on this host over a Unix socket too, their payloads copied between the \
-            processes (never beside TLS) [default: true]"),
+        (
+            "server.census_chunk",
+            "Handles copied per route-lock hold while the master walks its index (listings, \
+            snapshots, eviction census)",
+        ),
+        (
+            "server.grant_write_window_ms",
+            "How long a put's data-plane write grants live in an authenticating \
+            cluster, in ms: a put's transfers must start within it",
+        ),
+        (
+            "server.write_hold_ms",
+            "Space freed within this long of its allocation stays out of reuse until then, \
+            in ms (0 off; an authenticating master sets it to the write-grant window plus clock slack)",
+        ),
+        (
+            "server.disk_offload",
+            "Memory evictions keep objects on the disk tier of the node that held them, where \
+            it has one (false: they are dropped)",
+        ),
+        (
+            "server.disk_task_timeout_ms",
+            "A node must start a disk copy within this long of its task, in ms; the \
+            master fails the task after twice that",
+        ),
+        (
+            "server.disk_promotion",
+            "A read of an object found only on a disk tier brings it back to memory in the \
+            background when its node has room below the eviction watermark",
+        ),
+        (
+            "server.verify_unreachable_reports",
+            "A client's report that it cannot reach a node is checked by the \
+            master's own probe before the node leaves placement (an authenticating master turns it on)",
+        ),
+        (
+            "node.threads",
+            "Runtime threads of `crescent node` and `up` (1: single-threaded) [default: half the \
+            CPUs, at least one]",
+        ),
+        (
+            "node.local_lanes",
+            "Serve clients on this host over a Unix socket too, their payloads copied between the \
+            processes (never beside TLS) [default: true]",
+        ),
     ]));
     keys.into_iter().map(|(k, h)| (k, squash(&h))).collect()
 }
@@ -277,7 +348,8 @@ fn key_value(section: &str, key: &str, help: &str) -> Option<(String, bool)> {
         return Some((v, false));
     }
     let accepted = |lit: &str| {
-        let text = if section.is_empty() { format!("{key} = {lit}\n") } else { format!("[{section}]\n{key} = {lit}\n") };
+        let text =
+            if section.is_empty() { format!("{key} = {lit}\n") } else { format!("[{section}]\n{key} = {lit}\n") };
         FileConfig::parse(&text).is_ok()
     };
     // A default stated in words ("the listen IP; …") is no value: the example file's stands in.
@@ -396,7 +468,11 @@ pub fn markdown(root: &clap::Command) -> String {
         } else {
             flags(cmd)
         };
-        let title = if path.is_empty() { "Global flags (every command)".to_owned() } else { format!("`crescent {}`", path.join(" ")) };
+        let title = if path.is_empty() {
+            "Global flags (every command)".to_owned()
+        } else {
+            format!("`crescent {}`", path.join(" "))
+        };
         let about = cmd.get_about().map(|a| a.to_string()).unwrap_or_default();
         let _ = write!(out, "\n### {title}\n\n");
         if !path.is_empty() && !about.is_empty() {
@@ -414,12 +490,15 @@ pub fn markdown(root: &clap::Command) -> String {
         }
     }
     out.push_str("\n## Keys of the config file\n\n");
-    out.push_str("Each key with the value it takes by default (or an example, in italics, where the default is \
-                  computed at start-up) and the flag that overrides it. Keys that no flag sets say what they do.\n");
+    out.push_str(
+        "Each key with the value it takes by default (or an example, in italics, where the default is \
+                  computed at start-up) and the flag that overrides it. Keys that no flag sets say what they do.\n",
+    );
     let keys = file_keys();
     for (section, about) in SECTIONS {
         let title = if section.is_empty() { "Top level".to_owned() } else { format!("`[{section}]`") };
-        let _ = write!(out, "\n### {title}\n\n{about}.\n\n| key | default | flag | what it does |\n|---|---|---|---|\n");
+        let _ =
+            write!(out, "\n### {title}\n\n{about}.\n\n| key | default | flag | what it does |\n|---|---|---|---|\n");
         for (_, key) in keys.iter().filter(|(s, _)| *s == section) {
             let full = if section.is_empty() { key.clone() } else { format!("{section}.{key}") };
             let help = key_help(root, &full).unwrap_or_default();
@@ -478,7 +557,11 @@ mod tests {
                 match key_of(sub, &f.long) {
                     Some(_) => {}
                     None => {
-                        assert!(FLAG_ONLY.iter().any(|(l, _)| *l == f.long), "`crescent {sub} --{}` has no key", f.long);
+                        assert!(
+                            FLAG_ONLY.iter().any(|(l, _)| *l == f.long),
+                            "`crescent {sub} --{}` has no key",
+                            f.long
+                        );
                         flag_only_used.push(f.long);
                     }
                 }

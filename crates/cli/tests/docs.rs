@@ -70,17 +70,20 @@ fn run_guide(guide: &str) {
         script = script.replace(&format!(":{port}"), &format!(":{}", free_port()));
     }
     let dir = tempfile::tempdir().unwrap();
-    let preamble = format!(
-        "set -euo pipefail\ncrescent() {{ {:?} \"$@\"; }}\nexport -f crescent\ncd {:?}\n",
-        bin(),
-        dir.path()
-    );
+    // `crescent` on the PATH is the binary under test itself (not a shell function: `kill %1` must reach the
+    // server a guide started, as it does for a user).
+    let path_dir = dir.path().join("bin");
+    std::fs::create_dir(&path_dir).unwrap();
+    std::os::unix::fs::symlink(bin(), path_dir.join("crescent")).unwrap();
+    let path_var = format!("{}:{}", path_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let preamble = format!("set -euo pipefail\ncd {:?}\n", dir.path());
     let path = dir.path().join(format!("{guide}.sh"));
     std::fs::write(&path, format!("{preamble}{script}")).unwrap();
     let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
     let mut child = Command::new("bash")
         .arg(&path)
         .env_remove("CRESCENT_MASTER")
+        .env("PATH", path_var)
         .env("CRESCENT_REPO", repo())
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
@@ -100,7 +103,7 @@ fn run_guide(guide: &str) {
         std::thread::sleep(Duration::from_millis(50));
     };
     // Whatever the guide left running (servers started with `&`) stops with it.
-    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).stderr(Stdio::null()).status();
     let _ = child.wait();
     let tail = |p: &Path| {
         let s = std::fs::read_to_string(p).unwrap_or_default();
@@ -181,7 +184,8 @@ fn the_configuration_guide_lists_every_flag_and_key_as_the_binary_defines_them()
     for sub in ["up", "master", "node", "put", "get", "bench", "wait", "drain"] {
         let help = Command::new(bin()).args([sub, "--help"]).output().unwrap();
         let help = String::from_utf8_lossy(&help.stdout).into_owned();
-        let section = generated.split(&format!("### `crescent {sub}`\n")).nth(1).unwrap().split("\n### ").next().unwrap();
+        let section =
+            generated.split(&format!("### `crescent {sub}`\n")).nth(1).unwrap().split("\n### ").next().unwrap();
         // The flag column: lines that start with `-x, --name` or `--name`.
         let flags = help.lines().filter_map(|l| {
             let l = l.trim_start();
