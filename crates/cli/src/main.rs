@@ -423,7 +423,7 @@ fn main() -> ExitCode {
     })
 }
 
-/// The command line's definition, built (defaults and value counts filled in) for [`reference`] to read.
+/// The command line's definition, built (defaults and value counts filled in) for [`mod@reference`] to read.
 fn cli_command() -> clap::Command {
     let mut cmd = Cli::command();
     cmd.build();

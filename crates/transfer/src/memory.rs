@@ -147,7 +147,7 @@ impl SegmentMemory {
         self.prefault_with(|_, _| {})
     }
 
-    /// [`SegmentMemory::prefault`] in chunks of [`PREFAULT_CHUNK`], calling `progress(done, total)` after each,
+    /// [`SegmentMemory::prefault`] in chunks of `PREFAULT_CHUNK`, calling `progress(done, total)` after each,
     /// so a caller can report a slow start-up (a large segment takes seconds).
     pub fn prefault_with(&self, progress: impl FnMut(u64, u64)) -> io::Result<()> {
         self.prefault_chunked(PREFAULT_CHUNK, progress)
