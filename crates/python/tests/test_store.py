@@ -2,7 +2,6 @@
 
 import ctypes
 import os
-import pathlib
 import socket
 import subprocess
 import sys
@@ -525,14 +524,6 @@ def test_two_stores_replica_num_2_survive_the_writer_closing(master, key):
     assert b.is_exist(key + "-local") == 0, "placed in the writer's segment by preferred_segment = get_hostname()"
     b.remove_all(force=True)
     b.close()
-
-
-def test_the_readme_example_runs(master):
-    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## Python (`mooncake.store`)", 1)[1]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert "127.0.0.1:50051" in block
-    exec(compile(block.replace("127.0.0.1:50051", master), "README.md", "exec"), {})
 
 
 def test_get_into_ranges_copies_parts_of_objects(store, key):
