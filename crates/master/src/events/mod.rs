@@ -228,16 +228,17 @@ impl EventHub {
         self.publish(id, events);
     }
 
-    /// Takes up to [`MAX_BATCH_EVENTS`] queued events, oldest first, with the message sequence they go under.
-    pub(crate) fn take_batch(&self) -> Option<(u64, Vec<KvEvent>)> {
+    /// Moves up to [`MAX_BATCH_EVENTS`] queued events, oldest first, into `batch` (emptied first: the
+    /// publisher's, reused from message to message) and returns the message sequence they go under.
+    pub(crate) fn take_batch(&self, batch: &mut Vec<KvEvent>) -> Option<u64> {
+        batch.clear();
         let mut q = self.queue.lock();
         if q.is_empty() {
             return None;
         }
         let n = q.len().min(MAX_BATCH_EVENTS);
-        let batch: Vec<KvEvent> = q.drain(..n).collect();
-        let seq = self.next_message.fetch_add(1, Ordering::Relaxed);
-        Some((seq, batch))
+        batch.extend(q.drain(..n));
+        Some(self.next_message.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Events queued now.
@@ -303,14 +304,16 @@ mod tests {
         hub.publish_now([stored("c")]);
         let s = hub.stats();
         assert_eq!((s.queued, s.dropped_events, s.last_event_id), (2, 1, 7));
-        let (seq, batch) = hub.take_batch().unwrap();
+        let mut batch = Vec::new();
+        let seq = hub.take_batch(&mut batch).unwrap();
         assert_eq!(seq, 2, "message 1 was given up with the dropped event");
         let keys: Vec<(&str, u64)> = batch.iter().map(|e| (e.key.as_str(), e.id)).collect();
         assert_eq!(keys, [("b", 7), ("c", 1)]);
-        assert!(hub.take_batch().is_none());
+        assert!(hub.take_batch(&mut batch).is_none());
         let unbounded = EventHub::new(EventsConfig { queue_capacity: 0, ..EventsConfig::new("tcp://127.0.0.1:0") });
         unbounded.publish(1, (0..200).map(|i| stored(&i.to_string())));
-        assert_eq!(unbounded.take_batch().map(|(s, b)| (s, b.len())), Some((1, MAX_BATCH_EVENTS)));
+        assert_eq!(unbounded.take_batch(&mut batch), Some(1));
+        assert_eq!(batch.len(), MAX_BATCH_EVENTS);
         assert_eq!(unbounded.stats().dropped_events, 0);
     }
 }

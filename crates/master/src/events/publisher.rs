@@ -114,8 +114,9 @@ async fn run(
     mut monitor: impl futures_util::Stream<Item = SocketEvent> + Unpin,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut buffers = Buffers::default();
     loop {
-        drain(&hub, &mut socket).await;
+        drain(&hub, &mut socket, &mut buffers).await;
         tokio::select! {
             () = hub.ready() => {
                 // Woken by the first event after the queue emptied: let a batch gather before sending. A message
@@ -140,23 +141,38 @@ async fn run(
             },
         }
     }
-    drain(&hub, &mut socket).await;
+    drain(&hub, &mut socket, &mut buffers).await;
 }
 
-/// Sends every queued event, a message of at most [`super::MAX_BATCH_EVENTS`] at a time.
-async fn drain(hub: &EventHub, socket: &mut zeromq::PubSocket) {
-    while let Some((seq, batch)) = hub.take_batch() {
-        let (payload, unparsed) = wire::encode_payload(&batch, &hub.config().backend_id, unix_ms());
-        let frames = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)];
+/// Sends every queued event, a message of at most [`super::MAX_BATCH_EVENTS`] at a time. `buffers` are the
+/// publisher's, kept from message to message: the batch's vector, and the payload's bytes, whose allocation the
+/// next message takes back once the socket has let go of this one.
+async fn drain(hub: &EventHub, socket: &mut zeromq::PubSocket, buffers: &mut Buffers) {
+    while let Some(seq) = hub.take_batch(&mut buffers.batch) {
+        // Room for a full message without growing (an event encodes to about 400 bytes).
+        buffers.payload.reserve(64 + buffers.batch.len() * 512);
+        let unparsed =
+            wire::encode_payload_into(&mut buffers.payload, &buffers.batch, &hub.config().backend_id, unix_ms());
+        let payload = buffers.payload.split().freeze();
+        let frames = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
         let sent = match ZmqMessage::try_from(frames) {
             Ok(message) => socket.send(message).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = sent {
-            tracing::warn!(error = %e, events = batch.len(), "kv events: a message could not be sent");
+            tracing::warn!(error = %e, events = buffers.batch.len(), "kv events: a message could not be sent");
         }
-        hub.count_published(batch.len(), unparsed);
+        hub.count_published(buffers.batch.len(), unparsed);
+        // The events are encoded: their strings are freed here, on the publisher's thread.
+        buffers.batch.clear();
     }
+}
+
+/// What [`drain`] reuses from message to message.
+#[derive(Default)]
+struct Buffers {
+    batch: Vec<super::KvEvent>,
+    payload: bytes::BytesMut,
 }
 
 fn unix_ms() -> i64 {

@@ -37,8 +37,23 @@ pub fn encode_payload(events: &[KvEvent], backend_id: &str, timestamp_ms: i64) -
     (out, unparsed)
 }
 
-fn write_payload(
-    out: &mut Vec<u8>,
+/// [`encode_payload`] appended to `out`: the publisher's buffer, whose allocation is taken back for the next
+/// message once the socket has sent this one (no fresh pages per message).
+pub fn encode_payload_into(
+    out: &mut bytes::BytesMut,
+    events: &[KvEvent],
+    backend_id: &str,
+    timestamp_ms: i64,
+) -> usize {
+    use bytes::BufMut;
+    let mut unparsed = 0;
+    // Writes into a BytesMut cannot fail.
+    let _ = write_payload(&mut out.writer(), events, backend_id, timestamp_ms, &mut unparsed);
+    unparsed
+}
+
+fn write_payload<W: std::io::Write>(
+    out: &mut W,
     events: &[KvEvent],
     backend_id: &str,
     timestamp_ms: i64,
@@ -59,8 +74,8 @@ fn write_payload(
     Ok(())
 }
 
-fn write_event(
-    out: &mut Vec<u8>,
+fn write_event<W: std::io::Write>(
+    out: &mut W,
     e: &KvEvent,
     hash: Option<u64>,
     backend_id: &str,
@@ -78,7 +93,7 @@ fn write_event(
     encode::write_str(out, if stored { "stored" } else { "removed" })?;
     field(out, "type")?;
     encode::write_str(out, if stored { "BlockStored" } else { "BlockRemoved" })?;
-    out.extend_from_slice(&constants().unknown);
+    out.write_all(&constants().unknown)?;
     field(out, "tenant_id")?;
     encode::write_str(out, &e.tenant)?;
     field(out, "backend_id")?;
@@ -103,7 +118,7 @@ fn write_event(
         write_int(out, h as i64)?;
     }
     if stored {
-        out.extend_from_slice(&constants().stored_tail);
+        out.write_all(&constants().stored_tail)?;
         field(out, "size")?;
         encode::write_uint(out, e.size)?;
         field(out, "replicas")?;
@@ -116,7 +131,7 @@ fn write_event(
             encode::write_str(out, r.tier)?;
         }
     } else {
-        out.extend_from_slice(&constants().removed_tail);
+        out.write_all(&constants().removed_tail)?;
         field(out, "cause")?;
         encode::write_str(out, e.cause.map_or("removed", |c| c.name()))?;
     }
@@ -156,11 +171,11 @@ fn constants() -> &'static Constants {
     })
 }
 
-fn field(out: &mut Vec<u8>, name: &str) -> std::io::Result<()> {
+fn field<W: std::io::Write>(out: &mut W, name: &str) -> std::io::Result<()> {
     Ok(encode::write_str(out, name)?)
 }
 
-fn optional_str(out: &mut Vec<u8>, s: Option<&str>) -> std::io::Result<()> {
+fn optional_str<W: std::io::Write>(out: &mut W, s: Option<&str>) -> std::io::Result<()> {
     match s {
         Some(s) if !s.is_empty() => Ok(encode::write_str(out, s)?),
         _ => encode::write_nil(out),
@@ -168,7 +183,7 @@ fn optional_str(out: &mut Vec<u8>, s: Option<&str>) -> std::io::Result<()> {
 }
 
 /// A signed integer in the form the original's packer gives it: non-negative values as unsigned.
-fn write_int(out: &mut Vec<u8>, v: i64) -> std::io::Result<()> {
+fn write_int<W: std::io::Write>(out: &mut W, v: i64) -> std::io::Result<()> {
     match u64::try_from(v) {
         Ok(u) => encode::write_uint(out, u).map(drop).map_err(Into::into),
         Err(_) => encode::write_sint(out, v).map(drop).map_err(Into::into),
