@@ -521,7 +521,10 @@ fn census(
     per_seg: bool,
 ) -> (EvictionReport, Vec<Candidate>, Vec<Candidate>) {
     let mut report = EvictionReport::default();
-    let mut normal: Vec<Candidate> = Vec::new();
+    // Sized once for every object (most are candidates when memory is full): growing by doubling instead copied
+    // the whole list several times a round and faulted fresh pages in for each copy.
+    let objects: usize = tenants.iter().map(|t| t.objects().len()).sum();
+    let mut normal: Vec<Candidate> = Vec::with_capacity(objects);
     let mut soft: Vec<Candidate> = Vec::new();
     for (ti, t) in tenants.iter().enumerate() {
         t.objects().visit_chunks(census_chunk, |chunk| {
