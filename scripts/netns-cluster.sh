@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# A cluster of network namespaces on this host (root): one master, NODES storage nodes and CLIENT_NS client
+# namespaces running CLIENTS `crescent bench` processes in all, each namespace joined to a bridge by a veth pair,
+# with `tc netem` adding DELAY to every namespace's egress when the kernel has netem (it says so when it has not).
+# Nothing is routed outside: the bridge has no address and no uplink, so nothing leaves the namespaces made here.
+# Everything stops and is removed when the script ends, however it ends.
+#
+#   scripts/netns-cluster.sh [SECONDS_PER_PHASE] [NODES] [CLIENTS] [SEGMENT] [DELAY]
+#   defaults:                 5                   16      64        256MiB    0.2ms
+#
+# Measured, in one run (release build), for 64 KiB and 1 MiB values:
+#   - aggregate write and read throughput of all clients (each `crescent bench --concurrency 1` on its own key set,
+#     together about half the pool), p50 (the median of the clients' p50s) and p99 (the largest client p99);
+#   - the master's CPU per client request (its process's CPU time over the phase / requests of all clients);
+#   - placement balance: the spread of fill across nodes ((max − min) / mean of used bytes) after the 64 KiB
+#     writes (half the pool), with NODES − LATE nodes, and again after LATE more nodes join and the clients write
+#     a quarter of the whole pool more (PLACEMENT=free-ratio-first to run the master with that policy).
+# Not yet here (issue 39): killing a node and the leader under load, the HA variant, the original's processes in
+# the same namespaces.
+set -euo pipefail
+secs=${1:-5}
+nodes=${2:-16}
+clients=${3:-64}
+segment=${4:-256MiB}
+delay=${5:-0.2ms}
+late=${LATE:-4}
+client_ns=${CLIENT_NS:-8}
+[ "$(id -u)" -eq 0 ] || { echo "scripts/netns-cluster.sh: needs root (network namespaces, veth, tc)" >&2; exit 1; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "needs iproute2 (ip, tc)" >&2; exit 1; }
+cd "$(dirname "$0")/.."
+cargo build --release -q -p crescent-cli
+bin=$PWD/target/release/crescent
+work=$(mktemp -d /tmp/crescent-netns.XXXXXX)
+tag=cr$$
+bridge=${tag}br
+namespaces=()
+pids=()
+
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.3
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+    ip link del "$bridge" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip link add "$bridge" type bridge
+ip link set "$bridge" up
+netem=yes
+# A namespace NAME with address IP on the bridge (host side of its veth in the bridge, no address on the host).
+make_ns() {
+    local ns=$1 addr=$2 i=${#namespaces[@]}
+    ip netns add "$ns"
+    namespaces+=("$ns")
+    ip link add "${tag}v$i" type veth peer name "${tag}p$i"
+    ip link set "${tag}p$i" netns "$ns"
+    ip link set "${tag}v$i" master "$bridge" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$addr/16" dev "${tag}p$i"
+    ip -n "$ns" link set "${tag}p$i" up
+    if [ "$netem" = yes ] && ! ip netns exec "$ns" tc qdisc add dev "${tag}p$i" root netem delay "$delay" 2>/dev/null; then
+        netem=no
+        echo "NOTE: this kernel has no netem qdisc (tc qdisc ... netem: unknown): no delay is added" >&2
+    fi
+}
+
+master_addr=10.201.0.1
+make_ns "${tag}m" "$master_addr"
+for i in $(seq 1 "$nodes"); do make_ns "${tag}n$i" "10.201.1.$i"; done
+for g in $(seq 1 "$client_ns"); do make_ns "${tag}c$g" "10.201.2.$g"; done
+
+# `run NS NAME ARGS…`: a crescent process in namespace NS, in the background, its output in $work/NAME.*.
+run() {
+    local ns=$1 name=$2
+    shift 2
+    ip netns exec "$ns" "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+    pids+=($!)
+    echo $! >"$work/$name.pid"
+}
+in_client() { ip netns exec "${tag}c1" "$bin" "$@"; }
+
+run "${tag}m" master master --listen "$master_addr:50051" --admin "$master_addr:9003" --insecure \
+    --placement "${PLACEMENT:-random}"
+master_pid=$(cat "$work/master.pid")
+start_node() {
+    run "${tag}n$1" "node$1" node --master "$master_addr:50051" --listen "10.201.1.$1:7000" --segment-size "$segment" \
+        --prefault false --insecure
+}
+first=$((nodes - late))
+for i in $(seq 1 "$first"); do start_node "$i"; done
+in_client wait --master "$master_addr:50051" --nodes "$first" --timeout 60s
+
+ticks() { awk '{print $14 + $15}' "/proc/$master_pid/stat"; }
+seg_bytes=$(python3 -c "import re,sys; s=sys.argv[1]; m=re.fullmatch(r'(\d+)([KMG]i?B)?', s); u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30,None:1}; print(int(m.group(1))*u[m.group(2)])" "$segment")
+
+# `phase NAME SIZE PHASES COUNT_NODES DIVISOR`: CLIENTS bench processes at once; each writes/reads its own keys,
+# together 1/DIVISOR of the pool of COUNT_NODES nodes (below the eviction watermark: nothing is evicted).
+phase() {
+    local name=$1 size=$2 phases=$3 live=$4 divisor=$5 size_b
+    size_b=$(python3 -c "import sys; s=sys.argv[1]; print(int(s[:-3])*(1<<10 if s.endswith('KiB') else 1<<20))" "$size")
+    local keys=$((seg_bytes * live / divisor / clients / size_b))
+    [ "$keys" -ge 1 ] || keys=1
+    local t0 c g bench_pids=()
+    t0=$(ticks)
+    for c in $(seq 1 "$clients"); do
+        g=$(((c - 1) % client_ns + 1))
+        ip netns exec "${tag}c$g" "$bin" bench --master "$master_addr:50051" --phases "$phases" --value-size "$size" \
+            --keys "$keys" --run "$name-$c" --keep --duration "$secs" --json "$work/$name-$c.json" \
+            >/dev/null 2>"$work/$name-$c.err" &
+        bench_pids+=($!)
+    done
+    for p in "${bench_pids[@]}"; do wait "$p" || { echo "a client failed: $(tail -3 "$work"/$name-*.err | tail -3)" >&2; exit 1; }; done
+    echo "$(($(ticks) - t0))" >"$work/$name.ticks"
+}
+spread() { # the fill spread across nodes from the master's /segments
+    in_client_curl=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/segments")
+    python3 -c '
+import json, sys
+segs = [s for s in json.loads(sys.argv[1])["segments"] if s["kind"] == "Memory"]
+used = [s["used_bytes"] for s in segs]
+mean = sum(used) / len(used)
+print(f"{len(used)} nodes, fill min {min(used) / 2**20:.0f} MiB, max {max(used) / 2**20:.0f} MiB, spread {(max(used) - min(used)) / mean if mean else 0:.3f}")
+' "$in_client_curl"
+}
+
+echo "# scripts/netns-cluster.sh $secs $nodes $clients $segment $delay (late $late, client namespaces $client_ns, placement ${PLACEMENT:-random}, netem $netem) at $(git rev-parse --short HEAD), $(nproc) CPUs"
+phase small 64KiB write,read "$first" 2
+echo "balance after 64 KiB writes: $(spread)"
+for i in $(seq $((first + 1)) "$nodes"); do start_node "$i"; done
+in_client wait --master "$master_addr:50051" --nodes "$nodes" --timeout 60s
+phase late 64KiB write "$nodes" 4
+echo "balance after $late nodes joined and a quarter of the pool more was written: $(spread)"
+in_client rm --master "$master_addr:50051" --all --force >/dev/null
+phase large 1MiB write,read "$nodes" 2
+
+CRESCENT_CLK_TCK=$(getconf CLK_TCK) python3 - "$work" "$clients" <<'EOF'
+import json, os, statistics, sys
+work, clients = sys.argv[1], int(sys.argv[2])
+hz = float(os.environ["CRESCENT_CLK_TCK"])
+print("| values | phase | clients | MiB/s (all) | req/s (all) | p50 (median of clients) | p99 (worst client) | errors | master CPU per master request (the run) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, size in [("small", "64 KiB"), ("late", "64 KiB, after the late join"), ("large", "1 MiB")]:
+    rows = {}
+    for c in range(1, clients + 1):
+        for line in open(f"{work}/{name}-{c}.json"):
+            p = json.loads(line)
+            rows.setdefault(p["phase"], []).append(p)
+    cpu = int(open(f"{work}/{name}.ticks").read()) / hz
+    requests = sum(p["requests"] * p.get("master_requests_per_request", 1) for ps in rows.values() for p in ps)
+    for phase, ps in rows.items():
+        print(f"| {size} | {phase} | {len(ps)} | {sum(p['mib_per_s'] for p in ps):.0f} | {sum(p['req_per_s'] for p in ps):.0f} "
+              f"| {statistics.median(p['p50_us'] for p in ps)} µs | {max(p['p99_us'] for p in ps)} µs "
+              f"| {sum(p['errors'] for p in ps)} | {cpu * 1e6 / max(1, requests):.1f} µs |")
+EOF
