@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client) # the HA guide's recovery commands (docs/ha.md)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || need+=(curl) # the README quick-start test runs its curl line
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv) # the Python package's tests
@@ -18,6 +19,7 @@ if ((${#need[@]})); then
 fi
 # Fail loudly, never skip, if a prerequisite is still missing.
 command -v etcd >/dev/null
+command -v etcdctl >/dev/null
 command -v protoc >/dev/null
 command -v curl >/dev/null
 python3 -c 'import venv, ensurepip'
