@@ -212,7 +212,7 @@ pub fn key_of(sub: &str, flag: &str) -> Option<String> {
     }
 }
 
-/// Every key of the file as `(section, key)`, in the order the file's structs declare them (serialized from
+/// Every key of the file as `(section, key)`, sections in file order, keys alphabetically (serialized from
 /// the default file: a key is there whatever its value).
 pub fn file_keys() -> Vec<(&'static str, String)> {
     let Ok(serde_json::Value::Object(file)) = serde_json::to_value(FileConfig::default()) else { return Vec::new() };
