@@ -212,19 +212,24 @@ pub fn key_of(sub: &str, flag: &str) -> Option<String> {
     }
 }
 
-/// Every key of the file as `(section, key)`, sections in file order, keys alphabetically (serialized from
+/// Every key of the file as `(section, key)`, sections in file order, keys alphabetically (serialized once from
 /// the default file: a key is there whatever its value).
-pub fn file_keys() -> Vec<(&'static str, String)> {
-    let Ok(serde_json::Value::Object(file)) = serde_json::to_value(FileConfig::default()) else { return Vec::new() };
-    let mut keys = Vec::new();
-    for (section, _) in SECTIONS {
-        if section.is_empty() {
-            keys.extend(file.iter().filter(|(_, v)| !v.is_object()).map(|(k, _)| ("", k.clone())));
-        } else if let Some(serde_json::Value::Object(fields)) = file.get(section) {
-            keys.extend(fields.keys().map(|k| (section, k.clone())));
+pub fn file_keys() -> &'static [(&'static str, String)] {
+    static KEYS: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let Ok(serde_json::Value::Object(file)) = serde_json::to_value(FileConfig::default()) else {
+            return Vec::new();
+        };
+        let mut keys = Vec::new();
+        for (section, _) in SECTIONS {
+            if section.is_empty() {
+                keys.extend(file.iter().filter(|(_, v)| !v.is_object()).map(|(k, _)| ("", k.clone())));
+            } else if let Some(serde_json::Value::Object(fields)) = file.get(section) {
+                keys.extend(fields.keys().map(|k| (section, k.clone())));
+            }
         }
-    }
-    keys
+        keys
+    })
 }
 
 /// One flag as the guide lists it.
@@ -570,7 +575,7 @@ mod tests {
         for (flag, _) in FLAG_ONLY {
             assert!(flag_only_used.iter().any(|f| f == flag), "FLAG_ONLY names --{flag}, which no server takes");
         }
-        for (section, key) in file_keys() {
+        for &(section, ref key) in file_keys() {
             let full = if section.is_empty() { key.clone() } else { format!("{section}.{key}") };
             let by_flag = flag_of(&root, &full).is_some();
             let described = file_only().iter().any(|(k, _)| *k == full);
@@ -598,9 +603,9 @@ mod tests {
         let every = uncomment(&text, true);
         FileConfig::parse(&every).unwrap_or_else(|e| panic!("{e:#}\n{every}"));
         let parsed: toml::Table = toml::from_str(&every).unwrap();
-        for (section, key) in file_keys() {
+        for &(section, ref key) in file_keys() {
             let table = if section.is_empty() { Some(&parsed) } else { parsed.get(section).and_then(|s| s.as_table()) };
-            assert!(table.is_some_and(|t| t.contains_key(&key)), "[{section}] {key} is not in the defaults file");
+            assert!(table.is_some_and(|t| t.contains_key(key)), "[{section}] {key} is not in the defaults file");
         }
         // The values shown as defaults are the defaults.
         let file = FileConfig::parse(&uncomment(&text, false)).unwrap();

@@ -118,6 +118,24 @@ pub struct KvEvent {
     pub cause: Option<RemoveCause>,
 }
 
+#[cfg(test)]
+impl KvEvent {
+    /// A one-byte object's event in the default tenant, in memory, with no replica listed (tests).
+    pub(crate) fn for_test(kind: EventKind, key: &str, cause: Option<RemoveCause>) -> Self {
+        KvEvent {
+            kind,
+            id: 0,
+            tenant: "default".into(),
+            key: key.into(),
+            group: None,
+            medium: "cpu",
+            size: 1,
+            replicas: Replicas::new(),
+            cause,
+        }
+    }
+}
+
 /// The counters of a master's event stream (`/kv_events/status`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EventStats {
@@ -284,17 +302,7 @@ mod tests {
     use super::*;
 
     fn stored(key: &str) -> KvEvent {
-        KvEvent {
-            kind: EventKind::Stored,
-            id: 0,
-            tenant: "default".into(),
-            key: key.into(),
-            group: None,
-            medium: "cpu",
-            size: 1,
-            replicas: Replicas::new(),
-            cause: None,
-        }
+        KvEvent::for_test(EventKind::Stored, key, None)
     }
 
     #[test]

@@ -28,17 +28,9 @@ pub fn parse_seq_hash(key: &str) -> Option<u64> {
     u64::from_str_radix(digits, radix).ok()
 }
 
-/// The payload of one message; also returns how many of its keys are not block hashes.
-pub fn encode_payload(events: &[KvEvent], backend_id: &str, timestamp_ms: i64) -> (Vec<u8>, usize) {
-    let mut out = Vec::with_capacity(64 + events.len() * 256);
-    let mut unparsed = 0;
-    // Writes into a Vec cannot fail.
-    let _ = write_payload(&mut out, events, backend_id, timestamp_ms, &mut unparsed);
-    (out, unparsed)
-}
-
-/// [`encode_payload`] appended to `out`: the publisher's buffer, whose allocation is taken back for the next
-/// message once the socket has sent this one (no fresh pages per message).
+/// Appends the payload of one message to `out` and returns how many of its keys are not block hashes. `out` is
+/// the publisher's buffer, whose allocation is taken back for the next message once the socket has sent this one
+/// (no fresh pages per message).
 pub fn encode_payload_into(
     out: &mut bytes::BytesMut,
     events: &[KvEvent],
@@ -226,9 +218,10 @@ mod tests {
             cause: Some(RemoveCause::Evicted),
             ..stored.clone()
         };
-        let (bytes, unparsed) = encode_payload(&[stored, removed], "pool-a", 1_700_000_000_000);
+        let mut bytes = bytes::BytesMut::new();
+        let unparsed = encode_payload_into(&mut bytes, &[stored, removed], "pool-a", 1_700_000_000_000);
         assert_eq!(unparsed, 1);
-        let v = rmpv::decode::read_value(&mut bytes.as_slice()).unwrap();
+        let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
         let root = v.as_array().unwrap();
         assert_eq!(root.len(), 3);
         assert_eq!(root[0].as_u64(), Some(1_700_000_000_000));

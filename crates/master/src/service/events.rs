@@ -224,17 +224,7 @@ mod tests {
     use crate::events::{EventKind, EventsConfig};
 
     fn removed(key: &str) -> KvEvent {
-        KvEvent {
-            kind: EventKind::Removed,
-            id: 0,
-            tenant: "default".into(),
-            key: key.into(),
-            group: None,
-            medium: "cpu",
-            size: 1,
-            replicas: Default::default(),
-            cause: Some(RemoveCause::Expired),
-        }
+        KvEvent::for_test(EventKind::Removed, key, Some(RemoveCause::Expired))
     }
 
     #[test]
