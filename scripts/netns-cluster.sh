@@ -15,8 +15,12 @@
 #   - placement balance: the spread of fill across nodes ((max − min) / mean of used bytes) after the 64 KiB
 #     writes (half the pool), with NODES − LATE nodes, and again after LATE more nodes join and the clients write
 #     a quarter of the whole pool more (PLACEMENT=free-ratio-first to run the master with that policy).
-# Not yet here (issue 39): killing a node and the leader under load, the HA variant, the original's processes in
-# the same namespaces.
+# SYSTEM=original runs the original instead, in the same namespaces: its `mooncake_master` and, for nodes, its
+# `mooncake_client` daemon (from the wheel `mooncake-transfer-engine-non-cuda`, installed into
+# target/bench-venv-original as scripts/bench-python.sh does). Its clients are Python processes
+# (crates/python/bench/netns_client.py, put_from/get_into one at a time); CLIENT=python gives Crescent the same
+# Python clients (its release wheel in target/bench-venv-crescent), so the two runs compare like for like.
+# Not yet here (issue 39): killing a node and the leader under load, the HA variant.
 set -euo pipefail
 secs=${1:-5}
 nodes=${2:-16}
@@ -27,9 +31,26 @@ late=${LATE:-4}
 client_ns=${CLIENT_NS:-8}
 [ "$(id -u)" -eq 0 ] || { echo "scripts/netns-cluster.sh: needs root (network namespaces, veth, tc)" >&2; exit 1; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "needs iproute2 (ip, tc)" >&2; exit 1; }
+system=${SYSTEM:-crescent}
+client=${CLIENT:-rust}
+[ "$system" = original ] && client=python
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
 bin=$PWD/target/release/crescent
+mc=${MC_VENV:-$PWD/target/bench-venv-original}
+py=$PWD/target/bench-venv-crescent/bin/python
+if [ "$system" = original ]; then
+    [ -x "$mc/bin/python" ] || python3 -m venv "$mc"
+    "$mc/bin/python" -c "import mooncake.store, numpy" 2>/dev/null || "$mc/bin/pip" install -q mooncake-transfer-engine-non-cuda numpy
+    ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -q libibverbs1 librdmacm1 >/dev/null
+    py=$mc/bin/python
+elif [ "$client" = python ]; then
+    cr=$PWD/target/bench-venv-crescent
+    [ -x "$cr/bin/python" ] || python3 -m venv "$cr"
+    [ -x "$cr/bin/maturin" ] || "$cr/bin/pip" install -q "maturin>=1.9.4,<2" numpy
+    (cd crates/python && VIRTUAL_ENV="$cr" "$cr/bin/maturin" develop --release --locked -q)
+fi
+pyclient=$PWD/crates/python/bench/netns_client.py
 work=$(mktemp -d /tmp/crescent-netns.XXXXXX)
 tag=cr$$
 bridge=${tag}br
@@ -81,19 +102,49 @@ run() {
 }
 in_client() { ip netns exec "${tag}c1" "$bin" "$@"; }
 
-run "${tag}m" master master --listen "$master_addr:50051" --admin "$master_addr:9003" --insecure \
-    --placement "${PLACEMENT:-random}"
+seg_bytes=$(python3 -c "import re,sys; s=sys.argv[1]; m=re.fullmatch(r'(\d+)([KMG]i?B)?', s); u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30,None:1}; print(int(m.group(1))*u[m.group(2)])" "$segment")
+# `exe NS NAME PROGRAM ARGS…`: like `run`, any program.
+exe() {
+    local ns=$1 name=$2
+    shift 2
+    ip netns exec "$ns" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+    pids+=($!)
+    echo $! >"$work/$name.pid"
+}
+if [ "$system" = original ]; then
+    exe "${tag}m" master "$mc/bin/mooncake_master" --rpc_address "$master_addr" --rpc_port 50051 --metrics_port 9003 \
+        --enable_http_metadata_server=false
+else
+    run "${tag}m" master master --listen "$master_addr:50051" --admin "$master_addr:9003" --insecure \
+        --placement "${PLACEMENT:-random}"
+fi
 master_pid=$(cat "$work/master.pid")
 start_node() {
-    run "${tag}n$1" "node$1" node --master "$master_addr:50051" --listen "10.201.1.$1:7000" --segment-size "$segment" \
-        --prefault false --insecure
+    if [ "$system" = original ]; then
+        exe "${tag}n$1" "node$1" "$mc/bin/mooncake_client" --master_server_address="$master_addr:50051" \
+            --host="10.201.1.$1" --port=7000 --global_segment_size="$seg_bytes" --protocol=tcp \
+            --metadata_server=P2PHANDSHAKE
+    else
+        run "${tag}n$1" "node$1" node --master "$master_addr:50051" --listen "10.201.1.$1:7000" --segment-size "$segment" \
+            --prefault false --insecure
+    fi
+}
+# Until the master lists N memory segments (the original's /get_all_segments, which Crescent serves too).
+wait_nodes() {
+    local n=$1 deadline=$((SECONDS + 60)) have=0
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        have=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/get_all_segments" | grep -c . || true)
+        [ "$have" -ge "$n" ] && return 0
+        sleep 0.2
+    done
+    echo "only $have of $n nodes registered within 60 s" >&2
+    exit 1
 }
 first=$((nodes - late))
 for i in $(seq 1 "$first"); do start_node "$i"; done
-in_client wait --master "$master_addr:50051" --nodes "$first" --timeout 60s
+wait_nodes "$first"
 
 ticks() { awk '{print $14 + $15}' "/proc/$master_pid/stat"; }
-seg_bytes=$(python3 -c "import re,sys; s=sys.argv[1]; m=re.fullmatch(r'(\d+)([KMG]i?B)?', s); u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30,None:1}; print(int(m.group(1))*u[m.group(2)])" "$segment")
 
 # `phase NAME SIZE PHASES COUNT_NODES DIVISOR`: CLIENTS bench processes at once; each writes/reads its own keys,
 # together 1/DIVISOR of the pool of COUNT_NODES nodes (below the eviction watermark: nothing is evicted).
@@ -106,33 +157,43 @@ phase() {
     t0=$(ticks)
     for c in $(seq 1 "$clients"); do
         g=$(((c - 1) % client_ns + 1))
-        ip netns exec "${tag}c$g" "$bin" bench --master "$master_addr:50051" --phases "$phases" --value-size "$size" \
-            --keys "$keys" --run "$name-$c" --keep --duration "$secs" --json "$work/$name-$c.json" \
-            >/dev/null 2>"$work/$name-$c.err" &
+        if [ "$client" = python ]; then
+            ip netns exec "${tag}c$g" "$py" "$pyclient" --master "$master_addr:50051" --host "10.201.2.$g" \
+                --size "$size_b" --keys "$keys" --run "$name-$c" --seconds "$secs" --phases "$phases" \
+                --json "$work/$name-$c.json" >/dev/null 2>"$work/$name-$c.err" &
+        else
+            ip netns exec "${tag}c$g" "$bin" bench --master "$master_addr:50051" --phases "$phases" --value-size "$size" \
+                --keys "$keys" --run "$name-$c" --keep --duration "$secs" --json "$work/$name-$c.json" \
+                >/dev/null 2>"$work/$name-$c.err" &
+        fi
         bench_pids+=($!)
     done
     for p in "${bench_pids[@]}"; do wait "$p" || { echo "a client failed: $(tail -3 "$work"/$name-*.err | tail -3)" >&2; exit 1; }; done
     echo "$(($(ticks) - t0))" >"$work/$name.ticks"
 }
-spread() { # the fill spread across nodes from the master's /segments
-    in_client_curl=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/segments")
+spread() { # the fill spread across nodes from the master's /get_segments_detail (the original's path)
+    in_client_curl=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/get_segments_detail")
     python3 -c '
 import json, sys
-segs = [s for s in json.loads(sys.argv[1])["segments"] if s["kind"] == "Memory"]
-used = [s["used_bytes"] for s in segs]
+used = [s["allocator_used_bytes"] for s in json.loads(sys.argv[1])["segments"]]
 mean = sum(used) / len(used)
 print(f"{len(used)} nodes, fill min {min(used) / 2**20:.0f} MiB, max {max(used) / 2**20:.0f} MiB, spread {(max(used) - min(used)) / mean if mean else 0:.3f}")
 ' "$in_client_curl"
 }
 
-echo "# scripts/netns-cluster.sh $secs $nodes $clients $segment $delay (late $late, client namespaces $client_ns, placement ${PLACEMENT:-random}, netem $netem) at $(git rev-parse --short HEAD), $(nproc) CPUs"
+echo "# scripts/netns-cluster.sh $secs $nodes $clients $segment $delay (system $system, clients $client, late $late, client namespaces $client_ns, placement ${PLACEMENT:-random}, netem $netem) at $(git rev-parse --short HEAD), $(nproc) CPUs"
 phase small 64KiB write,read "$first" 2
 echo "balance after 64 KiB writes: $(spread)"
 for i in $(seq $((first + 1)) "$nodes"); do start_node "$i"; done
-in_client wait --master "$master_addr:50051" --nodes "$nodes" --timeout 60s
+wait_nodes "$nodes"
 phase late 64KiB write "$nodes" 4
 echo "balance after $late nodes joined and a quarter of the pool more was written: $(spread)"
-in_client rm --master "$master_addr:50051" --all --force >/dev/null
+if [ "$system" = original ]; then
+    ip netns exec "${tag}c1" "$py" -c 'import sys; from mooncake.store import MooncakeDistributedStore as S; s = S(); assert s.setup(sys.argv[2], "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", sys.argv[1]) == 0; print(s.remove_all(), file=sys.stderr); s.close()' \
+        "$master_addr:50051" 10.201.2.1 2>>"$work/rm.err"
+else
+    in_client rm --master "$master_addr:50051" --all --force >/dev/null
+fi
 phase large 1MiB write,read "$nodes" 2
 
 CRESCENT_CLK_TCK=$(getconf CLK_TCK) python3 - "$work" "$clients" <<'EOF'

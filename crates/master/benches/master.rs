@@ -5,6 +5,10 @@
 //! `cargo bench -p crescent-master --bench master [-- --objects N]`. Prints one line per measurement.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+/// The allocator the `crescent` binary runs the master with: memory and time are measured as a user meets them.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use crescent_master::clock::SystemClock;
 use crescent_master::eviction::{EvictionScope, EvictionTarget};
 use crescent_master::service::{MasterConfig, MasterService};

@@ -8,6 +8,10 @@
 //! run's phases and the min / median total.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+/// The allocator the `crescent` binary runs the master with: memory and time are measured as a user meets them.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use crescent_ha::kv::{HaKvBackend, MemoryKv};
 use crescent_ha::oplog::{DurablePrefix, OpLogBatchRecord, OpLogBatchStorage, OpLogEntry, StorageConfig};
 use crescent_master::clock::SystemClock;

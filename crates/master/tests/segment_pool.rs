@@ -423,10 +423,11 @@ fn snapshot_restore_round_trips_catalog_allocators_and_rebinds_buffers() {
     }
     assert!(q.is_allocatable(a.id) && !q.is_allocatable(b.id) && !q.is_allocatable(g.id));
     // The metadata restore re-binds the buffers it knows; wrong sizes/offsets are refused; the rest is freed.
-    assert_eq!(q.rebind_restored(a.id, kept.offset(), 1).unwrap_err().code(), ErrorCode::InvalidReplica);
-    let rebound = q.rebind_restored(a.id, kept.offset(), kept.size()).unwrap();
-    assert!(q.rebind_restored(a.id, kept.offset(), kept.size()).is_err(), "only once");
-    assert_eq!(q.finish_restore(), 1);
+    let restored = q.take_restored();
+    assert_eq!(restored.rebind(a.id, kept.offset(), 1).unwrap_err().code(), ErrorCode::InvalidReplica);
+    let rebound = restored.rebind(a.id, kept.offset(), kept.size()).unwrap();
+    assert!(restored.rebind(a.id, kept.offset(), kept.size()).is_err(), "only once");
+    assert_eq!(restored.finish(), 1);
     assert_eq!(q.segment(a.id).unwrap().usage.used, 3 * MIB + 5);
     drop(rebound);
     assert_eq!(q.segment(a.id).unwrap().usage.used, 0);
@@ -487,7 +488,7 @@ fn a_suspect_segment_is_restored_suspect_and_its_owner_clears_it() {
     q.restore(p.snapshot_view()).unwrap();
     assert_eq!(q.segment(id).unwrap().status, SegmentStatus::Suspect);
     assert!(!q.is_allocatable(id));
-    let rebound = q.rebind_restored(id, held.offset(), MIB).unwrap();
+    let rebound = q.take_restored().rebind(id, held.offset(), MIB).unwrap();
     assert!(!rebound.is_readable() && rebound.is_live(), "its replicas are kept but not handed to readers");
     assert_eq!(q.clear_suspect(ids[1].0), 0, "another client's ping clears nothing");
     assert_eq!(q.clear_suspect(owner), 1);
@@ -507,8 +508,9 @@ fn cxl_snapshot_round_trips_bindings() {
     let q = SegmentPool::new(cfg).unwrap();
     q.restore(p.snapshot_view()).unwrap();
     assert_eq!(q.segment(s.id).unwrap().usage.used, 5 * MIB);
-    let r = q.rebind_restored(s.id, b.offset(), 5 * MIB).unwrap();
-    assert_eq!(q.finish_restore(), 0);
+    let restored = q.take_restored();
+    let r = restored.rebind(s.id, b.offset(), 5 * MIB).unwrap();
+    assert_eq!(restored.finish(), 0);
     drop(r);
     assert_eq!(q.segment(s.id).unwrap().usage.used, 0);
 }

@@ -14,8 +14,8 @@ pub use payload::{
     SegmentRecordV1,
 };
 pub use replay::{
-    OpLogOptions, OpenError, OpenReport, ReplayState, master_storage, master_writer_config, open, open_with_snapshots,
-    replay_log, replay_log_after, start_writing,
+    OpLogOptions, OpenError, OpenReport, ReplayObjects, ReplayState, master_storage, master_writer_config, open,
+    open_with_snapshots, replay_log, replay_log_after, start_writing,
 };
 pub use role::{HaState, HaStatus, PromoteError};
 pub use sink::{OPLOG_REFUSED, OpLog, Slot, take_hid_objects};

@@ -18,7 +18,11 @@ use crescent_ha::oplog::{
     StorageError, WriterConfig,
 };
 use crescent_proto::{ClientId, ErrorCode, SegmentId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+/// The readable objects of a [`ReplayState`] by `(tenant, key)`: a fast (non-SipHash) table, since a standby or
+/// a restart folds tens of millions of keys into it and a restore walks all of them.
+pub type ReplayObjects = hashbrown::HashMap<(String, String), ObjectRecord>;
 use std::sync::Arc;
 
 /// Everything a log describes, folded: what a master rebuilds.
@@ -27,7 +31,7 @@ pub struct ReplayState {
     /// Mounted segments by id.
     pub segments: BTreeMap<SegmentId, SegmentRecord>,
     /// Readable objects by `(tenant, key)`.
-    pub objects: HashMap<(String, String), ObjectRecord>,
+    pub objects: ReplayObjects,
     /// Requested tenant quotas (`None`: no tenant entry seen).
     pub policies: Option<BTreeMap<String, u64>>,
     /// Local SSD registrations by client (usage 0: runtime state, never logged).

@@ -208,6 +208,17 @@ impl ObjectIndex {
         }
     }
 
+    /// Makes room for `additional` more objects, spread over the shards as route hashes spread them (a restore
+    /// knows its count: tables sized once are not rehashed again and again while they fill).
+    pub fn reserve(&self, additional: usize) {
+        let per_shard = additional.div_ceil(SHARDS);
+        // Hashes do not split exactly evenly: a little headroom keeps the fullest shard from one last rehash.
+        let per_shard = per_shard + per_shard / 32;
+        for shard in self.routes.iter() {
+            write_routes(shard).reserve(per_shard, entry_hash);
+        }
+    }
+
     /// Number of routed objects.
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)

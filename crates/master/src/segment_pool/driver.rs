@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub struct PreparedRegion {
     pub(crate) resource: Arc<RegionResource>,
     /// Live allocations adopted from a snapshot, by offset (restore only).
-    pub(crate) adopted: HashMap<u64, Allocation>,
+    pub(crate) adopted: hashbrown::HashMap<u64, Allocation>,
 }
 
 /// A region's allocator state, as a snapshot view carries it.
@@ -121,7 +121,7 @@ impl RegionDriver for OwnAllocatorDriver {
         self.validate(spec)?;
         let alloc = OffsetAllocator::new(spec.size).map_err(|e| PoolError::InvalidSpec(e.to_string()))?;
         let resource = new_resource(spec, AllocationTarget::Own(Mutex::new(alloc)));
-        Ok(PreparedRegion { resource, adopted: HashMap::new() })
+        Ok(PreparedRegion { resource, adopted: hashbrown::HashMap::new() })
     }
 
     fn prepare_adopt(&mut self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
@@ -215,7 +215,7 @@ impl RegionDriver for CxlDriver {
     fn prepare_open(&self, spec: &SegmentSpec) -> Result<PreparedRegion, PoolError> {
         self.validate(spec)?;
         let target = AllocationTarget::CxlBinding { window: self.window.clone(), live: Mutex::new(HashMap::new()) };
-        Ok(PreparedRegion { resource: new_resource(spec, target), adopted: HashMap::new() })
+        Ok(PreparedRegion { resource: new_resource(spec, target), adopted: hashbrown::HashMap::new() })
     }
 
     fn prepare_adopt(&mut self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
@@ -231,7 +231,7 @@ impl RegionDriver for CxlDriver {
             })?;
             live.insert(*off, a);
         }
-        let adopted = live.clone();
+        let adopted = live.iter().map(|(k, v)| (*k, *v)).collect();
         let target = AllocationTarget::CxlBinding { window: self.window.clone(), live: Mutex::new(live) };
         Ok(PreparedRegion { resource: new_resource(spec, target), adopted })
     }

@@ -30,7 +30,7 @@ use crate::alloc::{AllocError, Allocation};
 use crate::clock::Timestamp;
 use catalog::MountedSegment;
 use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
@@ -215,7 +215,7 @@ pub(crate) struct PoolState {
     placement: PlacementIndex,
     drivers: RegionDriverRegistry,
     /// Restored allocations that the metadata restore has not re-bound yet.
-    pending_rebind: HashMap<SegmentId, HashMap<u64, Allocation>>,
+    pending_rebind: HashMap<SegmentId, hashbrown::HashMap<u64, Allocation>>,
 }
 
 impl PoolState {
@@ -763,39 +763,73 @@ impl SegmentPool {
         PlacementAccess { state: self.state.read() }
     }
 
-    /// Re-binds a buffer restored from a snapshot (metadata restore). The allocation must exist at `offset` with
-    /// exactly `size` requested bytes, and each allocation can be re-bound once.
-    pub fn rebind_restored(&self, id: SegmentId, offset: u64, size: u64) -> Result<AllocatedBuffer, PoolError> {
+    /// Takes the allocations a restore adopted out of the pool, to be re-bound to their objects (from several
+    /// threads at once: each segment's are behind their own lock, the pool's is not taken again); dropping or
+    /// [`RestoredAllocations::finish`]ing the result frees those never re-bound.
+    pub fn take_restored(&self) -> RestoredAllocations {
         let mut st = self.state.write();
         let st = &mut *st;
-        let region = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
-        let resource = Arc::downgrade(st.resource(&region.spec).ok_or(PoolError::NotFound)?);
-        let pending = st.pending_rebind.get_mut(&id).ok_or(PoolError::NoRestoredAllocation(id, offset))?;
-        match pending.get(&offset) {
+        let mut segments = hashbrown::HashMap::with_capacity(st.pending_rebind.len());
+        for (id, open) in st.pending_rebind.drain() {
+            let Some(r) = st.catalog.get(&id) else { continue };
+            let Some(res) = st.drivers.driver(r.spec.kind).ok().and_then(|d| d.resource(&id)) else { continue };
+            segments.insert(id, RestoredSegment { resource: Arc::downgrade(res), open: Mutex::new(open) });
+        }
+        RestoredAllocations { segments }
+    }
+}
+
+/// Allocations adopted by a restore and not yet re-bound to an object (see [`SegmentPool::take_restored`]).
+pub struct RestoredAllocations {
+    segments: hashbrown::HashMap<SegmentId, RestoredSegment>,
+}
+
+/// One segment's adopted allocations.
+struct RestoredSegment {
+    /// The region they live in (a buffer's owner).
+    resource: Weak<RegionResource>,
+    /// Not yet re-bound, by offset.
+    open: Mutex<hashbrown::HashMap<u64, Allocation>>,
+}
+
+impl RestoredAllocations {
+    /// Re-binds the allocation at `offset` of segment `id` as a buffer. It must have exactly `size` requested
+    /// bytes, and each allocation can be re-bound once.
+    pub fn rebind(&self, id: SegmentId, offset: u64, size: u64) -> Result<AllocatedBuffer, PoolError> {
+        let seg = self.segments.get(&id).ok_or(PoolError::NoRestoredAllocation(id, offset))?;
+        let mut open = seg.open.lock();
+        match open.get(&offset) {
             Some(a) if a.size() == size => {
                 let a = *a;
-                pending.remove(&offset);
-                Ok(AllocatedBuffer::from_parts(resource, a))
+                open.remove(&offset);
+                drop(open);
+                Ok(AllocatedBuffer::from_parts(seg.resource.clone(), a))
             }
             _ => Err(PoolError::NoRestoredAllocation(id, offset)),
         }
     }
 
-    /// Ends a restore: restored allocations nobody re-bound are freed (their objects did not survive). Returns
-    /// how many were freed.
-    pub fn finish_restore(&self) -> usize {
-        let orphans: Vec<AllocatedBuffer> = {
-            let mut st = self.state.write();
-            let st = &mut *st;
-            let mut out = Vec::new();
-            for (id, allocs) in st.pending_rebind.drain() {
-                let Some(r) = st.catalog.get(&id) else { continue };
-                let Some(res) = st.drivers.driver(r.spec.kind).ok().and_then(|d| d.resource(&id)) else { continue };
-                out.extend(allocs.into_values().map(|a| AllocatedBuffer::from_parts(Arc::downgrade(res), a)));
+    /// Ends a restore: the allocations nobody re-bound are freed (their objects did not survive). Returns how
+    /// many were freed.
+    pub fn finish(mut self) -> usize {
+        self.free_open()
+    }
+
+    fn free_open(&mut self) -> usize {
+        let mut freed = 0;
+        for seg in self.segments.values_mut() {
+            for (_, a) in seg.open.get_mut().drain() {
+                drop(AllocatedBuffer::from_parts(seg.resource.clone(), a));
+                freed += 1;
             }
-            out
-        };
-        orphans.len()
+        }
+        freed
+    }
+}
+
+impl Drop for RestoredAllocations {
+    fn drop(&mut self) {
+        self.free_open();
     }
 }
 

@@ -70,7 +70,7 @@ impl SegmentPool {
     }
 
     /// Restores a view into this (empty) pool; returns the number of regions. Restored allocations wait for
-    /// [`SegmentPool::rebind_restored`]; [`SegmentPool::finish_restore`] frees those never re-bound.
+    /// [`SegmentPool::take_restored`], which re-binds them and frees those never re-bound.
     pub fn restore(&self, view: SegmentPoolSnapshotView) -> Result<usize, PoolError> {
         let mut next = PoolState::new(&self.config)?;
         match (&view.cxl_window, &mut next.drivers.cxl) {

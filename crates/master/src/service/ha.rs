@@ -8,13 +8,20 @@ use crate::ha::payload::data_type_from;
 use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayState, ReplicaRecord, Slot};
 use crate::local_ssd::LocalSsdRecord;
 use crate::metadata::{Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, TenantState, Tier};
-use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
+use crate::segment_pool::{RegionAllocState, RegionReadView, RestoredAllocations, SegmentPoolSnapshotView};
 use crescent_proto::{ErrorCode, ReplicaStatus, SegmentId, SegmentKind, SegmentStatus, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+/// Below this many objects a restore publishes them on the calling thread (threads cost more than they save).
+const PARALLEL_RESTORE_MIN: usize = 1 << 16;
+/// At most this many restore threads (the work is memory-bound beyond a few).
+const MAX_RESTORE_THREADS: usize = 8;
+/// Consecutive table entries one restore thread takes at a time (neighbouring entries share cache lines).
+const RESTORE_BLOCK: usize = 4096;
 
 impl MasterService {
     /// Makes every later mutation log through `log` (once; a second call is refused and logged). Attach after
@@ -225,12 +232,25 @@ impl MasterService {
             self.config.client_ttl_ms
         };
         let deadline = now.saturating_add(Duration::from_millis(grace_ms));
-        // Every replica's range per segment.
-        let mut ranges: HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = HashMap::new();
-        for o in state.objects.values() {
+        // Every replica's range per segment, and how many objects each tenant gets.
+        let mut ranges: hashbrown::HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = hashbrown::HashMap::new();
+        let mut per_tenant: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
+        let mut run: Option<(&str, usize)> = None;
+        for ((tenant, _), o) in &state.objects {
+            match &mut run {
+                Some((name, n)) if *name == tenant.as_str() => *n += 1,
+                _ => {
+                    if let Some((name, n)) = run.replace((tenant.as_str(), 1)) {
+                        *per_tenant.entry(name).or_default() += n;
+                    }
+                }
+            }
             for r in &o.replicas {
                 ranges.entry(r.segment_id()).or_default().push((r.offset, r.length, r.segment_id()));
             }
+        }
+        if let Some((name, n)) = run {
+            *per_tenant.entry(name).or_default() += n;
         }
         let mut specs = Vec::with_capacity(state.segments.len());
         for (id, rec) in &state.segments {
@@ -289,18 +309,77 @@ impl MasterService {
             tracing::error!(error = %e, "restoring the replayed segments failed");
             e.code()
         })?;
-        let mut objects = 0;
+        for (tenant, n) in per_tenant {
+            if let Some(t) = self.replay_tenant(tenant) {
+                t.objects().reserve(n);
+            }
+        }
+        // Objects are re-bound and published from several threads (a standby's promotion and a restart wait for
+        // this): each thread takes every `threads`-th block of the table, so none copies the table to split it.
+        let restored = self.pool.take_restored();
+        let threads = if state.objects.len() < PARALLEL_RESTORE_MIN {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_RESTORE_THREADS)
+        };
+        let (objects, max_replica) = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let restored = &restored;
+                    s.spawn(move || {
+                        let mine = state
+                            .objects
+                            .iter()
+                            .enumerate()
+                            .filter(move |(i, _)| (i / RESTORE_BLOCK) % threads == t)
+                            .map(|(_, o)| o);
+                        self.restore_objects(mine, restored, now)
+                    })
+                })
+                .collect();
+            workers.into_iter().fold((0, 0), |(n, max), w| match w.join() {
+                Ok((wn, wmax)) => (n + wn, max.max(wmax)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+        });
+        self.next_replica_id.fetch_max(max_replica.saturating_add(1), Ordering::Relaxed);
+        let orphans = restored.finish();
+        if orphans > 0 {
+            tracing::warn!(orphans, "replayed allocations no object claimed were freed");
+        }
+        self.recompute_quotas();
+        Ok((objects, segments))
+    }
+
+    /// Re-binds and publishes replayed objects; returns how many were published and the highest replica id
+    /// seen.
+    fn restore_objects<'a>(
+        &self,
+        objects: impl Iterator<Item = (&'a (String, String), &'a ObjectRecord)>,
+        restored: &RestoredAllocations,
+        now: Timestamp,
+    ) -> (usize, u64) {
+        let mut published_count = 0;
         let mut max_replica = 0u64;
-        for ((tenant, key), o) in &state.objects {
-            let Some(t) = self.replay_tenant(tenant) else {
-                tracing::error!(tenant, key, "replayed object of an invalid tenant dropped");
-                continue;
+        // Consecutive objects mostly share a tenant: look it up once per run of them.
+        let mut last_tenant: Option<(&str, Arc<TenantState>)> = None;
+        for ((tenant, key), o) in objects {
+            let t = match &last_tenant {
+                Some((name, t)) if *name == tenant.as_str() => t.clone(),
+                _ => {
+                    let Some(t) = self.replay_tenant(tenant) else {
+                        tracing::error!(tenant, key, "replayed object of an invalid tenant dropped");
+                        continue;
+                    };
+                    last_tenant = Some((tenant.as_str(), t.clone()));
+                    t
+                }
             };
             let mut replicas: SmallVec<[Replica; 1]> = SmallVec::new();
             let writer = o.writer_id().map_or(crate::metadata::writers::UNKNOWN, crate::metadata::writers::number);
             for r in &o.replicas {
                 max_replica = max_replica.max(r.id);
-                match self.pool.rebind_restored(r.segment_id(), r.offset, r.length) {
+                match restored.rebind(r.segment_id(), r.offset, r.length) {
                     Ok(buffer) => replicas.push(Replica {
                         id: r.id,
                         buffer,
@@ -345,7 +424,7 @@ impl MasterService {
                 Some(g) => super::write::publish_member(&t, g, id, key, st),
             };
             match published {
-                Ok(()) => objects += 1,
+                Ok(()) => published_count += 1,
                 Err(loser) => {
                     let mut st = loser.lock();
                     let dead = t.retire(&mut st);
@@ -355,13 +434,7 @@ impl MasterService {
                 }
             }
         }
-        self.next_replica_id.fetch_max(max_replica.saturating_add(1), Ordering::Relaxed);
-        let orphans = self.pool.finish_restore();
-        if orphans > 0 {
-            tracing::warn!(orphans, "replayed allocations no object claimed were freed");
-        }
-        self.recompute_quotas();
-        Ok((objects, segments))
+        (published_count, max_replica)
     }
 
     /// The live metadata in the oplog's terms: every segment mounted (as SEGMENT_MOUNT records it), every
@@ -446,5 +519,35 @@ mod tests {
         assert_eq!(svc.exist_key("", "k"), Ok(false));
         set(&e, [Removed, Processing]);
         assert_eq!(svc.get_replica_list("", "k").unwrap_err(), ErrorCode::ReplicaIsNotReady, "only in flight");
+    }
+
+    #[test]
+    fn a_restore_large_enough_for_threads_rebinds_every_object_once() {
+        // Past PARALLEL_RESTORE_MIN the objects are re-bound and published from several threads.
+        let n = PARALLEL_RESTORE_MIN + 1_000;
+        let a = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1))).unwrap();
+        for i in 0..2 {
+            a.mount_segment(ClientId::random(), crescent_testkit::segment(&format!("s{i}"), 1 << 30)).unwrap();
+        }
+        let w = ClientId::random();
+        for i in 0..n {
+            let (k, replicas) = (format!("k{i}"), if i % 7 == 0 { 2 } else { 1 });
+            a.put_start(w, "", &k, 64 + (i as u64 % 3), &ReplicateConfig::with_replicas(replicas)).unwrap();
+            a.put_end(w, "", &k, Some(i as u64)).unwrap();
+        }
+        let state = a.metadata_view();
+        assert_eq!(state.objects.len(), n);
+        let b = MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1))).unwrap();
+        assert_eq!(b.restore_replayed(&state).unwrap(), (n, 2), "every object, both segments");
+        let restored = b.metadata_view();
+        assert_eq!(restored.objects, state.objects, "the same replicas at the same offsets, ids, checksums");
+        // Restored segments wait for their owner (DISCONNECTED), so compare each segment's allocator.
+        let usage = |svc: &MasterService| {
+            svc.pool().segments().into_iter().map(|s| (s.spec.id, s.usage)).collect::<Vec<_>>()
+        };
+        assert_eq!(usage(&b), usage(&a), "no space lost or leaked");
+        // Replica ids go on past every restored one.
+        let max_id = state.objects.values().flat_map(|o| o.replicas.iter().map(|r| r.id)).max().unwrap();
+        assert!(b.next_replica_id() > max_id);
     }
 }

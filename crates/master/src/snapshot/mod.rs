@@ -32,7 +32,7 @@ use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes (and the newest it reads).
@@ -360,7 +360,7 @@ fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Clone + Into<ObjectReco
         }
     };
     let total: usize = w.tenants.iter().map(|t| t.objects.len()).sum();
-    let mut objects = HashMap::with_capacity(total);
+    let mut objects = crate::ha::ReplayObjects::with_capacity(total);
     let mut last_tenant: Option<String> = None;
     for t in w.tenants {
         let tenant = t.tenant.into_owned();
