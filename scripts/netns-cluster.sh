@@ -20,7 +20,14 @@
 # target/bench-venv-original as scripts/bench-python.sh does). Its clients are Python processes
 # (crates/python/bench/netns_client.py, put_from/get_into one at a time); CLIENT=python gives Crescent the same
 # Python clients (its release wheel in target/bench-venv-crescent), so the two runs compare like for like.
-# Not yet here (issue 39): killing a node and the leader under load, the HA variant.
+# KILL=1 adds a node kill under load (Python clients, either system): after the 1 MiB phase every client reads
+# its 1 MiB keys back for KILL_SECS (default 20) while a probe client puts a 64 KiB value every 0.1 s; 3 s in, the
+# first node is killed (SIGKILL). Reported: the probe's failed puts and the time from the kill to its last failure
+# (time to full write availability), the readers' errors, and how many of the 1 MiB objects read back afterwards
+# (objects lost: with one replica, those the dead node held).
+# HA=1 runs three masters on an etcd in a namespace of its own (both systems: Crescent's `--etcd`, the original's
+# `--enable_ha`), clients and nodes following the leader through etcd; with KILL=1 the leader is killed 5 s after
+# the node, and the probe's failures after it give the time to full write availability through a failover.
 set -euo pipefail
 secs=${1:-5}
 nodes=${2:-16}
@@ -34,6 +41,7 @@ command -v ip >/dev/null && command -v tc >/dev/null || { echo "needs iproute2 (
 system=${SYSTEM:-crescent}
 client=${CLIENT:-rust}
 [ "$system" = original ] && client=python
+[ "${KILL:-0}" = 1 ] && client=python
 cd "$(dirname "$0")/.."
 cargo build --release -q -p crescent-cli
 bin=$PWD/target/release/crescent
@@ -59,8 +67,15 @@ pids=()
 
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.3
+    # Up to 3 s for them to stop on their own, then SIGKILL; `wait` keeps bash from reporting each one.
+    for _ in $(seq 30); do
+        alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
     for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
     ip link del "$bridge" 2>/dev/null || true
     rm -rf "$work"
@@ -87,8 +102,10 @@ make_ns() {
     fi
 }
 
-master_addr=10.201.0.1
-make_ns "${tag}m" "$master_addr"
+masters=1
+[ "${HA:-0}" = 1 ] && masters=3
+for m in $(seq 1 "$masters"); do make_ns "${tag}m$m" "10.201.0.$m"; done
+[ "${HA:-0}" = 1 ] && make_ns "${tag}e" 10.201.0.10
 for i in $(seq 1 "$nodes"); do make_ns "${tag}n$i" "10.201.1.$i"; done
 for g in $(seq 1 "$client_ns"); do make_ns "${tag}c$g" "10.201.2.$g"; done
 
@@ -111,30 +128,64 @@ exe() {
     pids+=($!)
     echo $! >"$work/$name.pid"
 }
-if [ "$system" = original ]; then
-    exe "${tag}m" master "$mc/bin/mooncake_master" --rpc_address "$master_addr" --rpc_port 50051 --metrics_port 9003 \
-        --enable_http_metadata_server=false
-else
-    run "${tag}m" master master --listen "$master_addr:50051" --admin "$master_addr:9003" --insecure \
-        --placement "${PLACEMENT:-random}"
+# Masters: one, or with HA=1 three candidates on an etcd of their own (its own namespace), which elect a leader;
+# clients and nodes then follow the leader through etcd (`etcd://…`, the address form both systems take).
+if [ "${HA:-0}" = 1 ]; then
+    exe "${tag}e" etcd etcd --name netns --data-dir "$work/etcd" --listen-client-urls http://10.201.0.10:2379 \
+        --advertise-client-urls http://10.201.0.10:2379 --listen-peer-urls http://10.201.0.10:2380 \
+        --initial-advertise-peer-urls http://10.201.0.10:2380 --initial-cluster netns=http://10.201.0.10:2380
+    timeout 30 sh -c "until ip netns exec ${tag}e curl -sf http://10.201.0.10:2379/health >/dev/null; do sleep 0.2; done"
 fi
-master_pid=$(cat "$work/master.pid")
+for m in $(seq 1 "$masters"); do
+    ha_args=()
+    if [ "$system" = original ]; then
+        [ "${HA:-0}" = 1 ] && ha_args=(--enable_ha=true --etcd_endpoints=10.201.0.10:2379)
+        exe "${tag}m$m" "master$m" "$mc/bin/mooncake_master" --rpc_address "10.201.0.$m" --rpc_port 50051 \
+            --metrics_port 9003 --enable_http_metadata_server=false "${ha_args[@]}"
+    else
+        [ "${HA:-0}" = 1 ] && ha_args=(--etcd 10.201.0.10:2379 --cluster-id netns --data-dir "$work/m$m")
+        run "${tag}m$m" "master$m" master --listen "10.201.0.$m:50051" --admin "10.201.0.$m:9003" --insecure \
+            --placement "${PLACEMENT:-random}" "${ha_args[@]}"
+    fi
+done
+if [ "${HA:-0}" = 1 ]; then
+    master_url=etcd://10.201.0.10:2379
+    [ "$system" = crescent ] && master_url=$master_url/netns
+else
+    master_url=10.201.0.1:50051
+fi
+# The leading master's number (1 without HA): Crescent's /health says its role; the original's standbys do not
+# serve RPC until elected, so its leader is the one whose RPC port takes a connection.
+leader() {
+    local m
+    for m in $(seq 1 "$masters"); do
+        if [ "$masters" = 1 ] \
+            || { [ "$system" = crescent ] && ip netns exec "${tag}c1" curl -s "http://10.201.0.$m:9003/health" | grep -q '"role":"leader"'; } \
+            || { [ "$system" = original ] && ip netns exec "${tag}c1" timeout 1 bash -c "</dev/tcp/10.201.0.$m/50051" 2>/dev/null; }; then
+            echo "$m"
+            return 0
+        fi
+    done
+    echo 0
+}
 start_node() {
     if [ "$system" = original ]; then
-        exe "${tag}n$1" "node$1" "$mc/bin/mooncake_client" --master_server_address="$master_addr:50051" \
+        exe "${tag}n$1" "node$1" "$mc/bin/mooncake_client" --master_server_address="$master_url" \
             --host="10.201.1.$1" --port=7000 --global_segment_size="$seg_bytes" --protocol=tcp \
             --metadata_server=P2PHANDSHAKE
     else
-        run "${tag}n$1" "node$1" node --master "$master_addr:50051" --listen "10.201.1.$1:7000" --segment-size "$segment" \
+        run "${tag}n$1" "node$1" node --master "$master_url" --listen "10.201.1.$1:7000" --segment-size "$segment" \
             --prefault false --insecure
     fi
 }
 # Until the master lists N memory segments (the original's /get_all_segments, which Crescent serves too).
 wait_nodes() {
-    local n=$1 deadline=$((SECONDS + 60)) have=0
+    local n=$1 deadline=$((SECONDS + 60)) have=0 m
     while [ "$SECONDS" -lt "$deadline" ]; do
-        have=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/get_all_segments" | grep -c . || true)
-        [ "$have" -ge "$n" ] && return 0
+        for m in $(seq 1 "$masters"); do
+            have=$(ip netns exec "${tag}c1" curl -s -m 2 "http://10.201.0.$m:9003/get_all_segments" | grep -c . || true)
+            [ "$have" -ge "$n" ] && return 0
+        done
         sleep 0.2
     done
     echo "only $have of $n nodes registered within 60 s" >&2
@@ -144,12 +195,14 @@ first=$((nodes - late))
 for i in $(seq 1 "$first"); do start_node "$i"; done
 wait_nodes "$first"
 
-ticks() { awk '{print $14 + $15}' "/proc/$master_pid/stat"; }
+master_pid=$(cat "$work/master$(leader).pid")
+ticks() { awk '{print $14 + $15}' "/proc/$master_pid/stat" 2>/dev/null || echo 0; }
 
-# `phase NAME SIZE PHASES COUNT_NODES DIVISOR`: CLIENTS bench processes at once; each writes/reads its own keys,
-# together 1/DIVISOR of the pool of COUNT_NODES nodes (below the eviction watermark: nothing is evicted).
+# `phase NAME SIZE PHASES COUNT_NODES DIVISOR [RUN]`: CLIENTS bench processes at once; each writes/reads its own
+# keys (named after RUN, default NAME), together 1/DIVISOR of the pool of COUNT_NODES nodes (below the eviction
+# watermark: nothing is evicted).
 phase() {
-    local name=$1 size=$2 phases=$3 live=$4 divisor=$5 size_b
+    local name=$1 size=$2 phases=$3 live=$4 divisor=$5 run_name=${6:-$1} size_b
     size_b=$(python3 -c "import sys; s=sys.argv[1]; print(int(s[:-3])*(1<<10 if s.endswith('KiB') else 1<<20))" "$size")
     local keys=$((seg_bytes * live / divisor / clients / size_b))
     [ "$keys" -ge 1 ] || keys=1
@@ -158,12 +211,13 @@ phase() {
     for c in $(seq 1 "$clients"); do
         g=$(((c - 1) % client_ns + 1))
         if [ "$client" = python ]; then
-            ip netns exec "${tag}c$g" "$py" "$pyclient" --master "$master_addr:50051" --host "10.201.2.$g" \
-                --size "$size_b" --keys "$keys" --run "$name-$c" --seconds "$secs" --phases "$phases" \
-                --json "$work/$name-$c.json" >/dev/null 2>"$work/$name-$c.err" &
+            ip netns exec "${tag}c$g" "$py" "$pyclient" --master "$master_url" --host "10.201.2.$g" \
+                --size "$size_b" --keys "$keys" --run "$run_name-$c" --seconds "$secs" --phases "$phases" \
+                ${6:+--keys-from "$work/$run_name-$c.json"} --json "$work/$name-$c.json" \
+                >/dev/null 2>"$work/$name-$c.err" &
         else
-            ip netns exec "${tag}c$g" "$bin" bench --master "$master_addr:50051" --phases "$phases" --value-size "$size" \
-                --keys "$keys" --run "$name-$c" --keep --duration "$secs" --json "$work/$name-$c.json" \
+            ip netns exec "${tag}c$g" "$bin" bench --master "$master_url" --phases "$phases" --value-size "$size" \
+                --keys "$keys" --run "$run_name-$c" --keep --duration "$secs" --json "$work/$name-$c.json" \
                 >/dev/null 2>"$work/$name-$c.err" &
         fi
         bench_pids+=($!)
@@ -172,7 +226,7 @@ phase() {
     echo "$(($(ticks) - t0))" >"$work/$name.ticks"
 }
 spread() { # the fill spread across nodes from the master's /get_segments_detail (the original's path)
-    in_client_curl=$(ip netns exec "${tag}c1" curl -s "http://$master_addr:9003/get_segments_detail")
+    in_client_curl=$(ip netns exec "${tag}c1" curl -s "http://10.201.0.$(leader):9003/get_segments_detail")
     python3 -c '
 import json, sys
 used = [s["allocator_used_bytes"] for s in json.loads(sys.argv[1])["segments"]]
@@ -190,11 +244,63 @@ phase late 64KiB write "$nodes" 4
 echo "balance after $late nodes joined and a quarter of the pool more was written: $(spread)"
 if [ "$system" = original ]; then
     ip netns exec "${tag}c1" "$py" -c 'import sys; from mooncake.store import MooncakeDistributedStore as S; s = S(); assert s.setup(sys.argv[2], "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", sys.argv[1]) == 0; print(s.remove_all(), file=sys.stderr); s.close()' \
-        "$master_addr:50051" 10.201.2.1 2>>"$work/rm.err"
+        "$master_url" 10.201.2.1 2>>"$work/rm.err"
 else
-    in_client rm --master "$master_addr:50051" --all --force >/dev/null
+    in_client rm --master "$master_url" --all --force >/dev/null
 fi
 phase large 1MiB write,read "$nodes" 2
+
+if [ "${KILL:-0}" = 1 ]; then
+    kill_secs=${KILL_SECS:-20}
+    (secs=$kill_secs phase kill 1MiB read "$nodes" 2 large) &
+    load=$!
+    ip netns exec "${tag}c1" "$py" "$pyclient" --master "$master_url" --host 10.201.2.1 --size 65536 \
+        --keys 1 --run probe --probe "$kill_secs" --json "$work/probe.json" 2>"$work/probe.err" &
+    probe=$!
+    sleep 3
+    node_killed=$(date +%s.%N)
+    node1=$(cat "$work/node1.pid")
+    { kill -9 "$node1" && wait "$node1"; } 2>/dev/null || true
+    leader_killed=0
+    if [ "${HA:-0}" = 1 ]; then
+        sleep 5
+        m=$(leader)
+        for x in $(seq 1 "$masters"); do
+            ip netns exec "${tag}c1" timeout 1 bash -c "</dev/tcp/10.201.0.$x/50051" 2>/dev/null \
+                && echo "master $x takes RPC connections" >&2
+        done
+        leader_killed=$(date +%s.%N)
+        lpid=$(cat "$work/master$m.pid")
+        { kill -9 "$lpid" && wait "$lpid"; } 2>/dev/null || true
+        echo "killed the leader, master $m" >&2
+    fi
+    wait "$load" "$probe"
+    ip netns exec "${tag}c1" "$py" "$pyclient" --master "$master_url" --host 10.201.2.1 --size $((1 << 20)) \
+        --keys 1 --run check --check "$(ls "$work"/large-*.json | paste -sd,)" --json "$work/check.json" \
+        2>"$work/check.err"
+    python3 - "$work" "$node_killed" "$leader_killed" "$clients" <<'EOF2'
+import json, sys
+work, node_killed, leader_killed, clients = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+probes = [json.loads(l) for l in open(f"{work}/probe.json")]
+def window(name, start, end):
+    ps = [p for p in probes if start <= p["t"] < end]
+    failed = [p for p in ps if not p["ok"]]
+    slow = max((p["ms"] for p in ps), default=0)
+    if ps and not ps[-1]["ok"]:
+        until = ps[-1]["t"] + ps[-1]["ms"] / 1e3 - start
+        back = f"writes NOT available again by the window's end ({until:.2f} s after it)"
+    else:
+        back = f"writes fully available {(failed[-1]['t'] + failed[-1]['ms'] / 1e3 - start) if failed else 0.0:.2f} s after it"
+    return f"after the {name} kill: {len(ps)} probe puts, {len(failed)} failed, {back} (slowest put {slow:.0f} ms)"
+print("node kill under load:", window("node", node_killed, leader_killed or float("inf")))
+if leader_killed:
+    print("leader kill under load:", window("leader", leader_killed, float("inf")))
+reads = [json.loads(l) for c in range(1, clients + 1) for l in open(f"{work}/kill-{c}.json")]
+check = json.loads(open(f"{work}/check.json").read().splitlines()[-1])
+print(f"readers: {sum(r['requests'] for r in reads)} reads, {sum(r['errors'] for r in reads)} errors; 1 MiB objects "
+      f"read back afterwards: {check['checked'] - check['missing']} of {check['checked']} ({check['missing']} lost)")
+EOF2
+fi
 
 CRESCENT_CLK_TCK=$(getconf CLK_TCK) python3 - "$work" "$clients" <<'EOF'
 import json, os, statistics, sys
