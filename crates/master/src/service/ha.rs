@@ -232,6 +232,8 @@ impl MasterService {
             self.config.client_ttl_ms
         };
         let deadline = now.saturating_add(Duration::from_millis(grace_ms));
+        // Phase times go to the log: at tens of millions of objects a restart or a promotion waits for this.
+        let started = std::time::Instant::now();
         // Every replica's range per segment, and how many objects each tenant gets.
         let mut ranges: hashbrown::HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = hashbrown::HashMap::new();
         let mut per_tenant: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
@@ -309,6 +311,7 @@ impl MasterService {
             tracing::error!(error = %e, "restoring the replayed segments failed");
             e.code()
         })?;
+        let regions_took = started.elapsed();
         for (tenant, n) in per_tenant {
             if let Some(t) = self.replay_tenant(tenant) {
                 t.objects().reserve(n);
@@ -348,6 +351,14 @@ impl MasterService {
             tracing::warn!(orphans, "replayed allocations no object claimed were freed");
         }
         self.recompute_quotas();
+        tracing::info!(
+            objects,
+            segments,
+            threads,
+            regions_ms = regions_took.as_millis() as u64,
+            objects_ms = (started.elapsed() - regions_took).as_millis() as u64,
+            "replayed state restored"
+        );
         Ok((objects, segments))
     }
 
