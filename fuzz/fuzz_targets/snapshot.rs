@@ -233,7 +233,7 @@ fuzz_target!(init: write_seeds(seeds), |data: &[u8]| {
     if let Some((pool, bytes)) = restore(mode, &payload) {
         let (again, bytes_again) = restore(mode, &bytes).expect("a restored pool's snapshot restores");
         assert_eq!(bytes_again, bytes, "snapshot . restore is stable");
-        pool.finish_restore();
-        again.finish_restore();
+        pool.take_restored().finish();
+        again.take_restored().finish();
     }
 });
