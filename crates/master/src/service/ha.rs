@@ -372,7 +372,7 @@ impl MasterService {
     ) -> (usize, u64) {
         let mut published_count = 0;
         let mut max_replica = 0u64;
-        // Consecutive objects mostly share a tenant: look it up once per run of them.
+        // Most masters hold one tenant or a few large ones: the last one looked up is usually the next one.
         let mut last_tenant: Option<(&str, Arc<TenantState>)> = None;
         for ((tenant, key), o) in objects {
             let t = match &last_tenant {
