@@ -4,6 +4,7 @@
 
 use crescent_client::{Client, ClientConfig};
 use crescent_proto::{ErrorCode, ReplicateConfig};
+use crescent_testkit::process::{resume, stop};
 use crescent_testkit::{Proc, ProcCluster, eventually, pattern};
 use std::path::Path;
 use std::process::Command;
@@ -346,10 +347,6 @@ async fn writes_keep_succeeding_right_after_a_node_is_killed() {
     assert!(errors <= 2 * 4 * 8, "only the first writes fail: {p}");
 }
 
-fn signal(p: &Proc, sig: &str) {
-    assert!(Command::new("kill").args([sig, &p.pid().to_string()]).status().unwrap().success());
-}
-
 /// Waits until a get of `key` fails with `code`.
 async fn until_get_fails(client: &Client, key: &str, code: ErrorCode) -> bool {
     eventually(Duration::from_secs(30), || {
@@ -386,12 +383,12 @@ async fn a_paused_node_keeps_every_object() {
     let c = cluster(&["--client-ttl-ms", "2000"], 1, "64MiB");
     let client = impatient(&c);
     let values = fill(&client).await;
-    signal(&c.nodes[0], "-STOP");
+    stop(c.nodes[0].pid());
     assert!(
         until_get_fails(&client, "k0", ErrorCode::UnavailableInCurrentStatus).await,
         "the master disconnected the silent node"
     );
-    signal(&c.nodes[0], "-CONT");
+    resume(c.nodes[0].pid());
     let back = eventually(Duration::from_secs(30), || {
         let client = client.clone();
         async move { client.get("k0").await.is_ok() }
@@ -451,9 +448,9 @@ async fn a_node_back_after_the_grace_remounts_by_itself_empty() {
     let c = cluster(&["--client-ttl-ms", "2000", "--disconnect-grace-ms", "500"], 1, "64MiB");
     let client = impatient(&c);
     fill(&client).await;
-    signal(&c.nodes[0], "-STOP");
+    stop(c.nodes[0].pid());
     assert!(until_get_fails(&client, "k0", ErrorCode::ObjectNotFound).await, "dropped after the grace");
-    signal(&c.nodes[0], "-CONT");
+    resume(c.nodes[0].pid());
     let writable = eventually(Duration::from_secs(30), || {
         let client = client.clone();
         async move { client.put("again", b"y").await.is_ok() }

@@ -6,10 +6,11 @@
 
 use crescent_client::Client;
 use crescent_proto::{ReplicaDescriptor, ReplicateConfig};
+use crescent_testkit::process::{resume, stop};
 use crescent_testkit::{Proc, ProcCluster, pattern};
 use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,11 +38,6 @@ fn poll_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bool {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// Sends `sig` (`-STOP`, `-CONT`) to the process `pid`.
-fn signal(pid: u32, sig: &str) {
-    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
 }
 
 /// Output read from a pipe so far.
@@ -154,7 +150,7 @@ fn a_get_against_a_stopped_master_fails_within_the_request_timeout_and_tries_the
     let (stopped, live) = (a.addr(), b.addr());
     put(&stopped, &["k", "-"], b"from-a");
     put(&live, &["k", "-"], b"from-b");
-    signal(a.master.pid(), "-STOP");
+    stop(a.master.pid());
 
     // The default timeout: 5 s, not the 30 s a get used to wait. The error names the master and the wait.
     let out = run(&stopped, &["get", "k"], b"", Duration::from_secs(20));
@@ -192,7 +188,7 @@ fn a_get_against_a_stopped_master_fails_within_the_request_timeout_and_tries_the
     let out = run(&stopped, &["get", "k", "--config", config.to_str().unwrap()], b"", DEADLINE);
     assert_eq!(out.stderr, format!("RPC_TIMEOUT: cannot reach the master at {stopped}: no answer within 300 ms\n"));
     std::fs::remove_dir_all(&dir).unwrap();
-    signal(a.master.pid(), "-CONT");
+    resume(a.master.pid());
 }
 
 #[test]
@@ -202,14 +198,14 @@ fn a_read_that_outlives_its_lease_fetches_the_replica_list_again_instead_of_fail
     let value = pattern(64 << 10, 3);
     put(&addr, &["k", "-"], &value);
     // The node stalls while a reader holds a lease: its read waits past the lease's end.
-    signal(c.nodes[0].pid(), "-STOP");
+    stop(c.nodes[0].pid());
     let dir = std::env::temp_dir().join(format!("crescent-lease-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("k.out");
     let get = Running::start(&addr, &["get", "k", "-o", file.to_str().unwrap()], b"");
     assert!(poll_until(DEADLINE, || stat(&addr, "k")["lease_readers"].as_u64() >= Some(1)), "the get took a lease");
     assert!(poll_until(DEADLINE, || stat(&addr, "k")["lease_remaining_ms"] == 0), "the lease ran out");
-    signal(c.nodes[0].pid(), "-CONT");
+    resume(c.nodes[0].pid());
     // The late bytes are not trusted: the reader looks the object up again and reads it within a fresh lease.
     let out = get.finish(DEADLINE).expect("the get finishes");
     assert!(out.status.success(), "{}", out.stderr);
@@ -251,7 +247,7 @@ async fn a_read_from_a_stalled_node_moves_to_another_replica() {
     // The replica a reader tries first is the first listed: stop its node, with the reader's lane to it open.
     let first = endpoint(&client.stat("k0").await.unwrap().replicas[0]);
     let stalled = node_at(&c, &first);
-    signal(stalled.pid(), "-STOP");
+    stop(stalled.pid());
     let started = Instant::now();
     let got = tokio::time::timeout(DEADLINE, client.get("k0")).await.expect("the read still waits on the stalled node");
     assert_eq!(got.unwrap(), pattern(64 << 10, 0));
@@ -260,7 +256,7 @@ async fn a_read_from_a_stalled_node_moves_to_another_replica() {
     let started = Instant::now();
     assert_eq!(client.get("k0").await.unwrap(), pattern(64 << 10, 0));
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    signal(stalled.pid(), "-CONT");
+    resume(stalled.pid());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,7 +265,7 @@ async fn a_batch_read_from_a_stalled_node_moves_every_key_to_another_replica_at_
     let (c, client) = two_replicas(keys).await;
     let first = endpoint(&client.stat("k0").await.unwrap().replicas[0]);
     let stalled = node_at(&c, &first);
-    signal(stalled.pid(), "-STOP");
+    stop(stalled.pid());
     let mut bufs = vec![vec![0u8; 64 << 10]; keys];
     let names: Vec<String> = (0..keys).map(|i| format!("k{i}")).collect();
     let mut items: Vec<(&str, &mut [u8])> =
@@ -287,7 +283,7 @@ async fn a_batch_read_from_a_stalled_node_moves_every_key_to_another_replica_at_
     for (i, b) in bufs.iter().enumerate() {
         assert_eq!(b, &pattern(64 << 10, i as u64), "k{i}");
     }
-    signal(stalled.pid(), "-CONT");
+    resume(stalled.pid());
 }
 
 #[test]
@@ -304,9 +300,9 @@ fn bench_latencies_count_a_stalled_request_as_the_requests_it_held_up() {
     // The phase starts right after the key-set line; a second of it the master does not answer.
     assert!(poll_until(DEADLINE, || bench.stderr().contains("key set:")), "{}", bench.stderr());
     std::thread::sleep(Duration::from_millis(500));
-    signal(c.master.pid(), "-STOP");
+    stop(c.master.pid());
     std::thread::sleep(Duration::from_secs(1));
-    signal(c.master.pid(), "-CONT");
+    resume(c.master.pid());
     let out = bench.finish(Duration::from_secs(30)).expect("the bench finishes");
     assert!(out.status.success(), "{}", out.stderr);
     let r: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();

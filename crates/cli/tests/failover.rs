@@ -24,7 +24,7 @@ use crescent_proto::wire::PeerRole;
 use crescent_proto::{
     ClientId, ErrorCode, MasterRequest, MasterResponse, ReplicateConfig, SegmentId, SegmentKind, SegmentSpec,
 };
-use crescent_testkit::process::{all_durable, health};
+use crescent_testkit::process::{all_durable, health, resume, stop};
 use crescent_testkit::{Proc, eventually, pattern};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -353,8 +353,8 @@ async fn a_leader_stopped_past_its_lease_is_replaced_and_serves_nothing_after() 
     let load = Load::start(client.clone(), "stop");
     load.progresses(100, "before SIGSTOP").await;
 
-    let pid = masters[old].pid().to_string();
-    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let pid = masters[old].pid();
+    stop(pid);
     // A write sent straight to the stopped leader waits in its socket until it runs again.
     let direct =
         Client::new(ClientConfig::new(masters[old].field("master")).with_request_timeout(Duration::from_secs(30)));
@@ -363,7 +363,8 @@ async fn a_leader_stopped_past_its_lease_is_replaced_and_serves_nothing_after() 
         admins.iter().enumerate().map(|(i, a)| if i == old { None } else { a.clone() }).collect();
     let new = leader(&alive).await;
     load.progresses(100, "after the takeover").await;
-    assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    assert!(!zombie.is_finished(), "the stopped leader answered while stopped: {:?}", zombie.await);
+    resume(pid);
 
     let refused = zombie.await.unwrap();
     let e = refused.expect_err("the stopped leader accepted a write after its lease");

@@ -85,6 +85,40 @@ impl Drop for Proc {
     }
 }
 
+/// Stops process `pid` with SIGSTOP and returns once every one of its threads has stopped. `kill` returns as
+/// soon as the signal is queued; the group stop reaches the process's threads only as each is next scheduled, and
+/// on a loaded host a thread can run on for milliseconds meanwhile: long enough to answer a request a test
+/// sends to the "stopped" process.
+pub fn stop(pid: u32) {
+    signal(pid, "-STOP");
+    let start = Instant::now();
+    while !all_threads_stopped(pid) {
+        assert!(start.elapsed() < READY, "process {pid} did not stop within {READY:?} of SIGSTOP");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Resumes process `pid` (SIGCONT) after [`stop`].
+pub fn resume(pid: u32) {
+    signal(pid, "-CONT");
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, …) to process `pid`.
+fn signal(pid: u32, sig: &str) {
+    let sent = Command::new("kill").args([sig, &pid.to_string()]).status();
+    assert!(sent.as_ref().is_ok_and(|s| s.success()), "kill {sig} {pid}: {sent:?}");
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in `/proc/PID/task/TID/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses and may itself hold any character.
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) == Some('T')
+    })
+}
+
 /// A `crescent master --etcd` candidate of `cluster` on free loopback ports, with a 2 s leader lease (so a
 /// takeover comes quickly in tests).
 pub fn candidate(bin: &Path, etcd: &str, cluster: &str) -> Proc {
