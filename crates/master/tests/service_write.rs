@@ -89,6 +89,16 @@ fn put_if_absent_and_preemption_of_stale_writes() {
 }
 
 #[test]
+fn a_put_end_whose_checksum_is_wider_than_a_crc32c_is_refused_and_changes_nothing() {
+    let h = Harness::default3();
+    h.svc.put_start(h.writer, "", "k", 4096, &cfg(1)).unwrap();
+    assert_eq!(h.svc.put_end(h.writer, "", "k", Some(1 << 32)), Err(ErrorCode::InvalidParams));
+    assert_eq!(h.get("k").unwrap_err(), ErrorCode::ReplicaIsNotReady, "the write is still open");
+    h.svc.put_end(h.writer, "", "k", Some(u64::from(u32::MAX))).unwrap();
+    assert_eq!(h.get("k").unwrap().checksum, Some(u64::from(u32::MAX)), "every 32-bit value is kept whole");
+}
+
+#[test]
 fn objects_are_invisible_until_put_end_and_reads_return_complete_replicas() {
     let h = Harness::default3();
     h.svc.put_start(h.writer, "", "k", 4096, &cfg(2)).unwrap();

@@ -795,7 +795,7 @@ pub fn complete_offload<L: EvictionLog>(
     if st.lifecycle != Lifecycle::Active {
         return OffloadEnd::Gone;
     }
-    let matches = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == u64::from(c));
+    let matches = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == c);
     let slot = match slot {
         None => None,
         Some(Some(slot)) if matches => Some(slot),

@@ -159,6 +159,23 @@ pub struct PendingWrite {
     pub pending_charge: u64,
 }
 
+/// An object's rarely present state (see `ObjectState::cold`).
+#[derive(Debug, Default)]
+pub(crate) struct ColdState {
+    /// Present while a write is in flight.
+    pending: Option<PendingWrite>,
+    /// Soft-pin deadline; `Timestamp(0)` = none.
+    soft_pin: Timestamp,
+}
+
+/// An object's settled quota charge as counted once ([`ObjectState::settled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettledCharge {
+    copies: u32,
+    /// The charge in bytes.
+    pub bytes: u64,
+}
+
 /// The mutable state of an object, guarded by the object's lock.
 #[derive(Debug)]
 pub struct ObjectState {
@@ -172,8 +189,9 @@ pub struct ObjectState {
     pub flags: ObjectFlags,
     /// Object bytes.
     pub size: u64,
-    /// Writer-supplied checksum (crc32c of the object), returned to readers.
-    pub checksum: u64,
+    /// Writer-supplied checksum (crc32c of the object), returned to readers. 32 bits, as a crc32c is: a PutEnd
+    /// with a wider value is refused, so it sits in the word the small fields share.
+    pub checksum: u32,
     /// Read lease: no eviction or non-forced removal before it (expired ⇔ now ≥ lease).
     pub lease: Timestamp,
     /// Readers holding the current lease that have not released it. The last release ends the lease at once;
@@ -185,12 +203,12 @@ pub struct ObjectState {
     /// the newer one (a wrap needs 65 536 rewrites of one object within one round: a hot object evicted, no
     /// more).
     pub version: u16,
-    /// Soft-pin deadline; `Timestamp(0)` = none.
-    pub soft_pin: Timestamp,
-    /// Quota bytes charged for completed memory replicas (settled charge).
-    pub charged: u64,
-    /// Present while a write is in flight.
-    pub pending: Option<Box<PendingWrite>>,
+    /// Memory replicas whose quota is charged (the settled charge is `size` × this): a count, not bytes, so it
+    /// shares a word with the small fields above instead of taking one of its own.
+    pub(crate) charged_copies: u32,
+    /// What most objects do not have, out of line in one box (present only while either is): the write in
+    /// flight and the soft-pin deadline.
+    pub(crate) cold: Option<Box<ColdState>>,
     /// Replicas in placement order.
     pub replicas: SmallVec<[Replica; 1]>,
 }
@@ -209,9 +227,8 @@ impl ObjectState {
             lease: Timestamp(0),
             readers: 0,
             version: 0,
-            soft_pin: Timestamp(0),
-            charged: 0,
-            pending: None,
+            charged_copies: 0,
+            cold: None,
             replicas: SmallVec::new(),
         }
     }
@@ -223,7 +240,46 @@ impl ObjectState {
 
     /// Whether the soft pin is in force at `now`.
     pub fn soft_pinned(&self, now: Timestamp) -> bool {
-        self.soft_pin.0 != 0 && now < self.soft_pin
+        let pin = self.soft_pin();
+        pin.0 != 0 && now < pin
+    }
+
+    /// The soft-pin deadline (`Timestamp(0)`: none).
+    pub fn soft_pin(&self) -> Timestamp {
+        self.cold.as_ref().map_or(Timestamp(0), |c| c.soft_pin)
+    }
+
+    /// Sets the soft-pin deadline (`Timestamp(0)`: none).
+    pub fn set_soft_pin(&mut self, deadline: Timestamp) {
+        if deadline.0 == 0 && self.cold.is_none() {
+            return;
+        }
+        self.cold.get_or_insert_with(Box::default).soft_pin = deadline;
+        self.shed_cold();
+    }
+
+    /// The write in flight, if any.
+    pub fn pending(&self) -> Option<&PendingWrite> {
+        self.cold.as_ref().and_then(|c| c.pending.as_ref())
+    }
+
+    /// Starts tracking a write in flight (replacing any).
+    pub fn set_pending(&mut self, write: PendingWrite) {
+        self.cold.get_or_insert_with(Box::default).pending = Some(write);
+    }
+
+    /// Takes the write in flight out of the object.
+    pub fn take_pending(&mut self) -> Option<PendingWrite> {
+        let write = self.cold.as_mut().and_then(|c| c.pending.take());
+        self.shed_cold();
+        write
+    }
+
+    /// Frees the out-of-line state once it holds nothing.
+    fn shed_cold(&mut self) {
+        if self.cold.as_ref().is_some_and(|c| c.pending.is_none() && c.soft_pin.0 == 0) {
+            self.cold = None;
+        }
     }
 
     /// Whether a read lease is in force at `now`.
@@ -251,14 +307,42 @@ impl ObjectState {
         }
     }
 
-    /// Bytes that settle as this object's quota charge: size × completed, valid memory replicas.
-    pub fn settled_charge(&self) -> u64 {
-        let n = self
-            .replicas
-            .iter()
-            .filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid())
-            .count();
-        self.size.saturating_mul(n as u64)
+    /// The charge the object settles at now: size × completed, valid memory replicas. Read it once and settle
+    /// with that value ([`ObjectState::settle`]): a replica's validity is its segment's liveness, which an
+    /// unmount changes without the object's lock, so a second count may differ from the one the quota was
+    /// settled against.
+    pub fn settled(&self) -> SettledCharge {
+        let n = self.replicas.iter().filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid());
+        let copies = u32::try_from(n.count()).unwrap_or(u32::MAX);
+        SettledCharge { copies, bytes: self.size.saturating_mul(u64::from(copies)) }
+    }
+
+    /// Quota bytes charged for completed memory replicas (the settled charge).
+    pub fn charged(&self) -> u64 {
+        self.size.saturating_mul(u64::from(self.charged_copies))
+    }
+
+    /// Makes `s` (read by [`ObjectState::settled`] under this lock) the object's charge.
+    pub fn settle(&mut self, s: SettledCharge) {
+        self.charged_copies = s.copies;
+    }
+
+    /// Takes the whole charge out of the object (it now holds none); returns its bytes.
+    pub fn take_charge(&mut self) -> u64 {
+        let bytes = self.charged();
+        self.charged_copies = 0;
+        bytes
+    }
+
+    /// Puts back a charge [`ObjectState::take_charge`] took (the size has not changed since).
+    pub fn restore_charge(&mut self, bytes: u64) {
+        debug_assert!(self.size > 0 && bytes.is_multiple_of(self.size), "a charge is whole copies of the object");
+        self.charged_copies = u32::try_from(bytes.checked_div(self.size).unwrap_or(0)).unwrap_or(u32::MAX);
+    }
+
+    /// Charges `copies` more memory replicas (copies just completed).
+    pub fn charge_copies(&mut self, copies: u32) {
+        self.charged_copies = self.charged_copies.saturating_add(copies);
     }
 
     /// Whether a copy of it to a disk tier is under way (a `Processing` disk replica: only offloads make one).
@@ -392,13 +476,15 @@ mod tests {
 
     #[test]
     fn layout_stays_compact() {
-        // Memory per object is a target (≤ 280 B with a ~20-byte key): keep an eye on the hot structs.
+        // Memory per object is a target (≤ 200 B with a ~20-byte key): keep an eye on the hot structs.
         let (entry, state, replica) =
             (std::mem::size_of::<ObjectEntry>(), std::mem::size_of::<ObjectState>(), std::mem::size_of::<Replica>());
         eprintln!("ObjectEntry {entry} B, ObjectState {state} B, Replica {replica} B");
         assert!(replica <= 48, "Replica grew to {replica} B");
         // The writer number lives in Replica's former padding: the object's layout did not grow for it.
-        assert!(state <= 112, "ObjectState grew to {state} B");
-        assert!(entry <= 160, "ObjectEntry grew to {entry} B");
+        assert!(state <= 96, "ObjectState grew to {state} B");
+        // With its `Arc` counts an entry is 160 B: mimalloc's 160-byte class. 8 bytes more and every object
+        // takes a 192-byte block.
+        assert!(entry + 16 <= 160, "ObjectEntry grew to {entry} B");
     }
 }

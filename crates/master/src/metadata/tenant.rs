@@ -169,9 +169,8 @@ impl TenantState {
     /// object held, for [`TenantState::release_quota`] once the retirement is durable.
     pub fn retire_unreleased(st: &mut ObjectState) -> (SmallVec<[Replica; 1]>, u64) {
         st.lifecycle = super::object::Lifecycle::Removing;
-        let pending = st.pending.take().map_or(0, |p| p.pending_charge);
-        let quota = st.charged + pending;
-        st.charged = 0;
+        let pending = st.take_pending().map_or(0, |p| p.pending_charge);
+        let quota = st.take_charge() + pending;
         (std::mem::take(&mut st.replicas), quota)
     }
 
@@ -183,11 +182,10 @@ impl TenantState {
     /// [`TenantState::resettle`] leaving the quota to the caller: returns the bytes of charge the object no
     /// longer holds.
     pub fn resettle_unreleased(st: &mut ObjectState) -> u64 {
-        let now = st.settled_charge();
-        if now < st.charged {
-            let freed = st.charged - now;
-            st.charged = now;
-            return freed;
+        let (was, now) = (st.charged(), st.settled());
+        if now.bytes < was {
+            st.settle(now);
+            return was - now.bytes;
         }
         0
     }

@@ -166,7 +166,7 @@ impl Offloader<'_> {
 
     /// Whether the object may go to a disk at all.
     fn wanted(st: &ObjectState) -> bool {
-        !st.flags.no_offload() && st.pending.is_none() && !st.on_disk() && !st.offloading()
+        !st.flags.no_offload() && st.pending().is_none() && !st.on_disk() && !st.offloading()
     }
 }
 
@@ -455,7 +455,7 @@ impl MasterService {
     /// eviction watermark (the original's gate: a memory under eviction pressure takes no promotions), and a copy
     /// task for the node.
     pub(super) fn maybe_promote(&self, tenant: &Arc<TenantState>, entry: &Arc<ObjectEntry>, st: &ObjectState) {
-        if !self.config.disk_promotion || st.pending.is_some() || self.under_memory_pressure() {
+        if !self.config.disk_promotion || st.pending().is_some() || self.under_memory_pressure() {
             return;
         }
         if st.replicas.iter().any(|r| r.is_memory() && r.is_readable())
@@ -507,9 +507,9 @@ impl MasterService {
         let kept = {
             let mut st = task.entry.lock();
             let source_there = st.replicas.iter().any(|r| r.id == task.replica && r.is_readable());
-            let good = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == u64::from(c));
+            let good = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == c);
             let fits = st.lifecycle == Lifecycle::Active
-                && st.pending.is_none()
+                && st.pending().is_none()
                 && source_there
                 && good
                 && task.tenant.quota().try_charge(st.size).is_ok();
@@ -526,7 +526,7 @@ impl MasterService {
                     r.status = ReplicaStatus::Complete;
                     r.writer = st.writer();
                     st.replicas.push(r);
-                    st.charged += st.size;
+                    st.charge_copies(1);
                     // Reported as the object now stands: back in memory (and still on disk).
                     let report = self.report_state(&task.tenant, &task.entry, &st, RemoveCause::Evicted);
                     if let (Some(log), Some(Some(slot))) = (log, slot) {

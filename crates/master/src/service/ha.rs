@@ -111,10 +111,10 @@ pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestam
     ObjectRecord {
         size: st.size,
         replicas,
-        checksum: st.flags.has_checksum().then_some(st.checksum),
+        checksum: st.flags.has_checksum().then_some(u64::from(st.checksum)),
         group: entry.group().map(|g| g.name().to_string()),
         hard_pinned: st.hard_pinned,
-        soft_pin_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
+        soft_pin_ms: if st.soft_pinned(now) { st.soft_pin().0 - now.0 } else { 0 },
         data_type: st.data_type as u8,
         no_offload: st.flags.no_offload(),
         writer: crate::metadata::writers::client(st.writer()).map(|c| *c.0.as_bytes()),
@@ -412,20 +412,19 @@ impl MasterService {
             let mut st = ObjectState {
                 hard_pinned: o.hard_pinned,
                 data_type: data_type_from(o.data_type).unwrap_or_default(),
-                checksum: o.checksum.unwrap_or(0),
-                soft_pin: if o.soft_pin_ms > 0 {
-                    now.saturating_add(Duration::from_millis(o.soft_pin_ms))
-                } else {
-                    Timestamp(0)
-                },
+                // A logged checksum wider than a crc32c was never written by a master: kept as none.
+                checksum: o.checksum.and_then(|c| u32::try_from(c).ok()).unwrap_or(0),
                 replicas,
                 ..ObjectState::new(o.size)
             };
-            st.flags.set_checksum(o.checksum.is_some());
+            if o.soft_pin_ms > 0 {
+                st.set_soft_pin(now.saturating_add(Duration::from_millis(o.soft_pin_ms)));
+            }
+            st.flags.set_checksum(o.checksum.is_some_and(|c| u32::try_from(c).is_ok()));
             st.flags.set_no_offload(o.no_offload);
-            st.charged = st.settled_charge();
-            t.quota().force_charge(st.charged);
-            let charged = st.charged;
+            let settled = st.settled();
+            st.settle(settled);
+            t.quota().force_charge(settled.bytes);
             let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
             let published = match o.group.as_deref().filter(|g| !g.is_empty()) {
                 None => {
@@ -441,7 +440,7 @@ impl MasterService {
                     let dead = t.retire(&mut st);
                     drop(st);
                     drop(dead);
-                    tracing::error!(key, charged, "replayed object published twice: dropped");
+                    tracing::error!(key, charged = settled.bytes, "replayed object published twice: dropped");
                 }
             }
         }

@@ -631,7 +631,7 @@ impl MasterService {
                 for e in chunk {
                     let mut st = e.lock();
                     let stale = st.lifecycle == crate::metadata::Lifecycle::Active
-                        && st.pending.as_ref().is_some_and(|p| p.started.saturating_add(timeout) <= now);
+                        && st.pending().is_some_and(|p| p.started.saturating_add(timeout) <= now);
                     if !stale {
                         continue;
                     }
@@ -777,7 +777,7 @@ impl MasterService {
                             .iter()
                             .filter_map(|r| Some((r.buffer.segment_id()?, r.buffer.offset(), r.buffer.size()))),
                     );
-                    charged += st.charged + st.pending.as_ref().map_or(0, |p| p.pending_charge);
+                    charged += st.charged() + st.pending().map_or(0, |p| p.pending_charge);
                 }
             });
             if t.quota().charged() != charged {

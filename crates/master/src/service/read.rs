@@ -158,7 +158,7 @@ impl MasterService {
             let half = self.config.lease_ttl_ms / 2;
             let near_expiry = st.lease.0 <= now.0.saturating_add(half);
             st.grant_lease(now, deadline);
-            let checksum = st.flags.has_checksum().then_some(st.checksum);
+            let checksum = st.flags.has_checksum().then_some(u64::from(st.checksum));
             (Lookup::Found { descriptors, checksum, size: st.size }, near_expiry)
         };
         if entry.group().is_some() {
@@ -194,13 +194,13 @@ impl MasterService {
         let leased = st.leased(now);
         Ok(ObjectStat {
             size: st.size,
-            checksum: st.flags.has_checksum().then_some(st.checksum),
+            checksum: st.flags.has_checksum().then_some(u64::from(st.checksum)),
             replicas: st.replicas.iter().filter_map(Replica::descriptor).collect(),
             lease_remaining_ms: if leased { st.lease.0 - now.0 } else { 0 },
             lease_readers: if leased { u32::from(st.readers) } else { 0 },
-            soft_pin_remaining_ms: if st.soft_pinned(now) { st.soft_pin.0 - now.0 } else { 0 },
+            soft_pin_remaining_ms: if st.soft_pinned(now) { st.soft_pin().0 - now.0 } else { 0 },
             hard_pinned: st.hard_pinned,
-            writing: st.pending.is_some(),
+            writing: st.pending().is_some(),
         })
     }
 }
@@ -210,7 +210,7 @@ impl MasterService {
 fn unreadable(st: &ObjectState) -> Lookup {
     let in_flight = st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.is_valid());
     let unreachable = st.replicas.iter().any(|r| r.status == ReplicaStatus::Complete && r.is_valid());
-    if in_flight || st.pending.is_some() {
+    if in_flight || st.pending().is_some() {
         Lookup::NotReady
     } else if unreachable {
         Lookup::Unreachable

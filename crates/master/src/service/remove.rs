@@ -22,7 +22,8 @@ fn removal_check(
     }
     // A copy to a disk tier under way does not block: the removal wins, the copy's late report finds nothing,
     // and its range stays held past the copy's deadline.
-    if st.pending.is_some() || st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.tier != Tier::Disk)
+    if st.pending().is_some()
+        || st.replicas.iter().any(|r| r.status == ReplicaStatus::Processing && r.tier != Tier::Disk)
     {
         return Err(ErrorCode::ReplicaIsNotReady);
     }

@@ -466,7 +466,7 @@ impl MasterService {
         if st.lifecycle != Lifecycle::Active {
             return Err((ErrorCode::ObjectNotFound, "the object was removed".into()));
         }
-        if st.pending.is_some() {
+        if st.pending().is_some() {
             return Err((ErrorCode::ReplicaIsNotReady, "the object is being rewritten".into()));
         }
         let src = st
@@ -564,9 +564,9 @@ impl MasterService {
         let source = st.replicas.iter().position(|r| r.id == run.replica && r.is_readable());
         let why = if st.lifecycle != Lifecycle::Active {
             Some((ErrorCode::ObjectNotFound, "the object was removed while it was copied"))
-        } else if source.is_none() || st.pending.is_some() {
+        } else if source.is_none() || st.pending().is_some() {
             Some((ErrorCode::ReplicaNotFound, "the object changed while it was copied"))
-        } else if st.flags.has_checksum() && st.checksum != u64::from(crc) {
+        } else if st.flags.has_checksum() && st.checksum != crc {
             Some((ErrorCode::ChecksumMismatch, "the bytes copied do not match the object's checksum"))
         } else if run.buffers.iter().any(|b| !b.is_live()) {
             Some((ErrorCode::SegmentNotFound, "a target segment left the cluster while it was copied to"))
@@ -601,7 +601,7 @@ impl MasterService {
             st.replicas.push(r);
         }
         if !drop_source {
-            st.charged += size * added;
+            st.charge_copies(u32::try_from(added).unwrap_or(u32::MAX));
         }
         let mut freed: SmallVec<[Replica; 1]> = SmallVec::new();
         if drop_source && let Some(i) = source {

@@ -291,7 +291,7 @@ impl MasterService {
         tenant.resettle(&mut st);
         let readable = st.has_readable();
         if !upsert {
-            let young = st.pending.as_ref().is_some_and(|p| {
+            let young = st.pending().is_some_and(|p| {
                 now.saturating_since(p.started) < Duration::from_millis(self.config.put_start_discard_timeout_ms)
             });
             if readable || young {
@@ -369,15 +369,9 @@ impl MasterService {
             r.status = ReplicaStatus::Processing;
             r.id = self.next_replica_id();
         }
-        let pending_charge = std::mem::take(&mut st.charged);
+        let pending_charge = st.take_charge();
         let write = write_id(&st.replicas);
-        st.pending = Some(Box::new(PendingWrite {
-            writer: client,
-            write,
-            started: now,
-            soft_pin: spec.soft_pin,
-            pending_charge,
-        }));
+        st.set_pending(PendingWrite { writer: client, write, started: now, soft_pin: spec.soft_pin, pending_charge });
         let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
         self.discard(discarded);
@@ -389,7 +383,7 @@ impl MasterService {
     /// into them) and refunds its pending charge, under the object's lock. The caller hands the result to
     /// [`MasterService::discard`] after releasing that lock: no timer index is touched under an object lock.
     pub(super) fn take_pending(&self, tenant: &TenantState, st: &mut ObjectState) -> Discard {
-        let Some(p) = st.pending.take() else { return Discard::default() };
+        let Some(p) = st.take_pending() else { return Discard::default() };
         tenant.release_quota(p.pending_charge);
         let (processing, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
@@ -650,20 +644,21 @@ impl MasterService {
         };
         let mut flags = ObjectFlags::default();
         flags.set_no_offload(!spec.config.offload);
-        let state = ObjectState {
+        let write = write_id(&replicas);
+        let mut state = ObjectState {
             hard_pinned: spec.config.with_hard_pin,
             flags,
             data_type: spec.config.data_type,
-            pending: Some(Box::new(PendingWrite {
-                writer: client,
-                write: write_id(&replicas),
-                started: self.clock.now(),
-                soft_pin: spec.soft_pin,
-                pending_charge: charge,
-            })),
             replicas: replicas.into_iter().collect(),
             ..ObjectState::new(spec.size)
         };
+        state.set_pending(PendingWrite {
+            writer: client,
+            write,
+            started: self.clock.now(),
+            soft_pin: spec.soft_pin,
+            pending_charge: charge,
+        });
         let descs = self.hand_out(&state.replicas, Handout::Write);
         let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
         let key = spec.key;
@@ -715,7 +710,7 @@ impl MasterService {
         let now = self.clock.now();
         let mut st = entry.lock();
         // Revalidate: the object may have changed while we allocated.
-        if st.lifecycle != Lifecycle::Active || st.pending.is_some() || st.replicas.iter().any(|r| r.refcnt > 0) {
+        if st.lifecycle != Lifecycle::Active || st.pending().is_some() || st.replicas.iter().any(|r| r.refcnt > 0) {
             drop(st);
             tenant.release_quota(charge);
             drop(replicas);
@@ -724,7 +719,7 @@ impl MasterService {
         // The old replicas stop being readable here (freed when their lease ends and the REMOVE is durable): the
         // log forgets the object until the new write's End. Their quota comes back once the REMOVE is durable
         // too (at once without a log).
-        let old_charge = std::mem::take(&mut st.charged);
+        let old_charge = st.take_charge();
         let report = self.report_removed(tenant, entry, &st, RemoveCause::Removed);
         match slot {
             Some(slot) => {
@@ -733,7 +728,7 @@ impl MasterService {
                 let logged =
                     slot.commit(super::ha::remove_entry(tenant, entry), report.on_durable(Some(Box::new(release))));
                 if let Err(e) = logged {
-                    st.charged = old_charge;
+                    st.restore_charge(old_charge);
                     drop(st);
                     tenant.release_quota(charge);
                     drop(replicas);
@@ -753,13 +748,14 @@ impl MasterService {
         st.hard_pinned = hard_pinned || spec.config.with_hard_pin;
         st.flags.set_no_offload(!spec.config.offload);
         st.flags.set_checksum(false);
-        st.pending = Some(Box::new(PendingWrite {
+        let write = write_id(&st.replicas);
+        st.set_pending(PendingWrite {
             writer: client,
-            write: write_id(&st.replicas),
+            write,
             started: now,
             soft_pin: spec.soft_pin,
             pending_charge: charge,
-        }));
+        });
         let d = self.hand_out(&st.replicas, Handout::Write);
         drop(st);
         self.discard(Discard { release_at, buffers: old.into_iter().map(|r| r.buffer).collect() });
@@ -804,6 +800,8 @@ impl MasterService {
     }
 
     fn end_write(&self, writer: WriteRef, tenant: &str, key: &str, checksum: Option<u64>) -> Result<(), ErrorCode> {
+        // The checksum is a crc32c: a wider value is not one (the object keeps 32 bits of it).
+        let checksum = checksum.map(u32::try_from).transpose().map_err(|_| ErrorCode::InvalidParams)?;
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         // Taken before the lock; committed after the mutation (PutEnd is visible before it is durable, §13).
@@ -813,7 +811,7 @@ impl MasterService {
         if st.lifecycle != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
-        let Some(pending) = st.pending.as_ref() else {
+        let Some(pending) = st.pending() else {
             return if st.replicas.iter().all(|r| r.status == ReplicaStatus::Complete) {
                 Ok(())
             } else {
@@ -822,14 +820,14 @@ impl MasterService {
         };
         writer.owns(pending)?;
         let stale = drain_invalid(&mut st);
-        let Some(pending) = st.pending.take() else {
+        let Some(pending) = st.take_pending() else {
             drop(st);
             drop(stale);
             return Err(ErrorCode::InvalidWrite);
         };
         if st.replicas.is_empty() {
             // Every segment of this write vanished while it was in flight.
-            st.pending = Some(pending);
+            st.set_pending(pending);
             let dead = tenant.retire(&mut st);
             drop(st);
             tenant.detach(&entry);
@@ -844,22 +842,22 @@ impl MasterService {
         }
         match pending.soft_pin.action {
             SoftPinAction::Enable if pending.soft_pin.ttl_ms > 0 => {
-                st.soft_pin = now.saturating_add(Duration::from_millis(pending.soft_pin.ttl_ms));
+                st.set_soft_pin(now.saturating_add(Duration::from_millis(pending.soft_pin.ttl_ms)));
             }
-            SoftPinAction::Enable | SoftPinAction::Disable => st.soft_pin = Timestamp(0),
+            SoftPinAction::Enable | SoftPinAction::Disable => st.set_soft_pin(Timestamp(0)),
             SoftPinAction::Preserve => {}
         }
         st.flags.set_checksum(checksum.is_some());
         st.checksum = checksum.unwrap_or(0);
         // Settle: the charge becomes size × completed memory replicas; partial placements are refunded here.
-        let settled = st.settled_charge();
-        let held = pending.pending_charge + st.charged;
-        if settled <= held {
-            tenant.release_quota(held - settled);
+        let settled = st.settled();
+        let held = pending.pending_charge + st.charged();
+        if settled.bytes <= held {
+            tenant.release_quota(held - settled.bytes);
         } else {
-            tenant.quota().force_charge(settled - held);
+            tenant.quota().force_charge(settled.bytes - held);
         }
-        st.charged = settled;
+        st.settle(settled);
         st.version = st.version.wrapping_add(1);
         st.lease = st.lease.max(now);
         // A refusal (the writer stopped for good) fails the request: the log will never hold this object.
@@ -923,11 +921,11 @@ impl MasterService {
         if st.lifecycle != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
-        match st.pending.as_ref() {
+        match st.pending() {
             None => return Err(ErrorCode::InvalidWrite),
             Some(p) => writer.owns(p)?,
         }
-        let pending = st.pending.take().map_or(0, |p| p.pending_charge);
+        let pending = st.take_pending().map_or(0, |p| p.pending_charge);
         tenant.release_quota(pending);
         let (revoked, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
