@@ -4,9 +4,9 @@
 //! (3 mantissa bits): sizes below 8 get exact bins, larger sizes share a bin with everything up to
 //! 12.5% bigger. A two-level bitmap (64-bit top mask over exponents, 8-bit leaf masks over
 //! mantissas) finds the smallest non-empty bin that is large enough with a few bit operations.
-//! Every extent (used or free) is a node in a `Vec`, linked to its address neighbours so that a
-//! free merges with adjacent free extents in O(1), and free nodes are linked into intrusive
-//! per-bin lists.
+//! Every extent (used or free) is a 32-byte node in a `Vec` (its size read from the next node's
+//! offset), linked to its address neighbours so that a free merges with adjacent free extents in
+//! O(1), and free nodes are linked into intrusive per-bin lists.
 //!
 //! An allocation consumes the *bin size* of its rounded-up request rather than the exact request:
 //! a freed block then lands back in the bin where the same request is looked up, so uniform-size
@@ -146,37 +146,81 @@ pub struct AllocatorSnapshot {
     pub allocations: Vec<SnapshotAllocation>,
 }
 
-/// One extent of the region, used or free.
+/// The used flag in `Node::tag`; the bits below it are the generation.
+const USED: u32 = 1 << 31;
+/// The generation bits of `Node::tag`.
+const GENERATION: u32 = USED - 1;
+
+/// One extent of the region, used or free: 32 bytes, one per allocation, so it is kept small. Its size is not
+/// stored: it runs to the next extent's offset (or the region's end).
 #[derive(Clone, Copy, Debug)]
 struct Node {
     offset: u64,
-    /// Bytes covered by this extent (for used nodes: the consumed size).
-    size: u64,
-    /// Requested bytes; 0 for free nodes.
-    requested: u64,
-    bin_prev: u32,
-    bin_next: u32,
+    /// Used: the requested bytes. Free: the bin list's links (previous in the low half, next in the high half).
+    /// A node is never both, so they share the word.
+    word: u64,
     neighbor_prev: u32,
     neighbor_next: u32,
-    /// Bumped every time the slot becomes a live allocation, so stale handles are detected.
-    generation: u32,
-    used: bool,
+    /// The generation (bumped every time the slot becomes a live allocation, so stale handles are detected) and,
+    /// in the top bit, whether the extent is a live allocation.
+    tag: u32,
 }
 
 impl Node {
-    /// A detached node that keeps the slot's generation.
+    /// A detached free node that keeps the slot's generation.
     fn blank(generation: u32) -> Self {
         Node {
             offset: 0,
-            size: 0,
-            requested: 0,
-            bin_prev: NIL,
-            bin_next: NIL,
+            word: Self::links(NIL, NIL),
             neighbor_prev: NIL,
             neighbor_next: NIL,
-            generation,
-            used: false,
+            tag: generation & GENERATION,
         }
+    }
+
+    fn links(prev: u32, next: u32) -> u64 {
+        u64::from(prev) | (u64::from(next) << 32)
+    }
+
+    fn used(&self) -> bool {
+        self.tag & USED != 0
+    }
+
+    fn generation(&self) -> u32 {
+        self.tag & GENERATION
+    }
+
+    /// Requested bytes; 0 for free nodes.
+    fn requested(&self) -> u64 {
+        if self.used() { self.word } else { 0 }
+    }
+
+    fn bin_prev(&self) -> u32 {
+        self.word as u32
+    }
+
+    fn bin_next(&self) -> u32 {
+        (self.word >> 32) as u32
+    }
+
+    fn set_bin_prev(&mut self, prev: u32) {
+        self.word = Self::links(prev, self.bin_next());
+    }
+
+    fn set_bin_next(&mut self, next: u32) {
+        self.word = Self::links(self.bin_prev(), next);
+    }
+
+    /// Makes the node a live allocation of `requested` bytes under a new generation.
+    fn take(&mut self, requested: u64) {
+        self.tag = USED | (self.generation().wrapping_add(1) & GENERATION);
+        self.word = requested;
+    }
+
+    /// Makes the node free, unlinked from any bin; the generation stays for stale-handle detection.
+    fn release(&mut self) {
+        self.tag &= GENERATION;
+        self.word = Self::links(NIL, NIL);
     }
 }
 
@@ -224,9 +268,7 @@ impl OffsetAllocator {
             return Err(AllocError::ZeroCapacity);
         }
         let mut this = Self::empty(capacity);
-        let mut node = Node::blank(0);
-        node.size = capacity;
-        this.nodes.push(node);
+        this.nodes.push(Node::blank(0));
         this.first = 0;
         this.bin_insert(0);
         Ok(this)
@@ -274,12 +316,12 @@ impl OffsetAllocator {
                 // it), so it is consumed whole; min() keeps that true even if it were not.
                 Some(index) => {
                     let rounded = round_up.map_or(u64::MAX, bin_size);
-                    (index, rounded.min(self.nodes[index as usize].size))
+                    (index, rounded.min(self.extent_size(index)))
                 }
                 None => return Err(self.no_space(size)),
             },
         };
-        let remainder = self.nodes[index as usize].size - consumed;
+        let remainder = self.extent_size(index) - consumed;
         // Reserve the remainder's slot before mutating so a failure leaves no trace.
         if remainder > 0 && self.free_slots.is_empty() && self.nodes.len() >= NIL as usize {
             return Err(self.no_space(size));
@@ -288,16 +330,12 @@ impl OffsetAllocator {
         self.bin_remove(index);
         let (offset, next, generation) = {
             let node = &mut self.nodes[index as usize];
-            node.used = true;
-            node.size = consumed;
-            node.requested = size;
-            node.generation = node.generation.wrapping_add(1);
-            (node.offset, node.neighbor_next, node.generation)
+            node.take(size);
+            (node.offset, node.neighbor_next, node.generation())
         };
         if remainder > 0 {
             let rest = self.take_slot(Node {
                 offset: offset + consumed,
-                size: remainder,
                 neighbor_prev: index,
                 neighbor_next: next,
                 ..Node::blank(0)
@@ -321,23 +359,17 @@ impl OffsetAllocator {
         let Some(node) = self.live_node(a) else {
             return Err(AllocError::InvalidHandle);
         };
-        let consumed = node.size;
-        self.used_bytes -= node.requested;
-        self.consumed_bytes -= consumed;
+        self.used_bytes -= node.requested();
+        self.consumed_bytes -= self.extent_size(a.node);
         self.live -= 1;
 
         let mut merged = a.node;
-        {
-            let node = &mut self.nodes[merged as usize];
-            node.used = false;
-            node.requested = 0;
-        }
+        self.nodes[merged as usize].release();
         // Merge into the left neighbour so the node at offset 0 keeps its slot.
         let left = self.nodes[merged as usize].neighbor_prev;
-        if left != NIL && !self.nodes[left as usize].used {
+        if left != NIL && !self.nodes[left as usize].used() {
             self.bin_remove(left);
             let next = self.nodes[merged as usize].neighbor_next;
-            self.nodes[left as usize].size += consumed;
             self.nodes[left as usize].neighbor_next = next;
             if next != NIL {
                 self.nodes[next as usize].neighbor_prev = left;
@@ -346,13 +378,9 @@ impl OffsetAllocator {
             merged = left;
         }
         let right = self.nodes[merged as usize].neighbor_next;
-        if right != NIL && !self.nodes[right as usize].used {
+        if right != NIL && !self.nodes[right as usize].used() {
             self.bin_remove(right);
-            let (right_size, next) = {
-                let r = &self.nodes[right as usize];
-                (r.size, r.neighbor_next)
-            };
-            self.nodes[merged as usize].size += right_size;
+            let next = self.nodes[right as usize].neighbor_next;
             self.nodes[merged as usize].neighbor_next = next;
             if next != NIL {
                 self.nodes[next as usize].neighbor_prev = merged;
@@ -377,12 +405,12 @@ impl OffsetAllocator {
         }
         // The fallback path looks at the head of the round-down bin first; checking it keeps this O(1).
         let head = self.bin_heads[bin_round_down(size) as usize];
-        head != NIL && self.nodes[head as usize].size >= size
+        head != NIL && self.extent_size(head) >= size
     }
 
     /// Bytes consumed by a live allocation, or `None` if the handle is stale.
     pub fn consumed(&self, a: &Allocation) -> Option<u64> {
-        self.live_node(a).map(|n| n.size)
+        self.live_node(a).map(|_| self.extent_size(a.node))
     }
 
     /// Region size in bytes.
@@ -428,9 +456,8 @@ impl OffsetAllocator {
         let mut best = 0;
         let mut cursor = self.bin_heads[bin as usize];
         while cursor != NIL {
-            let node = &self.nodes[cursor as usize];
-            best = best.max(node.size);
-            cursor = node.bin_next;
+            best = best.max(self.extent_size(cursor));
+            cursor = self.nodes[cursor as usize].bin_next();
         }
         best
     }
@@ -446,11 +473,11 @@ impl OffsetAllocator {
         let mut cursor = self.first;
         while cursor != NIL {
             let node = &self.nodes[cursor as usize];
-            if node.used {
+            if node.used() {
                 allocations.push(SnapshotAllocation {
                     offset: node.offset,
-                    consumed: node.size,
-                    requested: node.requested,
+                    consumed: self.extent_size(cursor),
+                    requested: node.requested(),
                 });
             }
             cursor = node.neighbor_next;
@@ -484,19 +511,17 @@ impl OffsetAllocator {
             prev = index;
             index
         };
+        // A node's size runs to the next node's offset: gaps are binned once every node is linked.
+        let mut gaps = Vec::new();
         for a in &s.allocations {
             if a.offset > cursor {
                 let mut gap = Node::blank(0);
                 gap.offset = cursor;
-                gap.size = a.offset - cursor;
-                let index = push(&mut this, gap);
-                this.bin_insert(index);
+                gaps.push(push(&mut this, gap));
             }
-            let mut used = Node::blank(1);
+            let mut used = Node::blank(0);
             used.offset = a.offset;
-            used.size = a.consumed;
-            used.requested = a.requested;
-            used.used = true;
+            used.take(a.requested);
             let index = push(&mut this, used);
             handles.push(Allocation { offset: a.offset, size: a.requested, node: index, generation: 1 });
             this.used_bytes += a.requested;
@@ -506,9 +531,10 @@ impl OffsetAllocator {
         if cursor < s.capacity {
             let mut gap = Node::blank(0);
             gap.offset = cursor;
-            gap.size = s.capacity - cursor;
-            let index = push(&mut this, gap);
-            this.bin_insert(index);
+            gaps.push(push(&mut this, gap));
+        }
+        for gap in gaps {
+            this.bin_insert(gap);
         }
         this.live = handles.len() as u64;
         this.total = this.live;
@@ -535,15 +561,20 @@ impl OffsetAllocator {
             if node.neighbor_prev != prev {
                 return Err(format!("node {cursor}: bad neighbor_prev"));
             }
-            if node.offset != expected_offset || node.size == 0 {
-                return Err(format!("node {cursor}: offset {} size {} breaks tiling", node.offset, node.size));
+            let end = match self.nodes.get(node.neighbor_next as usize) {
+                Some(next) if node.neighbor_next != NIL => next.offset,
+                _ => self.capacity,
+            };
+            let size = end.saturating_sub(node.offset);
+            if node.offset != expected_offset || size == 0 {
+                return Err(format!("node {cursor}: offset {} size {size} breaks tiling", node.offset));
             }
-            if node.used {
-                if node.requested == 0 || node.requested > node.size {
-                    return Err(format!("node {cursor}: requested {} consumed {}", node.requested, node.size));
+            if node.used() {
+                if node.requested() == 0 || node.requested() > size {
+                    return Err(format!("node {cursor}: requested {} consumed {size}", node.requested()));
                 }
-                used += node.requested;
-                consumed += node.size;
+                used += node.requested();
+                consumed += size;
                 live += 1;
                 prev_free = false;
             } else {
@@ -553,7 +584,7 @@ impl OffsetAllocator {
                 prev_free = true;
                 free_nodes += 1;
             }
-            expected_offset = node.offset.checked_add(node.size).ok_or("offset overflow")?;
+            expected_offset = end;
             prev = cursor;
             cursor = node.neighbor_next;
         }
@@ -577,11 +608,11 @@ impl OffsetAllocator {
                     return Err("bin list has a cycle".into());
                 }
                 let node = self.nodes.get(cursor as usize).ok_or("bin index out of range")?;
-                if node.used || bin_round_down(node.size) as usize != bin || node.bin_prev != prev {
+                if node.used() || bin_round_down(self.extent_size(cursor)) as usize != bin || node.bin_prev() != prev {
                     return Err(format!("node {cursor}: wrong bin {bin} or links"));
                 }
                 prev = cursor;
-                cursor = node.bin_next;
+                cursor = node.bin_next();
             }
         }
         for top in 0..NUM_TOP_BINS {
@@ -598,11 +629,19 @@ impl OffsetAllocator {
         Ok(())
     }
 
+    /// Bytes node `index` covers: up to the next node's offset, or the region's end.
+    fn extent_size(&self, index: u32) -> u64 {
+        let node = &self.nodes[index as usize];
+        let end =
+            if node.neighbor_next == NIL { self.capacity } else { self.nodes[node.neighbor_next as usize].offset };
+        end - node.offset
+    }
+
     /// The node behind a handle if the handle is live and matches it exactly.
     fn live_node(&self, a: &Allocation) -> Option<&Node> {
         self.nodes
             .get(a.node as usize)
-            .filter(|n| n.used && n.generation == a.generation && n.offset == a.offset && n.requested == a.size)
+            .filter(|n| n.used() && n.generation() == a.generation && n.offset == a.offset && n.requested() == a.size)
     }
 
     /// `NoSpace` with the exact largest free extent (only computed on failure).
@@ -643,26 +682,21 @@ impl OffsetAllocator {
             if cursor == NIL {
                 return None;
             }
-            let node = &self.nodes[cursor as usize];
-            if node.size >= size {
+            if self.extent_size(cursor) >= size {
                 return Some(cursor);
             }
-            cursor = node.bin_next;
+            cursor = self.nodes[cursor as usize].bin_next();
         }
         None
     }
 
     /// Pushes a free node at the head of its bin list and marks the bin non-empty.
     fn bin_insert(&mut self, index: u32) {
-        let bin = bin_round_down(self.nodes[index as usize].size) as usize;
+        let bin = bin_round_down(self.extent_size(index)) as usize;
         let head = self.bin_heads[bin];
-        {
-            let node = &mut self.nodes[index as usize];
-            node.bin_prev = NIL;
-            node.bin_next = head;
-        }
+        self.nodes[index as usize].word = Node::links(NIL, head);
         if head != NIL {
-            self.nodes[head as usize].bin_prev = index;
+            self.nodes[head as usize].set_bin_prev(index);
         }
         self.bin_heads[bin] = index;
         self.leaf_masks[bin >> MANTISSA_BITS] |= 1 << (bin & 7);
@@ -671,15 +705,15 @@ impl OffsetAllocator {
 
     /// Unlinks a free node from its bin list, clearing bitmap bits when the bin empties.
     fn bin_remove(&mut self, index: u32) {
-        let (size, prev, next) = {
+        let size = self.extent_size(index);
+        let (prev, next) = {
             let node = &mut self.nodes[index as usize];
-            let links = (node.size, node.bin_prev, node.bin_next);
-            node.bin_prev = NIL;
-            node.bin_next = NIL;
+            let links = (node.bin_prev(), node.bin_next());
+            node.word = Node::links(NIL, NIL);
             links
         };
         if prev != NIL {
-            self.nodes[prev as usize].bin_next = next;
+            self.nodes[prev as usize].set_bin_next(next);
         } else {
             let bin = bin_round_down(size) as usize;
             self.bin_heads[bin] = next;
@@ -692,7 +726,7 @@ impl OffsetAllocator {
             }
         }
         if next != NIL {
-            self.nodes[next as usize].bin_prev = prev;
+            self.nodes[next as usize].set_bin_prev(prev);
         }
     }
 
@@ -701,12 +735,12 @@ impl OffsetAllocator {
     fn take_slot(&mut self, mut node: Node) -> u32 {
         if let Some(index) = self.free_slots.pop() {
             let slot = &mut self.nodes[index as usize];
-            node.generation = slot.generation;
+            node.tag = (node.tag & USED) | slot.generation();
             *slot = node;
             index
         } else {
             let index = self.nodes.len() as u32;
-            node.generation = self.gen_floor;
+            node.tag = (node.tag & USED) | (self.gen_floor & GENERATION);
             self.nodes.push(node);
             index
         }
@@ -719,13 +753,11 @@ impl OffsetAllocator {
         if self.live != 0 || self.nodes.len() <= KEEP {
             return;
         }
-        let floor = self.nodes.iter().map(|n| n.generation).max().unwrap_or(0).wrapping_add(1);
+        let floor = self.nodes.iter().map(Node::generation).max().unwrap_or(0).wrapping_add(1) & GENERATION;
         let total = self.total;
         let mut fresh = Self::empty(self.capacity);
         fresh.gen_floor = floor;
-        let mut node = Node::blank(floor);
-        node.size = self.capacity;
-        fresh.nodes.push(node);
+        fresh.nodes.push(Node::blank(floor));
         fresh.first = 0;
         fresh.bin_insert(0);
         fresh.total = total;
@@ -858,6 +890,8 @@ mod tests {
     #[test]
     fn alloc_handle_is_small() {
         assert_eq!(std::mem::size_of::<Allocation>(), 24);
+        // One node per allocation: its size is part of every object's cost.
+        assert_eq!(std::mem::size_of::<Node>(), 32);
     }
 
     #[test]
@@ -1084,7 +1118,7 @@ mod tests {
         let snap = AllocatorSnapshot { capacity: 300, allocations: vec![alloc(103, 10), alloc(213, 87)] };
         let (b, _) = OffsetAllocator::restore(&snap).unwrap();
         check(&b);
-        assert_eq!(b.nodes[b.bin_heads[bin_round_down(100) as usize] as usize].size, 100);
+        assert_eq!(b.extent_size(b.bin_heads[bin_round_down(100) as usize]), 100);
         assert_eq!(b.largest_free_extent(), 103);
     }
 
