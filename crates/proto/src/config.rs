@@ -33,6 +33,26 @@ pub enum ObjectDataType {
     General = 9,
 }
 
+impl ObjectDataType {
+    /// The type of its number (`self as u8`), `None` for a number no type has.
+    pub fn from_number(n: u8) -> Option<Self> {
+        use ObjectDataType as T;
+        Some(match n {
+            0 => T::Unknown,
+            1 => T::KvCache,
+            2 => T::Tensor,
+            3 => T::Weight,
+            4 => T::Sample,
+            5 => T::Activation,
+            6 => T::Gradient,
+            7 => T::OptimizerState,
+            8 => T::Metadata,
+            9 => T::General,
+            _ => return None,
+        })
+    }
+}
+
 /// Longest group name in bytes: a group's removal names it in the operation log where a key goes, so it shares the
 /// key's limit; a longer name is refused before anything changes.
 pub const MAX_GROUP_LEN: usize = crate::key::MAX_KEY_LEN;

@@ -23,7 +23,9 @@
 use crate::clock::Timestamp;
 use crate::events::object::{removed_event, state_event};
 use crate::events::{EventHub, Events, KvEvent, RemoveCause};
-use crate::metadata::{GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, TenantLifecycle, TenantState, Tier};
+use crate::metadata::{
+    GroupEntry, Lifecycle, ObjectEntry, ObjectState, Replica, ReplicaList, TenantLifecycle, TenantState, Tier,
+};
 use crescent_proto::{ReplicaStatus, SegmentId, TenantId};
 use smallvec::SmallVec;
 use std::collections::HashSet;
@@ -132,7 +134,7 @@ impl PendingFrees {
 /// log stopped for good, so the log may still name the object at that space — keeps the space out of reuse for
 /// good (the term ends with its log; a leak is safe, a reuse is not).
 pub(crate) struct DeferredFree {
-    replicas: SmallVec<[Replica; 1]>,
+    replicas: ReplicaList,
     tenant: Arc<TenantState>,
     quota: u64,
     pending: Option<Arc<PendingFrees>>,
@@ -143,7 +145,7 @@ impl DeferredFree {
     /// What `replicas` and `quota` bytes of `tenant`'s account hold, taken out of an object by a mutation other
     /// than eviction (BatchReplicaClear's strip): given back by [`DeferredFree::release`], kept out of reuse if
     /// dropped unreleased (the log never held the mutation).
-    pub(crate) fn new(replicas: SmallVec<[Replica; 1]>, tenant: Arc<TenantState>, quota: u64) -> Self {
+    pub(crate) fn new(replicas: ReplicaList, tenant: Arc<TenantState>, quota: u64) -> Self {
         Self { replicas, tenant, quota, pending: None, released: false }
     }
 
@@ -267,8 +269,8 @@ struct Candidate {
 
 /// Whether the object may lose its replicas in `tier` now.
 fn eligible(st: &ObjectState, tier: Tier, now: Timestamp, allow_soft: bool) -> bool {
-    st.lifecycle == Lifecycle::Active
-        && !st.hard_pinned
+    st.lifecycle() == Lifecycle::Active
+        && !st.hard_pinned()
         && !st.leased(now)
         && (allow_soft || !st.soft_pinned(now))
         && st.evictable_bytes(tier) > 0
@@ -278,8 +280,8 @@ fn eligible(st: &ObjectState, tier: Tier, now: Timestamp, allow_soft: bool) -> b
 /// Takes the evictable replicas in `tier`; retires the object if nothing valid remains. Returns the replicas
 /// taken (and the retired object's leftovers), the quota they held (not yet released) and whether the object
 /// was retired.
-fn strip(st: &mut ObjectState, tier: Tier) -> (SmallVec<[Replica; 1]>, u64, bool) {
-    let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+fn strip(st: &mut ObjectState, tier: Tier) -> (ReplicaList, u64, bool) {
+    let (taken, keep): (ReplicaList, ReplicaList) =
         std::mem::take(&mut st.replicas).into_iter().partition(|r| r.is_evictable(tier));
     st.replicas = keep;
     let quota = TenantState::resettle_unreleased(st);
@@ -362,7 +364,7 @@ impl<'a, L: EvictionLog> Committer<'a, L> {
 
     /// Gives back what an evicted object held: at once without an oplog, else once `slot`'s entry (the
     /// object's post-state) is durable.
-    fn release(&self, tenant: &Arc<TenantState>, replicas: SmallVec<[Replica; 1]>, quota: u64) -> DeferredFree {
+    fn release(&self, tenant: &Arc<TenantState>, replicas: ReplicaList, quota: u64) -> DeferredFree {
         let pending = self.oplog.map(|(_, p)| {
             p.begin();
             Arc::clone(p)
@@ -471,7 +473,7 @@ impl<'a, L: EvictionLog> Committer<'a, L> {
             // The member that made the group a candidate must be the version the census saw.
             let rewritten =
                 members.iter().zip(guards.iter()).any(|(m, st)| Arc::ptr_eq(m, &c.entry) && st.version != c.version);
-            if rewritten || guards.iter().any(|st| st.lifecycle == Lifecycle::Active && st.leased(self.now)) {
+            if rewritten || guards.iter().any(|st| st.lifecycle() == Lifecycle::Active && st.leased(self.now)) {
                 self.report.skipped += 1;
                 return 0;
             }
@@ -531,10 +533,11 @@ fn census(
             for entry in chunk {
                 let (in_base, candidate, soft_pinned, lease, version, at) = {
                     let st = entry.lock();
-                    let in_base = st.lifecycle == Lifecycle::Active && !st.hard_pinned && st.evictable_bytes(tier) > 0;
+                    let in_base =
+                        st.lifecycle() == Lifecycle::Active && !st.hard_pinned() && st.evictable_bytes(tier) > 0;
                     let candidate = in_base && !st.leased(now) && !st.offloading();
                     let at = if candidate && per_seg { evictable_at(&st, tier) } else { SmallVec::new() };
-                    (in_base, candidate, st.soft_pinned(now), st.lease, st.version, at)
+                    (in_base, candidate, st.soft_pinned(now), st.lease(), st.version, at)
                 };
                 report.base += u64::from(in_base);
                 if candidate {
@@ -723,12 +726,12 @@ pub fn evict_disk_replica<L: EvictionLog>(
     };
     let mut st = entry.lock();
     let at = st.replicas.iter().position(|r| r.id == replica && r.is_evictable(Tier::Disk))?;
-    if st.lifecycle != Lifecycle::Active || (st.leased(now) && !unreadable) {
+    if st.lifecycle() != Lifecycle::Active || (st.leased(now) && !unreadable) {
         return None;
     }
     let taken = st.replicas.remove(at);
     let bytes = taken.buffer.size();
-    let mut freed: SmallVec<[Replica; 1]> = SmallVec::new();
+    let mut freed = ReplicaList::new();
     freed.push(taken);
     let mut quota = TenantState::resettle_unreleased(&mut st);
     let retired = !st.replicas.iter().any(Replica::is_valid);
@@ -792,7 +795,7 @@ pub fn complete_offload<L: EvictionLog>(
     let Some(at) = st.replicas.iter().position(|r| r.id == replica && r.status == ReplicaStatus::Processing) else {
         return OffloadEnd::Gone;
     };
-    if st.lifecycle != Lifecycle::Active {
+    if st.lifecycle() != Lifecycle::Active {
         return OffloadEnd::Gone;
     }
     let matches = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == c);
@@ -814,9 +817,9 @@ pub fn complete_offload<L: EvictionLog>(
     st.replicas[at].buffer.end_hold();
     let mut freed_bytes = 0;
     let (freed, quota) = if st.leased(now) {
-        (SmallVec::new(), 0)
+        (ReplicaList::new(), 0)
     } else {
-        let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+        let (taken, keep): (ReplicaList, ReplicaList) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.is_evictable(Tier::Memory));
         st.replicas = keep;
         freed_bytes = bytes_of(&taken, Tier::Memory);
@@ -1024,7 +1027,7 @@ mod revalidation_tests {
         let svc = s.svc.clone();
         skipped_only(evict_with(&s, move || {
             let t = svc.tenant_for_tests(&TenantId::default_tenant());
-            t.objects().get("k").unwrap().lock().hard_pinned = true;
+            t.objects().get("k").unwrap().lock().set_hard_pinned(true);
         }));
         assert!(s.svc.exist_key("", "k").unwrap());
     }

@@ -566,20 +566,7 @@ pub fn status_from(n: u8) -> Result<SegmentStatus, PayloadError> {
 
 /// The data type of a wire number.
 pub fn data_type_from(n: u8) -> Result<ObjectDataType, PayloadError> {
-    use ObjectDataType as T;
-    Ok(match n {
-        0 => T::Unknown,
-        1 => T::KvCache,
-        2 => T::Tensor,
-        3 => T::Weight,
-        4 => T::Sample,
-        5 => T::Activation,
-        6 => T::Gradient,
-        7 => T::OptimizerState,
-        8 => T::Metadata,
-        9 => T::General,
-        n => return Err(PayloadError::Invalid(format!("data type {n}"))),
-    })
+    ObjectDataType::from_number(n).ok_or_else(|| PayloadError::Invalid(format!("data type {n}")))
 }
 
 #[cfg(test)]

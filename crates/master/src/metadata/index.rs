@@ -348,35 +348,35 @@ mod tests {
         assert!(tags.len() > 100, "only {} of 128 tags in one shard", tags.len());
     }
 
-    fn entry(id: u64, key: &str) -> Arc<ObjectEntry> {
+    fn entry(key: &str) -> Arc<ObjectEntry> {
         let st = ObjectState::new(1);
-        Arc::new(ObjectEntry::new(id, key, None, st))
+        Arc::new(ObjectEntry::new(key, None, st))
     }
 
     #[test]
     fn matched_unlink_never_removes_a_recreated_key() {
         let d = ObjectIndex::default();
-        let old = entry(1, "k");
+        let old = entry("k");
         d.insert_if_absent(old.clone()).unwrap();
-        assert!(d.insert_if_absent(entry(2, "k")).is_err(), "one route per key");
+        assert!(d.insert_if_absent(entry("k")).is_err(), "one route per key");
         assert!(d.unlink_if_match(&old));
-        let new = entry(3, "k");
+        let new = entry("k");
         d.insert_if_absent(new.clone()).unwrap();
         // Stale work holding the old handle cannot unlink the new object.
         assert!(!d.unlink_if_match(&old));
-        assert_eq!(d.get("k").map(|e| e.id()), Some(3));
+        assert!(d.get("k").is_some_and(|e| Arc::ptr_eq(&e, &new) && e.id() != old.id()));
         assert_eq!(d.len(), 1);
     }
 
     #[test]
     fn census_visits_every_entry_and_tables_shrink_after_mass_removal() {
         let d = ObjectIndex::default();
-        let all: Vec<_> = (0..40_000).map(|i| entry(i, &format!("key-{i}"))).collect();
+        let all: Vec<_> = (0..40_000).map(|i| entry(&format!("key-{i}"))).collect();
         for e in &all {
             d.insert_if_absent(e.clone()).unwrap();
         }
         let mut seen = std::collections::HashSet::new();
-        d.visit_chunks(100, |chunk| seen.extend(chunk.iter().map(|e| e.id())));
+        d.visit_chunks(100, |chunk| seen.extend(chunk.iter().map(|e| e.key().to_owned())));
         assert_eq!(seen.len(), 40_000);
         let cap_before: usize = d.routes.iter().map(|s| s.read().capacity()).sum();
         for e in &all {

@@ -13,8 +13,8 @@ pub mod writers;
 pub use index::{GroupEntry, GroupMembers, ObjectIndex, route_hash};
 pub use lock_stats::{LockClass, lock_stats};
 pub use object::{
-    Lifecycle, ObjectEntry, ObjectFlags, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, SoftPinRequest,
-    Tier, object_locks_held,
+    Lifecycle, ObjectEntry, ObjectFlags, ObjectGuard, ObjectId, ObjectState, PendingWrite, Replica, ReplicaList,
+    SoftPinRequest, Tier, object_locks_held,
 };
 pub use quota::{QuotaAccount, QuotaError, QuotaPolicies};
 pub use tenant::{TenantLifecycle, TenantOp, TenantRegistry, TenantState};

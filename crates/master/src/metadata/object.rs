@@ -11,11 +11,10 @@ use crate::segment_pool::AllocatedBuffer;
 use compact_str::CompactString;
 use crescent_proto::{ClientId, ObjectDataType, ReplicaDescriptor, ReplicaStatus, SegmentKind, SoftPinAction};
 use parking_lot::{Mutex, MutexGuard};
-use smallvec::SmallVec;
 use std::sync::Arc;
 
-/// Master-lifetime unique object id; erase/recreate of a key yields a new id.
-pub type ObjectId = u64;
+/// An object's identity ([`ObjectEntry::id`]): erase/recreate of a key yields a new one.
+pub type ObjectId = usize;
 
 /// Publication state. Lookups accept only `Active`; a handle retained past erase sees `Removing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,13 +100,163 @@ impl Replica {
     }
 }
 
-/// An object's switches, packed in one byte (every object carries them: its size is watched).
+/// An object's replicas in placement order: one inline (most objects have one), more in a vector. Not a
+/// `SmallVec`: its length word would cost every object 8 bytes, where this enum's tag takes a value the inline
+/// replica's own fields never hold (the layout test checks it stays the size of one replica).
+#[derive(Debug)]
+pub struct ReplicaList(Replicas);
+
+#[derive(Debug)]
+enum Replicas {
+    One(Replica),
+    /// None, or two and more: a list that shrinks to one goes back inline (its vector freed).
+    Many(Vec<Replica>),
+}
+
+impl Default for ReplicaList {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReplicaList {
+    /// No replicas (allocates nothing).
+    pub const fn new() -> Self {
+        Self(Replicas::Many(Vec::new()))
+    }
+
+    /// Appends `r` (the last in placement order).
+    pub fn push(&mut self, r: Replica) {
+        self.0 = match std::mem::take(self).0 {
+            Replicas::One(first) => Replicas::Many(vec![first, r]),
+            Replicas::Many(v) if v.is_empty() => Replicas::One(r),
+            Replicas::Many(mut v) => {
+                v.push(r);
+                Replicas::Many(v)
+            }
+        };
+    }
+
+    /// Removes and returns the replica at `at`, keeping the order of the rest.
+    ///
+    /// # Panics
+    /// If `at` is out of bounds, as `Vec::remove` does.
+    pub fn remove(&mut self, at: usize) -> Replica {
+        let len = self.len();
+        assert!(at < len, "replica index {at} out of bounds ({len} replicas)");
+        match std::mem::take(self).0 {
+            Replicas::One(r) => r,
+            Replicas::Many(mut v) => {
+                let r = v.remove(at);
+                *self = Self::from(v);
+                r
+            }
+        }
+    }
+
+    /// Keeps only the replicas `keep` accepts, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Replica) -> bool) {
+        match &mut self.0 {
+            Replicas::One(r) => {
+                if !keep(r) {
+                    *self = Self::new();
+                }
+            }
+            Replicas::Many(v) => {
+                v.retain(|r| keep(r));
+                self.shrink();
+            }
+        }
+    }
+
+    /// A vector left with one replica moves it inline; an empty one frees its buffer.
+    fn shrink(&mut self) {
+        if let Replicas::Many(v) = &mut self.0 {
+            if v.len() == 1 {
+                if let Some(r) = v.pop() {
+                    self.0 = Replicas::One(r);
+                }
+            } else if v.is_empty() {
+                *v = Vec::new();
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for ReplicaList {
+    type Target = [Replica];
+    fn deref(&self) -> &[Replica] {
+        match &self.0 {
+            Replicas::One(r) => std::slice::from_ref(r),
+            Replicas::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for ReplicaList {
+    fn deref_mut(&mut self) -> &mut [Replica] {
+        match &mut self.0 {
+            Replicas::One(r) => std::slice::from_mut(r),
+            Replicas::Many(v) => v,
+        }
+    }
+}
+
+impl IntoIterator for ReplicaList {
+    type Item = Replica;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<Replica>, std::vec::IntoIter<Replica>>;
+    fn into_iter(self) -> Self::IntoIter {
+        match self.0 {
+            Replicas::One(r) => Some(r).into_iter().chain(Vec::new()),
+            Replicas::Many(v) => None.into_iter().chain(v),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a ReplicaList {
+    type Item = &'a Replica;
+    type IntoIter = std::slice::Iter<'a, Replica>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl Extend<Replica> for ReplicaList {
+    fn extend<I: IntoIterator<Item = Replica>>(&mut self, iter: I) {
+        for r in iter {
+            self.push(r);
+        }
+    }
+}
+
+impl FromIterator<Replica> for ReplicaList {
+    fn from_iter<I: IntoIterator<Item = Replica>>(iter: I) -> Self {
+        let mut list = Self::new();
+        list.extend(iter);
+        list
+    }
+}
+
+impl From<Vec<Replica>> for ReplicaList {
+    fn from(v: Vec<Replica>) -> Self {
+        let mut list = Self(Replicas::Many(v));
+        list.shrink();
+        list
+    }
+}
+
+/// An object's switches and data type, packed in one byte (every object carries them: its size is watched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjectFlags(u8);
 
 impl ObjectFlags {
     const CHECKSUM: u8 = 1;
     const NO_OFFLOAD: u8 = 2;
+    const HARD_PINNED: u8 = 4;
+    /// Set: [`Lifecycle::Removing`].
+    const REMOVING: u8 = 8;
+    /// The data type takes the high four bits (ten types today; the layout test checks they fit).
+    const DATA_TYPE_SHIFT: u8 = 4;
 
     fn set(&mut self, bit: u8, on: bool) {
         if on { self.0 |= bit } else { self.0 &= !bit }
@@ -171,66 +320,117 @@ pub(crate) struct ColdState {
 /// An object's settled quota charge as counted once ([`ObjectState::settled`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SettledCharge {
-    copies: u32,
+    copies: u16,
     /// The charge in bytes.
     pub bytes: u64,
 }
 
 /// The mutable state of an object, guarded by the object's lock.
+///
+/// Its small fields fill three words exactly (the layout test holds them to it): with the replica list and the
+/// lock, an entry is 112 bytes, and its `Arc` lands in the allocator's 128-byte class. Fields narrower than
+/// their natural type say so and what happens at their limit.
 #[derive(Debug)]
 pub struct ObjectState {
-    /// Publication state.
-    pub lifecycle: Lifecycle,
-    /// Never evicted.
-    pub hard_pinned: bool,
-    /// Stored with the object.
-    pub data_type: ObjectDataType,
-    /// Whether `checksum` holds a value, and whether the object is dropped rather than kept on a disk tier.
+    /// Checksum presence, no-offload, hard pin, lifecycle and data type (through the accessors below).
     pub flags: ObjectFlags,
-    /// Object bytes.
-    pub size: u64,
-    /// Writer-supplied checksum (crc32c of the object), returned to readers. 32 bits, as a crc32c is: a PutEnd
-    /// with a wider value is refused, so it sits in the word the small fields share.
-    pub checksum: u32,
-    /// Read lease: no eviction or non-forced removal before it (expired ⇔ now ≥ lease).
-    pub lease: Timestamp,
     /// Readers holding the current lease that have not released it. The last release ends the lease at once;
     /// a reader that never releases (gone, or an existence check) holds it until its deadline. Meaningless
-    /// once the lease has expired (the next grant starts again from one). 16 bits keep the object small; at
-    /// the cap the count sticks, and the lease then runs to its deadline (never ends early).
-    pub readers: u16,
+    /// once the lease has expired (the next grant starts again from one). At the cap (255) the count sticks,
+    /// and the lease then runs to its deadline (never ends early).
+    pub readers: u8,
     /// Bumped (wrapping) each time a write completes: eviction that selected an older version must not take
     /// the newer one (a wrap needs 65 536 rewrites of one object within one round: a hot object evicted, no
     /// more).
     pub version: u16,
+    /// Writer-supplied checksum (crc32c of the object), returned to readers. 32 bits, as a crc32c is: a PutEnd
+    /// with a wider value is refused.
+    pub checksum: u32,
+    /// Object bytes.
+    pub size: u64,
+    /// Read lease deadline (no eviction or non-forced removal before it; expired ⇔ now ≥ lease) in 48 bits,
+    /// split so the halves share words with the small fields: milliseconds since the clock's epoch, which
+    /// 2^48 holds for 8 900 years ([`ObjectState::lease`]).
+    lease_low: u32,
+    lease_high: u16,
     /// Memory replicas whose quota is charged (the settled charge is `size` × this): a count, not bytes, so it
-    /// shares a word with the small fields above instead of taking one of its own.
-    pub(crate) charged_copies: u32,
+    /// shares a word with the small fields above instead of taking one of its own. One object has at most one
+    /// replica per segment, far fewer than 65 536.
+    pub(crate) charged_copies: u16,
     /// What most objects do not have, out of line in one box (present only while either is): the write in
     /// flight and the soft-pin deadline.
     pub(crate) cold: Option<Box<ColdState>>,
     /// Replicas in placement order.
-    pub replicas: SmallVec<[Replica; 1]>,
+    pub replicas: ReplicaList,
 }
+
+/// The largest lease deadline an object stores (48 bits of milliseconds).
+const LEASE_MAX: u64 = (1 << 48) - 1;
 
 impl ObjectState {
     /// A published object of `size` bytes with no replica, lease, pin, charge or write yet: what a writer
-    /// fills in (`ObjectState { replicas, pending, ..ObjectState::new(size) }`).
+    /// fills in.
     pub fn new(size: u64) -> Self {
         Self {
-            lifecycle: Lifecycle::Active,
-            hard_pinned: false,
-            data_type: ObjectDataType::Unknown,
             flags: ObjectFlags::default(),
-            size,
-            checksum: 0,
-            lease: Timestamp(0),
             readers: 0,
             version: 0,
+            checksum: 0,
+            size,
+            lease_low: 0,
+            lease_high: 0,
             charged_copies: 0,
             cold: None,
-            replicas: SmallVec::new(),
+            replicas: ReplicaList::new(),
         }
+    }
+
+    /// Publication state.
+    pub fn lifecycle(&self) -> Lifecycle {
+        if self.flags.0 & ObjectFlags::REMOVING != 0 { Lifecycle::Removing } else { Lifecycle::Active }
+    }
+
+    /// Sets the publication state.
+    pub fn set_lifecycle(&mut self, l: Lifecycle) {
+        self.flags.set(ObjectFlags::REMOVING, l == Lifecycle::Removing);
+    }
+
+    /// Never evicted.
+    pub fn hard_pinned(&self) -> bool {
+        self.flags.0 & ObjectFlags::HARD_PINNED != 0
+    }
+
+    /// Pins (or unpins) the object against eviction.
+    pub fn set_hard_pinned(&mut self, on: bool) {
+        self.flags.set(ObjectFlags::HARD_PINNED, on);
+    }
+
+    /// Stored with the object.
+    pub fn data_type(&self) -> ObjectDataType {
+        // Only `set_data_type` writes these bits: every value there is a type's number.
+        ObjectDataType::from_number(self.flags.0 >> ObjectFlags::DATA_TYPE_SHIFT).unwrap_or_default()
+    }
+
+    /// Sets the stored data type.
+    pub fn set_data_type(&mut self, t: ObjectDataType) {
+        self.flags.0 =
+            (self.flags.0 & ((1 << ObjectFlags::DATA_TYPE_SHIFT) - 1)) | ((t as u8) << ObjectFlags::DATA_TYPE_SHIFT);
+    }
+
+    /// The read lease's deadline (`Timestamp(0)`: never granted).
+    pub fn lease(&self) -> Timestamp {
+        Timestamp(u64::from(self.lease_high) << 32 | u64::from(self.lease_low))
+    }
+
+    /// Moves the read lease's deadline out to `to` if it is earlier.
+    pub fn extend_lease(&mut self, to: Timestamp) {
+        self.set_lease(self.lease().max(to));
+    }
+
+    /// Sets the read lease's deadline (saturating at 2^48 − 1 ms).
+    pub fn set_lease(&mut self, t: Timestamp) {
+        let ms = t.0.min(LEASE_MAX);
+        (self.lease_low, self.lease_high) = (ms as u32, (ms >> 32) as u16);
     }
 
     /// Whether any replica is readable.
@@ -284,7 +484,7 @@ impl ObjectState {
 
     /// Whether a read lease is in force at `now`.
     pub fn leased(&self, now: Timestamp) -> bool {
-        now < self.lease
+        now < self.lease()
     }
 
     /// Grants a read lease until at least `deadline` to one more reader.
@@ -293,17 +493,17 @@ impl ObjectState {
             self.readers = 0;
         }
         self.readers = self.readers.saturating_add(1);
-        self.lease = self.lease.max(deadline);
+        self.extend_lease(deadline);
     }
 
     /// One reader is done with its lease; the last one ends it at `now`.
     pub fn release_lease(&mut self, now: Timestamp) {
-        if !self.leased(now) || self.readers == 0 || self.readers == u16::MAX {
+        if !self.leased(now) || self.readers == 0 || self.readers == u8::MAX {
             return;
         }
         self.readers -= 1;
         if self.readers == 0 {
-            self.lease = now;
+            self.set_lease(now);
         }
     }
 
@@ -313,7 +513,7 @@ impl ObjectState {
     /// settled against.
     pub fn settled(&self) -> SettledCharge {
         let n = self.replicas.iter().filter(|r| r.is_memory() && r.status == ReplicaStatus::Complete && r.is_valid());
-        let copies = u32::try_from(n.count()).unwrap_or(u32::MAX);
+        let copies = u16::try_from(n.count()).unwrap_or(u16::MAX);
         SettledCharge { copies, bytes: self.size.saturating_mul(u64::from(copies)) }
     }
 
@@ -337,11 +537,11 @@ impl ObjectState {
     /// Puts back a charge [`ObjectState::take_charge`] took (the size has not changed since).
     pub fn restore_charge(&mut self, bytes: u64) {
         debug_assert!(self.size > 0 && bytes.is_multiple_of(self.size), "a charge is whole copies of the object");
-        self.charged_copies = u32::try_from(bytes.checked_div(self.size).unwrap_or(0)).unwrap_or(u32::MAX);
+        self.charged_copies = u16::try_from(bytes.checked_div(self.size).unwrap_or(0)).unwrap_or(u16::MAX);
     }
 
     /// Charges `copies` more memory replicas (copies just completed).
-    pub fn charge_copies(&mut self, copies: u32) {
+    pub fn charge_copies(&mut self, copies: u16) {
         self.charged_copies = self.charged_copies.saturating_add(copies);
     }
 
@@ -368,41 +568,59 @@ impl ObjectState {
     }
 }
 
-/// One object: identity, its group (if any) and its lock.
+/// One object: its key, its group (if any) and its lock.
 pub struct ObjectEntry {
-    id: ObjectId,
-    /// Keys up to 24 bytes are stored inline (no second allocation per object).
-    key: CompactString,
-    /// Holds the explicit group alive for as long as any handle to a member exists.
-    group: Option<Arc<GroupEntry>>,
+    name: Name,
     state: Mutex<ObjectState>,
+}
+
+/// An object's key and explicit group. Most objects are in no group: the group shares the key's 24 bytes (a
+/// member's key and group sit together in one box) instead of costing every object a pointer. Keys up to 24
+/// bytes are stored inline (no second allocation per object).
+enum Name {
+    Plain(CompactString),
+    /// The group is held alive for as long as any handle to a member exists.
+    Member(Box<(CompactString, Arc<GroupEntry>)>),
 }
 
 impl std::fmt::Debug for ObjectEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectEntry").field("id", &self.id).field("key", &self.key).finish_non_exhaustive()
+        f.debug_struct("ObjectEntry").field("id", &self.id()).field("key", &self.key()).finish_non_exhaustive()
     }
 }
 
 impl ObjectEntry {
     /// A new entry (lifecycle taken from `state`).
-    pub fn new(id: ObjectId, key: &str, group: Option<Arc<GroupEntry>>, state: ObjectState) -> Self {
-        Self { id, key: CompactString::new(key), group, state: Mutex::new(state) }
+    pub fn new(key: &str, group: Option<Arc<GroupEntry>>, state: ObjectState) -> Self {
+        let key = CompactString::new(key);
+        let name = match group {
+            None => Name::Plain(key),
+            Some(g) => Name::Member(Box::new((key, g))),
+        };
+        Self { name, state: Mutex::new(state) }
     }
 
-    /// The object id.
+    /// The object's identity: its entry's address. No two live entries share it, nor does any entry a handle
+    /// (strong or weak) still refers to, since a handle keeps the allocation: an erased and re-created key
+    /// never matches an id taken from the old entry while that entry is held.
     pub fn id(&self) -> ObjectId {
-        self.id
+        std::ptr::from_ref(self).addr()
     }
 
     /// The user key.
     pub fn key(&self) -> &str {
-        &self.key
+        match &self.name {
+            Name::Plain(k) => k,
+            Name::Member(m) => &m.0,
+        }
     }
 
     /// The explicit group, if the object is a member of one.
     pub fn group(&self) -> Option<&Arc<GroupEntry>> {
-        self.group.as_ref()
+        match &self.name {
+            Name::Plain(_) => None,
+            Name::Member(m) => Some(&m.1),
+        }
     }
 
     /// Locks the object.
@@ -468,7 +686,7 @@ mod tests {
         st.release_lease(now);
         assert!(st.leased(now), "more readers than the count holds: none may end it early");
         let mut one = st;
-        one.lease = Timestamp(0);
+        one.set_lease(Timestamp(0));
         one.grant_lease(now, deadline);
         one.release_lease(now);
         assert!(!one.leased(now), "a lone reader's release ends it");
@@ -481,10 +699,83 @@ mod tests {
             (std::mem::size_of::<ObjectEntry>(), std::mem::size_of::<ObjectState>(), std::mem::size_of::<Replica>());
         eprintln!("ObjectEntry {entry} B, ObjectState {state} B, Replica {replica} B");
         assert!(replica <= 48, "Replica grew to {replica} B");
-        // The writer number lives in Replica's former padding: the object's layout did not grow for it.
-        assert!(state <= 96, "ObjectState grew to {state} B");
-        // With its `Arc` counts an entry is 160 B: mimalloc's 160-byte class (v2; v3 serves aligned 160-byte
-        // blocks from its 192 class). 8 bytes more and every object takes a 192-byte block; 112 would make it 128.
-        assert!(entry + 16 <= 160, "ObjectEntry grew to {entry} B");
+        // The list's tag lives in a value the inline replica never holds, and a group shares the key's bytes.
+        assert_eq!(std::mem::size_of::<ReplicaList>(), replica, "the replica list needs a word of its own");
+        assert_eq!(std::mem::size_of::<Name>(), std::mem::size_of::<CompactString>(), "the group costs a word");
+        assert!(state <= 80, "ObjectState grew to {state} B");
+        // With its `Arc` counts an entry is 128 B: mimalloc's 128-byte class. 8 bytes more and every object
+        // takes a 160-byte block.
+        assert!(entry + 16 <= 128, "ObjectEntry grew to {entry} B");
+    }
+
+    #[test]
+    fn every_data_type_fits_the_flags_nibble_beside_the_switches() {
+        for n in 0..=u8::MAX {
+            let Some(t) = ObjectDataType::from_number(n) else { continue };
+            let mut st = ObjectState::new(1);
+            st.flags.set_checksum(true);
+            st.set_hard_pinned(true);
+            st.set_lifecycle(Lifecycle::Removing);
+            st.set_data_type(t);
+            assert_eq!(st.data_type(), t, "type {n} does not fit four bits");
+            assert!(st.flags.has_checksum() && st.hard_pinned() && st.lifecycle() == Lifecycle::Removing);
+            assert!(!st.flags.no_offload());
+            st.set_lifecycle(Lifecycle::Active);
+            st.set_hard_pinned(false);
+            assert_eq!((st.data_type(), st.lifecycle(), st.hard_pinned()), (t, Lifecycle::Active, false));
+        }
+    }
+
+    #[test]
+    fn a_lease_deadline_round_trips_through_its_48_bits_and_saturates_past_them() {
+        let mut st = ObjectState::new(1);
+        for ms in [0, 1, u64::from(u32::MAX), u64::from(u32::MAX) + 1, 1 << 40, LEASE_MAX] {
+            st.set_lease(Timestamp(ms));
+            assert_eq!(st.lease(), Timestamp(ms));
+        }
+        st.set_lease(Timestamp(u64::MAX));
+        assert_eq!(st.lease(), Timestamp(LEASE_MAX));
+        assert!(st.leased(Timestamp(LEASE_MAX - 1)));
+    }
+
+    fn replica(id: u64) -> Replica {
+        // A buffer in no region (a weak handle to nothing): enough for a list that never reads its space.
+        let mut space = crate::alloc::OffsetAllocator::new(1 << 20).unwrap();
+        Replica::processing(id, AllocatedBuffer::from_parts(std::sync::Weak::new(), space.allocate(64).unwrap()))
+    }
+
+    fn ids(l: &ReplicaList) -> Vec<u64> {
+        l.iter().map(|r| r.id).collect()
+    }
+
+    #[test]
+    fn a_replica_list_keeps_placement_order_through_every_change() {
+        let mut l = ReplicaList::new();
+        assert!(l.is_empty());
+        l.push(replica(1));
+        assert_eq!(ids(&l), [1]);
+        assert!(matches!(l.0, Replicas::One(_)), "one replica lives inline");
+        l.push(replica(2));
+        l.push(replica(3));
+        assert_eq!(ids(&l), [1, 2, 3]);
+        assert_eq!(l.remove(1).id, 2);
+        assert_eq!(ids(&l), [1, 3]);
+        l.retain(|r| r.id != 1);
+        assert_eq!(ids(&l), [3]);
+        assert!(matches!(l.0, Replicas::One(_)), "a list shrunk to one goes back inline");
+        l.extend([replica(4), replica(5)]);
+        let (odd, even): (ReplicaList, ReplicaList) = std::mem::take(&mut l).into_iter().partition(|r| r.id % 2 == 1);
+        assert_eq!((ids(&odd), ids(&even)), (vec![3, 5], vec![4]));
+        assert!(l.is_empty());
+        let mut one = even;
+        assert_eq!(one.remove(0).id, 4);
+        assert!(one.is_empty() && matches!(&one.0, Replicas::Many(v) if v.capacity() == 0));
+        let mut many: ReplicaList = (6..9).map(replica).collect();
+        many.retain(|_| false);
+        assert!(many.is_empty() && matches!(&many.0, Replicas::Many(v) if v.capacity() == 0), "emptied: freed");
+        assert_eq!(ids(&ReplicaList::from(vec![replica(9)])), [9]);
+        for r in &mut *many {
+            r.refcnt += 1;
+        }
     }
 }

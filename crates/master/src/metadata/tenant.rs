@@ -4,12 +4,11 @@
 //! load plus one hash probe, and registering a tenant copies only its shard.
 
 use super::index::ObjectIndex;
-use super::object::{ObjectEntry, ObjectState, Replica};
+use super::object::{ObjectEntry, ObjectState, ReplicaList};
 use super::quota::QuotaAccount;
 use arc_swap::ArcSwap;
 use crescent_proto::TenantId;
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -159,7 +158,7 @@ impl TenantState {
 
     /// Step 1 of erasing an object, under its lock: mark it `Removing`, take its replicas and return its quota
     /// (settled and pending). The caller drops the replicas and calls [`TenantState::detach`] after unlocking.
-    pub fn retire(&self, st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
+    pub fn retire(&self, st: &mut ObjectState) -> ReplicaList {
         let (replicas, quota) = Self::retire_unreleased(st);
         self.release_quota(quota);
         replicas
@@ -167,8 +166,8 @@ impl TenantState {
 
     /// [`TenantState::retire`] leaving the quota to the caller: returns the replicas and the bytes of quota the
     /// object held, for [`TenantState::release_quota`] once the retirement is durable.
-    pub fn retire_unreleased(st: &mut ObjectState) -> (SmallVec<[Replica; 1]>, u64) {
-        st.lifecycle = super::object::Lifecycle::Removing;
+    pub fn retire_unreleased(st: &mut ObjectState) -> (ReplicaList, u64) {
+        st.set_lifecycle(super::object::Lifecycle::Removing);
         let pending = st.take_pending().map_or(0, |p| p.pending_charge);
         let quota = st.take_charge() + pending;
         (std::mem::take(&mut st.replicas), quota)

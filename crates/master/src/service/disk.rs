@@ -508,7 +508,7 @@ impl MasterService {
             let mut st = task.entry.lock();
             let source_there = st.replicas.iter().any(|r| r.id == task.replica && r.is_readable());
             let good = crc.is_some_and(|c| !st.flags.has_checksum() || st.checksum == c);
-            let fits = st.lifecycle == Lifecycle::Active
+            let fits = st.lifecycle() == Lifecycle::Active
                 && st.pending().is_none()
                 && source_there
                 && good

@@ -112,7 +112,7 @@ impl MasterService {
                 let entry = t.objects().get(k)?;
                 let st = entry.lock();
                 let e = state_event(&t, &entry, &st, RemoveCause::Removed);
-                (st.lifecycle == crate::metadata::Lifecycle::Active && e.kind == crate::events::EventKind::Stored)
+                (st.lifecycle() == crate::metadata::Lifecycle::Active && e.kind == crate::events::EventKind::Stored)
                     .then_some(e)
             })
             .collect();

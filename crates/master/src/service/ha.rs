@@ -7,7 +7,9 @@ use crate::clock::Timestamp;
 use crate::ha::payload::data_type_from;
 use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayState, ReplicaRecord, Slot};
 use crate::local_ssd::LocalSsdRecord;
-use crate::metadata::{Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, TenantState, Tier};
+use crate::metadata::{
+    Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, ReplicaList, TenantState, Tier,
+};
 use crate::segment_pool::{RegionAllocState, RegionReadView, RestoredAllocations, SegmentPoolSnapshotView};
 use crescent_proto::{ErrorCode, ReplicaStatus, SegmentId, SegmentKind, SegmentStatus, TenantId};
 use smallvec::SmallVec;
@@ -113,9 +115,9 @@ pub(crate) fn object_record(entry: &ObjectEntry, st: &ObjectState, now: Timestam
         replicas,
         checksum: st.flags.has_checksum().then_some(u64::from(st.checksum)),
         group: entry.group().map(|g| g.name().to_string()),
-        hard_pinned: st.hard_pinned,
+        hard_pinned: st.hard_pinned(),
         soft_pin_ms: if st.soft_pinned(now) { st.soft_pin().0 - now.0 } else { 0 },
-        data_type: st.data_type as u8,
+        data_type: st.data_type() as u8,
         no_offload: st.flags.no_offload(),
         writer: crate::metadata::writers::client(st.writer()).map(|c| *c.0.as_bytes()),
     }
@@ -160,7 +162,7 @@ pub(super) fn erase_logged(
     for r in st.replicas.iter_mut() {
         r.status = ReplicaStatus::Removed;
     }
-    st.lifecycle = Lifecycle::Removing;
+    st.set_lifecycle(Lifecycle::Removing);
     drop(st);
     tenant.objects().unlink_if_match(entry);
     Ok(())
@@ -169,7 +171,7 @@ pub(super) fn erase_logged(
 /// The durable half of a logged erase.
 pub(crate) fn finalize_removal(tenant: &TenantState, entry: &Arc<ObjectEntry>, ids: &[u64]) {
     let mut st = entry.lock();
-    let same = st.lifecycle == Lifecycle::Removing
+    let same = st.lifecycle() == Lifecycle::Removing
         && st.replicas.len() == ids.len()
         && st.replicas.iter().zip(ids).all(|(r, id)| r.id == *id && r.status == ReplicaStatus::Removed);
     if !same {
@@ -386,7 +388,7 @@ impl MasterService {
                     t
                 }
             };
-            let mut replicas: SmallVec<[Replica; 1]> = SmallVec::new();
+            let mut replicas = ReplicaList::new();
             let writer = o.writer_id().map_or(crate::metadata::writers::UNKNOWN, crate::metadata::writers::number);
             for r in &o.replicas {
                 max_replica = max_replica.max(r.id);
@@ -409,14 +411,12 @@ impl MasterService {
             if replicas.is_empty() {
                 continue;
             }
-            let mut st = ObjectState {
-                hard_pinned: o.hard_pinned,
-                data_type: data_type_from(o.data_type).unwrap_or_default(),
-                // A logged checksum wider than a crc32c was never written by a master: kept as none.
-                checksum: o.checksum.and_then(|c| u32::try_from(c).ok()).unwrap_or(0),
-                replicas,
-                ..ObjectState::new(o.size)
-            };
+            let mut st = ObjectState::new(o.size);
+            // A logged checksum wider than a crc32c was never written by a master: kept as none.
+            st.checksum = o.checksum.and_then(|c| u32::try_from(c).ok()).unwrap_or(0);
+            st.replicas = replicas;
+            st.set_hard_pinned(o.hard_pinned);
+            st.set_data_type(data_type_from(o.data_type).unwrap_or_default());
             if o.soft_pin_ms > 0 {
                 st.set_soft_pin(now.saturating_add(Duration::from_millis(o.soft_pin_ms)));
             }
@@ -425,13 +425,12 @@ impl MasterService {
             let settled = st.settled();
             st.settle(settled);
             t.quota().force_charge(settled.bytes);
-            let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
             let published = match o.group.as_deref().filter(|g| !g.is_empty()) {
                 None => {
-                    let entry = Arc::new(ObjectEntry::new(id, key, None, st));
+                    let entry = Arc::new(ObjectEntry::new(key, None, st));
                     t.objects().insert_if_absent(entry.clone()).map_err(|_| entry)
                 }
-                Some(g) => super::write::publish_member(&t, g, id, key, st),
+                Some(g) => super::write::publish_member(&t, g, key, st),
             };
             match published {
                 Ok(()) => published_count += 1,
@@ -464,7 +463,7 @@ impl MasterService {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
                     let st = e.lock();
-                    if st.lifecycle != Lifecycle::Active {
+                    if st.lifecycle() != Lifecycle::Active {
                         continue;
                     }
                     let o = object_record(&e, &st, now);

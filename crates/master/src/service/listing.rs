@@ -93,7 +93,7 @@ impl Gather<'_> {
             }
             let readable = {
                 let st = e.lock();
-                st.lifecycle == Lifecycle::Active && st.has_readable()
+                st.lifecycle() == Lifecycle::Active && st.has_readable()
             };
             if !readable {
                 continue;

@@ -304,7 +304,6 @@ pub struct MasterService {
     disk: disk::DiskTier,
     /// Copy and move tasks, and drain jobs.
     tasks: tasks::TaskBoard,
-    next_object_id: AtomicU64,
     next_replica_id: AtomicU64,
     metrics: Metrics,
     /// The oplog every mutation logs through, once attached (empty: no oplog, nothing logged).
@@ -364,7 +363,6 @@ impl MasterService {
             disk_frees: Arc::default(),
             disk: disk::DiskTier::default(),
             tasks: tasks::TaskBoard::default(),
-            next_object_id: AtomicU64::new(1),
             next_replica_id: AtomicU64::new(1),
             metrics: Metrics::default(),
             oplog: std::sync::OnceLock::new(),
@@ -630,7 +628,7 @@ impl MasterService {
             t.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for e in chunk {
                     let mut st = e.lock();
-                    let stale = st.lifecycle == crate::metadata::Lifecycle::Active
+                    let stale = st.lifecycle() == crate::metadata::Lifecycle::Active
                         && st.pending().is_some_and(|p| p.started.saturating_add(timeout) <= now);
                     if !stale {
                         continue;
@@ -767,7 +765,7 @@ impl MasterService {
                         a.duplicate_keys += 1;
                     }
                     let st = e.lock();
-                    if st.lifecycle != crate::metadata::Lifecycle::Active {
+                    if st.lifecycle() != crate::metadata::Lifecycle::Active {
                         a.not_active += 1;
                     }
                     a.replica_bytes +=

@@ -89,7 +89,7 @@ impl MasterService {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let st = entry.lock();
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
         let found: Vec<ReplicaDescriptor> =
@@ -137,7 +137,7 @@ impl MasterService {
         let deadline = now.saturating_add(self.lease_ttl());
         let (found, refresh_group) = {
             let mut st = entry.lock();
-            if st.lifecycle != Lifecycle::Active {
+            if st.lifecycle() != Lifecycle::Active {
                 return Lookup::Missing;
             }
             // Segment liveness is not under this lock, so readability is decided on one look: the descriptors
@@ -156,7 +156,7 @@ impl MasterService {
                 self.maybe_promote(tenant, &entry, &st);
             }
             let half = self.config.lease_ttl_ms / 2;
-            let near_expiry = st.lease.0 <= now.0.saturating_add(half);
+            let near_expiry = st.lease().0 <= now.0.saturating_add(half);
             st.grant_lease(now, deadline);
             let checksum = st.flags.has_checksum().then_some(u64::from(st.checksum));
             (Lookup::Found { descriptors, checksum, size: st.size }, near_expiry)
@@ -188,7 +188,7 @@ impl MasterService {
         let entry = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let now = self.clock.now();
         let st = entry.lock();
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
         let leased = st.leased(now);
@@ -196,10 +196,10 @@ impl MasterService {
             size: st.size,
             checksum: st.flags.has_checksum().then_some(u64::from(st.checksum)),
             replicas: st.replicas.iter().filter_map(Replica::descriptor).collect(),
-            lease_remaining_ms: if leased { st.lease.0 - now.0 } else { 0 },
+            lease_remaining_ms: if leased { st.lease().0 - now.0 } else { 0 },
             lease_readers: if leased { u32::from(st.readers) } else { 0 },
             soft_pin_remaining_ms: if st.soft_pinned(now) { st.soft_pin().0 - now.0 } else { 0 },
-            hard_pinned: st.hard_pinned,
+            hard_pinned: st.hard_pinned(),
             writing: st.pending().is_some(),
         })
     }
@@ -241,8 +241,8 @@ fn refresh_group_leases(entry: &Arc<ObjectEntry>, deadline: Timestamp, needed: b
     group.clear_dirty();
     for m in members.live_sorted() {
         let mut st = m.lock();
-        if st.lifecycle == Lifecycle::Active {
-            st.lease = st.lease.max(deadline);
+        if st.lifecycle() == Lifecycle::Active {
+            st.extend_lease(deadline);
         }
     }
 }

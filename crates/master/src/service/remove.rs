@@ -3,7 +3,7 @@
 use super::MasterService;
 use crate::events::RemoveCause;
 use crate::events::object::removed_event;
-use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState, Tier, writers};
+use crate::metadata::{Lifecycle, ObjectEntry, Replica, ReplicaList, TenantState, Tier, writers};
 use crescent_proto::{ClientId, ErrorCode, RemoveAllReport, ReplicaStatus, TenantId};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ fn removal_check(
     force: bool,
     now: crate::clock::Timestamp,
 ) -> Result<(), ErrorCode> {
-    if st.lifecycle != Lifecycle::Active {
+    if st.lifecycle() != Lifecycle::Active {
         return Err(ErrorCode::ObjectNotFound);
     }
     if !force && st.leased(now) {
@@ -106,7 +106,7 @@ impl MasterService {
         if st.offloading() || !st.replicas.iter().any(on_segment) {
             return false;
         }
-        let (taken, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+        let (taken, keep): (ReplicaList, ReplicaList) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| on_segment(r));
         st.replicas = keep;
         // As an eviction strips: the charge re-settled, and the object retired once nothing valid is left.
@@ -190,7 +190,7 @@ impl MasterService {
         }
         // Members whose logged removal is not durable yet are already gone for every caller.
         let live: Vec<_> =
-            members.live_sorted().into_iter().filter(|m| m.lock().lifecycle == Lifecycle::Active).collect();
+            members.live_sorted().into_iter().filter(|m| m.lock().lifecycle() == Lifecycle::Active).collect();
         let mut freed = Vec::with_capacity(live.len());
         {
             let mut guards: Vec<_> = live.iter().map(|m| m.lock()).collect();
@@ -233,7 +233,7 @@ impl MasterService {
                         for r in st.replicas.iter_mut() {
                             r.status = ReplicaStatus::Removed;
                         }
-                        st.lifecycle = Lifecycle::Removing;
+                        st.set_lifecycle(Lifecycle::Removing);
                     }
                 }
             }

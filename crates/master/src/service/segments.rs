@@ -5,13 +5,12 @@ use super::events::LateReport;
 use super::{MasterService, NofProbe};
 use crate::events::object::state_event;
 use crate::events::{KvEvent, RemoveCause};
-use crate::metadata::{Lifecycle, Replica};
+use crate::metadata::{Lifecycle, ReplicaList};
 use crate::segment_pool::{DeactivatedSegment, MountOutcome, PoolChange};
 use crescent_proto::{
     ClientId, ClientStatus, ClusterInfo, DiskTierInfo, ErrorCode, MemoryTierInfo, Principal, SegmentId, SegmentKind,
     SegmentSpec, SegmentStatus,
 };
-use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -479,10 +478,10 @@ impl MasterService {
             tenant.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {
                     let mut st = entry.lock();
-                    if st.lifecycle != Lifecycle::Active || !st.replicas.iter().any(|r| region.holds(&r.buffer)) {
+                    if st.lifecycle() != Lifecycle::Active || !st.replicas.iter().any(|r| region.holds(&r.buffer)) {
                         continue;
                     }
-                    let (gone, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+                    let (gone, keep): (ReplicaList, ReplicaList) =
                         std::mem::take(&mut st.replicas).into_iter().partition(|r| region.holds(&r.buffer));
                     st.replicas = keep;
                     tenant.resettle(&mut st);

@@ -33,7 +33,6 @@ use crescent_proto::{
     SegmentId, SegmentKind, SegmentStatus, TaskId, TaskInfo, TaskKind, TaskStatus,
 };
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -245,7 +244,7 @@ impl MasterService {
     fn task_object(&self, tenant: &str, key: &str) -> Result<(Arc<TenantState>, Arc<ObjectEntry>), ErrorCode> {
         let t = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let e = t.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
-        if e.lock().lifecycle != Lifecycle::Active {
+        if e.lock().lifecycle() != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
         Ok((t, e))
@@ -463,7 +462,7 @@ impl MasterService {
         source: SegmentId,
         targets: &Targets,
     ) -> Result<(u64, u64, u64, Vec<AllocatedBuffer>), (ErrorCode, String)> {
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Err((ErrorCode::ObjectNotFound, "the object was removed".into()));
         }
         if st.pending().is_some() {
@@ -562,7 +561,7 @@ impl MasterService {
         let now = self.clock.now();
         let mut st = entry.lock();
         let source = st.replicas.iter().position(|r| r.id == run.replica && r.is_readable());
-        let why = if st.lifecycle != Lifecycle::Active {
+        let why = if st.lifecycle() != Lifecycle::Active {
             Some((ErrorCode::ObjectNotFound, "the object was removed while it was copied"))
         } else if source.is_none() || st.pending().is_some() {
             Some((ErrorCode::ReplicaNotFound, "the object changed while it was copied"))
@@ -601,9 +600,9 @@ impl MasterService {
             st.replicas.push(r);
         }
         if !drop_source {
-            st.charge_copies(u32::try_from(added).unwrap_or(u32::MAX));
+            st.charge_copies(u16::try_from(added).unwrap_or(u16::MAX));
         }
-        let mut freed: SmallVec<[Replica; 1]> = SmallVec::new();
+        let mut freed = crate::metadata::ReplicaList::new();
         if drop_source && let Some(i) = source {
             freed.push(st.replicas.remove(i));
         }
@@ -934,7 +933,7 @@ impl MasterService {
             tenant.objects().visit_chunks(self.config.census_chunk, |chunk| {
                 for entry in chunk {
                     let st = entry.lock();
-                    if st.lifecycle != Lifecycle::Active {
+                    if st.lifecycle() != Lifecycle::Active {
                         continue;
                     }
                     for r in
@@ -974,7 +973,7 @@ impl MasterService {
             // Gone from the segment meanwhile (removed, evicted): nothing to move.
             let there = {
                 let st = entry.lock();
-                st.lifecycle == Lifecycle::Active
+                st.lifecycle() == Lifecycle::Active
                     && st
                         .replicas
                         .iter()

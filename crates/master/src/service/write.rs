@@ -5,8 +5,8 @@ use crate::clock::Timestamp;
 use crate::events::RemoveCause;
 use crate::eviction::{EvictionScope, EvictionTarget, RoomRequest, SegmentMap};
 use crate::metadata::{
-    GroupEntry, Lifecycle, ObjectEntry, ObjectFlags, ObjectState, PendingWrite, QuotaError, Replica, SoftPinRequest,
-    TenantState, Tier, route_hash,
+    GroupEntry, Lifecycle, ObjectEntry, ObjectFlags, ObjectState, PendingWrite, QuotaError, Replica, ReplicaList,
+    SoftPinRequest, TenantState, Tier, route_hash,
 };
 use crate::placement::{PlacementError, PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
@@ -14,7 +14,6 @@ use crescent_proto::{
     ClientId, ErrorCode, MAX_GROUP_LEN, ObjectKey, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentKind,
     SegmentStatus, SoftPinAction,
 };
-use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -258,7 +257,7 @@ impl MasterService {
                 Err(ErrorCode::ObjectAlreadyExists) => {
                     // Lost a creation race; if the winner is an erase in progress, look again.
                     match tenant.objects().get(key) {
-                        Some(e) if e.lock().lifecycle == Lifecycle::Active => {
+                        Some(e) if e.lock().lifecycle() == Lifecycle::Active => {
                             return Err(ErrorCode::ObjectAlreadyExists);
                         }
                         _ => std::thread::yield_now(),
@@ -283,11 +282,11 @@ impl MasterService {
         let slot = self.reserve_oplog()?;
         let now = self.clock.now();
         let mut st = entry.lock();
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Ok(Next::Create);
         }
         // Replicas whose segment vanished are dead weight: drop them now.
-        let stale: SmallVec<[Replica; 1]> = drain_invalid(&mut st);
+        let stale: ReplicaList = drain_invalid(&mut st);
         tenant.resettle(&mut st);
         let readable = st.has_readable();
         if !upsert {
@@ -347,7 +346,7 @@ impl MasterService {
         // new buffers; the old ones are kept until the lease ends.
         // A disk replica (or a copy to one under way) is never written by a client: new buffers too.
         if st.size != spec.size || st.leased(now) || st.replicas.iter().any(|r| r.tier == Tier::Disk) {
-            let hard_pinned = st.hard_pinned;
+            let hard_pinned = st.hard_pinned();
             drop(st);
             self.discard(discarded);
             drop(stale);
@@ -385,7 +384,7 @@ impl MasterService {
     pub(super) fn take_pending(&self, tenant: &TenantState, st: &mut ObjectState) -> Discard {
         let Some(p) = st.take_pending() else { return Discard::default() };
         tenant.release_quota(p.pending_charge);
-        let (processing, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+        let (processing, keep): (ReplicaList, ReplicaList) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
         st.replicas = keep;
         let release_at = p.started.saturating_add(Duration::from_millis(self.config.put_start_release_timeout_ms));
@@ -645,13 +644,11 @@ impl MasterService {
         let mut flags = ObjectFlags::default();
         flags.set_no_offload(!spec.config.offload);
         let write = write_id(&replicas);
-        let mut state = ObjectState {
-            hard_pinned: spec.config.with_hard_pin,
-            flags,
-            data_type: spec.config.data_type,
-            replicas: replicas.into_iter().collect(),
-            ..ObjectState::new(spec.size)
-        };
+        let mut state = ObjectState::new(spec.size);
+        state.flags = flags;
+        state.replicas = replicas.into_iter().collect();
+        state.set_hard_pinned(spec.config.with_hard_pin);
+        state.set_data_type(spec.config.data_type);
         state.set_pending(PendingWrite {
             writer: client,
             write,
@@ -660,14 +657,13 @@ impl MasterService {
             pending_charge: charge,
         });
         let descs = self.hand_out(&state.replicas, Handout::Write);
-        let id = self.next_object_id.fetch_add(1, Ordering::Relaxed);
         let key = spec.key;
         let published = match spec.group.filter(|g| !g.is_empty()) {
             None => {
-                let entry = Arc::new(ObjectEntry::new(id, key, None, state));
+                let entry = Arc::new(ObjectEntry::new(key, None, state));
                 tenant.objects().insert_if_absent(entry.clone()).map_err(|_| entry)
             }
-            Some(name) => publish_member(tenant, name, id, key, state),
+            Some(name) => publish_member(tenant, name, key, state),
         };
         match published {
             Ok(()) => Ok(descs),
@@ -710,7 +706,7 @@ impl MasterService {
         let now = self.clock.now();
         let mut st = entry.lock();
         // Revalidate: the object may have changed while we allocated.
-        if st.lifecycle != Lifecycle::Active || st.pending().is_some() || st.replicas.iter().any(|r| r.refcnt > 0) {
+        if st.lifecycle() != Lifecycle::Active || st.pending().is_some() || st.replicas.iter().any(|r| r.refcnt > 0) {
             drop(st);
             tenant.release_quota(charge);
             drop(replicas);
@@ -742,10 +738,10 @@ impl MasterService {
         }
         let old = std::mem::take(&mut st.replicas);
         // Readers may still be reading the old bytes under their lease.
-        let release_at = st.lease.max(now);
+        let release_at = st.lease().max(now);
         st.replicas = replicas.into_iter().collect();
         st.size = spec.size;
-        st.hard_pinned = hard_pinned || spec.config.with_hard_pin;
+        st.set_hard_pinned(hard_pinned || spec.config.with_hard_pin);
         st.flags.set_no_offload(!spec.config.offload);
         st.flags.set_checksum(false);
         let write = write_id(&st.replicas);
@@ -808,7 +804,7 @@ impl MasterService {
         let slot = self.reserve_oplog()?;
         let now = self.clock.now();
         let mut st = entry.lock();
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
         let Some(pending) = st.pending() else {
@@ -859,7 +855,7 @@ impl MasterService {
         }
         st.settle(settled);
         st.version = st.version.wrapping_add(1);
-        st.lease = st.lease.max(now);
+        st.extend_lease(now);
         // A refusal (the writer stopped for good) fails the request: the log will never hold this object.
         let report = self.report_state(&tenant, &entry, &st, RemoveCause::Removed);
         let logged = report.commit(slot, || super::ha::post_state_entry(&tenant, &entry, &st, now), None);
@@ -918,7 +914,7 @@ impl MasterService {
         let tenant = self.read_tenant(tenant)?.ok_or(ErrorCode::ObjectNotFound)?;
         let entry = tenant.objects().get(key).ok_or(ErrorCode::ObjectNotFound)?;
         let mut st = entry.lock();
-        if st.lifecycle != Lifecycle::Active {
+        if st.lifecycle() != Lifecycle::Active {
             return Err(ErrorCode::ObjectNotFound);
         }
         match st.pending() {
@@ -927,7 +923,7 @@ impl MasterService {
         }
         let pending = st.take_pending().map_or(0, |p| p.pending_charge);
         tenant.release_quota(pending);
-        let (revoked, keep): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+        let (revoked, keep): (ReplicaList, ReplicaList) =
             std::mem::take(&mut st.replicas).into_iter().partition(|r| r.status == ReplicaStatus::Processing);
         st.replicas = keep;
         // The revoked buffers may be an in-place upsert's: space the log held under the old value until the
@@ -949,11 +945,11 @@ impl MasterService {
 }
 
 /// Takes out replicas whose segment is gone.
-pub(super) fn drain_invalid(st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
+pub(super) fn drain_invalid(st: &mut ObjectState) -> ReplicaList {
     if st.replicas.iter().all(Replica::is_valid) {
-        return SmallVec::new();
+        return ReplicaList::new();
     }
-    let (keep, gone): (SmallVec<[Replica; 1]>, SmallVec<[Replica; 1]>) =
+    let (keep, gone): (ReplicaList, ReplicaList) =
         std::mem::take(&mut st.replicas).into_iter().partition(Replica::is_valid);
     st.replicas = keep;
     gone
@@ -963,7 +959,6 @@ pub(super) fn drain_invalid(st: &mut ObjectState) -> SmallVec<[Replica; 1]> {
 pub(super) fn publish_member(
     tenant: &TenantState,
     name: &str,
-    id: u64,
     key: &str,
     state: ObjectState,
 ) -> Result<(), Arc<ObjectEntry>> {
@@ -974,7 +969,7 @@ pub(super) fn publish_member(
             // The group emptied and left the catalog between our lookup and lock: take the new one.
             continue;
         }
-        let entry = Arc::new(ObjectEntry::new(id, key, Some(group.clone()), state));
+        let entry = Arc::new(ObjectEntry::new(key, Some(group.clone()), state));
         let result = tenant.objects().insert_if_absent(entry.clone());
         if result.is_ok() {
             members.add(&entry);
