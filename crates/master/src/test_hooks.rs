@@ -10,6 +10,7 @@ thread_local! {
     static BEFORE_EVICTION_COMMIT: RefCell<Option<Hook>> = RefCell::new(None);
     static AFTER_EVICTION_UNLOCK: RefCell<Option<Hook>> = RefCell::new(None);
     static AFTER_UNMOUNT: RefCell<Option<Hook>> = RefCell::new(None);
+    static BEFORE_ROOM_GATE: RefCell<Option<Hook>> = RefCell::new(None);
 }
 
 fn fire(slot: &'static std::thread::LocalKey<RefCell<Option<Hook>>>) {
@@ -54,4 +55,13 @@ pub(crate) fn after_eviction_unlock() {
 
 pub(crate) fn after_unmount() {
     fire(&AFTER_UNMOUNT);
+}
+
+/// Runs `f` (once) when a write on this thread found no room and is about to wait for the eviction gate.
+pub fn set_before_room_gate(f: impl FnMut() + 'static) {
+    BEFORE_ROOM_GATE.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
+
+pub(crate) fn before_room_gate() {
+    fire(&BEFORE_ROOM_GATE);
 }

@@ -227,6 +227,9 @@ pub struct RoomReport {
     /// The segment the round freed room on; `None`: no segment's evictable objects could make the room, so
     /// nothing was evicted.
     pub segment: Option<SegmentId>,
+    /// It took every candidate its census found and still fell short of the pool's target: whatever is
+    /// evictable now became so after its census.
+    pub exhausted: bool,
     /// The round's counts.
     pub report: EvictionReport,
 }
@@ -673,7 +676,7 @@ pub fn make_room<L: EvictionLog>(
         })
         .min_by_key(|(_, w)| (w.worst, w.bytes));
     let Some((seg, window)) = choice else {
-        return RoomReport { segment: None, report };
+        return RoomReport { segment: None, exhausted: false, report };
     };
     let mut k = Committer { tenants, oplog, offload, tier, now, groups_done: HashSet::new(), report, events };
     let mut done = vec![false; ordered.len()];
@@ -690,7 +693,8 @@ pub fn make_room<L: EvictionLog>(
             k.commit(c, *allow_soft);
         }
     }
-    RoomReport { segment: Some(seg), report: k.report }
+    let exhausted = k.report.bytes_going() < room.total;
+    RoomReport { segment: Some(seg), exhausted, report: k.report }
 }
 
 /// Evicts one disk replica (`replica`, of `entry` in `tenant`): the disk tier's own eviction, oldest first, when

@@ -459,6 +459,12 @@ fn service_figures(r: &mut Registry, svc: &MasterService) {
     counter(r, "eviction_runs", "Eviction rounds", m.eviction_runs.load(Ordering::Relaxed));
     counter(
         r,
+        "room_rounds_spared",
+        "Writes without room that took the answer of a round that had just found none instead of running one",
+        m.room_rounds_spared.load(Ordering::Relaxed),
+    );
+    counter(
+        r,
         "partial_placements",
         "Writes placed on fewer replicas than asked",
         m.partial_placements.load(Ordering::Relaxed),

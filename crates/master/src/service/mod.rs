@@ -188,6 +188,9 @@ pub struct Metrics {
     pub tenant_quota_rejects: AtomicU64,
     /// Eviction rounds run.
     pub eviction_runs: AtomicU64,
+    /// Writes that found no room and took the answer of a round that had just found none, instead of running
+    /// their own.
+    pub room_rounds_spared: AtomicU64,
     /// Objects evicted.
     pub evicted_objects: AtomicU64,
     /// Bytes of replicas evicted.
@@ -293,8 +296,12 @@ pub struct MasterService {
     above_watermark: AtomicBool,
     /// The memory capacity the last eviction step saw (a hint for the watermark check of each write).
     seen_capacity: AtomicU64,
-    /// Serialises allocation-failure eviction so concurrent writers do not each run a census.
-    eviction_gate: Mutex<()>,
+    /// Serialises allocation-failure eviction so concurrent writers do not each run a census, and remembers the
+    /// last round that found no room: the writers queued behind it take its answer instead of scanning again.
+    eviction_gate: Mutex<write::RoomRounds>,
+    /// Allocation-failure rounds started so far: a writer reads it when its allocation fails, before it waits
+    /// for the gate, so it knows which rounds looked at the pool after its own attempt.
+    room_rounds_started: AtomicU64,
     /// Evictions logged but not yet durable (their space and quota still held), and offloads under way (their
     /// memory is freed when the copy is done).
     eviction_frees: Arc<crate::eviction::PendingFrees>,
@@ -358,7 +365,8 @@ impl MasterService {
             need_eviction: AtomicBool::new(false),
             above_watermark: AtomicBool::new(false),
             seen_capacity: AtomicU64::new(0),
-            eviction_gate: Mutex::new(()),
+            eviction_gate: Mutex::new(write::RoomRounds::default()),
+            room_rounds_started: AtomicU64::new(0),
             eviction_frees: Arc::default(),
             disk_frees: Arc::default(),
             disk: disk::DiskTier::default(),

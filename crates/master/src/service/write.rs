@@ -22,6 +22,35 @@ use std::time::Duration;
 const QUOTA_EVICTION_RETRIES: usize = 2;
 /// Allocation-failure eviction rounds for one write before it gives up.
 const ROOM_ROUNDS: usize = 3;
+
+/// What the allocation-failure rounds (run one at a time behind the service's eviction gate) remember.
+#[derive(Debug, Default)]
+pub(super) struct RoomRounds {
+    /// The last round run.
+    last: Option<LastRound>,
+}
+
+/// What one `make_room` round found.
+#[derive(Debug, Clone, Copy)]
+struct LastRound {
+    kind: SegmentKind,
+    /// The buffer it made room for.
+    size: u64,
+    /// Its number in `room_rounds_started`.
+    round: u64,
+    found_hole: bool,
+    /// It took every candidate its census found.
+    exhausted: bool,
+}
+
+impl LastRound {
+    /// Whether another round now, for a buffer of `size`, would find nothing this one did not leave: it took
+    /// every candidate it saw, or it found no hole for a buffer no larger.
+    fn spent_for(&self, size: u64) -> bool {
+        self.exhausted || (!self.found_hole && self.size <= size)
+    }
+}
+
 /// Re-lookups when a write races an erase of the same key.
 const RACE_RETRIES: usize = 16;
 
@@ -452,7 +481,6 @@ impl MasterService {
                     // Allocation failure: free room for it (one round at a time across writers), if any can be.
                     self.need_eviction.store(true, Ordering::Release);
                     needed_room = true;
-                    let _gate = self.eviction_gate.lock();
                     buffers = self.place_with_room(&placement, &req).unwrap_or_default();
                 }
                 Err(PlacementError::NoAvailableHandle { .. }) => {}
@@ -473,7 +501,6 @@ impl MasterService {
                     // NoF space is evicted for a failed allocation the same way as memory.
                     Err(PlacementError::NoAvailableHandle { eligible_names }) if eligible_names > 0 => {
                         needed_room = true;
-                        let _gate = self.eviction_gate.lock();
                         buffers.extend(self.place_with_room(&placement, &req).unwrap_or_default());
                     }
                     Err(_) => {}
@@ -549,6 +576,12 @@ impl MasterService {
         placement: &ReplicaPlacement<'_>,
         req: &PlacementRequest<'_>,
     ) -> Option<Vec<AllocatedBuffer>> {
+        // Read before waiting for the gate: rounds numbered above it looked at the pool after this write's
+        // allocation failed.
+        let ticket = self.room_rounds_started.load(Ordering::Acquire);
+        #[cfg(test)]
+        crate::test_hooks::before_room_gate();
+        let mut gate = self.eviction_gate.lock();
         for _ in 0..ROOM_ROUNDS {
             if let Ok(b) = placement.place(req) {
                 return Some(b);
@@ -561,6 +594,14 @@ impl MasterService {
                 }
                 continue;
             }
+            // The last round began after this write failed (it saw everything evictable then) and left nothing
+            // for another: one now would scan every object to find only what became evictable since. Answer as
+            // it did (the placement above already took any room it made).
+            if gate.last.is_some_and(|l| l.kind == req.kind && l.round > ticket && l.spent_for(req.size)) {
+                self.metrics.room_rounds_spared.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            let round_no = self.room_rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
             let room = self.room_for(req);
             let tier = Tier::of(req.kind);
             let offloader = self.offloader().filter(|_| tier == Tier::Memory);
@@ -578,8 +619,15 @@ impl MasterService {
                 },
             );
             self.record_eviction(tier, &round.report);
-            // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark
-            // loop runs beside this one) is still a hole: try the placement again.
+            gate.last = Some(LastRound {
+                kind: req.kind,
+                size: req.size,
+                round: round_no,
+                found_hole: round.segment.is_some(),
+                exhausted: round.exhausted,
+            });
+            // No hole anywhere: give up. A hole whose objects another round evicted first (the watermark loop
+            // runs beside this one) is still a hole: try the placement again.
             round.segment?;
             // A logged round's room comes back once its entries are durable: wait for it rather than evict
             // again (a refusal to wait ends the attempt: another round would evict for the same room).
@@ -981,5 +1029,112 @@ pub(super) fn publish_member(
             tenant.objects().remove_group_if_match(&group);
         }
         return Err(entry);
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    #![allow(clippy::unwrap_used)]
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::service::{MasterConfig, MasterService};
+    use crate::test_hooks;
+    use crescent_proto::{ClientId, ErrorCode, ReplicateConfig};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    const KIB: u64 = 1 << 10;
+
+    /// A master whose one 4 MiB segment is held by writes still in flight: nothing in it can be evicted.
+    fn held_full() -> (Arc<MasterService>, ClientId) {
+        let svc =
+            Arc::new(MasterService::new(MasterConfig::default(), ManualClock::new(Timestamp(1_000_000))).unwrap());
+        svc.mount_segment(ClientId::random(), crescent_testkit::segment("mem", 4 * KIB * KIB)).unwrap();
+        let w = ClientId::random();
+        let mut n = 0;
+        while svc.put_start(w, "", &format!("held-{n}"), 64 * KIB, &ReplicateConfig::default()).is_ok() {
+            n += 1;
+        }
+        assert!(n > 10, "the segment took {n} writes");
+        (svc, w)
+    }
+
+    fn rounds(svc: &MasterService) -> (u64, u64) {
+        let m = svc.metrics();
+        (m.eviction_runs.load(Ordering::Relaxed), m.room_rounds_spared.load(Ordering::Relaxed))
+    }
+
+    /// Puts that found no room while another put was about to look for it take that look's answer: with the
+    /// pool held by writes in flight, a queue of them used to scan every object once each, in turn.
+    #[test]
+    fn a_write_queued_behind_a_round_that_found_no_room_takes_its_answer() {
+        let (svc, w) = held_full();
+        let before = rounds(&svc);
+        let other = Arc::clone(&svc);
+        // Once "first" has failed to allocate (and before it waits for the gate), "second" fails, gets the gate
+        // and runs a round that finds no room.
+        test_hooks::set_before_room_gate(move || {
+            let second = other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default());
+            assert_eq!(second.unwrap_err(), ErrorCode::NoAvailableHandle);
+        });
+        let first = svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default());
+        assert_eq!(first.unwrap_err(), ErrorCode::NoAvailableHandle);
+        let after = rounds(&svc);
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one round for both, the queued one spared");
+
+        // A write that fails after that round began looks for itself.
+        let third = svc.put_start(w, "", "third", 64 * KIB, &ReplicateConfig::default());
+        assert_eq!(third.unwrap_err(), ErrorCode::NoAvailableHandle);
+        assert_eq!(rounds(&svc), (after.0 + 1, after.1));
+    }
+
+    /// A round that found room but took every object it could (the rest of the pool is held by writes in
+    /// flight) answers the writes queued behind it once the room it made is taken: a round of their own would
+    /// find only what became evictable since.
+    #[test]
+    fn a_write_queued_behind_a_round_that_took_every_candidate_takes_its_answer() {
+        let (svc, w) = held_full();
+        // One write ends: its object is the only one eviction may take.
+        svc.put_end(w, "", "held-0", None).unwrap();
+        let before = rounds(&svc);
+        let other = Arc::clone(&svc);
+        test_hooks::set_before_room_gate(move || {
+            // "second" evicts "held-0" and takes its space.
+            other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default()).unwrap();
+        });
+        let first = svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default());
+        assert_eq!(first.unwrap_err(), ErrorCode::NoAvailableHandle);
+        assert!(!svc.exist_key("", "held-0").unwrap());
+        let after = rounds(&svc);
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one round for both, the queued one spared");
+    }
+
+    /// No room for a larger buffer says nothing about a smaller one: the smaller write runs its own round.
+    #[test]
+    fn a_round_for_a_larger_buffer_does_not_answer_a_smaller_write() {
+        let (svc, w) = held_full();
+        let before = rounds(&svc);
+        let other = Arc::clone(&svc);
+        test_hooks::set_before_room_gate(move || {
+            let large = other.put_start(w, "", "large", 256 * KIB, &ReplicateConfig::default());
+            assert_eq!(large.unwrap_err(), ErrorCode::NoAvailableHandle);
+        });
+        let small = svc.put_start(w, "", "small", 64 * KIB, &ReplicateConfig::default());
+        assert_eq!(small.unwrap_err(), ErrorCode::NoAvailableHandle);
+        assert_eq!(rounds(&svc), (before.0 + 2, before.1));
+    }
+
+    /// Space freed after the round that found none is still found: a queued write tries the placement itself
+    /// before it takes a round's answer.
+    #[test]
+    fn a_queued_write_still_takes_room_freed_after_the_round_that_found_none() {
+        let (svc, w) = held_full();
+        let other = Arc::clone(&svc);
+        test_hooks::set_before_room_gate(move || {
+            let second = other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default());
+            assert_eq!(second.unwrap_err(), ErrorCode::NoAvailableHandle);
+            // Then a write in flight is given up: its space comes back.
+            other.put_revoke(w, "", "held-0").unwrap();
+        });
+        svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default()).unwrap();
     }
 }
