@@ -107,7 +107,17 @@ impl Term {
             let _ = tokio::task::spawn_blocking(move || drop(bg)).await;
         }
         log.stop().await;
-        drop(svc);
+        // The last handle frees every object (seconds at millions of them): off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || drop(svc)).await;
+    }
+}
+
+/// Runs CPU-bound work without holding up the tasks queued on this thread (the leader lease's keep-alive among
+/// them): as `block_in_place` on a multi-threaded runtime, which hands them to another worker; inline on any other.
+fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -392,7 +402,9 @@ impl RoleLoop {
         let prefix = role::promote(&self.storage, view, &mut reader, &mut state, deadline, session.guard())
             .await
             .map_err(|e| e.to_string())?;
-        let term = self.start_term(state, prefix, view)?;
+        // Restoring millions of objects takes seconds of CPU: off the runtime's workers, or the lease's
+        // keep-alive starves behind it and the lease ends before the new leader serves its first request.
+        let term = cpu_bound(|| self.start_term(state, prefix, view))?;
         Ok((term, prefix))
     }
 
