@@ -1051,11 +1051,16 @@ mod room_tests {
         svc.mount_segment(ClientId::random(), crescent_testkit::segment("mem", 4 * KIB * KIB)).unwrap();
         let w = ClientId::random();
         let mut n = 0;
-        while svc.put_start(w, "", &format!("held-{n}"), 64 * KIB, &ReplicateConfig::default()).is_ok() {
+        while put(&svc, w, &format!("held-{n}"), 64 * KIB).is_ok() {
             n += 1;
         }
         assert!(n > 10, "the segment took {n} writes");
         (svc, w)
+    }
+
+    /// A write of `size` bytes to `key` by `w`.
+    fn put(svc: &MasterService, w: ClientId, key: &str, size: u64) -> Result<(), ErrorCode> {
+        svc.put_start(w, "", key, size, &ReplicateConfig::default()).map(drop)
     }
 
     fn rounds(svc: &MasterService) -> (u64, u64) {
@@ -1073,16 +1078,16 @@ mod room_tests {
         // Once "first" has failed to allocate (and before it waits for the gate), "second" fails, gets the gate
         // and runs a round that finds no room.
         test_hooks::set_before_room_gate(move || {
-            let second = other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default());
+            let second = put(&other, w, "second", 64 * KIB);
             assert_eq!(second.unwrap_err(), ErrorCode::NoAvailableHandle);
         });
-        let first = svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default());
+        let first = put(&svc, w, "first", 64 * KIB);
         assert_eq!(first.unwrap_err(), ErrorCode::NoAvailableHandle);
         let after = rounds(&svc);
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one round for both, the queued one spared");
 
         // A write that fails after that round began looks for itself.
-        let third = svc.put_start(w, "", "third", 64 * KIB, &ReplicateConfig::default());
+        let third = put(&svc, w, "third", 64 * KIB);
         assert_eq!(third.unwrap_err(), ErrorCode::NoAvailableHandle);
         assert_eq!(rounds(&svc), (after.0 + 1, after.1));
     }
@@ -1099,9 +1104,9 @@ mod room_tests {
         let other = Arc::clone(&svc);
         test_hooks::set_before_room_gate(move || {
             // "second" evicts "held-0" and takes its space.
-            other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default()).unwrap();
+            put(&other, w, "second", 64 * KIB).unwrap();
         });
-        let first = svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default());
+        let first = put(&svc, w, "first", 64 * KIB);
         assert_eq!(first.unwrap_err(), ErrorCode::NoAvailableHandle);
         assert!(!svc.exist_key("", "held-0").unwrap());
         let after = rounds(&svc);
@@ -1115,10 +1120,10 @@ mod room_tests {
         let before = rounds(&svc);
         let other = Arc::clone(&svc);
         test_hooks::set_before_room_gate(move || {
-            let large = other.put_start(w, "", "large", 256 * KIB, &ReplicateConfig::default());
+            let large = put(&other, w, "large", 256 * KIB);
             assert_eq!(large.unwrap_err(), ErrorCode::NoAvailableHandle);
         });
-        let small = svc.put_start(w, "", "small", 64 * KIB, &ReplicateConfig::default());
+        let small = put(&svc, w, "small", 64 * KIB);
         assert_eq!(small.unwrap_err(), ErrorCode::NoAvailableHandle);
         assert_eq!(rounds(&svc), (before.0 + 2, before.1));
     }
@@ -1130,11 +1135,11 @@ mod room_tests {
         let (svc, w) = held_full();
         let other = Arc::clone(&svc);
         test_hooks::set_before_room_gate(move || {
-            let second = other.put_start(w, "", "second", 64 * KIB, &ReplicateConfig::default());
+            let second = put(&other, w, "second", 64 * KIB);
             assert_eq!(second.unwrap_err(), ErrorCode::NoAvailableHandle);
             // Then a write in flight is given up: its space comes back.
             other.put_revoke(w, "", "held-0").unwrap();
         });
-        svc.put_start(w, "", "first", 64 * KIB, &ReplicateConfig::default()).unwrap();
+        put(&svc, w, "first", 64 * KIB).unwrap();
     }
 }
