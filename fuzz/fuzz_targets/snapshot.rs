@@ -138,9 +138,9 @@ fn directory() -> SnapshotMetadata {
         let r = segment(s);
         state.segments.insert(r.spec().expect("a valid segment").id, r);
     }
-    state.objects.insert(("default".into(), "a".into()), object(1, 0, None));
-    state.objects.insert(("default".into(), "b".into()), object(1, 8192, Some("g")));
-    state.objects.insert(("t2".into(), "a".into()), object(3, 4096, None));
+    state.objects.insert("default", "a", object(1, 0, None));
+    state.objects.insert("default", "b", object(1, 8192, Some("g")));
+    state.objects.insert("t2", "a", object(3, 4096, None));
     state.policies = Some([("t2".to_owned(), 1u64 << 30)].into_iter().collect());
     SnapshotMetadata { state, batch_id: 3, producer_view: 2 }
 }

@@ -158,7 +158,7 @@ async fn check(client: &Client, told: &BTreeMap<String, Told>, etcd: &EtcdServer
     assert!(settled, "the leader's log never settled: {:?}", health(leader_admin));
     let state = durable_state(etcd).await;
     let tenant = crescent_proto::TenantId::DEFAULT.to_owned();
-    let durable = |key: &str| state.objects.contains_key(&(tenant.clone(), key.to_owned()));
+    let durable = |key: &str| state.objects.contains(&tenant, key);
     let (mut stored, mut removed, mut lost) = (0, 0, 0);
     for (key, t) in told {
         match t {

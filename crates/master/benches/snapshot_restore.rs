@@ -35,6 +35,12 @@ fn arg(name: &str, default: u64) -> u64 {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The process's resident set, bytes (`/proc/self/statm`, pages of 4 KiB).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
 fn segment(i: u64) -> SegmentRecord {
     let spec = crescent_testkit::segment_on(&format!("node{i}"), 16 * GIB, &format!("host{i}"));
     SegmentRecord::new(ClientId::random(), &spec, None)
@@ -60,14 +66,22 @@ fn object(i: u64, segments: &[SegmentRecord]) -> (String, ObjectRecord) {
 /// Writes the snapshot (batch 1 holds seqs 1..=objects) and the log after it; returns the durable prefix.
 async fn setup(store: &dyn SnapshotStore, kv: Arc<dyn HaKvBackend>, objects: u64, entries: u64) -> DurablePrefix {
     let segments: Vec<SegmentRecord> = (0..SEGMENTS).map(segment).collect();
+    let before = rss();
     let mut state = ReplayState { last_seq: objects, ..ReplayState::default() };
     for s in &segments {
         state.segments.insert(s.spec().unwrap().id, s.clone());
     }
     for i in 0..objects {
         let (k, o) = object(i, &segments);
-        state.objects.insert(("default".into(), k), o);
+        state.objects.insert("default", &k, o);
     }
+    // What a standby, or a leader's snapshotter, holds for these objects.
+    let held = rss().saturating_sub(before);
+    println!(
+        "folded state: {objects} objects, RSS +{} MiB, {:.1} B per object",
+        held >> 20,
+        held as f64 / objects as f64
+    );
     let t = Instant::now();
     let view = MasterSnapshotView {
         metadata: Some(SnapshotMetadata { state, batch_id: 1, producer_view: 1 }),
@@ -130,8 +144,9 @@ fn main() {
         assert_eq!(baseline.position.last_seq, objects);
         assert_eq!(state.last_seq, prefix.last_seq);
         println!(
-            "run {run}: snapshot load + replay {loaded:?}, restore_replayed {:?}, total {total:?} ({restored} objects, {segments} segments)",
-            total - loaded
+            "run {run}: snapshot load + replay {loaded:?}, restore_replayed {:?}, total {total:?} ({restored} objects, {segments} segments), RSS {} MiB",
+            total - loaded,
+            rss() >> 20
         );
         totals.push(total);
         // Dropping a million objects is not part of a restore.

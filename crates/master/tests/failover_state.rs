@@ -109,7 +109,7 @@ async fn registrations_and_cxl_survive(via_snapshot: bool) {
     assert_eq!(registrations.len(), 2, "c1 and c2 registered, c3 gone: {registrations:?}");
     let want = without_pins(svc_a.metadata_view());
     assert_eq!(want.objects.len(), n as usize);
-    assert!(want.objects.values().all(|o| o.replicas.iter().all(|r| r.segment_id() == cxl.id)), "all on CXL");
+    assert!(want.objects.iter().all(|o| o.replicas().all(|r| r.segment_id() == cxl.id)), "all on CXL");
 
     let clock_b = ManualClock::new(Timestamp(1));
     let b = candidate(&etcd, clock_b.clone(), snap(&dir_b).as_deref()).await;
@@ -131,14 +131,14 @@ async fn registrations_and_cxl_survive(via_snapshot: bool) {
         let ReplicaLocation::Memory { segment_id, offset, length, .. } = &got.replicas[0].location else {
             panic!("k{k}: {:?}", got.replicas[0].location)
         };
-        let logged = &want.objects[&("default".to_owned(), format!("k{k}"))].replicas[0];
+        let logged = &want.objects.get("default", &format!("k{k}")).unwrap().replicas[0];
         assert_eq!((*segment_id, *offset, *length), (cxl.id, logged.offset, logged.length));
     }
     // New writes land in the restored window without overlapping the restored objects.
     put(&svc_b, &mut n);
     let fresh = &svc_b.get_replica_list("", &format!("k{}", n - 1)).unwrap().replicas[0].location;
     let ReplicaLocation::Memory { offset: fresh_at, .. } = fresh else { panic!("{fresh:?}") };
-    assert!(want.objects.values().all(|o| o.replicas[0].offset + o.replicas[0].length <= *fresh_at
+    assert!(want.objects.iter().map(|o| o.record()).all(|o| o.replicas[0].offset + o.replicas[0].length <= *fresh_at
         || *fresh_at + 4096 + n - 1 <= o.replicas[0].offset));
 
     // c1 pings the new leader in time; c2 never does: it is expired after the grace, its removal logged.

@@ -169,7 +169,7 @@ fn the_object_directory_encoding_is_pinned() {
     };
     let mut state = ReplayState { last_seq: 5, ..ReplayState::default() };
     state.segments.insert(segment.spec().unwrap().id, segment);
-    state.objects.insert(("t".into(), "k".into()), object);
+    state.objects.insert("t", "k", object);
     state.policies = Some([("t".to_owned(), 1024)].into_iter().collect());
     let meta = SnapshotMetadata { state, batch_id: 2, producer_view: 3 };
     let view = MasterSnapshotView { metadata: Some(meta), ..MasterSnapshotView::default() };
@@ -181,12 +181,12 @@ fn the_object_directory_encoding_is_pinned() {
     // `no_offload` either (its objects may be offloaded), version 2 not the segment's principal either.
     let mut v4 = view.clone();
     if let Some(m) = v4.metadata.as_mut() {
-        m.state.objects.values_mut().for_each(|o| o.writer = None);
+        m.state.objects = each_record(&m.state.objects, |o| o.writer = None);
     }
     assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V4)).unwrap(), v4);
     let mut v3 = v4;
     if let Some(m) = v3.metadata.as_mut() {
-        m.state.objects.values_mut().for_each(|o| o.no_offload = false);
+        m.state.objects = each_record(&m.state.objects, |o| o.no_offload = false);
     }
     assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V3)).unwrap(), v3);
     let mut v2 = v3;
@@ -194,6 +194,20 @@ fn the_object_directory_encoding_is_pinned() {
         m.state.segments.values_mut().for_each(|s| s.principal.clear());
     }
     assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V2)).unwrap(), v2);
+}
+
+/// `objects` with `change` applied to every record.
+fn each_record(
+    objects: &crescent_master::ha::ReplayObjects,
+    change: impl Fn(&mut crescent_master::ha::ObjectRecord),
+) -> crescent_master::ha::ReplayObjects {
+    let mut changed = crescent_master::ha::ReplayObjects::default();
+    for o in objects.iter() {
+        let mut record = o.record();
+        change(&mut record);
+        changed.insert(o.tenant(), o.key(), record);
+    }
+    changed
 }
 
 /// An HA snapshot's local SSD registrations (its folded log's) travel in the codec's LocalSSD records and come

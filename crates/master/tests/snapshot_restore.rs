@@ -8,7 +8,7 @@ use crescent_ha::kv::{HaKvBackend, MemoryKv};
 use crescent_ha::oplog::{DurablePrefix, OpLogBatchStorage, StorageConfig, WriterConfig};
 use crescent_master::clock::{ManualClock, Timestamp};
 use crescent_master::ha::{
-    OpLogOptions, OpenError, ReplayState, SnapshotOptions, Snapshotter, load_baseline, restore_state,
+    OpLogOptions, OpenError, ReplayObject, ReplayState, SnapshotOptions, Snapshotter, load_baseline, restore_state,
 };
 use crescent_master::service::{MasterConfig, MasterService};
 use crescent_master::snapshot::catalog::{Catalog, Manifest, snapshot_id};
@@ -116,7 +116,7 @@ fn state_at(batch: u64, seq: u64) -> (Bytes, SnapshotMetadata) {
         no_offload: false,
         writer: None,
     };
-    state.objects.insert(("default".into(), format!("k{seq}")), object);
+    state.objects.insert("default", &format!("k{seq}"), object);
     let meta = SnapshotMetadata { state, batch_id: batch, producer_view: 1 };
     let view = MasterSnapshotView { metadata: Some(meta.clone()), ..MasterSnapshotView::default() };
     (Bytes::from(snapshot::encode(&view)), meta)
@@ -265,16 +265,17 @@ fn multi_tenant() -> MasterConfig {
 fn assert_same_metadata(got: &ReplayState, want: &ReplayState, what: &str) {
     assert_eq!(got.segments, want.segments, "{what}: segments");
     // Only the differing objects in the message (the whole maps are hundreds of lines).
+    let key = |o: &ReplayObject<'_>| (o.tenant().to_owned(), o.key().to_owned());
     let mut differ: Vec<_> = got
         .objects
         .iter()
-        .filter(|(k, v)| want.objects.get(*k) != Some(*v))
-        .map(|(k, v)| (k.clone(), Some(v.clone()), want.objects.get(k).cloned()))
+        .filter(|o| want.objects.get(o.tenant(), o.key()) != Some(o.record()))
+        .map(|o| (key(&o), Some(o.record()), want.objects.get(o.tenant(), o.key())))
         .chain(
             want.objects
                 .iter()
-                .filter(|(k, _)| !got.objects.contains_key(*k))
-                .map(|(k, v)| (k.clone(), None, Some(v.clone()))),
+                .filter(|o| !got.objects.contains(o.tenant(), o.key()))
+                .map(|o| (key(&o), None, Some(o.record()))),
         )
         .collect();
     differ.sort_by(|a, b| a.0.cmp(&b.0));
@@ -361,11 +362,9 @@ async fn restore_matches_the_leader(store: Arc<dyn SnapshotStore>) {
 
     // Snapshot + log = the leader's metadata, exactly (soft pins aside: restore drops them).
     let mut live = a.svc.metadata_view();
-    assert!(live.objects[&("t1".to_owned(), "pinned".to_owned())].soft_pin_ms > 0, "the leader holds the pin");
-    assert!(!live.objects.contains_key(&("t1".to_owned(), "inflight".to_owned())), "in flight: not readable");
-    for o in live.objects.values_mut() {
-        o.soft_pin_ms = 0;
-    }
+    assert!(live.objects.view("t1", "pinned").unwrap().soft_pin_ms() > 0, "the leader holds the pin");
+    assert!(!live.objects.contains("t1", "inflight"), "in flight: not readable");
+    live.objects.clear_soft_pins();
     let (state, baseline) = restore_state(Some(&*store), &storage, prefix).await.unwrap();
     assert_eq!(baseline.snapshot.as_ref().map(|m| m.id.as_str()), Some(third.manifest.id.as_str()));
     assert_eq!(state.last_seq, prefix.last_seq);
@@ -375,10 +374,8 @@ async fn restore_matches_the_leader(store: Arc<dyn SnapshotStore>) {
     // The snapshotter's own follower agrees too (it folds the log as it is, soft pins included).
     snapshotter.catch_up().await.unwrap();
     let mut followed = snapshotter.state().clone();
-    assert!(followed.objects[&("t1".to_owned(), "pinned".to_owned())].soft_pin_ms > 0);
-    for o in followed.objects.values_mut() {
-        o.soft_pin_ms = 0;
-    }
+    assert!(followed.objects.view("t1", "pinned").unwrap().soft_pin_ms() > 0);
+    followed.objects.clear_soft_pins();
     assert_same_metadata(&followed, &live, "the snapshotter's follower");
 
     // A master restored from it, its nodes back, serves the same metadata.

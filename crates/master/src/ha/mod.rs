@@ -3,6 +3,7 @@
 //! replay ([`replay`]: the `OpLogApplier`, the startup rebuild of a restarted master, opening the log),
 //! snapshots ([`snapshots`]) and a candidate's standby bootstrap and fenced promotion ([`role`]).
 
+pub mod objects;
 pub mod payload;
 pub mod replay;
 pub mod role;
@@ -14,8 +15,8 @@ pub use payload::{
     SegmentRecordV1,
 };
 pub use replay::{
-    OpLogOptions, OpenError, OpenReport, ReplayObjects, ReplayState, master_storage, master_writer_config, open,
-    open_with_snapshots, replay_log, replay_log_after, start_writing,
+    OpLogOptions, OpenError, OpenReport, ReplayObject, ReplayObjects, ReplayState, master_storage,
+    master_writer_config, open, open_with_snapshots, replay_log, replay_log_after, start_writing,
 };
 pub use role::{HaState, HaStatus, PromoteError};
 pub use sink::{OPLOG_REFUSED, OpLog, Slot, take_hid_objects};

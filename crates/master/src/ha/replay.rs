@@ -7,7 +7,7 @@
 //! allocator rebuilt from the replicas that lie in it, each replica re-bound, the rest freed). A standby
 //! following a primary folds the same way and materialises when it is promoted.
 
-use super::payload::{MasterEntry, ObjectRecord, PayloadError, SegmentRecord};
+use super::payload::{MasterEntry, PayloadError, SegmentRecord};
 use super::sink::OpLog;
 use super::snapshots::{SnapshotOptions, Snapshotter, SnapshotterHandle, restore_state};
 use crate::local_ssd::LocalSsdRecord;
@@ -20,9 +20,7 @@ use crescent_ha::oplog::{
 use crescent_proto::{ClientId, ErrorCode, SegmentId};
 use std::collections::BTreeMap;
 
-/// The readable objects of a [`ReplayState`] by `(tenant, key)`: a fast (non-SipHash) table, since a standby or
-/// a restart folds tens of millions of keys into it and a restore walks all of them.
-pub type ReplayObjects = hashbrown::HashMap<(String, String), ObjectRecord>;
+pub use super::objects::{ReplayObject, ReplayObjects};
 use std::sync::Arc;
 
 /// Everything a log describes, folded: what a master rebuilds.
@@ -49,13 +47,13 @@ impl ReplayState {
                 // same segment id must not bring it back over space given to another object.
                 object.replicas.retain(|r| self.segments.contains_key(&r.segment_id()));
                 if object.replicas.is_empty() {
-                    self.objects.remove(&(tenant, key));
+                    self.objects.remove(&tenant, &key);
                 } else {
-                    self.objects.insert((tenant, key), object);
+                    self.objects.insert(&tenant, &key, object);
                 }
             }
             MasterEntry::Remove { tenant, key } => {
-                self.objects.remove(&(tenant, key));
+                self.objects.remove(&tenant, &key);
             }
             MasterEntry::SegmentMount(s) => {
                 let id = SegmentId(uuid::Uuid::from_bytes(s.id));
@@ -65,10 +63,7 @@ impl ReplayState {
                 let id = SegmentId(uuid::Uuid::from_bytes(s.id));
                 self.segments.remove(&id);
                 // Replicas on it went with it; objects left with none went too (the sweep's rule).
-                self.objects.retain(|_, o| {
-                    o.replicas.retain(|r| r.segment_id() != id);
-                    !o.replicas.is_empty()
-                });
+                self.objects.drop_segment(&s.id);
             }
             // The status a log records (a graceful unmount) does not survive a restart: replayed segments come
             // back disconnected, for their owner to remount.
@@ -83,7 +78,7 @@ impl ReplayState {
                 self.policies = Some(p.policies.into_iter().collect());
             }
             MasterEntry::GroupRemove { tenant, group } => {
-                self.objects.retain(|(t, _), o| !(t == &tenant && o.group.as_deref() == Some(group.as_str())));
+                self.objects.remove_group(&tenant, &group);
             }
             MasterEntry::LocalSsdSet(r) => {
                 let record = LocalSsdRecord {

@@ -8,7 +8,6 @@
 //! then does it catch up to the durable prefix — which nobody else can move any more — within a deadline, and
 //! starts its writer from exactly that prefix.
 
-use super::payload::ObjectRecord;
 use super::replay::{OpenError, ReplayState};
 use super::snapshots::{Baseline, load_baseline};
 use crate::snapshot::catalog::{Catalog, Manifest, verify_payload};
@@ -272,6 +271,6 @@ pub async fn promote(
     if !guard.holds() {
         return Err(PromoteError::LeaseLost);
     }
-    state.objects.values_mut().for_each(|o: &mut ObjectRecord| o.soft_pin_ms = 0);
+    state.objects.clear_soft_pins();
     Ok(prefix)
 }

@@ -126,9 +126,7 @@ pub async fn restore_state(
     let mut baseline = load_baseline(store, storage).await?;
     let mut state = std::mem::take(&mut baseline.state);
     replay_log_after(storage, prefix, baseline.position, &mut state).await?;
-    for o in state.objects.values_mut() {
-        o.soft_pin_ms = 0;
-    }
+    state.objects.clear_soft_pins();
     Ok((state, baseline))
 }
 

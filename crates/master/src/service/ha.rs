@@ -5,7 +5,7 @@ use super::MasterService;
 use crate::alloc::{AllocatorSnapshot, OffsetAllocator, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::data_type_from;
-use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayState, ReplicaRecord, Slot};
+use crate::ha::{MasterEntry, ObjectRecord, OpLog, ReplayObject, ReplayState, ReplicaRecord, Slot};
 use crate::local_ssd::LocalSsdRecord;
 use crate::metadata::{
     Lifecycle, ObjectEntry, ObjectGuard, ObjectState, QuotaAccount, Replica, ReplicaList, TenantState, Tier,
@@ -240,16 +240,17 @@ impl MasterService {
         let mut ranges: hashbrown::HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = hashbrown::HashMap::new();
         let mut per_tenant: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
         let mut run: Option<(&str, usize)> = None;
-        for ((tenant, _), o) in &state.objects {
+        for o in state.objects.iter() {
+            let tenant = o.tenant();
             match &mut run {
-                Some((name, n)) if *name == tenant.as_str() => *n += 1,
+                Some((name, n)) if *name == tenant => *n += 1,
                 _ => {
-                    if let Some((name, n)) = run.replace((tenant.as_str(), 1)) {
+                    if let Some((name, n)) = run.replace((tenant, 1)) {
                         *per_tenant.entry(name).or_default() += n;
                     }
                 }
             }
-            for r in &o.replicas {
+            for r in o.replicas() {
                 ranges.entry(r.segment_id()).or_default().push((r.offset, r.length, r.segment_id()));
             }
         }
@@ -368,7 +369,7 @@ impl MasterService {
     /// seen.
     fn restore_objects<'a>(
         &self,
-        objects: impl Iterator<Item = (&'a (String, String), &'a ObjectRecord)>,
+        objects: impl Iterator<Item = ReplayObject<'a>>,
         restored: &RestoredAllocations,
         now: Timestamp,
     ) -> (usize, u64) {
@@ -376,21 +377,23 @@ impl MasterService {
         let mut max_replica = 0u64;
         // Most masters hold one tenant or a few large ones: the last one looked up is usually the next one.
         let mut last_tenant: Option<(&str, Arc<TenantState>)> = None;
-        for ((tenant, key), o) in objects {
+        for object in objects {
+            let (tenant, key) = (object.tenant(), object.key());
             let t = match &last_tenant {
-                Some((name, t)) if *name == tenant.as_str() => t.clone(),
+                Some((name, t)) if *name == tenant => t.clone(),
                 _ => {
                     let Some(t) = self.replay_tenant(tenant) else {
                         tracing::error!(tenant, key, "replayed object of an invalid tenant dropped");
                         continue;
                     };
-                    last_tenant = Some((tenant.as_str(), t.clone()));
+                    last_tenant = Some((tenant, t.clone()));
                     t
                 }
             };
+            let o = object;
             let mut replicas = ReplicaList::new();
             let writer = o.writer_id().map_or(crate::metadata::writers::UNKNOWN, crate::metadata::writers::number);
-            for r in &o.replicas {
+            for r in o.replicas() {
                 max_replica = max_replica.max(r.id);
                 match restored.rebind(r.segment_id(), r.offset, r.length) {
                     Ok(buffer) => replicas.push(Replica {
@@ -411,21 +414,22 @@ impl MasterService {
             if replicas.is_empty() {
                 continue;
             }
-            let mut st = ObjectState::new(o.size);
+            let mut st = ObjectState::new(o.size());
             // A logged checksum wider than a crc32c was never written by a master: kept as none.
-            st.checksum = o.checksum.and_then(|c| u32::try_from(c).ok()).unwrap_or(0);
+            let checksum = o.checksum().and_then(|c| u32::try_from(c).ok());
+            st.checksum = checksum.unwrap_or(0);
             st.replicas = replicas;
-            st.set_hard_pinned(o.hard_pinned);
-            st.set_data_type(data_type_from(o.data_type).unwrap_or_default());
-            if o.soft_pin_ms > 0 {
-                st.set_soft_pin(now.saturating_add(Duration::from_millis(o.soft_pin_ms)));
+            st.set_hard_pinned(o.hard_pinned());
+            st.set_data_type(data_type_from(o.data_type()).unwrap_or_default());
+            if o.soft_pin_ms() > 0 {
+                st.set_soft_pin(now.saturating_add(Duration::from_millis(o.soft_pin_ms())));
             }
-            st.flags.set_checksum(o.checksum.is_some_and(|c| u32::try_from(c).is_ok()));
-            st.flags.set_no_offload(o.no_offload);
+            st.flags.set_checksum(checksum.is_some());
+            st.flags.set_no_offload(o.no_offload());
             let settled = st.settled();
             st.settle(settled);
             t.quota().force_charge(settled.bytes);
-            let published = match o.group.as_deref().filter(|g| !g.is_empty()) {
+            let published = match o.group().filter(|g| !g.is_empty()) {
                 None => {
                     let entry = Arc::new(ObjectEntry::new(key, None, st));
                     t.objects().insert_if_absent(entry.clone()).map_err(|_| entry)
@@ -469,7 +473,7 @@ impl MasterService {
                     let o = object_record(&e, &st, now);
                     drop(st);
                     if !o.replicas.is_empty() {
-                        state.objects.insert((tenant.clone(), e.key().to_owned()), o);
+                        state.objects.insert(&tenant, e.key(), o);
                     }
                 }
             });
@@ -555,7 +559,7 @@ mod tests {
             |svc: &MasterService| svc.pool().segments().into_iter().map(|s| (s.spec.id, s.usage)).collect::<Vec<_>>();
         assert_eq!(usage(&b), usage(&a), "no space lost or leaked");
         // Replica ids go on past every restored one.
-        let max_id = state.objects.values().flat_map(|o| o.replicas.iter().map(|r| r.id)).max().unwrap();
+        let max_id = state.objects.iter().flat_map(|o| o.replicas().map(|r| r.id)).max().unwrap();
         assert!(b.next_replica_id() > max_id);
     }
 }

@@ -44,7 +44,7 @@ async fn replayed(kv: &Arc<dyn HaKvBackend>, log: &OpLog) -> ReplayState {
 }
 
 fn comparable(mut s: ReplayState) -> ReplayState {
-    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
+    s.objects.clear_soft_pins();
     s.last_seq = 0;
     s
 }
@@ -161,7 +161,7 @@ async fn a_put_end_naming_an_unmounted_segment_is_not_revived_by_its_remount() {
     commit(MasterEntry::SegmentMount(SegmentRecord::new(owner, &spec, None)));
     commit(MasterEntry::PutEnd { tenant: "default".into(), key: "real".into(), object: object(2, 2) });
     let state = replayed(&kv, &log).await;
-    let keys: Vec<_> = state.objects.keys().map(|(_, k)| k.as_str()).collect();
+    let keys: Vec<_> = state.objects.iter().map(|o| o.key()).collect();
     assert_eq!(keys, ["real"], "the replica logged after its segment's unmount is gone");
 }
 

@@ -27,12 +27,15 @@ pub mod store;
 use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::{SegmentRecordV1, check_object};
-use crate::ha::{ObjectRecord, ObjectRecordV2, ObjectRecordV3, ReplayState, SegmentRecord};
+use crate::ha::{
+    ObjectRecord, ObjectRecordV2, ObjectRecordV3, ReplayObject, ReplayObjects, ReplayState, SegmentRecord,
+};
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
 use crescent_proto::{ClientId, ErrorCode, SegmentKind, SegmentSpec, SegmentStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
+use std::marker::PhantomData;
 
 const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes (and the newest it reads).
@@ -128,21 +131,137 @@ struct WireLocalSsd {
     total_capacity: u64,
 }
 
-/// One object of a tenant: key and record (`O`: the object record of the format version).
-type WireObject<'a, O = ObjectRecord> = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, O>);
+/// The tenants' objects as the wire holds them: a sequence of tenants (ascending, none empty), each a struct of
+/// its name and its objects (keys ascending), each object a `(key, record)` pair (`O`: the object record of the
+/// format version). Decoded straight into the table ([`WireTenants`]'s `Deserialize`), every record checked as
+/// it is read: a snapshot of tens of millions of objects never exists twice in memory, once as records and once
+/// in the table.
+struct WireTenants<O>(ReplayObjects, PhantomData<O>);
 
-/// One tenant's objects, keys ascending.
-#[derive(Serialize, Deserialize)]
-struct WireTenant<'a, O: Clone = ObjectRecord> {
-    #[serde(borrow)]
-    tenant: std::borrow::Cow<'a, str>,
-    objects: Vec<WireObject<'a, O>>,
+std::thread_local! {
+    /// Why the tenants did not decode, in words (postcard drops a `Deserialize` impl's own message).
+    static TENANTS_REFUSED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Refuses the tenants with `why` (kept for [`decode_body`]'s error).
+fn refuse<E: serde::de::Error>(why: String) -> E {
+    let e = E::custom(&why);
+    TENANTS_REFUSED.with(|r| *r.borrow_mut() = Some(why));
+    e
+}
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> Deserialize<'de> for WireTenants<O> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let table = deserializer.deserialize_seq(TenantsVisitor::<O>(PhantomData))?;
+        Ok(WireTenants(table, PhantomData))
+    }
+}
+
+struct TenantsVisitor<O>(PhantomData<O>);
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for TenantsVisitor<O> {
+    type Value = ReplayObjects;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a sequence of tenants")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ReplayObjects, A::Error> {
+        let mut table = ReplayObjects::default();
+        let mut last: Option<&'de str> = None;
+        while let Some(tenant) =
+            seq.next_element_seed(TenantSeed::<O> { table: &mut table, after: last, kind: PhantomData })?
+        {
+            last = Some(tenant);
+        }
+        Ok(table)
+    }
+}
+
+/// One tenant, read into `table`; gives its name. `after`: the tenant before it.
+struct TenantSeed<'t, 'de, O> {
+    table: &'t mut ReplayObjects,
+    after: Option<&'de str>,
+    kind: PhantomData<O>,
+}
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::DeserializeSeed<'de> for TenantSeed<'_, 'de, O> {
+    type Value = &'de str;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<&'de str, D::Error> {
+        deserializer.deserialize_struct("WireTenant", &["tenant", "objects"], self)
+    }
+}
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for TenantSeed<'_, 'de, O> {
+    type Value = &'de str;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a tenant and its objects")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<&'de str, A::Error> {
+        use serde::de::Error;
+        let tenant: &'de str = seq.next_element()?.ok_or_else(|| A::Error::invalid_length(0, &self))?;
+        if self.after.is_some_and(|prev| prev >= tenant) {
+            return Err(refuse(format!("tenant {tenant:?} is out of order or repeated")));
+        }
+        let objects = ObjectsSeed::<O> { table: self.table, tenant, kind: PhantomData };
+        let count = seq.next_element_seed(objects)?.ok_or_else(|| A::Error::invalid_length(1, &self))?;
+        if count == 0 {
+            return Err(refuse(format!("tenant {tenant:?} is listed without objects")));
+        }
+        Ok(tenant)
+    }
+}
+
+/// One tenant's objects, read into `table`; gives how many.
+struct ObjectsSeed<'t, 'de, O> {
+    table: &'t mut ReplayObjects,
+    tenant: &'de str,
+    kind: PhantomData<O>,
+}
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::DeserializeSeed<'de> for ObjectsSeed<'_, 'de, O> {
+    type Value = usize;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for ObjectsSeed<'_, 'de, O> {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a tenant's objects")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let tenant = self.tenant;
+        // The count is the wire's word: room is made for a bounded part of it, the rest as objects arrive.
+        self.table.reserve(seq.size_hint().unwrap_or(0).min(1 << 20));
+        let mut last: Option<&'de str> = None;
+        let mut count = 0;
+        while let Some((key, o)) = seq.next_element::<(&'de str, O)>()? {
+            if last.is_some_and(|prev| prev >= key) {
+                return Err(refuse(format!("key {key:?} of tenant {tenant:?} is out of order or repeated")));
+            }
+            let o: ObjectRecord = o.into();
+            check_object(&o).map_err(|e| refuse(format!("object {key:?}: {e}")))?;
+            self.table.insert(tenant, key, o);
+            last = Some(key);
+            count += 1;
+        }
+        Ok(count)
+    }
 }
 
 /// `S` and `O`: the segment and object records of the format version (version 2's [`SegmentRecordV1`], versions
-/// 2 and 3's [`ObjectRecordV2`], version 4's [`ObjectRecordV3`]).
-#[derive(Serialize, Deserialize)]
-struct WireMetadata<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
+/// 2 and 3's [`ObjectRecordV2`], version 4's [`ObjectRecordV3`]). Read only: [`WireMetadataOut`] is what is
+/// written.
+#[derive(Deserialize)]
+struct WireMetadata<'a, S: Clone = SegmentRecord, O: Into<ObjectRecord> = ObjectRecord> {
     last_seq: u64,
     batch_id: u64,
     producer_view: u64,
@@ -151,12 +270,12 @@ struct WireMetadata<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
     /// `None`: no tenant policy was ever logged (distinct from an empty set).
     policies: Option<Vec<(String, u64)>>,
     /// Tenants ascending; none empty.
-    #[serde(borrow)]
-    tenants: Vec<WireTenant<'a, O>>,
+    tenants: WireTenants<O>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct WireSnapshot<'a, S: Clone = SegmentRecord, O: Clone = ObjectRecord> {
+/// Read only: [`WireSnapshotOut`] is what is written.
+#[derive(Deserialize)]
+struct WireSnapshot<'a, S: Clone = SegmentRecord, O: Into<ObjectRecord> = ObjectRecord> {
     regions: Vec<WireRegion>,
     cxl_window: Option<WireAllocator>,
     local_ssd: Vec<WireLocalSsd>,
@@ -220,14 +339,19 @@ pub fn encode(view: &MasterSnapshotView) -> Vec<u8> {
         })
         .collect();
     let metadata = view.metadata.as_ref().map(wire_metadata);
-    let wire = WireSnapshot { regions, cxl_window: view.pool.cxl_window.as_ref().map(Into::into), local_ssd, metadata };
+    let wire =
+        WireSnapshotOut { regions, cxl_window: view.pool.cxl_window.as_ref().map(Into::into), local_ssd, metadata };
     // Serialising plain owned data into a Vec cannot fail; an empty body would fail its restore loudly.
-    let body = postcard::to_stdvec(&wire).unwrap_or_default();
+    seal(&postcard::to_stdvec(&wire).unwrap_or_default())
+}
+
+/// The payload of `body`: header (magic, version, checksum), then the body.
+fn seal(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    out.extend_from_slice(body);
     out
 }
 
@@ -260,8 +384,11 @@ where
     O: Clone + Into<ObjectRecord> + 'a,
     WireSnapshot<'a, S, O>: Deserialize<'a>,
 {
-    let (wire, rest): (WireSnapshot<'a, S, O>, _) =
-        postcard::take_from_bytes(body).map_err(|e| SnapshotError::Corrupt(format!("decode: {e}")))?;
+    TENANTS_REFUSED.with(|r| r.borrow_mut().take());
+    let (wire, rest): (WireSnapshot<'a, S, O>, _) = postcard::take_from_bytes(body).map_err(|e| {
+        // A record the tenants' decoder refused says why; anything else is postcard's.
+        TENANTS_REFUSED.with(|r| r.borrow_mut().take()).map_or_else(|| corrupt(format!("decode: {e}")), corrupt)
+    })?;
     if !rest.is_empty() {
         return Err(SnapshotError::Corrupt(format!("{} bytes follow the body", rest.len())));
     }
@@ -297,30 +424,71 @@ where
     Ok(MasterSnapshotView { pool, local_ssd, metadata })
 }
 
-/// The wire form of `m`: everything borrowed, sorted (segments by id, tenants and keys in byte order) so equal
-/// states encode to equal bytes.
-fn wire_metadata(m: &SnapshotMetadata) -> WireMetadata<'_> {
-    use std::borrow::Cow;
-    let mut by_tenant: BTreeMap<&str, Vec<WireObject<'_>>> = BTreeMap::new();
-    for ((tenant, key), o) in &m.state.objects {
-        by_tenant.entry(tenant.as_str()).or_default().push((Cow::Borrowed(key.as_str()), Cow::Borrowed(o)));
+/// The wire form of `m` as [`encode`] writes it: everything borrowed, sorted (segments by id, tenants and keys in
+/// byte order) so equal states encode to equal bytes. Byte for byte what [`WireMetadata`] decodes; each object's
+/// record is built only as it is written ([`SortedObjects`]), so encoding never holds a second copy of the table.
+fn wire_metadata(m: &SnapshotMetadata) -> WireMetadataOut<'_> {
+    let mut by_tenant: BTreeMap<&str, Vec<ReplayObject<'_>>> = BTreeMap::new();
+    for o in m.state.objects.iter() {
+        by_tenant.entry(o.tenant()).or_default().push(o);
     }
     let tenants = by_tenant
         .into_iter()
         .map(|(tenant, mut objects)| {
-            objects.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            WireTenant { tenant: Cow::Borrowed(tenant), objects }
+            objects.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+            WireTenantOut { tenant, objects: SortedObjects(objects) }
         })
         .collect();
-    WireMetadata {
+    WireMetadataOut {
         last_seq: m.state.last_seq,
         batch_id: m.batch_id,
         producer_view: m.producer_view,
         // A BTreeMap by id: already ascending.
-        segments: m.state.segments.values().map(Cow::Borrowed).collect(),
-        policies: m.state.policies.as_ref().map(|p| p.iter().map(|(t, q)| (t.clone(), *q)).collect()),
+        segments: m.state.segments.values().collect(),
+        policies: m.state.policies.as_ref().map(|p| p.iter().map(|(t, q)| (t.as_str(), *q)).collect()),
         tenants,
     }
+}
+
+/// [`WireMetadata`] as it is written (the same fields in the same order: postcard writes no names).
+#[derive(Serialize)]
+struct WireMetadataOut<'a> {
+    last_seq: u64,
+    batch_id: u64,
+    producer_view: u64,
+    segments: Vec<&'a SegmentRecord>,
+    policies: Option<Vec<(&'a str, u64)>>,
+    tenants: Vec<WireTenantOut<'a>>,
+}
+
+/// [`WireTenant`] as it is written.
+#[derive(Serialize)]
+struct WireTenantOut<'a> {
+    tenant: &'a str,
+    objects: SortedObjects<'a>,
+}
+
+/// One tenant's objects, keys ascending, written as [`WireObject`]s.
+struct SortedObjects<'a>(Vec<ReplayObject<'a>>);
+
+impl Serialize for SortedObjects<'_> {
+    fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for o in &self.0 {
+            seq.serialize_element(&(o.key(), o.record()))?;
+        }
+        seq.end()
+    }
+}
+
+/// [`WireSnapshot`] as it is written.
+#[derive(Serialize)]
+struct WireSnapshotOut<'a> {
+    regions: Vec<WireRegion>,
+    cxl_window: Option<WireAllocator>,
+    local_ssd: Vec<WireLocalSsd>,
+    metadata: Option<WireMetadataOut<'a>>,
 }
 
 fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
@@ -328,7 +496,7 @@ fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
 }
 
 /// Checks and folds the wire metadata back into a state; any record the oplog decoder would refuse is refused.
-fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Clone + Into<ObjectRecord>>(
+fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Into<ObjectRecord>>(
     w: WireMetadata<'_, S, O>,
 ) -> Result<SnapshotMetadata, SnapshotError> {
     if (w.batch_id == 0) != (w.last_seq == 0) {
@@ -359,31 +527,83 @@ fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Clone + Into<ObjectReco
             Some(out)
         }
     };
-    let total: usize = w.tenants.iter().map(|t| t.objects.len()).sum();
-    let mut objects = crate::ha::ReplayObjects::with_capacity(total);
-    let mut last_tenant: Option<String> = None;
-    for t in w.tenants {
-        let tenant = t.tenant.into_owned();
-        if t.objects.is_empty() {
-            return Err(corrupt(format!("tenant {tenant:?} is listed without objects")));
-        }
-        if last_tenant.as_ref().is_some_and(|prev| *prev >= tenant) {
-            return Err(corrupt(format!("tenant {tenant:?} is out of order or repeated")));
-        }
-        let mut last_key: Option<&str> = None;
-        for (key, _) in &t.objects {
-            if last_key.is_some_and(|prev| prev >= key.as_ref()) {
-                return Err(corrupt(format!("key {key:?} of tenant {tenant:?} is out of order or repeated")));
-            }
-            last_key = Some(key.as_ref());
-        }
-        for (key, o) in t.objects {
-            let o: ObjectRecord = o.into_owned().into();
-            check_object(&o).map_err(|e| corrupt(format!("object {key:?}: {e}")))?;
-            objects.insert((tenant.clone(), key.into_owned()), o);
-        }
-        last_tenant = Some(tenant);
-    }
+    // Checked as it was read (`WireTenants`).
+    let objects = w.tenants.0;
     let state = ReplayState { segments, objects, policies, local_ssd: BTreeMap::new(), last_seq: w.last_seq };
     Ok(SnapshotMetadata { state, batch_id: w.batch_id, producer_view: w.producer_view })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ha::ReplicaRecord;
+
+    fn object(size: u64) -> ObjectRecord {
+        ObjectRecord {
+            size,
+            replicas: vec![ReplicaRecord { id: 1, segment: [1; 16], offset: 0, length: 10, tier: 0 }],
+            checksum: None,
+            group: None,
+            hard_pinned: false,
+            soft_pin_ms: 0,
+            data_type: 0,
+            no_offload: false,
+            writer: None,
+        }
+    }
+
+    /// A payload whose tenants are written in the order given (each `(tenant, keys)`), objects of `size` bytes.
+    fn payload(tenants: &[(&str, &[&str])], size: u64) -> Vec<u8> {
+        let table: ReplayObjects =
+            tenants.iter().flat_map(|(t, keys)| keys.iter().map(move |k| (*t, *k, object(size)))).collect();
+        let wire_tenants = tenants
+            .iter()
+            .map(|(t, keys)| {
+                let objects = keys.iter().map(|k| table.view(t, k).unwrap()).collect();
+                WireTenantOut { tenant: t, objects: SortedObjects(objects) }
+            })
+            .collect();
+        let metadata = WireMetadataOut {
+            last_seq: 1,
+            batch_id: 1,
+            producer_view: 1,
+            segments: vec![],
+            policies: None,
+            tenants: wire_tenants,
+        };
+        let wire = WireSnapshotOut { regions: vec![], cxl_window: None, local_ssd: vec![], metadata: Some(metadata) };
+        seal(&postcard::to_stdvec(&wire).unwrap())
+    }
+
+    fn refusal(bytes: &[u8]) -> String {
+        match decode(bytes) {
+            Err(SnapshotError::Corrupt(why)) => why,
+            other => panic!("expected a corrupt snapshot, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tenants_read_straight_into_the_table_are_checked_as_they_are_read() {
+        let good = decode(&payload(&[("a", &["k1", "k2"]), ("b", &["k1"])], 10)).unwrap();
+        let objects = &good.metadata.unwrap().state.objects;
+        assert_eq!(objects.len(), 3);
+        assert_eq!(objects.get("b", "k1"), Some(object(10)));
+        assert_eq!(refusal(&payload(&[("b", &["k"]), ("a", &["k"])], 10)), r#"tenant "a" is out of order or repeated"#);
+        assert_eq!(refusal(&payload(&[("a", &["k"]), ("a", &["j"])], 10)), r#"tenant "a" is out of order or repeated"#);
+        assert_eq!(
+            refusal(&payload(&[("a", &["k2", "k1"])], 10)),
+            r#"key "k1" of tenant "a" is out of order or repeated"#
+        );
+        assert_eq!(
+            refusal(&payload(&[("a", &["k", "k"])], 10)),
+            r#"key "k" of tenant "a" is out of order or repeated"#
+        );
+        assert_eq!(refusal(&payload(&[("a", &[])], 10)), r#"tenant "a" is listed without objects"#);
+        let malformed = refusal(&payload(&[("a", &["k"])], 11));
+        assert!(malformed.starts_with(r#"object "k": "#) && malformed.contains("malformed"), "{malformed}");
+        // A refusal does not stay behind for the next payload's error.
+        let cut = payload(&[("a", &["k"])], 10);
+        let body = &cut[HEADER_LEN..cut.len() - 2];
+        assert!(refusal(&seal(body)).starts_with("decode: "));
+    }
 }

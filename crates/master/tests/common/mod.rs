@@ -113,7 +113,7 @@ pub async fn durable(svc: &MasterService) -> u64 {
 
 /// `s` without what two masters holding the same metadata may differ in: soft-pin remainders, the last sequence.
 pub fn without_pins(mut s: ReplayState) -> ReplayState {
-    s.objects.values_mut().for_each(|o| o.soft_pin_ms = 0);
+    s.objects.clear_soft_pins();
     s.last_seq = 0;
     s
 }
