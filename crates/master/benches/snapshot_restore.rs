@@ -68,6 +68,7 @@ async fn setup(store: &dyn SnapshotStore, kv: Arc<dyn HaKvBackend>, objects: u64
     let segments: Vec<SegmentRecord> = (0..SEGMENTS).map(segment).collect();
     let before = rss();
     let mut state = ReplayState { last_seq: objects, ..ReplayState::default() };
+    state.objects.reserve(objects as usize);
     for s in &segments {
         state.segments.insert(s.spec().unwrap().id, s.clone());
     }

@@ -396,6 +396,41 @@ impl ReplayObjects {
     }
 }
 
+/// An object serialises as its [`ObjectRecord`] does, field for field, without building one (a snapshot writes
+/// tens of millions of them).
+impl serde::Serialize for ReplayObject<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("ObjectRecord", 9)?;
+        s.serialize_field("size", &self.size())?;
+        s.serialize_field("replicas", &ReplicasOf(*self))?;
+        s.serialize_field("checksum", &self.checksum())?;
+        s.serialize_field("group", &self.group())?;
+        s.serialize_field("hard_pinned", &self.hard_pinned())?;
+        s.serialize_field("soft_pin_ms", &self.soft_pin_ms())?;
+        s.serialize_field("data_type", &self.data_type())?;
+        s.serialize_field("no_offload", &self.no_offload())?;
+        s.serialize_field("writer", &self.writer())?;
+        s.end()
+    }
+}
+
+/// An object's replicas, serialised as its record's vector.
+struct ReplicasOf<'a>(ReplayObject<'a>);
+
+impl serde::Serialize for ReplicasOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let p = self.0.packed;
+        let count = usize::from(p.first.segment != NO_SEGMENT) + p.extra.as_deref().map_or(0, |e| e.more.len());
+        let mut seq = serializer.serialize_seq(Some(count))?;
+        for r in self.0.replicas() {
+            seq.serialize_element(&r)?;
+        }
+        seq.end()
+    }
+}
+
 impl PartialEq for ReplayObjects {
     /// The same objects with the same records (whatever numbers each table gave tenants, segments and writers).
     fn eq(&self, other: &Self) -> bool {
@@ -506,6 +541,28 @@ mod tests {
         assert_eq!(ids(&t, "first-on-1"), [4]);
         assert!(!t.contains("default", "second-on-1"));
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn an_object_serialises_byte_for_byte_as_its_record() {
+        let mut t = ReplayObjects::default();
+        let plain = record(vec![replica(1, 1)]);
+        let full = ObjectRecord {
+            replicas: vec![replica(2, 1), replica(3, 2)],
+            checksum: Some(u64::MAX),
+            group: Some("g".into()),
+            hard_pinned: true,
+            soft_pin_ms: 30_000,
+            no_offload: true,
+            writer: None,
+            ..plain.clone()
+        };
+        let none = ObjectRecord { replicas: vec![], checksum: None, ..plain.clone() };
+        for (k, o) in [("plain", plain), ("full", full), ("none", none)] {
+            t.insert("default", k, o.clone());
+            let view = t.view("default", k).unwrap();
+            assert_eq!(postcard::to_stdvec(&view).unwrap(), postcard::to_stdvec(&o).unwrap(), "{k}");
+        }
     }
 
     #[test]

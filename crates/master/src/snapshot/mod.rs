@@ -141,7 +141,14 @@ struct WireTenants<O>(ReplayObjects, PhantomData<O>);
 std::thread_local! {
     /// Why the tenants did not decode, in words (postcard drops a `Deserialize` impl's own message).
     static TENANTS_REFUSED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    /// The most objects the body being decoded can hold (its length over [`MIN_WIRE_OBJECT`]): how far a tenant's
+    /// count, the wire's word, is trusted when room is made for it.
+    static OBJECTS_AT_MOST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
+
+/// Fewer bytes than any object the decoder accepts takes on the wire (its key's length, and a record with one
+/// replica: a 16-byte segment id and a byte or more for each other field).
+const MIN_WIRE_OBJECT: usize = 24;
 
 /// Refuses the tenants with `why` (kept for [`decode_body`]'s error).
 fn refuse<E: serde::de::Error>(why: String) -> E {
@@ -239,8 +246,9 @@ impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for 
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
         let tenant = self.tenant;
-        // The count is the wire's word: room is made for a bounded part of it, the rest as objects arrive.
-        self.table.reserve(seq.size_hint().unwrap_or(0).min(1 << 20));
+        // Room for them all at once (growing the table by doubling would move every object several times), as
+        // far as the body could hold them: the count is the wire's word.
+        self.table.reserve(seq.size_hint().unwrap_or(0).min(OBJECTS_AT_MOST.with(std::cell::Cell::get)));
         let mut last: Option<&'de str> = None;
         let mut count = 0;
         while let Some((key, o)) = seq.next_element::<(&'de str, O)>()? {
@@ -385,6 +393,7 @@ where
     WireSnapshot<'a, S, O>: Deserialize<'a>,
 {
     TENANTS_REFUSED.with(|r| r.borrow_mut().take());
+    OBJECTS_AT_MOST.with(|n| n.set(body.len() / MIN_WIRE_OBJECT));
     let (wire, rest): (WireSnapshot<'a, S, O>, _) = postcard::take_from_bytes(body).map_err(|e| {
         // A record the tenants' decoder refused says why; anything else is postcard's.
         TENANTS_REFUSED.with(|r| r.borrow_mut().take()).map_or_else(|| corrupt(format!("decode: {e}")), corrupt)
@@ -476,7 +485,7 @@ impl Serialize for SortedObjects<'_> {
         use serde::ser::SerializeSeq;
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         for o in &self.0 {
-            seq.serialize_element(&(o.key(), o.record()))?;
+            seq.serialize_element(&(o.key(), o))?;
         }
         seq.end()
     }
