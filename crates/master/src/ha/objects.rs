@@ -13,7 +13,7 @@
 
 use super::payload::{ObjectRecord, ReplicaRecord};
 use compact_str::CompactString;
-use crescent_proto::ClientId;
+use crescent_proto::{ClientId, SegmentId};
 use std::hash::{Hash, Hasher};
 use uuid::Uuid;
 
@@ -327,6 +327,53 @@ impl ReplayObjects {
             .retain(|k, p| !(k.tenant == tenant && p.extra.as_deref().and_then(|e| e.group.as_deref()) == Some(group)));
     }
 
+    /// Every replica's range `(offset, length)` by segment (what a restore rebuilds each region's allocator
+    /// from), each segment's list sized once: counted by the segments' numbers first, no lookup per replica.
+    pub fn ranges_by_segment(&self) -> hashbrown::HashMap<SegmentId, Vec<(u64, u64)>> {
+        let mut counts = vec![0usize; self.segments.values.len()];
+        for p in self.map.values() {
+            if p.first.segment != NO_SEGMENT {
+                counts[p.first.segment as usize] += 1;
+            }
+            for r in p.extra.as_deref().map_or(&[][..], |e| &e.more[..]) {
+                if let Some(n) = self.segments.find(&r.segment) {
+                    counts[n as usize] += 1;
+                }
+            }
+        }
+        let mut lists: Vec<Vec<(u64, u64)>> = counts.iter().map(|&n| Vec::with_capacity(n)).collect();
+        for p in self.map.values() {
+            if p.first.segment != NO_SEGMENT {
+                lists[p.first.segment as usize].push((p.first.offset, p.first.length));
+            }
+            for r in p.extra.as_deref().map_or(&[][..], |e| &e.more[..]) {
+                if let Some(n) = self.segments.find(&r.segment) {
+                    lists[n as usize].push((r.offset, r.length));
+                }
+            }
+        }
+        lists
+            .into_iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(n, l)| (SegmentId(Uuid::from_bytes(*self.segments.get(n as u32))), l))
+            .collect()
+    }
+
+    /// How many objects each tenant holds (tenants holding none left out).
+    pub fn per_tenant(&self) -> Vec<(&str, usize)> {
+        let mut counts = vec![0usize; self.tenants.values.len()];
+        for k in self.map.keys() {
+            counts[k.tenant as usize] += 1;
+        }
+        counts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| (self.tenants.get(t as u32).as_str(), n))
+            .collect()
+    }
+
     /// Clears every soft pin (they are the old process's: a restored master's objects compete evenly).
     pub fn clear_soft_pins(&mut self) {
         for p in self.map.values_mut() {
@@ -537,6 +584,15 @@ mod tests {
         assert_eq!(ids(&t, "first-on-1"), [3, 4], "the next replica moved up");
         assert_eq!(ids(&t, "second-on-1"), [5]);
         assert_eq!(ids(&t, "elsewhere"), [7]);
+        let ranges = t.ranges_by_segment();
+        assert_eq!(ranges.len(), 2, "segment 1 holds nothing now: {ranges:?}");
+        let on = |s: u8| {
+            let mut l = ranges[&SegmentId(Uuid::from_bytes([s; 16]))].clone();
+            l.sort_unstable();
+            l
+        };
+        assert_eq!(on(2), [(3 * 4096, 4096), (5 * 4096, 4096)]);
+        assert_eq!(on(3), [(4 * 4096, 4096), (7 * 4096, 4096)]);
         t.drop_segment(&[2; 16]);
         assert_eq!(ids(&t, "first-on-1"), [4]);
         assert!(!t.contains("default", "second-on-1"));
@@ -576,6 +632,9 @@ mod tests {
         t.remove_group("c", "g");
         assert!(!t.contains("a", "x") && t.contains("b", "x") && t.contains("a", "y"));
         t.insert("a", "pinned", ObjectRecord { soft_pin_ms: 9, ..record(vec![replica(2, 1)]) });
+        let mut per_tenant = t.per_tenant();
+        per_tenant.sort_unstable();
+        assert_eq!(per_tenant, [("a", 2), ("b", 1)]);
         t.clear_soft_pins();
         assert!(t.iter().all(|o| o.record().soft_pin_ms == 0));
         assert!(t.view("a", "pinned").unwrap().packed.extra.is_none(), "an emptied box is freed");

@@ -190,24 +190,30 @@ fn consumed_for(length: u64) -> u64 {
 }
 
 /// The allocations of replayed replica ranges `(offset, length, owner)` in one allocator of `capacity` bytes (a
-/// segment's own, or the CXL window all CXL segments share), ascending; a range that overlaps the one before it
-/// or runs past the end is dropped (logged), so its object is not restored on it. Equal ranges count once.
-fn fit_ranges(mut ranges: Vec<(u64, u64, SegmentId)>, capacity: u64) -> Vec<(SnapshotAllocation, SegmentId)> {
+/// segment's own, or the CXL window all CXL segments share), ascending, each with its owner; a range that
+/// overlaps the one before it or runs past the end is dropped (logged, naming `segment(owner)`), so its object is
+/// not restored on it. Equal ranges count once.
+fn fit_ranges<T: Copy + Ord>(
+    mut ranges: Vec<(u64, u64, T)>,
+    capacity: u64,
+    segment: impl Fn(T) -> SegmentId,
+    mut keep: impl FnMut(SnapshotAllocation, T),
+) {
     ranges.sort_unstable();
     ranges.dedup_by_key(|r| (r.0, r.1));
-    let mut out: Vec<(SnapshotAllocation, SegmentId)> = Vec::with_capacity(ranges.len());
-    for (i, &(offset, length, segment)) in ranges.iter().enumerate() {
-        let end_prev = out.last().map_or(0, |(a, _)| a.offset + a.consumed);
+    let mut end_prev = 0;
+    for (i, &(offset, length, owner)) in ranges.iter().enumerate() {
         let limit = ranges.get(i + 1).map_or(capacity, |n| n.0.min(capacity));
         let fits = offset >= end_prev && offset.checked_add(length).is_some_and(|e| e <= limit);
         if !fits {
+            let segment = segment(owner);
             tracing::error!(%segment, offset, length, "replayed replica overlaps another or its region's end: dropped");
             continue;
         }
         let consumed = consumed_for(length).min(limit - offset);
-        out.push((SnapshotAllocation { offset, consumed, requested: length }, segment));
+        end_prev = offset + consumed;
+        keep(SnapshotAllocation { offset, consumed, requested: length }, owner);
     }
-    out
 }
 
 impl MasterService {
@@ -237,26 +243,8 @@ impl MasterService {
         // Phase times go to the log: at tens of millions of objects a restart or a promotion waits for this.
         let started = std::time::Instant::now();
         // Every replica's range per segment, and how many objects each tenant gets.
-        let mut ranges: hashbrown::HashMap<SegmentId, Vec<(u64, u64, SegmentId)>> = hashbrown::HashMap::new();
-        let mut per_tenant: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
-        let mut run: Option<(&str, usize)> = None;
-        for o in state.objects.iter() {
-            let tenant = o.tenant();
-            match &mut run {
-                Some((name, n)) if *name == tenant => *n += 1,
-                _ => {
-                    if let Some((name, n)) = run.replace((tenant, 1)) {
-                        *per_tenant.entry(name).or_default() += n;
-                    }
-                }
-            }
-            for r in o.replicas() {
-                ranges.entry(r.segment_id()).or_default().push((r.offset, r.length, r.segment_id()));
-            }
-        }
-        if let Some((name, n)) = run {
-            *per_tenant.entry(name).or_default() += n;
-        }
+        let mut ranges = state.objects.ranges_by_segment();
+        let per_tenant = state.objects.per_tenant();
         let mut specs = Vec::with_capacity(state.segments.len());
         for (id, rec) in &state.segments {
             let spec = rec.spec().map_err(|e| {
@@ -275,21 +263,30 @@ impl MasterService {
             let all = specs
                 .iter()
                 .filter(|(s, _)| s.kind == SegmentKind::Cxl)
-                .flat_map(|(s, _)| ranges.remove(&s.id).unwrap_or_default())
+                .flat_map(|(s, _)| ranges.remove(&s.id).unwrap_or_default().into_iter().map(|(o, l)| (o, l, s.id)))
                 .collect();
-            let fitted = fit_ranges(all, capacity);
-            for (a, segment) in &fitted {
-                cxl.entry(*segment).or_default().push(a.offset);
-            }
-            AllocatorSnapshot { capacity, allocations: fitted.into_iter().map(|(a, _)| a).collect() }
+            let mut allocations = Vec::new();
+            fit_ranges(
+                all,
+                capacity,
+                |s| s,
+                |a, segment| {
+                    cxl.entry(segment).or_default().push(a.offset);
+                    allocations.push(a);
+                },
+            );
+            AllocatorSnapshot { capacity, allocations }
         });
         let mut regions = Vec::with_capacity(specs.len());
         for (spec, rec) in specs {
             let alloc = match spec.kind {
                 SegmentKind::Cxl => RegionAllocState::CxlBinding(cxl.remove(&spec.id).unwrap_or_default()),
                 _ => {
-                    let mine = fit_ranges(ranges.remove(&spec.id).unwrap_or_default(), spec.size);
-                    let allocations = mine.into_iter().map(|(a, _)| a).collect();
+                    // `(offset, length)` → `(offset, length, ())` keeps the vector's allocation (same layout).
+                    let mine: Vec<(u64, u64, ())> =
+                        ranges.remove(&spec.id).unwrap_or_default().into_iter().map(|(o, l)| (o, l, ())).collect();
+                    let mut allocations = Vec::with_capacity(mine.len());
+                    fit_ranges(mine, spec.size, |()| spec.id, |a, ()| allocations.push(a));
                     RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations })
                 }
             };
