@@ -3,8 +3,9 @@
 # --data-dir`), one storage node; `crescent bench --phases master-put` loads OBJECTS objects of 1 KiB (metadata
 # only), the standby is waited for until it has applied the whole log, the leader is SIGKILLed, and a probe
 # `crescent put` is tried every 50 ms until one succeeds. Prints the load rate, the time from the kill to the
-# first successful put, and the standby's promotion lines (lease won, state restored, serving). Release build.
-# Needs etcd (apt install etcd-server) and memory for two masters (~2 and ~4 GB at 10 M objects).
+# first successful put, both masters' RSS before the kill, and the standby's promotion lines (lease won, state
+# restored, serving). Release build.
+# Needs etcd (apt install etcd-server) and memory for two masters (~2 GB each at 10 M objects).
 #   scripts/bench-failover.sh [OBJECTS]
 set -euo pipefail
 objects=${1:-10000000}
@@ -42,7 +43,8 @@ pids+=($leader)
 timeout 30 sh -c "until curl -s 127.0.0.1:$admin1/health | grep -q '\"role\":\"leader\"'; do sleep 0.2; done"
 "$bin" master --etcd "127.0.0.1:$client" --cluster-id fo --listen "127.0.0.1:$rpc2" --admin "127.0.0.1:$admin2" \
     --data-dir m2 > m2.log 2>&1 &
-pids+=($!)
+standby=$!
+pids+=($standby)
 export CRESCENT_MASTER="etcd://127.0.0.1:$client/fo"
 # 1 KiB values: 16 GiB (not prefaulted: the bench writes no bytes) holds 10 M of them.
 "$bin" node --segment-size 16GiB --prefault false > node.log 2>&1 &
@@ -61,6 +63,8 @@ for _ in $(seq 1 300); do
     sleep 1
 done
 echo "leader's log at $durable, standby applied $applied"
+rss_mib() { echo $(($(ps -o rss= -p "$1") / 1024)); }
+echo "RSS: leader $(rss_mib "$leader") MiB, standby $(rss_mib "$standby") MiB"
 
 t0=$(date +%s.%N)
 kill -9 "$leader"
