@@ -258,12 +258,8 @@ impl ReplayObjects {
             None => self.tenants.number(&CompactString::from(tenant)),
         };
         let packed = self.pack(o);
-        match self.map.get_mut(&Lookup { tenant, key }) {
-            Some(slot) => *slot = packed,
-            None => {
-                self.map.insert(Key { key: key.into(), tenant }, packed);
-            }
-        }
+        // One hash and one probe: an existing key keeps its slot and takes the new record.
+        self.map.insert(Key { key: key.into(), tenant }, packed);
     }
 
     /// The record of `(tenant, key)`, if it is held.
