@@ -6,7 +6,9 @@
 //! (two strings and a replica vector on the heap, a 160-byte slot); here a slot is 96 bytes with nothing on
 //! the heap for the usual object (one replica, a key of at most 24 bytes, no group, no soft pin): tenants,
 //! segments and writers are numbers into small tables of their own, and what few objects carry more (more
-//! replicas, a group, a soft pin, a checksum wider than a crc32c) keeps it in one box.
+//! replicas, a group, a soft pin, a checksum wider than a crc32c) keeps it in one box. Slots are kept densely
+//! in a vector, found through a hash table of 32-bit slot numbers: a hash table of the slots themselves is up
+//! to half empty at a power of two, with every page of it touched.
 //!
 //! The table answers in [`ObjectRecord`]s (built on demand) and [`ReplayObject`] views, so what goes in comes
 //! out unchanged: the oplog, the snapshot codec and a restore see the records they always saw.
@@ -14,7 +16,7 @@
 use super::payload::{ObjectRecord, ReplicaRecord};
 use compact_str::CompactString;
 use crescent_proto::{ClientId, SegmentId};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use uuid::Uuid;
 
 /// Values interned by number (tenant names, segment ids, writer ids): few distinct values, each stored once
@@ -54,13 +56,7 @@ struct Key {
     tenant: u32,
 }
 
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        Lookup { tenant: self.tenant, key: &self.key }.hash(state);
-    }
-}
-
-/// A key looked up without building one: hashes as [`Key`] does.
+/// A key as it is hashed.
 struct Lookup<'a> {
     tenant: u32,
     key: &'a str,
@@ -70,12 +66,6 @@ impl Hash for Lookup<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u32(self.tenant);
         self.key.hash(state);
-    }
-}
-
-impl hashbrown::Equivalent<Key> for Lookup<'_> {
-    fn equivalent(&self, k: &Key) -> bool {
-        self.tenant == k.tenant && self.key == k.key.as_str()
     }
 }
 
@@ -121,10 +111,22 @@ struct Packed {
     extra: Option<Box<Extra>>,
 }
 
+/// One object: its key and record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    key: Key,
+    packed: Packed,
+}
+
 /// The readable objects by `(tenant, key)` (see the module).
 #[derive(Clone, Default)]
 pub struct ReplayObjects {
-    map: hashbrown::HashMap<Key, Packed>,
+    /// The objects, densely (a removal moves the last one into its place): a hash table of 96-byte slots would
+    /// be up to half empty, and every page of it touched.
+    slots: Vec<Slot>,
+    /// Each object's slot number, by the hash of its key (5 bytes a bucket).
+    index: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
     tenants: Interner<CompactString>,
     segments: Interner<[u8; 16]>,
     writers: Interner<[u8; 16]>,
@@ -233,22 +235,56 @@ impl<'a> ReplayObject<'a> {
 impl ReplayObjects {
     /// An empty table with room for `n` objects.
     pub fn with_capacity(n: usize) -> Self {
-        Self { map: hashbrown::HashMap::with_capacity(n), ..Self::default() }
+        Self { slots: Vec::with_capacity(n), index: hashbrown::HashTable::with_capacity(n), ..Self::default() }
     }
 
     /// How many objects it holds.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.slots.len()
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.slots.is_empty()
     }
 
     /// Makes room for `n` more objects.
     pub fn reserve(&mut self, n: usize) {
-        self.map.reserve(n);
+        self.slots.reserve(n);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.reserve(n, |&i| hash_of(hasher, &slots[i as usize].key));
+    }
+
+    /// The slot number of tenant number `tenant`'s `key`, and its hash.
+    fn find(&self, tenant: u32, key: &str) -> (Option<usize>, u64) {
+        let hash = self.hasher.hash_one(Lookup { tenant, key });
+        let slots = &self.slots;
+        let found = self.index.find(hash, |&i| {
+            let k = &slots[i as usize].key;
+            k.tenant == tenant && k.key == key
+        });
+        (found.map(|&i| i as usize), hash)
+    }
+
+    /// Removes slot `i` (its index entry already gone): the last slot moves into its place.
+    fn remove_slot(&mut self, i: usize) {
+        let last = self.slots.len() - 1;
+        self.slots.swap_remove(i);
+        if i != last {
+            let hash = hash_of(&self.hasher, &self.slots[i].key);
+            if let Some(moved) = self.index.find_mut(hash, |&j| j as usize == last) {
+                *moved = i as u32;
+            }
+        }
+    }
+
+    /// Removes slot `i` and its index entry.
+    fn remove_at(&mut self, i: usize) {
+        let hash = hash_of(&self.hasher, &self.slots[i].key);
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j as usize == i) {
+            entry.remove();
+        }
+        self.remove_slot(i);
     }
 
     /// Sets `(tenant, key)` to `o` (replacing what it held).
@@ -258,8 +294,19 @@ impl ReplayObjects {
             None => self.tenants.number(&CompactString::from(tenant)),
         };
         let packed = self.pack(o);
-        // One hash and one probe: an existing key keeps its slot and takes the new record.
-        self.map.insert(Key { key: key.into(), tenant }, packed);
+        match self.find(tenant, key) {
+            (Some(i), _) => self.slots[i].packed = packed,
+            (None, hash) => {
+                // Slot numbers are 32-bit: four billion objects would take half a terabyte of this table alone.
+                let Ok(i) = u32::try_from(self.slots.len()) else {
+                    tracing::error!(tenant, key, "replayed table full: object dropped");
+                    return;
+                };
+                self.slots.push(Slot { key: Key { key: key.into(), tenant }, packed });
+                let (slots, hasher) = (&self.slots, &self.hasher);
+                self.index.insert_unique(hash, i, |&j| hash_of(hasher, &slots[j as usize].key));
+            }
+        }
     }
 
     /// The record of `(tenant, key)`, if it is held.
@@ -275,26 +322,29 @@ impl ReplayObjects {
     /// The object `(tenant, key)`, read in place.
     pub fn view(&self, tenant: &str, key: &str) -> Option<ReplayObject<'_>> {
         let tenant = self.tenants.find(tenant)?;
-        let (key, packed) = self.map.get_key_value(&Lookup { tenant, key })?;
-        Some(ReplayObject { table: self, key, packed })
+        let slot = &self.slots[self.find(tenant, key).0?];
+        Some(ReplayObject { table: self, key: &slot.key, packed: &slot.packed })
     }
 
     /// Drops `(tenant, key)`; whether it was held.
     pub fn remove(&mut self, tenant: &str, key: &str) -> bool {
         let Some(tenant) = self.tenants.find(tenant) else { return false };
-        self.map.remove(&Lookup { tenant, key }).is_some()
+        let Some(i) = self.find(tenant, key).0 else { return false };
+        self.remove_at(i);
+        true
     }
 
     /// Every object, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = ReplayObject<'_>> {
-        self.map.iter().map(move |(key, packed)| ReplayObject { table: self, key, packed })
+        self.slots.iter().map(move |s| ReplayObject { table: self, key: &s.key, packed: &s.packed })
     }
 
     /// Drops every replica on `segment`, and the objects left with none (a SEGMENT_UNMOUNT).
     pub fn drop_segment(&mut self, segment: &[u8; 16]) {
         let Some(n) = self.segments.find(segment) else { return };
-        let segments = &self.segments;
-        self.map.retain(|_, p| {
+        // From the end: a removal moves the last slot, one already seen, into the place of the one it removes.
+        for i in (0..self.slots.len()).rev() {
+            let p = &mut self.slots[i].packed;
             if let Some(extra) = p.extra.as_deref_mut() {
                 extra.more.retain(|r| r.segment != *segment);
             }
@@ -306,28 +356,34 @@ impl ReplayObjects {
                         id: r.id,
                         offset: r.offset,
                         length: r.length,
-                        segment: segments.find(&r.segment).unwrap_or(NO_SEGMENT),
+                        segment: self.segments.find(&r.segment).unwrap_or(NO_SEGMENT),
                         tier: r.tier,
                     },
                     None => Replica { segment: NO_SEGMENT, ..p.first },
                 };
             }
-            p.first.segment != NO_SEGMENT
-        });
+            if p.first.segment == NO_SEGMENT {
+                self.remove_at(i);
+            }
+        }
     }
 
     /// Drops every object of `tenant` in `group` (a GROUP_REMOVE).
     pub fn remove_group(&mut self, tenant: &str, group: &str) {
         let Some(tenant) = self.tenants.find(tenant) else { return };
-        self.map
-            .retain(|k, p| !(k.tenant == tenant && p.extra.as_deref().and_then(|e| e.group.as_deref()) == Some(group)));
+        for i in (0..self.slots.len()).rev() {
+            let Slot { key, packed } = &self.slots[i];
+            if key.tenant == tenant && packed.extra.as_deref().and_then(|e| e.group.as_deref()) == Some(group) {
+                self.remove_at(i);
+            }
+        }
     }
 
     /// Every replica's range `(offset, length)` by segment (what a restore rebuilds each region's allocator
     /// from), each segment's list sized once: counted by the segments' numbers first, no lookup per replica.
     pub fn ranges_by_segment(&self) -> hashbrown::HashMap<SegmentId, Vec<(u64, u64)>> {
         let mut counts = vec![0usize; self.segments.values.len()];
-        for p in self.map.values() {
+        for Slot { packed: p, .. } in &self.slots {
             if p.first.segment != NO_SEGMENT {
                 counts[p.first.segment as usize] += 1;
             }
@@ -338,7 +394,7 @@ impl ReplayObjects {
             }
         }
         let mut lists: Vec<Vec<(u64, u64)>> = counts.iter().map(|&n| Vec::with_capacity(n)).collect();
-        for p in self.map.values() {
+        for Slot { packed: p, .. } in &self.slots {
             if p.first.segment != NO_SEGMENT {
                 lists[p.first.segment as usize].push((p.first.offset, p.first.length));
             }
@@ -359,7 +415,7 @@ impl ReplayObjects {
     /// How many objects each tenant holds (tenants holding none left out).
     pub fn per_tenant(&self) -> Vec<(&str, usize)> {
         let mut counts = vec![0usize; self.tenants.values.len()];
-        for k in self.map.keys() {
+        for Slot { key: k, .. } in &self.slots {
             counts[k.tenant as usize] += 1;
         }
         counts
@@ -372,7 +428,7 @@ impl ReplayObjects {
 
     /// Clears every soft pin (they are the old process's: a restored master's objects compete evenly).
     pub fn clear_soft_pins(&mut self) {
-        for p in self.map.values_mut() {
+        for Slot { packed: p, .. } in &mut self.slots {
             if let Some(extra) = p.extra.as_deref_mut() {
                 extra.soft_pin_ms = 0;
             }
@@ -430,13 +486,6 @@ impl ReplayObjects {
             extra: (extra != Extra::default()).then(|| Box::new(extra)),
         }
     }
-
-    /// Hashes a key as the table does (tests of the layout).
-    #[cfg(test)]
-    fn hash_of(&self, tenant: u32, key: &str) -> u64 {
-        use std::hash::BuildHasher;
-        self.map.hasher().hash_one(Lookup { tenant, key })
-    }
 }
 
 /// An object serialises as its [`ObjectRecord`] does, field for field, without building one (a snapshot writes
@@ -472,6 +521,11 @@ impl serde::Serialize for ReplicasOf<'_> {
         }
         seq.end()
     }
+}
+
+/// The hash of `key` in a table hashing with `hasher`.
+fn hash_of(hasher: &hashbrown::DefaultHashBuilder, key: &Key) -> u64 {
+    hasher.hash_one(Lookup { tenant: key.tenant, key: &key.key })
 }
 
 impl PartialEq for ReplayObjects {
@@ -524,13 +578,35 @@ mod tests {
     #[test]
     fn a_slot_is_96_bytes_and_the_usual_object_has_nothing_on_the_heap() {
         assert_eq!(std::mem::size_of::<Packed>(), 64);
-        assert_eq!(std::mem::size_of::<(Key, Packed)>(), 96);
+        assert_eq!(std::mem::size_of::<Slot>(), 96);
         let mut t = ReplayObjects::default();
         t.insert("default", "a-key-of-24-bytes-at-mos", record(vec![replica(1, 1)]));
         let o = t.view("default", "a-key-of-24-bytes-at-mos").unwrap();
         assert!(o.packed.extra.is_none() && !o.key.key.is_heap_allocated());
-        let h = t.hash_of(0, "a-key-of-24-bytes-at-mos");
-        assert_eq!(h, std::hash::BuildHasher::hash_one(t.map.hasher(), o.key), "a lookup hashes as its key");
+    }
+
+    #[test]
+    fn removals_keep_every_other_object_findable() {
+        let mut t = ReplayObjects::default();
+        let key = |i: u64| format!("k{i}");
+        for i in 0..300 {
+            t.insert(if i % 2 == 0 { "a" } else { "b" }, &key(i), record(vec![replica(i, (i % 5) as u8)]));
+        }
+        // Every third, in an order that moves slots from the end into the middle.
+        for i in (0..300).filter(|i| i % 3 == 0).rev().chain([1000]) {
+            let tenant = if i % 2 == 0 { "a" } else { "b" };
+            assert_eq!(t.remove(tenant, &key(i)), i < 300, "{i}");
+        }
+        t.drop_segment(&[4; 16]);
+        t.remove_group("a", "none");
+        for i in 0..300 {
+            let tenant = if i % 2 == 0 { "a" } else { "b" };
+            let kept = i % 3 != 0 && i % 5 != 4;
+            let got = t.get(tenant, &key(i));
+            assert_eq!(got.map(|o| o.replicas[0].id), kept.then_some(i), "{i}");
+        }
+        assert_eq!(t.len(), (0..300).filter(|i| i % 3 != 0 && i % 5 != 4).count());
+        assert_eq!(t.iter().count(), t.len());
     }
 
     #[test]
