@@ -383,33 +383,29 @@ impl ReplayObjects {
     /// from), each segment's list sized once: counted by the segments' numbers first, no lookup per replica.
     pub fn ranges_by_segment(&self) -> hashbrown::HashMap<SegmentId, Vec<(u64, u64)>> {
         let mut counts = vec![0usize; self.segments.values.len()];
-        for Slot { packed: p, .. } in &self.slots {
-            if p.first.segment != NO_SEGMENT {
-                counts[p.first.segment as usize] += 1;
-            }
-            for r in p.extra.as_deref().map_or(&[][..], |e| &e.more[..]) {
-                if let Some(n) = self.segments.find(&r.segment) {
-                    counts[n as usize] += 1;
-                }
-            }
-        }
+        self.each_range(|n, _, _| counts[n] += 1);
         let mut lists: Vec<Vec<(u64, u64)>> = counts.iter().map(|&n| Vec::with_capacity(n)).collect();
-        for Slot { packed: p, .. } in &self.slots {
-            if p.first.segment != NO_SEGMENT {
-                lists[p.first.segment as usize].push((p.first.offset, p.first.length));
-            }
-            for r in p.extra.as_deref().map_or(&[][..], |e| &e.more[..]) {
-                if let Some(n) = self.segments.find(&r.segment) {
-                    lists[n as usize].push((r.offset, r.length));
-                }
-            }
-        }
+        self.each_range(|n, offset, length| lists[n].push((offset, length)));
         lists
             .into_iter()
             .enumerate()
             .filter(|(_, l)| !l.is_empty())
             .map(|(n, l)| (SegmentId(Uuid::from_bytes(*self.segments.get(n as u32))), l))
             .collect()
+    }
+
+    /// Calls `f(segment number, offset, length)` for every replica of every object.
+    fn each_range(&self, mut f: impl FnMut(usize, u64, u64)) {
+        for Slot { packed: p, .. } in &self.slots {
+            if p.first.segment != NO_SEGMENT {
+                f(p.first.segment as usize, p.first.offset, p.first.length);
+            }
+            for r in p.extra.as_deref().map_or(&[][..], |e| &e.more[..]) {
+                if let Some(n) = self.segments.find(&r.segment) {
+                    f(n as usize, r.offset, r.length);
+                }
+            }
+        }
     }
 
     /// How many objects each tenant holds (tenants holding none left out).

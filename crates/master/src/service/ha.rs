@@ -374,8 +374,8 @@ impl MasterService {
         let mut max_replica = 0u64;
         // Most masters hold one tenant or a few large ones: the last one looked up is usually the next one.
         let mut last_tenant: Option<(&str, Arc<TenantState>)> = None;
-        for object in objects {
-            let (tenant, key) = (object.tenant(), object.key());
+        for o in objects {
+            let (tenant, key) = (o.tenant(), o.key());
             let t = match &last_tenant {
                 Some((name, t)) if *name == tenant => t.clone(),
                 _ => {
@@ -387,7 +387,6 @@ impl MasterService {
                     t
                 }
             };
-            let o = object;
             let mut replicas = ReplicaList::new();
             let writer = o.writer_id().map_or(crate::metadata::writers::UNKNOWN, crate::metadata::writers::number);
             for r in o.replicas() {

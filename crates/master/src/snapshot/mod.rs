@@ -470,14 +470,14 @@ struct WireMetadataOut<'a> {
     tenants: Vec<WireTenantOut<'a>>,
 }
 
-/// [`WireTenant`] as it is written.
+/// A tenant as it is written: its name, then its objects (what `TenantSeed` reads).
 #[derive(Serialize)]
 struct WireTenantOut<'a> {
     tenant: &'a str,
     objects: SortedObjects<'a>,
 }
 
-/// One tenant's objects, keys ascending, written as [`WireObject`]s.
+/// One tenant's objects, keys ascending, each a `(key, record)` pair (what `ObjectsSeed` reads).
 struct SortedObjects<'a>(Vec<ReplayObject<'a>>);
 
 impl Serialize for SortedObjects<'_> {
