@@ -184,6 +184,9 @@ async fn renew(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the follower has seen this leader's own view (before that it may still show an older one).
     let mut confirmed = false;
+    // The follower may have seen this view already, before `views` was subscribed (its watch event can beat
+    // the txn's answer here): judge the current state first, or a view seen then removed is never noticed.
+    views.mark_changed();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -272,5 +275,41 @@ impl LeaderCoordinator for EtcdCoordinator {
 
     fn describe(&self) -> String {
         format!("etcd {} (lease {} s)", self.endpoints.join(","), self.ttl_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::leader::watch::FollowerState;
+    use crate::testing::EtcdServer;
+
+    fn state(version: Option<u64>) -> FollowerState {
+        FollowerState {
+            view: version.map(|version| MasterView { leader: "a:1".into(), admin: None, version }),
+            seen_version: version.unwrap_or(0),
+            synced: true,
+            error: None,
+        }
+    }
+
+    /// The renewer subscribes after the follower already shows this leader's view (the watch event came
+    /// before the txn's answer): the view's removal must still end the guard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_view_seen_before_the_renewer_subscribed_still_counts_as_confirmed() {
+        let etcd = EtcdServer::start().unwrap_or_else(|e| panic!("etcd: {e}"));
+        let mut client = Client::connect([etcd.endpoint()], None).await.unwrap();
+        let lease = client.lease_grant(2, None).await.unwrap().id();
+        let mine = 7;
+        let (tx, _keep) = tokio::sync::watch::channel(state(Some(mine)));
+        let views = tx.subscribe(); // marks the current state (this leader's view) as seen
+        let guard = LeaseGuard::until(Instant::now() + Duration::from_secs(60));
+        let renewer = tokio::spawn(renew(client, lease, mine, Duration::from_secs(2), guard.clone(), views));
+        // Renewals succeed, so only the removal can end the guard.
+        assert!(tokio::time::timeout(Duration::from_millis(300), guard.lost()).await.is_err());
+        tx.send(state(None)).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("a removed view did not end the guard");
+        tokio::time::timeout(Duration::from_secs(5), renewer).await.unwrap().unwrap();
     }
 }
