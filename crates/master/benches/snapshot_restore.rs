@@ -124,7 +124,7 @@ async fn setup(store: &dyn SnapshotStore, kv: Arc<dyn HaKvBackend>, objects: u64
 
 fn main() {
     // The restore logs its phases (`replayed state restored`): shown with the figures.
-    tracing_subscriber::fmt().with_env_filter("crescent_master::service=info").with_target(false).init();
+    tracing_subscriber::fmt().with_env_filter("crescent_master=info").with_target(false).init();
     let objects = arg("--objects", 1_000_000);
     let entries = arg("--entries", 100_000);
     let runs = arg("--runs", 3).max(1);

@@ -125,7 +125,7 @@ fn state_at(batch: u64, seq: u64) -> (Bytes, SnapshotMetadata) {
 /// The catalog's contract, the same on every store.
 async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
     let catalog = Catalog::new(&*store);
-    assert!(catalog.load_newest().await.unwrap().is_none(), "an empty store has no snapshot");
+    assert!(catalog.load_newest(0).await.unwrap().is_none(), "an empty store has no snapshot");
     assert_eq!(catalog.latest().await.unwrap(), None);
     let mut metas = Vec::new();
     for (b, s) in [(1, 10), (2, 20), (3, 30)] {
@@ -152,7 +152,7 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
     assert_eq!(catalog.list().await.unwrap(), vec![id2.clone(), id3.clone()], "retention keeps the newest 2");
     assert_eq!(catalog.latest().await.unwrap().as_deref(), Some(id3.as_str()));
     assert!(store.get(&format!("snapshots/{id1}/data.csnp")).await.unwrap().is_none(), "the oldest is gone");
-    let newest = catalog.load_newest().await.unwrap().unwrap();
+    let newest = catalog.load_newest(0).await.unwrap().unwrap();
     assert_eq!(newest.manifest.id, id3);
     assert_eq!(newest.view.metadata.as_ref(), Some(&metas[2]), "loaded exactly what was published");
     assert!(newest.skipped.is_empty());
@@ -166,7 +166,7 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
     let mid = bad.len() / 2;
     bad[mid] ^= 0x40;
     store.put(&key3, Bytes::from(bad)).await.unwrap();
-    let fallback = catalog.load_newest().await.unwrap().unwrap();
+    let fallback = catalog.load_newest(0).await.unwrap().unwrap();
     assert_eq!(fallback.manifest.id, id2);
     assert_eq!(fallback.view.metadata.as_ref(), Some(&metas[1]));
     assert_eq!(fallback.skipped.len(), 1);
@@ -174,7 +174,7 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
     // A truncated payload is refused by its size.
     let (good, _) = state_at(3, 30);
     store.put(&key3, good.slice(..good.len() - 5)).await.unwrap();
-    let fallback = catalog.load_newest().await.unwrap().unwrap();
+    let fallback = catalog.load_newest(0).await.unwrap().unwrap();
     assert_eq!(fallback.manifest.id, id2);
     assert!(fallback.skipped[0].1.contains("bytes"), "{:?}", fallback.skipped);
 
@@ -194,11 +194,11 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
     };
     store.put(&manifest4.data_key, bytes4).await.unwrap();
     store.put(&format!("snapshots/{id4}/manifest.json"), serde_json::to_vec(&manifest4).unwrap().into()).await.unwrap();
-    assert_eq!(catalog.load_newest().await.unwrap().unwrap().manifest.id, id2, "unpublished leftovers are ignored");
+    assert_eq!(catalog.load_newest(0).await.unwrap().unwrap().manifest.id, id2, "unpublished leftovers are ignored");
 
     // No usable snapshot at all: none, never a partial one.
     store.delete(&format!("snapshots/{id2}/data.csnp")).await.unwrap();
-    let none = catalog.load_newest().await.unwrap();
+    let none = catalog.load_newest(0).await.unwrap();
     assert!(none.is_none(), "{none:?}");
 }
 

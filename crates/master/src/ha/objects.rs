@@ -243,6 +243,11 @@ impl ReplayObjects {
         self.slots.len()
     }
 
+    /// How many objects it holds without growing.
+    pub fn capacity(&self) -> usize {
+        self.slots.capacity().min(self.index.capacity())
+    }
+
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
@@ -253,6 +258,15 @@ impl ReplayObjects {
         self.slots.reserve(n);
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.reserve(n, |&i| hash_of(hasher, &slots[i as usize].key));
+    }
+
+    /// [`ReplayObjects::reserve`] that gives up (and says so) when the room cannot be had.
+    pub fn try_reserve(&mut self, n: usize) -> bool {
+        if self.slots.try_reserve(n).is_err() {
+            return false;
+        }
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.try_reserve(n, |&i| hash_of(hasher, &slots[i as usize].key)).is_ok()
     }
 
     /// The slot number of tenant number `tenant`'s `key`, and its hash.

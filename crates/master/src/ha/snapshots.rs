@@ -88,7 +88,7 @@ pub async fn load_baseline(
     let prefix = storage.read_durable_prefix().await?.unwrap_or(DurablePrefix { batch_id: 0, last_seq: 0 });
     let mut skipped = Vec::new();
     if let Some(store) = store
-        && let Some(loaded) = Catalog::new(store).load_newest().await?
+        && let Some(loaded) = Catalog::new(store).load_newest(prefix.last_seq).await?
     {
         skipped = loaded.skipped;
         let m = loaded.manifest;
@@ -125,8 +125,15 @@ pub async fn restore_state(
 ) -> Result<(ReplayState, Baseline), OpenError> {
     let mut baseline = load_baseline(store, storage).await?;
     let mut state = std::mem::take(&mut baseline.state);
+    let started = std::time::Instant::now();
     replay_log_after(storage, prefix, baseline.position, &mut state).await?;
     state.objects.clear_soft_pins();
+    tracing::info!(
+        from = baseline.position.last_seq,
+        to = state.last_seq,
+        replay_ms = started.elapsed().as_millis() as u64,
+        "log after the baseline replayed"
+    );
     Ok((state, baseline))
 }
 

@@ -5,6 +5,7 @@
 //! transaction: everything that can fail happens before anything is published.
 
 use super::PoolError;
+use super::adopted::Adopted;
 use super::resource::{AllocationTarget, RegionResource};
 use crate::alloc::{Allocation, AllocatorSnapshot, OffsetAllocator};
 use crescent_proto::{SegmentId, SegmentKind, SegmentSpec};
@@ -15,8 +16,8 @@ use std::sync::Arc;
 /// A resource built by `prepare_*`, not yet owned by anyone; dropping it undoes the preparation.
 pub struct PreparedRegion {
     pub(crate) resource: Arc<RegionResource>,
-    /// Live allocations adopted from a snapshot, by offset (restore only).
-    pub(crate) adopted: hashbrown::HashMap<u64, Allocation>,
+    /// Live allocations adopted from a snapshot (restore only).
+    pub(crate) adopted: Adopted,
 }
 
 /// A region's allocator state, as a snapshot view carries it.
@@ -121,7 +122,7 @@ impl RegionDriver for OwnAllocatorDriver {
         self.validate(spec)?;
         let alloc = OffsetAllocator::new(spec.size).map_err(|e| PoolError::InvalidSpec(e.to_string()))?;
         let resource = new_resource(spec, AllocationTarget::Own(Mutex::new(alloc)));
-        Ok(PreparedRegion { resource, adopted: hashbrown::HashMap::new() })
+        Ok(PreparedRegion { resource, adopted: Adopted::new(Vec::new()) })
     }
 
     fn prepare_adopt(&mut self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
@@ -135,8 +136,7 @@ impl RegionDriver for OwnAllocatorDriver {
         let (alloc, handles) = OffsetAllocator::restore(snap)
             .map_err(|e| PoolError::CorruptSnapshot(format!("segment {}: {e}", spec.id)))?;
         let resource = new_resource(spec, AllocationTarget::Own(Mutex::new(alloc)));
-        let adopted = handles.into_iter().map(|a| (a.offset(), a)).collect();
-        Ok(PreparedRegion { resource, adopted })
+        Ok(PreparedRegion { resource, adopted: Adopted::new(handles) })
     }
 
     fn commit(&mut self, prepared: &PreparedRegion) {
@@ -215,7 +215,7 @@ impl RegionDriver for CxlDriver {
     fn prepare_open(&self, spec: &SegmentSpec) -> Result<PreparedRegion, PoolError> {
         self.validate(spec)?;
         let target = AllocationTarget::CxlBinding { window: self.window.clone(), live: Mutex::new(HashMap::new()) };
-        Ok(PreparedRegion { resource: new_resource(spec, target), adopted: hashbrown::HashMap::new() })
+        Ok(PreparedRegion { resource: new_resource(spec, target), adopted: Adopted::new(Vec::new()) })
     }
 
     fn prepare_adopt(&mut self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
@@ -231,7 +231,7 @@ impl RegionDriver for CxlDriver {
             })?;
             live.insert(*off, a);
         }
-        let adopted = live.iter().map(|(k, v)| (*k, *v)).collect();
+        let adopted = Adopted::new(live.values().copied().collect());
         let target = AllocationTarget::CxlBinding { window: self.window.clone(), live: Mutex::new(live) };
         Ok(PreparedRegion { resource: new_resource(spec, target), adopted })
     }

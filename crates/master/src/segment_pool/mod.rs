@@ -14,6 +14,7 @@
 //! Lock order: pool lock → a region's allocator mutex (CXL: binding set → window). Buffer release takes only the
 //! allocator mutex, never the pool lock.
 
+mod adopted;
 mod catalog;
 mod driver;
 mod index;
@@ -26,11 +27,11 @@ pub use index::PlacementIndex;
 pub use resource::{AllocatedBuffer, RegionResource, RegionUsage, WriteHold};
 pub use view::{RegionReadView, SegmentPoolSnapshotView};
 
-use crate::alloc::{AllocError, Allocation};
+use crate::alloc::AllocError;
 use crate::clock::Timestamp;
 use catalog::MountedSegment;
 use crescent_proto::{ClientId, ErrorCode, SegmentId, SegmentKind, SegmentSpec, SegmentStatus};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
@@ -215,7 +216,7 @@ pub(crate) struct PoolState {
     placement: PlacementIndex,
     drivers: RegionDriverRegistry,
     /// Restored allocations that the metadata restore has not re-bound yet.
-    pending_rebind: HashMap<SegmentId, hashbrown::HashMap<u64, Allocation>>,
+    pending_rebind: HashMap<SegmentId, adopted::Adopted>,
 }
 
 impl PoolState {
@@ -764,7 +765,7 @@ impl SegmentPool {
     }
 
     /// Takes the allocations a restore adopted out of the pool, to be re-bound to their objects (from several
-    /// threads at once: each segment's are behind their own lock, the pool's is not taken again); dropping or
+    /// threads at once: taking one takes no lock, the pool's is not taken again); dropping or
     /// [`RestoredAllocations::finish`]ing the result frees those never re-bound.
     pub fn take_restored(&self) -> RestoredAllocations {
         let mut st = self.state.write();
@@ -773,7 +774,7 @@ impl SegmentPool {
         for (id, open) in st.pending_rebind.drain() {
             let Some(r) = st.catalog.get(&id) else { continue };
             let Some(res) = st.drivers.driver(r.spec.kind).ok().and_then(|d| d.resource(&id)) else { continue };
-            segments.insert(id, RestoredSegment { resource: Arc::downgrade(res), open: Mutex::new(open) });
+            segments.insert(id, RestoredSegment { resource: Arc::downgrade(res), open });
         }
         RestoredAllocations { segments }
     }
@@ -788,8 +789,8 @@ pub struct RestoredAllocations {
 struct RestoredSegment {
     /// The region they live in (a buffer's owner).
     resource: Weak<RegionResource>,
-    /// Not yet re-bound, by offset.
-    open: Mutex<hashbrown::HashMap<u64, Allocation>>,
+    /// Those adopted, each re-bound once (no lock: see [`adopted::Adopted`]).
+    open: adopted::Adopted,
 }
 
 impl RestoredAllocations {
@@ -797,16 +798,8 @@ impl RestoredAllocations {
     /// bytes, and each allocation can be re-bound once.
     pub fn rebind(&self, id: SegmentId, offset: u64, size: u64) -> Result<AllocatedBuffer, PoolError> {
         let seg = self.segments.get(&id).ok_or(PoolError::NoRestoredAllocation(id, offset))?;
-        let mut open = seg.open.lock();
-        match open.get(&offset) {
-            Some(a) if a.size() == size => {
-                let a = *a;
-                open.remove(&offset);
-                drop(open);
-                Ok(AllocatedBuffer::from_parts(seg.resource.clone(), a))
-            }
-            _ => Err(PoolError::NoRestoredAllocation(id, offset)),
-        }
+        let a = seg.open.take(offset, size).ok_or(PoolError::NoRestoredAllocation(id, offset))?;
+        Ok(AllocatedBuffer::from_parts(seg.resource.clone(), a))
     }
 
     /// Ends a restore: the allocations nobody re-bound are freed (their objects did not survive). Returns how
@@ -818,7 +811,7 @@ impl RestoredAllocations {
     fn free_open(&mut self) -> usize {
         let mut freed = 0;
         for seg in self.segments.values_mut() {
-            for (_, a) in seg.open.get_mut().drain() {
+            for a in seg.open.take_rest() {
                 drop(AllocatedBuffer::from_parts(seg.resource.clone(), a));
                 freed += 1;
             }

@@ -372,14 +372,21 @@ impl MasterService {
     ) -> (usize, u64) {
         let mut published_count = 0;
         let mut max_replica = 0u64;
-        // Most masters hold one tenant or a few large ones: the last one looked up is usually the next one.
+        // Most masters hold one tenant or a few large ones: the last one looked up is usually the next one. Its
+        // quota is charged once per run of its objects (`owed`), not per object: every restoring thread bumping
+        // one shared counter per object made them fight over its cache line.
         let mut last_tenant: Option<(&str, Arc<TenantState>)> = None;
+        let mut owed = 0u64;
         for o in objects {
             let (tenant, key) = (o.tenant(), o.key());
             let t = match &last_tenant {
                 Some((name, t)) if *name == tenant => t.clone(),
                 _ => {
+                    if let Some((_, t)) = &last_tenant {
+                        t.quota().force_charge(std::mem::take(&mut owed));
+                    }
                     let Some(t) = self.replay_tenant(tenant) else {
+                        last_tenant = None;
                         tracing::error!(tenant, key, "replayed object of an invalid tenant dropped");
                         continue;
                     };
@@ -424,7 +431,7 @@ impl MasterService {
             st.flags.set_no_offload(o.no_offload());
             let settled = st.settled();
             st.settle(settled);
-            t.quota().force_charge(settled.bytes);
+            owed += settled.bytes;
             let published = match o.group().filter(|g| !g.is_empty()) {
                 None => {
                     let entry = Arc::new(ObjectEntry::new(key, None, st));
@@ -435,6 +442,8 @@ impl MasterService {
             match published {
                 Ok(()) => published_count += 1,
                 Err(loser) => {
+                    // Retiring it releases its charge: what is owed is charged first.
+                    t.quota().force_charge(std::mem::take(&mut owed));
                     let mut st = loser.lock();
                     let dead = t.retire(&mut st);
                     drop(st);
@@ -442,6 +451,9 @@ impl MasterService {
                     tracing::error!(key, charged = settled.bytes, "replayed object published twice: dropped");
                 }
             }
+        }
+        if let Some((_, t)) = &last_tenant {
+            t.quota().force_charge(owed);
         }
         (published_count, max_replica)
     }

@@ -144,6 +144,8 @@ std::thread_local! {
     /// The most objects the body being decoded can hold (its length over [`MIN_WIRE_OBJECT`]): how far a tenant's
     /// count, the wire's word, is trusted when room is made for it.
     static OBJECTS_AT_MOST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Objects the caller will add after the decode (see [`decode_with_room`]).
+    static ROOM_AFTER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Fewer bytes than any object the decoder accepts takes on the wire (its key's length, and a record with one
@@ -247,8 +249,14 @@ impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
         let tenant = self.tenant;
         // Room for them all at once (growing the table by doubling would move every object several times), as
-        // far as the body could hold them: the count is the wire's word.
-        self.table.reserve(seq.size_hint().unwrap_or(0).min(OBJECTS_AT_MOST.with(std::cell::Cell::get)));
+        // far as the body could hold them: the count is the wire's word. Plus the room the caller asked for (at
+        // most as much again), so the log replayed next does not double a table of tens of millions; a room the
+        // machine cannot give is not taken (the table grows as it would have).
+        let n = seq.size_hint().unwrap_or(0).min(OBJECTS_AT_MOST.with(std::cell::Cell::get));
+        let room = ROOM_AFTER.with(std::cell::Cell::get).min(n);
+        if !self.table.try_reserve(n + room) {
+            self.table.reserve(n);
+        }
         let mut last: Option<&'de str> = None;
         let mut count = 0;
         while let Some((key, o)) = seq.next_element::<(&'de str, O)>()? {
@@ -365,6 +373,12 @@ fn seal(body: &[u8]) -> Vec<u8> {
 
 /// Decodes a payload written by [`encode`]; nothing is restored here.
 pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
+    decode_with_room(payload, 0)
+}
+
+/// [`decode`], its objects' table made with room for `room` more (the objects the log after the snapshot may
+/// add: a restore replays it next), up to as many again as the snapshot holds.
+pub fn decode_with_room(payload: &[u8], room: usize) -> Result<MasterSnapshotView, SnapshotError> {
     if payload.len() < HEADER_LEN || &payload[..4] != MAGIC {
         return Err(SnapshotError::BadHeader);
     }
@@ -378,15 +392,15 @@ pub fn decode(payload: &[u8]) -> Result<MasterSnapshotView, SnapshotError> {
         return Err(SnapshotError::Checksum);
     }
     match version {
-        2 => decode_body::<SegmentRecordV1, ObjectRecordV2>(body),
-        3 => decode_body::<SegmentRecord, ObjectRecordV2>(body),
-        4 => decode_body::<SegmentRecord, ObjectRecordV3>(body),
-        _ => decode_body::<SegmentRecord, ObjectRecord>(body),
+        2 => decode_body::<SegmentRecordV1, ObjectRecordV2>(body, room),
+        3 => decode_body::<SegmentRecord, ObjectRecordV2>(body, room),
+        4 => decode_body::<SegmentRecord, ObjectRecordV3>(body, room),
+        _ => decode_body::<SegmentRecord, ObjectRecord>(body, room),
     }
 }
 
 /// Decodes a body whose segment records are `S`s and object records `O`s.
-fn decode_body<'a, S, O>(body: &'a [u8]) -> Result<MasterSnapshotView, SnapshotError>
+fn decode_body<'a, S, O>(body: &'a [u8], room: usize) -> Result<MasterSnapshotView, SnapshotError>
 where
     S: Clone + Into<SegmentRecord> + 'a,
     O: Clone + Into<ObjectRecord> + 'a,
@@ -394,6 +408,7 @@ where
 {
     TENANTS_REFUSED.with(|r| r.borrow_mut().take());
     OBJECTS_AT_MOST.with(|n| n.set(body.len() / MIN_WIRE_OBJECT));
+    ROOM_AFTER.with(|n| n.set(room));
     let (wire, rest): (WireSnapshot<'a, S, O>, _) = postcard::take_from_bytes(body).map_err(|e| {
         // A record the tenants' decoder refused says why; anything else is postcard's.
         TENANTS_REFUSED.with(|r| r.borrow_mut().take()).map_or_else(|| corrupt(format!("decode: {e}")), corrupt)
@@ -614,5 +629,23 @@ mod tests {
         let cut = payload(&[("a", &["k"])], 10);
         let body = &cut[HEADER_LEN..cut.len() - 2];
         assert!(refusal(&seal(body)).starts_with("decode: "));
+    }
+
+    #[test]
+    fn a_decode_makes_the_room_asked_for_up_to_as_many_again() {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i:03}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let bytes = payload(&[("a", &keys)], 10);
+        let table = |room| decode_with_room(&bytes, room).unwrap().metadata.unwrap().state.objects;
+        let plain = table(0);
+        assert_eq!(plain.len(), 100);
+        let roomy = table(60);
+        assert_eq!(roomy.len(), 100);
+        assert!(roomy.capacity() >= 160, "room for the log's objects: {}", roomy.capacity());
+        // Room is bounded by what the snapshot holds (a log far ahead of an old snapshot reserves no more than
+        // as many again), and a room no machine could give is no failure.
+        let capped = table(usize::MAX);
+        assert!(capped.capacity() >= 200 && capped.capacity() < 1000, "{}", capped.capacity());
+        assert_eq!(capped, plain);
     }
 }
