@@ -24,6 +24,7 @@ pub mod ha;
 pub mod local_ssd;
 pub mod memory;
 pub mod metadata;
+pub(crate) mod parallel;
 pub mod placement;
 pub mod segment_pool;
 pub mod server;

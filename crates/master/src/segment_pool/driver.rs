@@ -96,6 +96,22 @@ impl OwnAllocatorDriver {
     pub fn disk() -> Self {
         Self { kind: SegmentKind::Disk, regions: HashMap::new() }
     }
+
+    /// [`RegionDriver::prepare_adopt`], which changes nothing of the driver's: a restore prepares many regions
+    /// at once, on several threads.
+    pub(crate) fn adopt(&self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
+        self.validate(spec)?;
+        let RegionAllocState::Own(snap) = state else {
+            return Err(PoolError::CorruptSnapshot(format!("segment {} has a CXL binding state", spec.id)));
+        };
+        if snap.capacity != spec.size {
+            return Err(PoolError::CorruptSnapshot(format!("segment {} allocator capacity != size", spec.id)));
+        }
+        let (alloc, handles) = OffsetAllocator::restore(snap)
+            .map_err(|e| PoolError::CorruptSnapshot(format!("segment {}: {e}", spec.id)))?;
+        let resource = new_resource(spec, AllocationTarget::Own(Mutex::new(alloc)));
+        Ok(PreparedRegion { resource, adopted: Adopted::new(handles) })
+    }
 }
 
 impl RegionDriver for OwnAllocatorDriver {
@@ -126,17 +142,7 @@ impl RegionDriver for OwnAllocatorDriver {
     }
 
     fn prepare_adopt(&mut self, spec: &SegmentSpec, state: &RegionAllocState) -> Result<PreparedRegion, PoolError> {
-        self.validate(spec)?;
-        let RegionAllocState::Own(snap) = state else {
-            return Err(PoolError::CorruptSnapshot(format!("segment {} has a CXL binding state", spec.id)));
-        };
-        if snap.capacity != spec.size {
-            return Err(PoolError::CorruptSnapshot(format!("segment {} allocator capacity != size", spec.id)));
-        }
-        let (alloc, handles) = OffsetAllocator::restore(snap)
-            .map_err(|e| PoolError::CorruptSnapshot(format!("segment {}: {e}", spec.id)))?;
-        let resource = new_resource(spec, AllocationTarget::Own(Mutex::new(alloc)));
-        Ok(PreparedRegion { resource, adopted: Adopted::new(handles) })
+        self.adopt(spec, state)
     }
 
     fn commit(&mut self, prepared: &PreparedRegion) {
@@ -289,6 +295,16 @@ impl RegionDriverRegistry {
             SegmentKind::Nof => Ok(&self.nof),
             SegmentKind::Disk => Ok(&self.disk),
             SegmentKind::Cxl => self.cxl.as_ref().map(|d| d as &dyn RegionDriver).ok_or(PoolError::CxlDisabled),
+        }
+    }
+
+    /// The driver of a kind whose regions have allocators of their own (not CXL's bindings).
+    pub(crate) fn own(&self, kind: SegmentKind) -> Option<&OwnAllocatorDriver> {
+        match kind {
+            SegmentKind::Memory => Some(&self.memory),
+            SegmentKind::Nof => Some(&self.nof),
+            SegmentKind::Disk => Some(&self.disk),
+            SegmentKind::Cxl => None,
         }
     }
 

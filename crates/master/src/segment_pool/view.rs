@@ -14,6 +14,11 @@ use crate::clock::Timestamp;
 use crescent_proto::{ClientId, SegmentId, SegmentSpec, SegmentStatus};
 use std::collections::HashSet;
 
+/// Below this many adopted allocations a restore prepares its regions on the calling thread.
+const PARALLEL_FROM: usize = 1 << 16;
+/// At most this many threads prepare regions (the work is memory-bound beyond a few).
+const MAX_THREADS: usize = 8;
+
 /// One mounted region as a snapshot sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionReadView {
@@ -83,9 +88,27 @@ impl SegmentPool {
             (Some(_), None) => return Err(PoolError::CxlDisabled),
             (None, _) => {}
         }
+        // Building a region's allocator from its allocations is most of a large restore's pool work, and regions
+        // are independent: those with allocators of their own are prepared on several threads first (nothing
+        // shared changes), then checked and committed in order as before.
+        let allocations: usize = view
+            .regions
+            .iter()
+            .map(|r| match &r.alloc {
+                RegionAllocState::Own(a) => a.allocations.len(),
+                RegionAllocState::CxlBinding(b) => b.len(),
+            })
+            .sum();
+        let threads = crate::parallel::restore_threads(allocations, PARALLEL_FROM, MAX_THREADS);
+        let drivers = &next.drivers;
+        let mut prepared = crate::parallel::map(view.regions.iter().collect(), threads, |rec: &RegionReadView| {
+            drivers.own(rec.spec.kind).map(|d| d.adopt(&rec.spec, &rec.alloc))
+        })
+        .into_iter();
         let mut ids = HashSet::new();
         let n = view.regions.len();
         for rec in view.regions {
+            let ready = prepared.next().flatten();
             if !ids.insert(rec.spec.id) {
                 return Err(PoolError::CorruptSnapshot(format!("segment {} appears twice", rec.spec.id)));
             }
@@ -97,7 +120,10 @@ impl SegmentPool {
             if !status_ok || !deadline_ok {
                 return Err(PoolError::CorruptSnapshot(format!("segment {} has status {:?}", rec.spec.id, rec.status)));
             }
-            let prepared = next.drivers.driver_mut(rec.spec.kind)?.prepare_adopt(&rec.spec, &rec.alloc)?;
+            let prepared = match ready {
+                Some(ready) => ready?,
+                None => next.drivers.driver_mut(rec.spec.kind)?.prepare_adopt(&rec.spec, &rec.alloc)?,
+            };
             prepared.resource.hold_writes(self.config.hold(rec.spec.kind));
             next.validate_new(&rec.spec, &[])?;
             next.commit_and_publish(rec.client, rec.spec, rec.status, rec.graceful_deadline, prepared)?;

@@ -277,18 +277,29 @@ impl MasterService {
             );
             AllocatorSnapshot { capacity, allocations }
         });
+        // Each segment's ranges are sorted and fitted on their own: spread over the cores.
+        let own: Vec<_> = specs
+            .iter()
+            .filter(|(spec, _)| spec.kind != SegmentKind::Cxl)
+            .map(|(spec, _)| (spec.id, spec.size, ranges.remove(&spec.id).unwrap_or_default()))
+            .collect();
+        let threads = crate::parallel::restore_threads(state.objects.len(), PARALLEL_RESTORE_MIN, MAX_RESTORE_THREADS);
+        let mut fitted = crate::parallel::map(own, threads, |(id, size, mine)| {
+            // `(offset, length)` → `(offset, length, ())` keeps the vector's allocation (same layout).
+            let mine: Vec<(u64, u64, ())> = mine.into_iter().map(|(o, l)| (o, l, ())).collect();
+            let mut allocations = Vec::with_capacity(mine.len());
+            fit_ranges(mine, size, |()| id, |a, ()| allocations.push(a));
+            AllocatorSnapshot { capacity: size, allocations }
+        })
+        .into_iter();
         let mut regions = Vec::with_capacity(specs.len());
         for (spec, rec) in specs {
             let alloc = match spec.kind {
                 SegmentKind::Cxl => RegionAllocState::CxlBinding(cxl.remove(&spec.id).unwrap_or_default()),
-                _ => {
-                    // `(offset, length)` → `(offset, length, ())` keeps the vector's allocation (same layout).
-                    let mine: Vec<(u64, u64, ())> =
-                        ranges.remove(&spec.id).unwrap_or_default().into_iter().map(|(o, l)| (o, l, ())).collect();
-                    let mut allocations = Vec::with_capacity(mine.len());
-                    fit_ranges(mine, spec.size, |()| spec.id, |a, ()| allocations.push(a));
-                    RegionAllocState::Own(AllocatorSnapshot { capacity: spec.size, allocations })
-                }
+                // One fitted per segment of its own, in the same order.
+                _ => RegionAllocState::Own(
+                    fitted.next().unwrap_or_else(|| AllocatorSnapshot { capacity: spec.size, allocations: Vec::new() }),
+                ),
             };
             // Checked when decoded (log and snapshot); an unreadable one names nobody.
             if let Ok(Some(p)) = rec.principal() {
@@ -320,11 +331,7 @@ impl MasterService {
         // Objects are re-bound and published from several threads (a standby's promotion and a restart wait for
         // this): each thread takes every `threads`-th block of the table, so none copies the table to split it.
         let restored = self.pool.take_restored();
-        let threads = if state.objects.len() < PARALLEL_RESTORE_MIN {
-            1
-        } else {
-            std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_RESTORE_THREADS)
-        };
+        let threads = crate::parallel::restore_threads(state.objects.len(), PARALLEL_RESTORE_MIN, MAX_RESTORE_THREADS);
         let (objects, max_replica) = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
                 .map(|t| {
