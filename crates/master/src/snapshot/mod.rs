@@ -370,11 +370,16 @@ pub fn encode(view: &MasterSnapshotView) -> Vec<u8> {
     if out.len() < HEADER_LEN {
         out.resize(HEADER_LEN, 0);
     }
-    let crc = crc32c::crc32c(&out[HEADER_LEN..]);
-    out[..4].copy_from_slice(MAGIC);
-    out[4..6].copy_from_slice(&VERSION.to_le_bytes());
-    out[6..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    write_header(&mut out);
     out
+}
+
+/// Fills the header (magic, version, checksum of the body behind it) of `payload`, at least [`HEADER_LEN`] long.
+fn write_header(payload: &mut [u8]) {
+    let (header, body) = payload.split_at_mut(HEADER_LEN);
+    header[..4].copy_from_slice(MAGIC);
+    header[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    header[6..].copy_from_slice(&crc32c::crc32c(body).to_le_bytes());
 }
 
 /// Bytes an object usually takes on the wire (a 20–40-byte key, one replica): what [`encode`] sizes its output
@@ -384,11 +389,9 @@ const WIRE_OBJECT_ESTIMATE: usize = 80;
 /// The payload of `body`: header (magic, version, checksum), then the body.
 #[cfg(test)]
 fn seal(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    let mut out = vec![0; HEADER_LEN];
     out.extend_from_slice(body);
+    write_header(&mut out);
     out
 }
 
