@@ -110,8 +110,9 @@ fn drain_line(d: &DrainInfo) -> String {
 }
 
 /// `crescent drain NODE…`: marks the nodes' segments unallocatable and has the master move every replica on
-/// them elsewhere, printing progress until nothing is left. A master that lost the job (a failover: jobs are the
-/// leader's memory) is asked again; what was moved is no longer there, so the new job moves only the rest.
+/// them elsewhere, printing progress until nothing is left. A job is in the master's log (a new leader takes it
+/// over); a master that lost it (one restarted without a log) is asked again: what was moved is no longer there,
+/// so the new job moves only the rest.
 pub async fn drain(args: DrainArgs, g: &Global) -> Result<(), Failure> {
     let c = client(g);
     if let Some(job) = args.cancel {
@@ -135,16 +136,27 @@ pub async fn drain(args: DrainArgs, g: &Global) -> Result<(), Failure> {
     }
     let mut last = String::new();
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    // While the master restarts or a standby takes over, the job goes on there (it is in the log): wait for it.
+    let mut answered = std::time::Instant::now();
+    let mut unreachable = false;
     loop {
         tick.tick().await;
         let d = match c.query_drain(job).await {
             Err(e) if e.code() == ErrorCode::JobNotFound => {
-                eprintln!("the master no longer knows job {job} (a failover?): draining the rest again");
+                eprintln!("the master no longer knows job {job} (restarted without a log?): draining the rest again");
                 job = start().await?;
+                continue;
+            }
+            Err(e) if master_away(e.code()) && answered.elapsed() < MASTER_PATIENCE => {
+                if !unreachable {
+                    eprintln!("{e}: waiting up to {}s for the master to answer again", MASTER_PATIENCE.as_secs());
+                    unreachable = true;
+                }
                 continue;
             }
             r => r?,
         };
+        (answered, unreachable) = (std::time::Instant::now(), false);
         let line = drain_line(&d);
         // Nothing to say before the master has listed what the nodes hold.
         let line = if d.message.is_empty() { line } else { format!("{line} ({})", d.message) };
@@ -166,6 +178,20 @@ pub async fn drain(args: DrainArgs, g: &Global) -> Result<(), Failure> {
             _ => {}
         }
     }
+}
+
+/// How long `crescent drain` waits for a master that stopped answering (a restart, a failover) before it gives up.
+const MASTER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether `code` says the master is away for now (down, restarting, not the leader yet) rather than refusing.
+fn master_away(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::RpcFail
+            | ErrorCode::RpcTimeout
+            | ErrorCode::UnavailableInCurrentStatus
+            | ErrorCode::UnavailableInCurrentMode
+    )
 }
 
 fn client(g: &Global) -> Client {

@@ -8,6 +8,7 @@ use crescent_client::{Client, ClientConfig};
 use crescent_proto::{ErrorCode, ReplicateConfig};
 use crescent_testkit::process::{all_durable, health};
 use crescent_testkit::{Proc, ProcCluster, eventually, pattern};
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -129,4 +130,68 @@ async fn a_master_on_etcd_survives_kill9_with_every_object() {
     let endpoint = etcd.endpoint();
     let endpoint = endpoint.trim_start_matches("http://").to_owned();
     survives_kill9(&["--etcd", &endpoint, "--cluster-id", "restart-test", "--leader-lease-ttl", "2"]).await;
+}
+
+/// The used bytes `/query_segment` reports for `segment` (the original's text), `None` while it cannot say.
+fn used_on(admin: &str, segment: &str) -> Option<u64> {
+    let (status, body) =
+        crescent_testkit::process::admin_get_status(admin, &format!("/query_segment?segment={segment}"))?;
+    if status != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| l.strip_prefix("Used(bytes): ")).and_then(|n| n.trim().parse().ok())
+}
+
+/// `crescent drain` waited on while its master is killed with SIGKILL midway: the restarted master (same data
+/// directory) takes the job over from its log, keeps the node out of placement, and moves the rest; the command
+/// waits through the outage (if it asks during it) and reports the end of that same job; every object reads back
+/// and nothing is left on the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waited_on_goes_on_across_a_master_kill9() {
+    const N: usize = 6000;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let mut master =
+        Proc::start(bin(), &["master", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", &data]);
+    let (addr, admin) = (master.field("master"), master.field("admin"));
+    let _nodes = [ProcCluster::node(bin(), &addr, "64MiB"), ProcCluster::node(bin(), &addr, "64MiB")];
+    let listed = || {
+        crescent_testkit::process::admin_get_status(&admin, "/get_all_segments")
+            .map(|(_, body)| body.lines().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert!(eventually(WAIT, || async { listed().len() == 2 }).await, "two nodes: {:?}", listed());
+    let drained = listed()[0].clone();
+    let client = Client::new(ClientConfig::new(addr.clone()));
+    let on = ReplicateConfig { preferred_segments: vec![drained.clone()], ..ReplicateConfig::default() };
+    for i in 0..N {
+        client.put_from(&key(i), &pattern(1024, i as u64), &on).await.unwrap_or_else(|e| panic!("put {}: {e}", key(i)));
+    }
+    let full = used_on(&admin, &drained).unwrap();
+    assert!(full >= (N * 1024) as u64, "{full}");
+
+    let drain = crescent_testkit::process::spawn(bin(), &addr, &["drain", &drained, "--concurrency", "1"]);
+    // Killed once the moves have begun and long before they end.
+    let begun = eventually(WAIT, || async { used_on(&admin, &drained).is_some_and(|u| u < full) }).await;
+    assert!(begun, "the drain never began");
+    master.kill9();
+    let _master = Proc::start(bin(), &["master", "--listen", &addr, "--admin", &admin, "--data-dir", &data]);
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output().unwrap()).await.unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Whether the command saw the master gone depends on when it asked; the job it follows is the first one.
+    assert!(!stderr.contains("no longer knows job"), "the restarted master took the same job over: {stderr}");
+    let job = stderr.split("(job ").nth(1).and_then(|s| s.split(')').next()).unwrap();
+    let (_, answer) =
+        crescent_testkit::process::admin_get_status(&admin, &format!("/api/v1/drain_jobs/query?job_id={job}")).unwrap();
+    assert!(answer.contains("\"status_name\":\"SUCCEEDED\""), "{answer}");
+    assert!(stdout.contains("drained"), "{stdout}");
+    assert_eq!(used_on(&admin, &drained), Some(0), "nothing left on the drained node");
+    let status =
+        crescent_testkit::process::admin_get_status(&admin, &format!("/api/v1/segments/status?segment={drained}"));
+    assert!(status.as_ref().is_some_and(|(_, b)| b.contains("\"DRAINED\"")), "{status:?}");
+    for i in 0..N {
+        let got = client.get(&key(i)).await.unwrap_or_else(|e| panic!("{}: {e}", key(i)));
+        assert!(crescent_testkit::check(&got, 1024, i as u64).is_ok(), "{} differs", key(i));
+    }
 }

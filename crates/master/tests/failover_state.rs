@@ -35,6 +35,15 @@ fn config() -> MasterConfig {
 }
 
 async fn candidate(etcd: &EtcdServer, clock: Arc<ManualClock>, snapshots: Option<&Path>) -> CandidateServer {
+    candidate_with(config(), etcd, clock, snapshots).await
+}
+
+async fn candidate_with(
+    config: MasterConfig,
+    etcd: &EtcdServer,
+    clock: Arc<ManualClock>,
+    snapshots: Option<&Path>,
+) -> CandidateServer {
     let endpoints = vec![etcd.endpoint()];
     let mut coord = EtcdCoordinatorConfig::new(endpoints.clone(), CLUSTER);
     coord.ttl = Duration::from_secs(2);
@@ -45,7 +54,7 @@ async fn candidate(etcd: &EtcdServer, clock: Arc<ManualClock>, snapshots: Option
         let store = Arc::new(LocalDirStore::new(dir).unwrap());
         SnapshotOptions { interval: Duration::from_millis(50), retain: 1, ..SnapshotOptions::new(store) }
     });
-    MasterServer::builder(config())
+    MasterServer::builder(config)
         .background(false)
         .clock(clock)
         .oplog(Some(OpLogOptions::etcd(endpoints, CLUSTER).await.unwrap()))
@@ -168,4 +177,116 @@ async fn local_ssd_registrations_and_cxl_segments_survive_a_failover_through_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_ssd_registrations_and_cxl_segments_survive_a_failover_through_a_snapshot() {
     registrations_and_cxl_survive(true).await;
+}
+
+/// A leads a drain of node `a` (two moves done and logged, two handed out when it dies); B takes the job over
+/// after A dies (by the log, or from A's snapshot over a compacted log): the job answers, `a` comes back out of
+/// placement when its node remounts, and B finishes the drain with every object off `a`.
+async fn a_drain_survives(via_snapshot: bool) {
+    use crescent_proto::{JobStatus, ReplicaTaskResult, SegmentStatus};
+    let etcd = EtcdServer::start().expect("etcd (install etcd-server or set CRESCENT_ETCD_BIN)");
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let snap = |d: &tempfile::TempDir| via_snapshot.then(|| d.path().to_path_buf());
+    // Memory segments (with a CXL window every write would go there).
+    let config = || MasterConfig { cxl_window: None, ..config() };
+    let a = candidate_with(config(), &etcd, ManualClock::new(Timestamp(1)), snap(&dir_a).as_deref()).await;
+    until(&a, "a leads", HaStatus::is_leader).await;
+    let svc_a = a.service().unwrap();
+    let nodes: Vec<(ClientId, SegmentSpec)> =
+        ["a", "b"].iter().map(|n| (ClientId::random(), common::spec_on(n, 64 * MIB, &format!("host-{n}")))).collect();
+    for (c, s) in &nodes {
+        svc_a.mount_segment(*c, s.clone()).unwrap();
+    }
+    let (node_a, seg_a) = (nodes[0].0, nodes[0].1.id);
+    let writer = ClientId::random();
+    let on_a = ReplicateConfig { preferred_segments: vec!["a".into()], ..ReplicateConfig::default() };
+    let crc = |key: &str| crc32c::crc32c(key.as_bytes());
+    let mut offsets = std::collections::HashMap::new();
+    for i in 0..10 {
+        let key = format!("k{i}");
+        let d = svc_a.put_start(writer, "", &key, 10_000, &on_a).unwrap();
+        let ReplicaLocation::Memory { offset, .. } = d[0].location else { panic!("{:?}", d[0].location) };
+        svc_a.put_end(writer, "", &key, Some(u64::from(crc(&key)))).unwrap();
+        offsets.insert(offset, key);
+    }
+    let done = |tasks: &[crescent_proto::ReplicaTask]| -> Vec<ReplicaTaskResult> {
+        tasks.iter().map(|t| ReplicaTaskResult { id: t.id, outcome: Ok(crc(&offsets[&t.src_offset])) }).collect()
+    };
+    let job = svc_a.create_drain(&["a".into()], &[], 2).unwrap();
+    svc_a.step_replica_tasks();
+    let first = svc_a.replica_tasks(node_a, &[]);
+    let in_flight = svc_a.replica_tasks(node_a, &done(&first));
+    assert_eq!(in_flight.len(), 2);
+    svc_a.step_replica_tasks();
+    if via_snapshot {
+        let storage =
+            OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
+        let mut n = 0;
+        let compacted = crescent_testkit::eventually(WAIT, || {
+            n += 1;
+            let key = format!("filler{n}");
+            svc_a.put_start(writer, "", &key, 4096, &ReplicateConfig::with_replicas(1)).unwrap();
+            svc_a.put_end(writer, "", &key, None).unwrap();
+            let storage = storage.clone();
+            async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
+        })
+        .await;
+        assert!(compacted, "a never compacted its log");
+    }
+    let seq = durable(&svc_a).await;
+    let want = svc_a.metadata_view().drains;
+    assert_eq!(want[&job].succeeded, 2, "{:?}", want[&job]);
+
+    let b = candidate_with(config(), &etcd, ManualClock::new(Timestamp(1)), snap(&dir_b).as_deref()).await;
+    until(&b, "b follows", |s| s.state == HaState::Following && s.applied_seq >= seq).await;
+    if via_snapshot {
+        assert!(dir_b.path().join("latest").is_file(), "b bootstrapped from a's snapshot");
+    }
+    drop(svc_a);
+    drop(a);
+    until(&b, "b leads", HaStatus::is_leader).await;
+    let svc_b = b.service().unwrap();
+    assert_eq!(svc_b.metadata_view().drains, want, "the job is as a logged it");
+    let info = svc_b.query_drain(job).unwrap();
+    assert_eq!((info.status, info.succeeded), (JobStatus::Running, 2), "{info:?}");
+    for (c, s) in &nodes {
+        svc_b.remount_segments(*c, std::slice::from_ref(s)).unwrap();
+    }
+    assert_eq!(svc_b.segment_status(seg_a), Ok(SegmentStatus::Draining), "out of placement at once");
+    assert!(svc_b.replica_tasks(node_a, &done(&in_flight)).is_empty(), "a's moves are not b's");
+    let mut report = Vec::new();
+    let mut end = None;
+    for _ in 0..1000 {
+        svc_b.step_replica_tasks();
+        let info = svc_b.query_drain(job).unwrap();
+        if info.status.is_final() {
+            end = Some(info);
+            break;
+        }
+        let tasks = svc_b.replica_tasks(node_a, &std::mem::take(&mut report));
+        report = done(&tasks);
+    }
+    let end = end.expect("the drain never ended on b");
+    assert_eq!((end.status, end.succeeded), (JobStatus::Succeeded, 10), "{end:?}");
+    assert_eq!(svc_b.segment_status(seg_a), Ok(SegmentStatus::Drained));
+    for key in offsets.values() {
+        let got = svc_b.get_replica_list("", key).unwrap();
+        assert!(
+            got.replicas
+                .iter()
+                .all(|d| !matches!(d.location, ReplicaLocation::Memory { segment_id, .. } if segment_id == seg_a)),
+            "{key} still on a"
+        );
+    }
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_drain_is_taken_over_by_the_new_leader_through_the_log() {
+    a_drain_survives(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_drain_is_taken_over_by_the_new_leader_through_a_snapshot() {
+    a_drain_survives(true).await;
 }

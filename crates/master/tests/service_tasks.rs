@@ -400,9 +400,9 @@ fn a_drain_waits_while_its_node_is_unreachable_and_keeps_it_out_of_placement_whe
     assert_eq!(info.status, JobStatus::Created);
     assert!(info.message.contains("unreachable"), "{}", info.message);
 
-    // Its remount brings it back (as OK); the drain takes it out of placement again and goes on.
+    // Its remount brings it back still out of placement (the drain holds it), and the drain goes on.
     c.svc.remount_segments(c.node("a"), std::slice::from_ref(&c.nodes["a"].1)).unwrap();
-    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Ok));
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Draining));
     let info = run_drain(&c, job, &by_offset, 2);
     assert_eq!((info.status, info.succeeded), (JobStatus::Succeeded, 6), "{info:?}");
     assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained));
@@ -439,4 +439,90 @@ async fn a_logged_move_frees_its_source_once_durable_and_a_stopped_log_fails_the
     assert_eq!(info.status, TaskStatus::Failed);
     assert!(info.message.contains("the log"), "{}", info.message);
     assert_eq!(c.holders("j"), ["a"]);
+}
+
+/// A master on `options`' log (replaying what it holds) with `nodes` (mounted on the first, remounted by their
+/// owners after a restart).
+async fn on_log(
+    options: &crescent_master::ha::OpLogOptions,
+    nodes: Option<&HashMap<&'static str, (ClientId, SegmentSpec)>>,
+) -> (Cluster, Arc<crescent_master::ha::OpLog>) {
+    let clock = ManualClock::new(Timestamp(1_000_000));
+    let svc = Arc::new(MasterService::new(MasterConfig::default(), clock.clone()).unwrap());
+    let (log, _) = crescent_master::ha::open(options, &svc).await.unwrap();
+    let c = match nodes {
+        None => mounted(svc, clock),
+        Some(nodes) => Cluster { svc, clock, nodes: nodes.clone(), writer: ClientId::random() },
+    };
+    (c, log)
+}
+
+/// A drain is in the log: a master restarted midway takes it over (its segment comes back out of placement,
+/// held through the remount), finishes it, and a master restarted after that still answers for it, as it does
+/// for a cancelled one, whose segment is back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_master_takes_a_running_drain_over_and_answers_for_ended_ones() {
+    use crescent_ha::kv::{HaKvBackend, MemoryKv};
+    use crescent_ha::oplog::WriterConfig;
+    use crescent_master::ha::OpLogOptions;
+
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let options = OpLogOptions { kv, cluster: "drains".into(), writer: WriterConfig::default() };
+    let (a, log) = on_log(&options, None).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        a.put_on(k, 10_000, "a");
+    }
+    let by_offset = offsets(&a, &keys);
+    let cancelled = a.svc.create_drain(&["c".into()], &[], 1).unwrap();
+    a.svc.cancel_drain(cancelled).unwrap();
+    let job = a.svc.create_drain(&["a".into()], &["b".into()], 2).unwrap();
+    a.svc.step_replica_tasks();
+    // Two moves done, two more handed to the node when the master stops.
+    let first = a.poll("a", vec![]);
+    let in_flight = a.poll("a", first.iter().map(|t| ok(t, &by_offset[&t.src_offset])).collect());
+    assert_eq!(in_flight.len(), 2);
+    a.svc.step_replica_tasks();
+    let before = a.svc.query_drain(job).unwrap();
+    assert_eq!((before.status, before.succeeded), (JobStatus::Running, 2), "{before:?}");
+    log.stop().await;
+
+    let (b, log) = on_log(&options, Some(&a.nodes)).await;
+    let taken = b.svc.query_drain(job).unwrap();
+    assert_eq!((taken.status, taken.segments.as_slice()), (JobStatus::Running, &["a".to_owned()][..]));
+    assert!(taken.message.contains("taken over"), "{}", taken.message);
+    assert_eq!(b.svc.query_drain(cancelled).unwrap().status, JobStatus::Canceled);
+    for name in ["a", "b", "c"] {
+        assert_eq!(b.svc.segment_status(b.segment(name)), Ok(SegmentStatus::Disconnected), "{name}");
+        b.svc.remount_segments(b.node(name), std::slice::from_ref(&b.nodes[name].1)).unwrap();
+    }
+    assert_eq!(b.svc.segment_status(b.segment("a")), Ok(SegmentStatus::Draining), "held through the remount");
+    assert_eq!(b.svc.segment_status(b.segment("c")), Ok(SegmentStatus::Ok), "its drain was cancelled");
+    for i in 0..10 {
+        let d = b.svc.put_start(b.writer, "", &format!("new{i}"), 1000, &ReplicateConfig::default()).unwrap();
+        assert!(d.iter().all(
+            |d| !matches!(d.location, ReplicaLocation::Memory { segment_id, .. } if segment_id == b.segment("a"))
+        ));
+    }
+    // The old master's moves are unknown here: their reports change nothing.
+    assert!(b.poll("a", in_flight.iter().map(|t| ok(t, &by_offset[&t.src_offset])).collect()).is_empty());
+    // The new master's offsets on `a` are the old one's (replayed): the same keys.
+    let info = run_drain(&b, job, &by_offset, 2);
+    assert_eq!(info.status, JobStatus::Succeeded, "{info:?}");
+    assert_eq!(info.succeeded, 12, "the logged 2 and the 10 left: {info:?}");
+    for k in &keys {
+        assert_eq!(b.holders(k), ["b"], "{k}");
+    }
+    assert_eq!(b.svc.segment_status(b.segment("a")), Ok(SegmentStatus::Drained));
+    let logged = b.svc.metadata_view().drains;
+    assert_eq!(logged.len(), 2);
+    log.stop().await;
+
+    let (c, log) = on_log(&options, Some(&a.nodes)).await;
+    let again = c.svc.query_drain(job).unwrap();
+    assert_eq!((again.status, again.succeeded, again.migrated_bytes), (JobStatus::Succeeded, 12, 120_000));
+    assert_eq!(c.svc.metadata_view().drains, logged, "the replay holds what the master logged");
+    c.svc.remount_segments(c.node("a"), std::slice::from_ref(&c.nodes["a"].1)).unwrap();
+    assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained), "still awaiting its unmount");
+    log.stop().await;
 }

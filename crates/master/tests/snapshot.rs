@@ -104,10 +104,10 @@ fn a_damaged_payload_is_a_typed_error_and_restores_nothing() {
 
 #[test]
 fn the_encoding_is_pinned() {
-    // An empty snapshot: magic, version 5, crc32c of the body, body (no regions, no window, no LocalSSD, no
+    // An empty snapshot: magic, version 6, crc32c of the body, body (no regions, no window, no LocalSSD, no
     // object directory).
     let empty = snapshot::encode(&MasterSnapshotView::default());
-    assert_eq!(hex(&empty), "43534e500500c74b674800000000");
+    assert_eq!(hex(&empty), "43534e500600c74b674800000000");
     // One region with one allocation, a CXL-less pool, one LocalSSD client.
     let p = SegmentPool::new(PoolConfig { cxl_window: None, ..Default::default() }).unwrap();
     let client = ClientId::from_u64_pair(1, 2);
@@ -136,14 +136,15 @@ fn the_encoding_is_pinned() {
 /// Magic, version, crc; then postcard: 1 region {spec: id (16-byte uuid), "n", base 0x1000, size 4096, "h:1",
 /// Memory, "h"; client; status Ok; no deadline; Own allocator {4096, [{0, consumed 104, requested 100}]}}, no
 /// CXL window, 1 LocalSSD client {offloading, 300 bytes} (its usage is not encoded), no object directory.
-const GOLDEN_ONE_REGION: &str = "43534e5005001a75190e011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac0200";
+const GOLDEN_ONE_REGION: &str = "43534e5006001a75190e011000000000000000030000000000000004016e8020802003683a3100016810000000000000000100000000000000020100008020010068640001100000000000000001000000000000000201ac0200";
 
 /// The object directory part: one segment, one object in tenant "t", policies {t: 1024}, at batch 2 / seq 5,
-/// producer view 3. Magic, version, crc; an empty pool part; then `Some` {last_seq 5, batch 2, view 3, [segment
-/// record, its principal "node:a" = 06 6e6f64653a61 last], Some([("t", 1024)]), [{"t", [("k", object record)]}]}.
+/// producer view 3, one drain job. Magic, version, crc; an empty pool part; then `Some` {last_seq 5, batch 2, view
+/// 3, [segment record, its principal "node:a" = 06 6e6f64653a61 last], Some([("t", 1024)]), [{"t", [("k", object
+/// record)]}], [drain record]}.
 #[test]
 fn the_object_directory_encoding_is_pinned() {
-    use crescent_master::ha::{ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
+    use crescent_master::ha::{DrainRecord, ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
     use crescent_master::snapshot::SnapshotMetadata;
     let segment = SegmentRecord {
         client: [1; 16],
@@ -171,15 +172,36 @@ fn the_object_directory_encoding_is_pinned() {
     state.segments.insert(segment.spec().unwrap().id, segment);
     state.objects.insert("t", "k", object);
     state.policies = Some([("t".to_owned(), 1024)].into_iter().collect());
+    let drain = DrainRecord {
+        id: [4; 16],
+        status: 2,
+        created_at_ms: 300,
+        updated_at_ms: 301,
+        segments: vec![[2; 16]],
+        names: vec!["n".into()],
+        targets: vec![],
+        max_concurrency: 4,
+        succeeded: 5,
+        failed: 0,
+        migrated_bytes: 300,
+        message: String::new(),
+    };
+    state.drains.insert(drain.job_id(), drain);
     let meta = SnapshotMetadata { state, batch_id: 2, producer_view: 3 };
     let view = MasterSnapshotView { metadata: Some(meta), ..MasterSnapshotView::default() };
     let bytes = snapshot::encode(&view);
     assert_eq!(hex(&bytes), GOLDEN_DIRECTORY);
     assert_eq!(snapshot::decode(&bytes).unwrap(), view);
-    // The previous versions' bytes still decode: a build restores the snapshots of the ones before it. Version 4
+    // The previous versions' bytes still decode: a build restores the snapshots of the ones before it. Version 5
+    // had no drain jobs, version 4
     // did not record the writer (unknown: no client's BatchReplicaClear takes the object), version 3 not
     // `no_offload` either (its objects may be offloaded), version 2 not the segment's principal either.
-    let mut v4 = view.clone();
+    let mut v5 = view.clone();
+    if let Some(m) = v5.metadata.as_mut() {
+        m.state.drains.clear();
+    }
+    assert_eq!(snapshot::decode(&unhex(GOLDEN_DIRECTORY_V5)).unwrap(), v5);
+    let mut v4 = v5;
     if let Some(m) = v4.metadata.as_mut() {
         m.state.objects = each_record(&m.state.objects, |o| o.writer = None);
     }
@@ -246,8 +268,13 @@ const GOLDEN_DIRECTORY_V3: &str = "43534e500300428b92020000000105020301010101010
 /// [`GOLDEN_DIRECTORY`] as version 4 wrote it: its object record ends with `no_offload` (01).
 const GOLDEN_DIRECTORY_V4: &str = "43534e500400922f540000000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b64010902020202020202020202020202020202006400010701016701000101";
 
-/// The object record ends with `no_offload` (01), then the writer: `Some` (01), 16 × 03.
-const GOLDEN_DIRECTORY: &str = "43534e500500e13e11bf00000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b640109020202020202020202020202020202020064000107010167010001010103030303030303030303030303030303";
+/// [`GOLDEN_DIRECTORY`] as version 5 wrote it: no drain jobs after the objects.
+const GOLDEN_DIRECTORY_V5: &str = "43534e500500e13e11bf00000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b640109020202020202020202020202020202020064000107010167010001010103030303030303030303030303030303";
+
+/// The object record ends with `no_offload` (01), then the writer: `Some` (01), 16 × 03; then one drain job: id
+/// 16 × 04, status 02, created 300 = ac02, updated 301 = ad02, segments [16 × 02], names ["n"], no targets,
+/// concurrency 04, succeeded 05, failed 00, bytes 300 = ac02, message "".
+const GOLDEN_DIRECTORY: &str = "43534e5006001bdaa32200000001050203010101010101010101010101010101010102020202020202020202020202020202016e00802003683a31000168066e6f64653a6101010174800801017401016b640109020202020202020202020202020202020064000107010167010001010103030303030303030303030303030303010404040404040404040404040404040402ac02ad02010202020202020202020202020202020201016e00040500ac0200";
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()

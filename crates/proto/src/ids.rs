@@ -40,10 +40,16 @@ macro_rules! uuid_id {
             }
         }
 
+        /// A UUID's text, or the original system's `HIGH-LOW` form (two decimal 64-bit halves), as its admin
+        /// HTTP API prints ids.
         impl std::str::FromStr for $name {
             type Err = uuid::Error;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                Uuid::parse_str(s).map(Self)
+                let halves = s.split_once('-').and_then(|(h, l)| Some((h.parse::<u64>().ok()?, l.parse::<u64>().ok()?)));
+                match halves {
+                    Some((high, low)) => Ok(Self::from_u64_pair(high, low)),
+                    None => Uuid::parse_str(s).map(Self),
+                }
             }
         }
     };
@@ -73,6 +79,11 @@ mod tests {
         assert_eq!(parsed, id);
         let (h, l) = id.as_u64_pair();
         assert_eq!(SegmentId::from_u64_pair(h, l), id);
+        let original: SegmentId = format!("{h}-{l}").parse().unwrap();
+        assert_eq!(original, id, "the original's HIGH-LOW form");
+        for bad in ["1-", "-1", "1-2-3", "x-1", "18446744073709551616-1", ""] {
+            assert!(bad.parse::<SegmentId>().is_err(), "{bad}");
+        }
         assert_ne!(ClientId::random(), ClientId::random());
     }
 }

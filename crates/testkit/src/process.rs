@@ -191,6 +191,12 @@ pub fn spawn(bin: &Path, master: &str, args: &[&str]) -> std::process::Child {
 
 /// The body of `GET path` on the admin server at `addr` (HTTP/1.1, one connection); `None` when it fails.
 fn admin_get(addr: &str, path: &str) -> Option<String> {
+    admin_get_status(addr, path).map(|(_, body)| body)
+}
+
+/// The status and body of `GET path` on the admin server at `addr` (one connection, a body of known length);
+/// `None` when it fails.
+pub fn admin_get_status(addr: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;
@@ -198,7 +204,9 @@ fn admin_get(addr: &str, path: &str) -> Option<String> {
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw);
-    text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }
 
 /// `/health` of the admin server at `addr`, parsed; `None` while it does not answer with JSON.

@@ -11,8 +11,8 @@ pub mod sink;
 pub mod snapshots;
 
 pub use payload::{
-    MasterEntry, ObjectRecord, ObjectRecordV2, ObjectRecordV3, OpCode, PayloadError, ReplicaRecord, SegmentRecord,
-    SegmentRecordV1,
+    DrainRecord, MasterEntry, ObjectRecord, ObjectRecordV2, ObjectRecordV3, OpCode, PayloadError, ReplicaRecord,
+    SegmentRecord, SegmentRecordV1,
 };
 pub use replay::{
     OpLogOptions, OpenError, OpenReport, ReplayObject, ReplayObjects, ReplayState, master_storage,

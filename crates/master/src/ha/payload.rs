@@ -45,6 +45,8 @@ pub enum OpCode {
     LocalSsdSet = 10,
     /// A client's local SSD registration was dropped (unregistered, or its client expired). `key` = client id.
     LocalSsdRemove = 11,
+    /// A drain job as it now stands (created, scanned, ended or cancelled): its whole record. `key` = job id.
+    DrainSet = 12,
 }
 
 impl OpCode {
@@ -62,6 +64,7 @@ impl OpCode {
             9 => Self::GroupRemove,
             10 => Self::LocalSsdSet,
             11 => Self::LocalSsdRemove,
+            12 => Self::DrainSet,
             other => return Err(PayloadError::UnknownOp(other)),
         })
     }
@@ -330,6 +333,73 @@ pub struct ClientRef {
     pub client: [u8; 16],
 }
 
+/// DRAIN_SET: a drain job's durable part, so a new leader or a restarted master takes a running drain over
+/// (its segments stay out of placement) and still answers for one that ended. What changes per move (tasks
+/// under way, the queue) is not logged: a job taken over scans its segments afresh, and the moves themselves
+/// are in the log as the objects' new states.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    /// The job (raw UUID bytes).
+    pub id: [u8; 16],
+    /// `JobStatus` wire number (0..=5).
+    pub status: u8,
+    /// Unix ms.
+    pub created_at_ms: u64,
+    /// Unix ms.
+    pub updated_at_ms: u64,
+    /// The segments drained (raw UUID bytes, ascending).
+    pub segments: Vec<[u8; 16]>,
+    /// Their names as asked.
+    pub names: Vec<String>,
+    /// Where moves may go (empty: wherever placement puts them).
+    pub targets: Vec<String>,
+    /// Most moves under way at once (≥ 1).
+    pub max_concurrency: u32,
+    /// Replicas moved off so far.
+    pub succeeded: u64,
+    /// Replicas that could not be moved.
+    pub failed: u64,
+    /// Bytes moved.
+    pub migrated_bytes: u64,
+    /// For a person.
+    pub message: String,
+}
+
+impl DrainRecord {
+    /// The job.
+    pub fn job_id(&self) -> crescent_proto::TaskId {
+        crescent_proto::TaskId(Uuid::from_bytes(self.id))
+    }
+
+    /// The job's status.
+    pub fn job_status(&self) -> Result<crescent_proto::JobStatus, PayloadError> {
+        use crescent_proto::JobStatus as J;
+        Ok(match self.status {
+            0 => J::Created,
+            1 => J::Planning,
+            2 => J::Running,
+            3 => J::Succeeded,
+            4 => J::Failed,
+            5 => J::Canceled,
+            n => return Err(PayloadError::Invalid(format!("drain status {n}"))),
+        })
+    }
+
+    /// The segments drained.
+    pub fn segment_ids(&self) -> Vec<SegmentId> {
+        self.segments.iter().map(|s| SegmentId(Uuid::from_bytes(*s))).collect()
+    }
+
+    /// Checks what decoding alone does not: a known status, some segments in order, a concurrency.
+    pub fn check(&self) -> Result<(), PayloadError> {
+        self.job_status()?;
+        if self.segments.is_empty() || !self.segments.is_sorted_by(|a, b| a < b) || self.max_concurrency == 0 {
+            return Err(PayloadError::Invalid("a drain needs segments, ascending, and a concurrency".into()));
+        }
+        Ok(())
+    }
+}
+
 /// A decoded entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MasterEntry {
@@ -380,6 +450,8 @@ pub enum MasterEntry {
     LocalSsdSet(LocalSsdEntry),
     /// See [`OpCode::LocalSsdRemove`].
     LocalSsdRemove(ClientRef),
+    /// See [`OpCode::DrainSet`].
+    DrainSet(DrainRecord),
 }
 
 fn payload<T: Serialize>(body: &T) -> Vec<u8> {
@@ -438,6 +510,7 @@ impl MasterEntry {
             Self::GroupRemove { tenant, group } => (OpCode::GroupRemove, tenant.clone(), group.clone(), payload(&())),
             Self::LocalSsdSet(r) => (OpCode::LocalSsdSet, String::new(), id_key(&r.client), payload(r)),
             Self::LocalSsdRemove(r) => (OpCode::LocalSsdRemove, String::new(), id_key(&r.client), payload(r)),
+            Self::DrainSet(r) => (OpCode::DrainSet, String::new(), id_key(&r.id), payload(r)),
         };
         OpLogEntry { op: op as u16, tenant, key, payload }
     }
@@ -500,6 +573,12 @@ impl MasterEntry {
                 let r: ClientRef = body(p)?;
                 check_key(&key, &r.client)?;
                 Self::LocalSsdRemove(r)
+            }
+            OpCode::DrainSet => {
+                let r: DrainRecord = body(p)?;
+                r.check()?;
+                check_key(&key, &r.id)?;
+                Self::DrainSet(r)
             }
         };
         Ok(e)
@@ -651,6 +730,30 @@ mod tests {
         assert_eq!(hex(&ssd.payload), format!("04{}01ac02", "05".repeat(16)));
         let gone = MasterEntry::LocalSsdRemove(ClientRef { client: [5; 16] }).encode();
         assert_eq!((gone.op, hex(&gone.payload)), (11, format!("04{}", "05".repeat(16))));
+        // Drain jobs (op 12, added later; earlier ops' bytes are unchanged): id 16 × 06, status 02, created 300 =
+        // ac02, updated 301 = ad02, one segment 16 × 07, names ["a"], targets [], concurrency 04, succeeded 05,
+        // failed 00, bytes 300, message "m".
+        let drain = MasterEntry::DrainSet(drain()).encode();
+        assert_eq!((drain.op, drain.key.as_str()), (12, "06060606-0606-0606-0606-060606060606"));
+        let (id, segment) = ("06".repeat(16), "07".repeat(16));
+        assert_eq!(hex(&drain.payload), format!("04{id}02ac02ad0201{segment}01016100040500ac02016d"));
+    }
+
+    fn drain() -> DrainRecord {
+        DrainRecord {
+            id: [6; 16],
+            status: 2,
+            created_at_ms: 300,
+            updated_at_ms: 301,
+            segments: vec![[7; 16]],
+            names: vec!["a".into()],
+            targets: vec![],
+            max_concurrency: 4,
+            succeeded: 5,
+            failed: 0,
+            migrated_bytes: 300,
+            message: "m".into(),
+        }
     }
 
     #[test]
@@ -665,6 +768,7 @@ mod tests {
             MasterEntry::GroupRemove { tenant: "t".into(), group: "g".into() },
             MasterEntry::LocalSsdSet(LocalSsdEntry { client: [1; 16], enable_offloading: false, total_capacity: 0 }),
             MasterEntry::LocalSsdRemove(ClientRef { client: [1; 16] }),
+            MasterEntry::DrainSet(drain()),
         ];
         for e in entries {
             assert_eq!(MasterEntry::decode(&e.encode()).unwrap(), e);
@@ -711,7 +815,19 @@ mod tests {
         let mut ssd = MasterEntry::LocalSsdRemove(ClientRef { client: [9; 16] }).encode();
         ssd.key = "other".into();
         assert!(matches!(MasterEntry::decode(&ssd), Err(PayloadError::Invalid(_))), "key and client differ");
-        e.op = 12;
-        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::UnknownOp(12)));
+        for broken in [
+            DrainRecord { status: 6, ..drain() },
+            DrainRecord { segments: vec![], ..drain() },
+            DrainRecord { segments: vec![[8; 16], [7; 16]], ..drain() },
+            DrainRecord { max_concurrency: 0, ..drain() },
+        ] {
+            let e = MasterEntry::DrainSet(broken.clone()).encode();
+            assert!(matches!(MasterEntry::decode(&e), Err(PayloadError::Invalid(_))), "{broken:?}");
+        }
+        let mut other = MasterEntry::DrainSet(drain()).encode();
+        other.key = "other".into();
+        assert!(matches!(MasterEntry::decode(&other), Err(PayloadError::Invalid(_))), "key and job differ");
+        e.op = 13;
+        assert_eq!(MasterEntry::decode(&e), Err(PayloadError::UnknownOp(13)));
     }
 }

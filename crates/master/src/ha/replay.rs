@@ -7,7 +7,7 @@
 //! allocator rebuilt from the replicas that lie in it, each replica re-bound, the rest freed). A standby
 //! following a primary folds the same way and materialises when it is promoted.
 
-use super::payload::{MasterEntry, PayloadError, SegmentRecord};
+use super::payload::{DrainRecord, MasterEntry, PayloadError, SegmentRecord};
 use super::sink::OpLog;
 use super::snapshots::{SnapshotOptions, Snapshotter, SnapshotterHandle, restore_state};
 use crate::local_ssd::LocalSsdRecord;
@@ -17,7 +17,7 @@ use crescent_ha::oplog::{
     ApplyError, DurablePrefix, OpLogApplier, OpLogBatchStorage, OpLogEntry, OrderedOpLogWriter, StorageConfig,
     StorageError, WriterConfig,
 };
-use crescent_proto::{ClientId, ErrorCode, SegmentId};
+use crescent_proto::{ClientId, ErrorCode, SegmentId, TaskId};
 use std::collections::BTreeMap;
 
 pub use super::objects::{ReplayObject, ReplayObjects};
@@ -34,6 +34,8 @@ pub struct ReplayState {
     pub policies: Option<BTreeMap<String, u64>>,
     /// Local SSD registrations by client (usage 0: runtime state, never logged).
     pub local_ssd: BTreeMap<ClientId, LocalSsdRecord>,
+    /// Drain jobs by id: every running one, and the [`MAX_ENDED_DRAINS`] that ended last.
+    pub drains: BTreeMap<TaskId, DrainRecord>,
     /// The last sequence number applied (0: none).
     pub last_seq: u64,
 }
@@ -91,8 +93,35 @@ impl ReplayState {
             MasterEntry::LocalSsdRemove(r) => {
                 self.local_ssd.remove(&ClientId(uuid::Uuid::from_bytes(r.client)));
             }
+            MasterEntry::DrainSet(r) => {
+                self.drains.insert(r.job_id(), r);
+                prune_ended_drains(&mut self.drains);
+            }
         }
     }
+}
+
+/// Ended drain jobs a master keeps answering for (the oldest ended go first; running ones always stay).
+pub const MAX_ENDED_DRAINS: usize = 64;
+
+/// Drops the ended jobs past [`MAX_ENDED_DRAINS`] (see [`ended_drains_past_limit`]).
+pub fn prune_ended_drains(drains: &mut BTreeMap<TaskId, DrainRecord>) {
+    let jobs = drains.iter().map(|(id, r)| (*id, r.updated_at_ms, r.job_status().is_ok_and(|s| s.is_final())));
+    for id in ended_drains_past_limit(jobs) {
+        drains.remove(&id);
+    }
+}
+
+/// Of `jobs` (`(id, updated_at_ms, ended)`), the ended ones past [`MAX_ENDED_DRAINS`]: those updated longest ago
+/// first, then by id, so the leader's board and every replay keep the same ones.
+pub fn ended_drains_past_limit(jobs: impl Iterator<Item = (TaskId, u64, bool)>) -> Vec<TaskId> {
+    let mut ended: Vec<(u64, TaskId)> = jobs.filter(|(_, _, ended)| *ended).map(|(id, at, _)| (at, id)).collect();
+    if ended.len() <= MAX_ENDED_DRAINS {
+        return Vec::new();
+    }
+    ended.sort_unstable();
+    ended.truncate(ended.len() - MAX_ENDED_DRAINS);
+    ended.into_iter().map(|(_, id)| id).collect()
 }
 
 impl OpLogApplier for ReplayState {
@@ -337,4 +366,42 @@ pub fn start_writing(
     svc.attach_oplog(log.clone());
     let snapshotter = snapshots.map(|o| Snapshotter::new(storage.clone(), o.clone(), state, prefix).spawn());
     Ok((log, restored, snapshotter))
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+
+    fn job(id: u128, status: u8, at: u64) -> DrainRecord {
+        DrainRecord {
+            id: id.to_be_bytes(),
+            status,
+            updated_at_ms: at,
+            segments: vec![[1; 16]],
+            max_concurrency: 1,
+            ..DrainRecord::default()
+        }
+    }
+
+    /// Running jobs always stay; of the ended ones the newest [`MAX_ENDED_DRAINS`] do, whatever order they came in.
+    #[test]
+    fn a_replay_keeps_every_running_drain_and_the_newest_ended_ones() {
+        let mut state = ReplayState::default();
+        let n = MAX_ENDED_DRAINS as u128 + 10;
+        state.apply_entry(MasterEntry::DrainSet(job(1_000, 2, 0)));
+        for i in (0..n).rev() {
+            state.apply_entry(MasterEntry::DrainSet(job(i, 3 + (i % 3) as u8, 100 + i as u64)));
+        }
+        state.apply_entry(MasterEntry::DrainSet(job(1_001, 0, 1)));
+        assert_eq!(state.drains.len(), MAX_ENDED_DRAINS + 2);
+        let ids = |s: &ReplayState| s.drains.keys().map(|id| id.0.as_u128()).collect::<Vec<_>>();
+        let mut want: Vec<u128> = (10..n).collect();
+        want.extend([1_000, 1_001]);
+        assert_eq!(ids(&state), want);
+        // A job logged again replaces its record: the running one ends and the oldest ended one goes.
+        state.apply_entry(MasterEntry::DrainSet(job(1_000, 5, 10_000)));
+        assert_eq!(state.drains.len(), MAX_ENDED_DRAINS + 1);
+        assert!(!state.drains.contains_key(&TaskId(uuid::Uuid::from_u128(10))));
+        assert_eq!(state.drains[&TaskId(uuid::Uuid::from_u128(1_000))].status, 5);
+    }
 }

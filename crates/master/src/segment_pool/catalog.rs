@@ -13,6 +13,9 @@ pub(crate) struct MountedSegment {
     pub status: SegmentStatus,
     /// When it is unmounted: a graceful unmount's deadline, or a disconnection's grace deadline.
     pub graceful_deadline: Option<Timestamp>,
+    /// The status a drain holds it in (`Draining`, `Drained`): what it returns to from a disconnection or a
+    /// remount instead of `Ok`, so a drained node that blinks never takes placements in between.
+    pub held: Option<SegmentStatus>,
 }
 
 /// The mounted segments and their secondary indexes. Every index is updated by the same methods that change the
@@ -69,6 +72,13 @@ impl SegmentCatalog {
             self.deadlines.remove(&(d, *id));
         }
         Some(r)
+    }
+
+    /// Sets the status a drain holds the segment in (`None`: none).
+    pub(crate) fn set_held(&mut self, id: &SegmentId, held: Option<SegmentStatus>) {
+        if let Some(r) = self.by_id.get_mut(id) {
+            r.held = held;
+        }
     }
 
     /// Changes a status (and the graceful deadline, which only `GracefullyUnmounting` carries).

@@ -280,7 +280,13 @@ impl PoolState {
         if !prepared.adopted.is_empty() {
             self.pending_rebind.insert(spec.id, prepared.adopted);
         }
-        self.catalog.insert(MountedSegment { spec: Arc::new(spec), client, status, graceful_deadline: deadline });
+        self.catalog.insert(MountedSegment {
+            spec: Arc::new(spec),
+            client,
+            status,
+            graceful_deadline: deadline,
+            held: None,
+        });
         Ok(())
     }
 
@@ -294,8 +300,9 @@ impl PoolState {
         }
     }
 
-    /// Its owner proved it is alive: a SUSPECT or DISCONNECTED segment goes back to `Ok` (reachable), and a
-    /// graceful unmount is rolled back (the RFC's reactivate). Returns whether anything changed.
+    /// Its owner proved it is alive: a SUSPECT or DISCONNECTED segment goes back to `Ok` (reachable), or to the
+    /// status a drain holds it in, and a graceful unmount is rolled back (the RFC's reactivate). Returns whether
+    /// anything changed.
     fn reconnect(&mut self, id: &SegmentId) -> bool {
         let Some(r) = self.catalog.get(id) else { return false };
         match r.status {
@@ -308,7 +315,8 @@ impl PoolState {
             SegmentStatus::GracefullyUnmounting => {}
             _ => return false,
         }
-        self.transition(id, SegmentStatus::Ok, None);
+        let back = r.held.unwrap_or(SegmentStatus::Ok);
+        self.transition(id, back, None);
         true
     }
 
@@ -602,7 +610,8 @@ impl SegmentPool {
         true
     }
 
-    /// Returns every SUSPECT segment of `client` to `Ok` (its node just proved it is alive); how many. Costs a
+    /// Returns every SUSPECT segment of `client` to `Ok`, or to the status a drain holds it in (its node just
+    /// proved it is alive); how many. Costs a
     /// shared-lock look when there are none.
     pub fn clear_suspect(&self, client: ClientId) -> usize {
         let suspects = |st: &PoolState| -> Vec<SegmentId> {
@@ -621,24 +630,29 @@ impl SegmentPool {
             if let Some(res) = st.catalog.get(id).map(|r| r.spec.clone()).and_then(|spec| st.resource(&spec).cloned()) {
                 res.set_reachable(true);
             }
-            st.transition(id, SegmentStatus::Ok, None);
+            let back = st.catalog.get(id).and_then(|r| r.held).unwrap_or(SegmentStatus::Ok);
+            st.transition(id, back, None);
         }
         ids.len()
     }
 
     /// Sets a drain-related status: `Ok`, `Draining` or `Drained`. Leaving `Ok` makes the segment unallocatable
-    /// (still readable); returning to `Ok` makes it allocatable again.
+    /// (still readable); returning to `Ok` makes it allocatable again. A drain's status is held: a SUSPECT or
+    /// DISCONNECTED segment keeps that status now and takes the held one when its owner is back.
     pub fn set_status(&self, id: SegmentId, status: SegmentStatus) -> Result<(), PoolError> {
         if !matches!(status, SegmentStatus::Ok | SegmentStatus::Draining | SegmentStatus::Drained) {
             return Err(PoolError::InvalidSpec(format!("status {status:?} cannot be set directly")));
         }
         let mut st = self.state.write();
         let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
-        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting | SegmentStatus::Suspect)
-        {
+        let cut_off = matches!(r.status, SegmentStatus::Suspect | SegmentStatus::Disconnected);
+        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting) {
             return Err(PoolError::UnavailableInStatus { id, status: r.status });
         }
-        st.transition(&id, status, None);
+        st.catalog.set_held(&id, (status != SegmentStatus::Ok).then_some(status));
+        if !cut_off {
+            st.transition(&id, status, None);
+        }
         Ok(())
     }
 

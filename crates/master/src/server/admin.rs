@@ -66,7 +66,7 @@ impl SnapshotSlot {
 }
 
 /// A mutating request without the admin credential (answered 401 with a JSON body saying what is needed).
-struct Unauthorized;
+pub(super) struct Unauthorized;
 
 impl From<Unauthorized> for Response {
     fn from(_: Unauthorized) -> Response {
@@ -80,7 +80,7 @@ impl From<Unauthorized> for Response {
 
 impl AdminState {
     /// `Ok` when the request may change state: no keyring, or the admin credential as its bearer token.
-    fn require_admin(&self, headers: &HeaderMap) -> Result<(), Unauthorized> {
+    pub(super) fn require_admin(&self, headers: &HeaderMap) -> Result<(), Unauthorized> {
         let Some(ring) = &self.keyring else { return Ok(()) };
         let token =
             headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
@@ -115,6 +115,7 @@ pub fn admin_router(
         .route("/local-ssd", get(local_ssd))
         .route("/kv_events/snapshot", get(kv_events_snapshot))
         .merge(super::admin_compat::routes())
+        .merge(super::admin_compat_ops::routes())
         .with_state(AdminState { target, rpc, snapshots, keyring })
 }
 

@@ -23,6 +23,9 @@
 //! memory range as `{size_, buffer_address_, protocol_, transport_endpoint_}` with the segment's base plus the
 //! offset as its address, a node's disk tier and a client's local SSD under `local_disk_values`. Ids are
 //! printed in the original's `HIGH-LOW` form (the UUID's two 64-bit halves in decimal).
+//!
+//! The original's routes that act (drain jobs, `remove_all`) and look at one segment are
+//! [`super::admin_compat_ops`]'s.
 
 use super::admin::AdminState;
 use crate::service::MasterService;
@@ -64,15 +67,15 @@ pub(super) fn routes() -> Router<AdminState> {
 }
 
 /// A query string's pairs, percent-decoded, in order.
-type Params = Vec<(String, String)>;
+pub(super) type Params = Vec<(String, String)>;
 
 /// The first value given for `name` (the original reads the first of repeated parameters).
-fn param<'a>(q: &'a Params, name: &str) -> Option<&'a str> {
+pub(super) fn param<'a>(q: &'a Params, name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 /// The query's pairs, or a 400 for a query string that does not decode.
-fn params(q: Result<Query<Params>, QueryRejection>) -> Result<Params, Refused> {
+pub(super) fn params(q: Result<Query<Params>, QueryRejection>) -> Result<Params, Refused> {
     q.map(|Query(q)| q)
         .map_err(|e| error(StatusCode::BAD_REQUEST, ErrorCode::InvalidParams, format!("bad query string: {e}")))
 }
@@ -83,7 +86,7 @@ fn tenant(q: &Params) -> &str {
 }
 
 /// A refused request's answer (boxed: a `Response` is large to carry through every `Result`).
-struct Refused(Box<Response>);
+pub(super) struct Refused(Box<Response>);
 
 impl From<Response> for Refused {
     fn from(r: Response) -> Self {
@@ -98,7 +101,7 @@ impl IntoResponse for Refused {
 }
 
 /// The original's error body, `{"success":false,"error_code":N,"error_message":"..."}`, as JSON.
-fn error(status: StatusCode, code: ErrorCode, message: String) -> Refused {
+pub(super) fn error(status: StatusCode, code: ErrorCode, message: String) -> Refused {
     #[derive(Serialize)]
     struct Failure {
         success: bool,
@@ -109,7 +112,7 @@ fn error(status: StatusCode, code: ErrorCode, message: String) -> Refused {
 }
 
 /// `body` as JSON under the original's JSON content type.
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => (status, [(header::CONTENT_TYPE, JSON)], bytes).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("serialising the answer failed: {e}")).into_response(),
@@ -118,7 +121,7 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
 
 /// The service to answer from, or the original's answer while it has none (a standby): 503, code
 /// `UNAVAILABLE_IN_CURRENT_MODE`.
-fn service(s: &AdminState) -> Result<Arc<MasterService>, Refused> {
+pub(super) fn service(s: &AdminState) -> Result<Arc<MasterService>, Refused> {
     s.svc().map_err(|e: ErrorFrame| {
         let message = format!("service plane is not active: {}", e.message);
         error(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::UnavailableInCurrentMode, message)
@@ -132,7 +135,7 @@ fn check_tenant(svc: &MasterService, tenant: &str) -> Result<(), Refused> {
 }
 
 /// An id in the original's `HIGH-LOW` form.
-fn original_id((high, low): (u64, u64)) -> String {
+pub(super) fn original_id((high, low): (u64, u64)) -> String {
     format!("{high}-{low}")
 }
 
@@ -194,7 +197,7 @@ async fn kv_events_status(State(s): State<AdminState>) -> Result<Response, Refus
 }
 
 /// A segment status by the original's enumerator names (Crescent's own states beyond them by the same rule).
-fn status_name(s: SegmentStatus) -> &'static str {
+pub(super) fn status_name(s: SegmentStatus) -> &'static str {
     match s {
         SegmentStatus::Undefined => "UNDEFINED",
         SegmentStatus::Ok => "OK",
@@ -599,6 +602,9 @@ mod tests {
             "/query_key?key=k",
             "/batch_query_keys?keys=k",
             "/get_all_keys",
+            "/api/v1/segments/status?segment=a",
+            "/api/v1/drain_jobs/query?job_id=1-2",
+            "/query_segment?segment=a",
         ] {
             let (status, body) = get(admin.local_addr(), path).await;
             assert_eq!(status, 503, "{path}: {body}");

@@ -5,6 +5,7 @@
 
 mod admin;
 mod admin_compat;
+mod admin_compat_ops;
 pub mod authz;
 mod candidate;
 pub mod claims;

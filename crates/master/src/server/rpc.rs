@@ -557,7 +557,8 @@ struct Owed {
 }
 
 /// Requests whose acknowledgement a candidate holds until the log holds them: removals of every kind and
-/// tenant or segment teardown, whose loss in a failover would bring back what the caller was told is gone. Puts
+/// tenant or segment teardown, whose loss in a failover would bring back what the caller was told is gone, and a
+/// drain started or cancelled (a new leader takes over what the caller was told runs, or stopped). Puts
 /// are acknowledged at once, as the original does (a put acknowledged in the last milliseconds before a leader
 /// dies may be missing after the failover: a cache miss, never stale data); reads never wait.
 fn holds_until_durable(req: &MasterRequest) -> bool {
@@ -574,6 +575,8 @@ fn holds_until_durable(req: &MasterRequest) -> bool {
             | R::SetTenantQuota { .. }
             | R::UnmountSegment { .. }
             | R::GracefulUnmount { .. }
+            | R::CreateDrain { .. }
+            | R::CancelDrain { .. }
     )
 }
 

@@ -322,6 +322,8 @@ impl MasterService {
             tracing::error!(error = %e, "restoring the replayed segments failed");
             e.code()
         })?;
+        // After the segments (a running drain holds its own out of placement), before anything is served.
+        self.restore_drains(&state.drains);
         let regions_took = started.elapsed();
         for (tenant, n) in per_tenant {
             if let Some(t) = self.replay_tenant(tenant) {
@@ -466,13 +468,15 @@ impl MasterService {
     }
 
     /// The live metadata in the oplog's terms: every segment mounted (as SEGMENT_MOUNT records it), every
-    /// readable object (its PUT_END post-state), the local SSD registrations, `last_seq` 0 and no policies. A read view for comparing a
+    /// readable object (its PUT_END post-state), the local SSD registrations, the drain jobs as last logged,
+    /// `last_seq` 0 and no policies. A read view for comparing a
     /// master with a restored or standby one (what a log or a snapshot rebuilds); it takes each object's lock
     /// briefly, one at a time, so it is not one atomic cut of a master under load.
     pub fn metadata_view(&self) -> ReplayState {
         let now = self.clock.now();
         let local_ssd = self.local_ssd.snapshot().into_iter().map(|(c, r)| (c, LocalSsdRecord { used: 0, ..r }));
-        let mut state = ReplayState { local_ssd: local_ssd.collect(), ..ReplayState::default() };
+        let mut state =
+            ReplayState { local_ssd: local_ssd.collect(), drains: self.drain_records(), ..ReplayState::default() };
         for r in self.pool.snapshot_view().regions {
             let record = crate::ha::SegmentRecord::new(r.client, &r.spec, self.mounters.get(r.client).as_ref());
             state.segments.insert(r.spec.id, record);

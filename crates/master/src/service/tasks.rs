@@ -16,15 +16,22 @@
 //!
 //! A drain job marks its segments unallocatable, lists what they hold, and keeps at most `max_concurrency` move
 //! tasks under way until nothing is left on them (a last scan catches writes that were in flight); the segments
-//! then stay out of placement until their node unmounts them. A job is the master's memory: after a failover the
-//! segments are back in service and `crescent drain` run again picks up what is left (moved replicas are no
-//! longer there to move).
+//! then stay out of placement until their node unmounts them. A job's durable part (its segments, targets,
+//! status and counts) is logged (DRAIN_SET) under the board's lock whenever it is created, scanned, ends or is
+//! cancelled, and its counts at most once a step while moves end, so a restarted master or a new leader takes a running drain over: its segments stay out of
+//! placement (held by the pool through a disconnection and a remount) and it scans them afresh (the moves already
+//! made are in the log as the objects' new states); an ended job still answers its query. The last
+//! [`crate::ha::replay::MAX_ENDED_DRAINS`] ended jobs are kept, by the board and by every replay alike. Copy and move tasks
+//! themselves are not logged: a failover ends them (their caller asks again).
 //!
-//! Locks: the board's mutex is a leaf: never held while an object's lock or the pool's is taken. Object-side work
-//! (starting, ending a task) takes what it needs from the board, drops the mutex, then locks the object.
+//! Locks: the board's mutex is taken before the pool's (a drain's segments change status under it) and is
+//! never held while an object's lock is taken. Object-side work (starting, ending a task) takes what it needs
+//! from the board, drops the mutex, then locks the object.
 
 use super::MasterService;
 use crate::clock::Timestamp;
+use crate::ha::replay::ended_drains_past_limit;
+use crate::ha::{DrainRecord, MasterEntry, Slot};
 use crate::metadata::{Lifecycle, ObjectEntry, Replica, TenantState, Tier};
 use crate::placement::{PlacementRequest, ReplicaPlacement};
 use crate::segment_pool::AllocatedBuffer;
@@ -33,7 +40,7 @@ use crescent_proto::{
     SegmentId, SegmentKind, SegmentStatus, TaskId, TaskInfo, TaskKind, TaskStatus,
 };
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -120,6 +127,75 @@ struct Drain {
     active: HashSet<TaskId>,
     /// Scans run (a drain is done only when a scan after the first finds nothing).
     scans: u32,
+    /// The record last logged (what a replay of the log holds for this job).
+    logged: DrainRecord,
+}
+
+impl Drain {
+    /// The job's durable part as it now stands.
+    fn record(&self) -> DrainRecord {
+        DrainRecord {
+            id: *self.info.id.0.as_bytes(),
+            status: self.info.status as u8,
+            created_at_ms: self.info.created_at_ms,
+            updated_at_ms: self.info.updated_at_ms,
+            segments: self.segments.iter().map(|s| *s.0.as_bytes()).collect(),
+            names: self.info.segments.clone(),
+            targets: self.targets.clone(),
+            max_concurrency: u32::try_from(self.max_concurrency).unwrap_or(u32::MAX),
+            succeeded: self.info.succeeded,
+            failed: self.info.failed,
+            migrated_bytes: self.info.migrated_bytes,
+            message: self.info.message.clone(),
+        }
+    }
+
+    /// Logs the job as it now stands into `slot` (none: the master keeps no log). Called under the board's lock
+    /// right after the change, so the log holds a job's changes in the order they were made. A refusal (the
+    /// writer stopped for good, its term with it) is returned for the caller to report.
+    fn log(&mut self, slot: Option<Slot<'_>>) -> Result<(), ErrorCode> {
+        self.logged = self.record();
+        match slot {
+            Some(slot) => slot.commit(MasterEntry::DrainSet(self.logged.clone()), None).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// A job taken over from the log (a restart, a promotion): it scans its segments afresh.
+    fn from_record(r: &DrainRecord) -> Option<Self> {
+        let status = r.job_status().ok()?;
+        let info = DrainInfo {
+            id: r.job_id(),
+            status,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            segments: r.names.clone(),
+            succeeded: r.succeeded,
+            failed: r.failed,
+            blocked: 0,
+            active: 0,
+            remaining: 0,
+            migrated_bytes: r.migrated_bytes,
+            message: r.message.clone(),
+        };
+        Some(Drain {
+            info,
+            segments: r.segment_ids(),
+            targets: r.targets.clone(),
+            max_concurrency: r.max_concurrency.max(1) as usize,
+            queue: VecDeque::new(),
+            active: HashSet::new(),
+            scans: 0,
+            logged: r.clone(),
+        })
+    }
+}
+
+/// Logs a drain's change that its step could not log (the writer stopped for good: the term ends with it).
+fn warn_unlogged(id: TaskId, result: Result<(), ErrorCode>) {
+    if let Err(e) = result {
+        tracing::warn!(job = %id, error = %e, "a drain's change is not logged");
+    }
 }
 
 #[derive(Default)]
@@ -169,6 +245,18 @@ fn unix_ms() -> u64 {
 }
 
 impl Board {
+    /// Forgets the ended drain jobs past [`crate::ha::replay::MAX_ENDED_DRAINS`] (the same ones a replay of the log forgets).
+    fn prune_drains(&mut self) {
+        // By what was logged: the replay decides on the same figures.
+        let jobs = self
+            .drains
+            .values()
+            .map(|j| (j.info.id, j.logged.updated_at_ms, j.logged.job_status().is_ok_and(|s| s.is_final())));
+        for id in ended_drains_past_limit(jobs) {
+            self.drains.remove(&id);
+        }
+    }
+
     fn queue(&mut self, task: Task) {
         let (queue, notify) = self.mailboxes.entry(task.info.assigned_client).or_default();
         queue.push_back(task.info.id);
@@ -735,12 +823,33 @@ impl MasterService {
 
     /// CreateDrain (admin): see `MasterRequest::CreateDrain`. `INVALID_PARAMS` for no segment or a concurrency
     /// of 0, `SEGMENT_NOT_FOUND` for a name no memory segment carries, `UNAVAILABLE_IN_CURRENT_STATUS` for a
-    /// segment that is leaving.
+    /// segment that is leaving. Asked again for the same segments while their job runs, it answers that job.
     pub fn create_drain(
         &self,
         names: &[String],
         targets: &[String],
         max_concurrency: u32,
+    ) -> Result<TaskId, ErrorCode> {
+        self.start_drain(names, targets, max_concurrency, true)
+    }
+
+    /// [`Self::create_drain`] as the original's `POST /api/v1/drain_jobs`: segments a running job drains are
+    /// refused (`UNAVAILABLE_IN_CURRENT_STATUS`) rather than followed.
+    pub fn create_drain_exclusive(
+        &self,
+        names: &[String],
+        targets: &[String],
+        max_concurrency: u32,
+    ) -> Result<TaskId, ErrorCode> {
+        self.start_drain(names, targets, max_concurrency, false)
+    }
+
+    fn start_drain(
+        &self,
+        names: &[String],
+        targets: &[String],
+        max_concurrency: u32,
+        follow: bool,
     ) -> Result<TaskId, ErrorCode> {
         if names.is_empty() || max_concurrency == 0 {
             return Err(ErrorCode::InvalidParams);
@@ -766,9 +875,13 @@ impl MasterService {
             }
             self.check_target(name)?;
         }
+        // Taken before the board's lock (it may wait for the writer); dropped unused when nothing changes.
+        let slot = self.reserve_oplog()?;
         let mut board = self.tasks.board.lock();
         // The same segments already draining: that job (a second `crescent drain` follows it).
-        if let Some(job) = board.drains.values().find(|j| !j.info.status.is_final() && j.segments == segments) {
+        if let Some(job) = board.drains.values().find(|j| !j.info.status.is_final() && j.segments == segments)
+            && follow
+        {
             return Ok(job.info.id);
         }
         if board.drains.values().any(|j| !j.info.status.is_final() && j.segments.iter().any(|s| segments.contains(s))) {
@@ -780,38 +893,55 @@ impl MasterService {
                 _ => return Err(ErrorCode::UnavailableInCurrentStatus),
             }
         }
-        for id in &segments {
-            self.pool.set_status(*id, SegmentStatus::Draining).map_err(|e| e.code())?;
-        }
         let id = TaskId::random();
         let now = unix_ms();
         let mut names: Vec<String> = names.to_vec();
         names.dedup();
-        board.drains.insert(
-            id,
-            Drain {
-                info: DrainInfo {
-                    id,
-                    status: JobStatus::Created,
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                    segments: names,
-                    succeeded: 0,
-                    failed: 0,
-                    blocked: 0,
-                    active: 0,
-                    remaining: 0,
-                    migrated_bytes: 0,
-                    message: String::new(),
-                },
-                segments,
-                targets: targets.to_vec(),
-                max_concurrency: max_concurrency as usize,
-                queue: VecDeque::new(),
-                active: HashSet::new(),
-                scans: 0,
+        let mut job = Drain {
+            info: DrainInfo {
+                id,
+                status: JobStatus::Created,
+                created_at_ms: now,
+                updated_at_ms: now,
+                segments: names,
+                succeeded: 0,
+                failed: 0,
+                blocked: 0,
+                active: 0,
+                remaining: 0,
+                migrated_bytes: 0,
+                message: String::new(),
             },
-        );
+            segments,
+            targets: targets.to_vec(),
+            max_concurrency: max_concurrency as usize,
+            queue: VecDeque::new(),
+            active: HashSet::new(),
+            scans: 0,
+            logged: DrainRecord::default(),
+        };
+        // Out of placement first, undone if a segment refuses (it began leaving meanwhile) or the log does.
+        let mut held = Vec::with_capacity(job.segments.len());
+        let mut outcome = Ok(());
+        for s in &job.segments {
+            match self.pool.set_status(*s, SegmentStatus::Draining) {
+                Ok(()) => held.push(*s),
+                Err(e) => {
+                    outcome = Err(e.code());
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            outcome = job.log(slot);
+        }
+        if let Err(e) = outcome {
+            for s in held {
+                let _ = self.pool.set_status(s, SegmentStatus::Ok);
+            }
+            return Err(e);
+        }
+        board.drains.insert(id, job);
         tracing::info!(job = %id, "drain started");
         Ok(id)
     }
@@ -826,18 +956,36 @@ impl MasterService {
         Ok(info)
     }
 
-    /// Cancels a drain job: no new moves; its segments take placements again.
+    /// Cancels a drain job: no new moves; its segments take placements again (also after it succeeded: its
+    /// segments back in service).
     pub fn cancel_drain(&self, id: TaskId) -> Result<DrainInfo, ErrorCode> {
+        self.stop_drain(id, true)
+    }
+
+    /// [`Self::cancel_drain`] as the original's `POST /api/v1/drain_jobs/cancel`: a job that ended is refused
+    /// (`UNAVAILABLE_IN_CURRENT_STATUS`).
+    pub fn cancel_running_drain(&self, id: TaskId) -> Result<DrainInfo, ErrorCode> {
+        self.stop_drain(id, false)
+    }
+
+    fn stop_drain(&self, id: TaskId, ended_too: bool) -> Result<DrainInfo, ErrorCode> {
+        let slot = self.reserve_oplog()?;
         let segments = {
             let mut board = self.tasks.board.lock();
             let job = board.drains.get_mut(&id).ok_or(ErrorCode::JobNotFound)?;
+            if job.info.status.is_final() && !ended_too {
+                return Err(ErrorCode::UnavailableInCurrentStatus);
+            }
             if !job.info.status.is_final() || job.info.status == JobStatus::Succeeded {
                 job.info.status = JobStatus::Canceled;
                 job.info.message = "cancelled: the segments take placements again".into();
                 job.info.updated_at_ms = unix_ms();
+                job.log(slot)?;
             }
             job.queue.clear();
-            job.segments.clone()
+            let segments = job.segments.clone();
+            board.prune_drains();
+            segments
         };
         for s in segments {
             // A segment that left meanwhile has no status to restore.
@@ -846,8 +994,40 @@ impl MasterService {
         self.query_drain(id)
     }
 
+    /// Takes over the drain jobs of a replayed log (before the master serves): running ones hold their
+    /// segments out of placement (they come back disconnected; their remount keeps them out) and scan them
+    /// afresh at their next step; ended ones answer their queries.
+    pub(crate) fn restore_drains(&self, drains: &BTreeMap<TaskId, DrainRecord>) {
+        let mut board = self.tasks.board.lock();
+        for r in drains.values() {
+            let Some(mut job) = Drain::from_record(r) else { continue };
+            // As the leader left them: a running job's segments draining, a finished one's drained (until their
+            // node unmounts them), a failed or cancelled one's in service.
+            let held = match job.info.status {
+                JobStatus::Succeeded => Some(SegmentStatus::Drained),
+                JobStatus::Failed | JobStatus::Canceled => None,
+                _ => {
+                    job.info.message = "taken over after a restart or a failover: scanning its segments again".into();
+                    Some(SegmentStatus::Draining)
+                }
+            };
+            for s in held.iter().flat_map(|h| job.segments.iter().map(move |s| (*s, *h))) {
+                // A segment not replayed is gone: a running job's next step says so.
+                let _ = self.pool.set_status(s.0, s.1);
+            }
+            board.drains.insert(job.info.id, job);
+        }
+    }
+
+    /// Every drain job as the log last recorded it (what a replay holds).
+    pub(crate) fn drain_records(&self) -> BTreeMap<TaskId, DrainRecord> {
+        let board = self.tasks.board.lock();
+        board.drains.iter().map(|(id, j)| (*id, j.logged.clone())).collect()
+    }
+
     /// One step of every running drain: keep its segments out of placement, wait while its node is unreachable,
-    /// scan what is left when idle, keep its moves going, end it when a scan finds nothing.
+    /// scan what is left when idle, keep its moves going, end it when a scan finds nothing. Every change of a
+    /// job's status, and each scan's counts, is logged.
     fn step_drains(&self) {
         let jobs: Vec<(TaskId, Vec<SegmentId>, bool)> = {
             let board = self.tasks.board.lock();
@@ -863,6 +1043,8 @@ impl MasterService {
                 segments.iter().map(|s| self.pool.segment(*s).map(|i| i.status)).collect();
             let lost = statuses.iter().filter(|s| s.is_none()).count();
             if lost > 0 {
+                // A log that takes nothing now: tried again at the next step.
+                let Ok(slot) = self.reserve_oplog() else { continue };
                 let mut board = self.tasks.board.lock();
                 if let Some(job) = board.drains.get_mut(&id) {
                     let left = job.queue.len() as u64;
@@ -875,10 +1057,12 @@ impl MasterService {
                          replicas not yet moved went with them"
                     );
                     tracing::warn!(job = %id, "{}", job.info.message);
+                    warn_unlogged(id, job.log(slot));
+                    board.prune_drains();
                 }
                 continue;
             }
-            // A node back from SUSPECT is put back in service by its ping: out of placement again.
+            // Held out of placement by the pool; a segment found in service anyway is taken out again.
             for (s, st) in segments.iter().zip(&statuses) {
                 if *st == Some(SegmentStatus::Ok) {
                     let _ = self.pool.set_status(*s, SegmentStatus::Draining);
@@ -893,9 +1077,14 @@ impl MasterService {
                 continue;
             }
             if idle {
+                let Ok(slot) = self.reserve_oplog() else { continue };
                 let units = self.drain_scan(&segments);
                 let mut board = self.tasks.board.lock();
                 let Some(job) = board.drains.get_mut(&id) else { continue };
+                if job.info.status.is_final() {
+                    // Cancelled while it scanned.
+                    continue;
+                }
                 job.scans += 1;
                 job.info.updated_at_ms = unix_ms();
                 // The first scan lists the work; a later one that finds nothing proves it done (writes that were
@@ -903,6 +1092,8 @@ impl MasterService {
                 if units.is_empty() && job.scans > 1 {
                     job.info.status = JobStatus::Succeeded;
                     job.info.message = "nothing is left on the segments: their node may stop".into();
+                    warn_unlogged(id, job.log(slot));
+                    board.prune_drains();
                     drop(board);
                     for s in &segments {
                         let _ = self.pool.set_status(*s, SegmentStatus::Drained);
@@ -916,13 +1107,40 @@ impl MasterService {
                         "{} replicas could not be moved after {DRAIN_RETRIES} rounds and stay on the segments",
                         units.len()
                     );
+                    warn_unlogged(id, job.log(slot));
+                    board.prune_drains();
+                    drop(board);
+                    // As the original: a failed drain's segments take placements again.
+                    for s in &segments {
+                        let _ = self.pool.set_status(*s, SegmentStatus::Ok);
+                    }
                     continue;
                 }
                 job.info.status = JobStatus::Running;
                 job.info.message.clear();
                 job.queue = units.into();
+                warn_unlogged(id, job.log(slot));
             }
             self.drain_dispatch(id);
+            self.log_drain_progress(id);
+        }
+    }
+
+    /// Logs a running job's counts when moves ended since they were last logged (once a step at most: a job
+    /// taken over counts from there).
+    fn log_drain_progress(&self, id: TaskId) {
+        let moved = |j: &Drain| {
+            !j.info.status.is_final()
+                && (j.info.succeeded, j.info.failed, j.info.migrated_bytes)
+                    != (j.logged.succeeded, j.logged.failed, j.logged.migrated_bytes)
+        };
+        if !self.tasks.board.lock().drains.get(&id).is_some_and(moved) {
+            return;
+        }
+        let Ok(slot) = self.reserve_oplog() else { return };
+        let mut board = self.tasks.board.lock();
+        if let Some(job) = board.drains.get_mut(&id).filter(|j| moved(j)) {
+            warn_unlogged(id, job.log(slot));
         }
     }
 

@@ -11,8 +11,9 @@
 //! master starts without them, as a replayed log does.
 //!
 //! Layout: `b"CSNP"` magic, `u16` format version (LE), `u32` crc32c (LE) of the body, then the postcard body.
-//! This build writes version 5 and reads 2 to 5 (version 3's segments name their mounting principal, version 4's
-//! objects their writer's "do not keep on disk" switch, version 5's objects the client that wrote them).
+//! This build writes version 6 and reads 2 to 6 (version 3's segments name their mounting principal, version 4's
+//! objects their writer's "do not keep on disk" switch, version 5's objects the client that wrote them, version
+//! 6's object directory ends with the drain jobs).
 //! Decoding checks the envelope and the records' own shape (duplicate LocalSSD clients; segments, tenants and
 //! keys strictly ascending, so duplicates are impossible and the bytes are canonical; every object and segment
 //! record as the oplog decoder checks them); the pool's restore validates the regions against each other and
@@ -28,7 +29,7 @@ use crate::alloc::{AllocatorSnapshot, SnapshotAllocation};
 use crate::clock::Timestamp;
 use crate::ha::payload::{SegmentRecordV1, check_object};
 use crate::ha::{
-    ObjectRecord, ObjectRecordV2, ObjectRecordV3, ReplayObject, ReplayObjects, ReplayState, SegmentRecord,
+    DrainRecord, ObjectRecord, ObjectRecordV2, ObjectRecordV3, ReplayObject, ReplayObjects, ReplayState, SegmentRecord,
 };
 use crate::local_ssd::LocalSsdRecord;
 use crate::segment_pool::{RegionAllocState, RegionReadView, SegmentPoolSnapshotView};
@@ -41,8 +42,9 @@ const MAGIC: &[u8; 4] = b"CSNP";
 /// The format version this build writes (and the newest it reads).
 /// Version 2 added the object directory and its oplog position ([`SnapshotMetadata`]); version 3 the principal
 /// that mounted each segment (SEGMENT_MOUNT's payload version 2); version 4 each object's `no_offload`
-/// (PUT_END's payload version 3); version 5 each object's writer (PUT_END's payload version 4).
-pub const VERSION: u16 = 5;
+/// (PUT_END's payload version 3); version 5 each object's writer (PUT_END's payload version 4); version 6 the
+/// drain jobs (DRAIN_SET's records) after the objects.
+pub const VERSION: u16 = 6;
 /// The oldest format version this build reads.
 pub const MIN_VERSION: u16 = 2;
 /// Bytes before the body: magic, version, checksum.
@@ -273,11 +275,26 @@ impl<'de, O: Deserialize<'de> + Into<ObjectRecord>> serde::de::Visitor<'de> for 
     }
 }
 
-/// `S` and `O`: the segment and object records of the format version (version 2's [`SegmentRecordV1`], versions
-/// 2 and 3's [`ObjectRecordV2`], version 4's [`ObjectRecordV3`]). Read only: [`WireMetadataOut`] is what is
-/// written.
+/// The drain jobs of a format version before 6: none, and no byte read for them.
 #[derive(Deserialize)]
-struct WireMetadata<'a, S: Clone = SegmentRecord, O: Into<ObjectRecord> = ObjectRecord> {
+struct NoDrains;
+
+impl From<NoDrains> for Vec<DrainRecord> {
+    fn from(_: NoDrains) -> Self {
+        Vec::new()
+    }
+}
+
+/// `S`, `O` and `D`: the segment and object records and the drain list of the format version (version 2's
+/// [`SegmentRecordV1`], versions 2 and 3's [`ObjectRecordV2`], version 4's [`ObjectRecordV3`], [`NoDrains`]
+/// before version 6). Read only: [`WireMetadataOut`] is what is written.
+#[derive(Deserialize)]
+struct WireMetadata<
+    'a,
+    S: Clone = SegmentRecord,
+    O: Into<ObjectRecord> = ObjectRecord,
+    D: Into<Vec<DrainRecord>> = Vec<DrainRecord>,
+> {
     last_seq: u64,
     batch_id: u64,
     producer_view: u64,
@@ -287,16 +304,23 @@ struct WireMetadata<'a, S: Clone = SegmentRecord, O: Into<ObjectRecord> = Object
     policies: Option<Vec<(String, u64)>>,
     /// Tenants ascending; none empty.
     tenants: WireTenants<O>,
+    /// Drain jobs, ids ascending.
+    drains: D,
 }
 
 /// Read only: [`WireSnapshotOut`] is what is written.
 #[derive(Deserialize)]
-struct WireSnapshot<'a, S: Clone = SegmentRecord, O: Into<ObjectRecord> = ObjectRecord> {
+struct WireSnapshot<
+    'a,
+    S: Clone = SegmentRecord,
+    O: Into<ObjectRecord> = ObjectRecord,
+    D: Into<Vec<DrainRecord>> = Vec<DrainRecord>,
+> {
     regions: Vec<WireRegion>,
     cxl_window: Option<WireAllocator>,
     local_ssd: Vec<WireLocalSsd>,
     #[serde(borrow)]
-    metadata: Option<WireMetadata<'a, S, O>>,
+    metadata: Option<WireMetadata<'a, S, O, D>>,
 }
 
 impl From<&AllocatorSnapshot> for WireAllocator {
@@ -416,24 +440,26 @@ pub fn decode_with_room(payload: &[u8], room: usize) -> Result<MasterSnapshotVie
         return Err(SnapshotError::Checksum);
     }
     match version {
-        2 => decode_body::<SegmentRecordV1, ObjectRecordV2>(body, room),
-        3 => decode_body::<SegmentRecord, ObjectRecordV2>(body, room),
-        4 => decode_body::<SegmentRecord, ObjectRecordV3>(body, room),
-        _ => decode_body::<SegmentRecord, ObjectRecord>(body, room),
+        2 => decode_body::<SegmentRecordV1, ObjectRecordV2, NoDrains>(body, room),
+        3 => decode_body::<SegmentRecord, ObjectRecordV2, NoDrains>(body, room),
+        4 => decode_body::<SegmentRecord, ObjectRecordV3, NoDrains>(body, room),
+        5 => decode_body::<SegmentRecord, ObjectRecord, NoDrains>(body, room),
+        _ => decode_body::<SegmentRecord, ObjectRecord, Vec<DrainRecord>>(body, room),
     }
 }
 
-/// Decodes a body whose segment records are `S`s and object records `O`s.
-fn decode_body<'a, S, O>(body: &'a [u8], room: usize) -> Result<MasterSnapshotView, SnapshotError>
+/// Decodes a body whose segment records are `S`s, object records `O`s and drain list a `D`.
+fn decode_body<'a, S, O, D>(body: &'a [u8], room: usize) -> Result<MasterSnapshotView, SnapshotError>
 where
     S: Clone + Into<SegmentRecord> + 'a,
     O: Clone + Into<ObjectRecord> + 'a,
-    WireSnapshot<'a, S, O>: Deserialize<'a>,
+    D: Into<Vec<DrainRecord>>,
+    WireSnapshot<'a, S, O, D>: Deserialize<'a>,
 {
     TENANTS_REFUSED.with(|r| r.borrow_mut().take());
     OBJECTS_AT_MOST.with(|n| n.set(body.len() / MIN_WIRE_OBJECT));
     ROOM_AFTER.with(|n| n.set(room));
-    let (wire, rest): (WireSnapshot<'a, S, O>, _) = postcard::take_from_bytes(body).map_err(|e| {
+    let (wire, rest): (WireSnapshot<'a, S, O, D>, _) = postcard::take_from_bytes(body).map_err(|e| {
         // A record the tenants' decoder refused says why; anything else is postcard's.
         TENANTS_REFUSED.with(|r| r.borrow_mut().take()).map_or_else(|| corrupt(format!("decode: {e}")), corrupt)
     })?;
@@ -495,6 +521,8 @@ fn wire_metadata(m: &SnapshotMetadata) -> WireMetadataOut<'_> {
         segments: m.state.segments.values().collect(),
         policies: m.state.policies.as_ref().map(|p| p.iter().map(|(t, q)| (t.as_str(), *q)).collect()),
         tenants,
+        // A BTreeMap by id: already ascending.
+        drains: m.state.drains.values().collect(),
     }
 }
 
@@ -507,6 +535,7 @@ struct WireMetadataOut<'a> {
     segments: Vec<&'a SegmentRecord>,
     policies: Option<Vec<(&'a str, u64)>>,
     tenants: Vec<WireTenantOut<'a>>,
+    drains: Vec<&'a DrainRecord>,
 }
 
 /// A tenant as it is written: its name, then its objects (what `TenantSeed` reads).
@@ -544,8 +573,8 @@ fn corrupt(what: impl std::fmt::Display) -> SnapshotError {
 }
 
 /// Checks and folds the wire metadata back into a state; any record the oplog decoder would refuse is refused.
-fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Into<ObjectRecord>>(
-    w: WireMetadata<'_, S, O>,
+fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Into<ObjectRecord>, D: Into<Vec<DrainRecord>>>(
+    w: WireMetadata<'_, S, O, D>,
 ) -> Result<SnapshotMetadata, SnapshotError> {
     if (w.batch_id == 0) != (w.last_seq == 0) {
         return Err(corrupt(format!("position batch {} / seq {} is inconsistent", w.batch_id, w.last_seq)));
@@ -577,7 +606,15 @@ fn metadata_from_wire<S: Clone + Into<SegmentRecord>, O: Into<ObjectRecord>>(
     };
     // Checked as it was read (`WireTenants`).
     let objects = w.tenants.0;
-    let state = ReplayState { segments, objects, policies, local_ssd: BTreeMap::new(), last_seq: w.last_seq };
+    let mut drains = BTreeMap::new();
+    for d in w.drains.into() {
+        d.check().map_err(|e| corrupt(format!("drain job {}: {e}", d.job_id())))?;
+        if drains.last_key_value().is_some_and(|(prev, _)| *prev >= d.job_id()) {
+            return Err(corrupt(format!("drain job {} is out of order or repeated", d.job_id())));
+        }
+        drains.insert(d.job_id(), d);
+    }
+    let state = ReplayState { segments, objects, policies, local_ssd: BTreeMap::new(), drains, last_seq: w.last_seq };
     Ok(SnapshotMetadata { state, batch_id: w.batch_id, producer_view: w.producer_view })
 }
 
@@ -618,6 +655,7 @@ mod tests {
             segments: vec![],
             policies: None,
             tenants: wire_tenants,
+            drains: vec![],
         };
         let wire = WireSnapshotOut { regions: vec![], cxl_window: None, local_ssd: vec![], metadata: Some(metadata) };
         seal(&postcard::to_stdvec(&wire).unwrap())
@@ -653,6 +691,39 @@ mod tests {
         let cut = payload(&[("a", &["k"])], 10);
         let body = &cut[HEADER_LEN..cut.len() - 2];
         assert!(refusal(&seal(body)).starts_with("decode: "));
+    }
+
+    /// A payload with no objects and these drain records, in the order given.
+    fn with_drains(drains: &[DrainRecord]) -> Vec<u8> {
+        let metadata = WireMetadataOut {
+            last_seq: 1,
+            batch_id: 1,
+            producer_view: 1,
+            segments: vec![],
+            policies: None,
+            tenants: vec![],
+            drains: drains.iter().collect(),
+        };
+        let wire = WireSnapshotOut { regions: vec![], cxl_window: None, local_ssd: vec![], metadata: Some(metadata) };
+        seal(&postcard::to_stdvec(&wire).unwrap())
+    }
+
+    #[test]
+    fn drain_records_are_checked_and_kept_in_id_order() {
+        let drain = |id: u8, status: u8| DrainRecord {
+            id: [id; 16],
+            status,
+            segments: vec![[9; 16]],
+            max_concurrency: 1,
+            ..DrainRecord::default()
+        };
+        let good = decode(&with_drains(&[drain(1, 2), drain(2, 3)])).unwrap().metadata.unwrap().state.drains;
+        assert_eq!(good.values().cloned().collect::<Vec<_>>(), [drain(1, 2), drain(2, 3)]);
+        assert!(refusal(&with_drains(&[drain(2, 2), drain(1, 2)])).ends_with("is out of order or repeated"));
+        assert!(refusal(&with_drains(&[drain(1, 2), drain(1, 3)])).ends_with("is out of order or repeated"));
+        assert!(refusal(&with_drains(&[drain(1, 6)])).contains("drain status 6"));
+        let no_segments = DrainRecord { segments: vec![], ..drain(1, 2) };
+        assert!(refusal(&with_drains(&[no_segments])).contains("a drain needs segments"));
     }
 
     #[test]
