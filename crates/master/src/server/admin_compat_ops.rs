@@ -2,8 +2,8 @@
 //! [`super::admin_compat`], so operator tooling written for the original (a drain before scaling a node down)
 //! works unchanged: `POST /api/v1/drain_jobs` (body `{"segments": [...], "target_segments": [...],
 //! "max_concurrency": 4}`), `GET /api/v1/drain_jobs/query?job_id=`, `POST /api/v1/drain_jobs/cancel?job_id=`,
-//! `GET /api/v1/segments/status?segment=`, `GET /query_segment?segment=` and `POST
-//! /api/v1/remove_all?force=true&tenant_id=`.
+//! `GET /api/v1/segments/status?segment=`, `GET /query_segment?segment=`, `POST
+//! /api/v1/remove_all?force=true&tenant_id=` and `GET|PUT|DELETE /api/v1/tenant_quotas[?tenant_id=]`.
 //!
 //! Status codes, error codes and bodies are the original's, recorded from `mooncake_master` 0.3.13.post1 (two
 //! `MooncakeDistributedStore`s of 64 MiB, 20 keys of 10 000 B, 2026-12-07); `(status) | body`:
@@ -26,9 +26,20 @@
 //! POST /api/v1/drain_jobs/cancel?job_id=J (J ended) 409, UNAVAILABLE_IN_CURRENT_STATUS; a running one: 200
 //!        {"success":true,"job_id":"J","status":"CANCELED","error_code":0,"error_message":""}
 //! POST /api/v1/remove_all                   200 | {"success":true,"removed_count":20}
+//! --- with --enable_multi_tenants (without: every tenant_quotas route is 409, UNAVAILABLE_IN_CURRENT_MODE)
+//! GET    /api/v1/tenant_quotas              200 | {"success":true,"data":[]}
+//! GET    /api/v1/tenant_quotas?tenant_id=t1 404 | {"success":false,"error_code":-704,"error_message":"OBJECT_NOT_FOUND"}
+//! PUT    /api/v1/tenant_quotas?tenant_id=t1 {"requested_quota_bytes":1048576}
+//!                                           200 | {"success":true,"data":{"tenant_id":"t1","requested_quota_bytes":1048576,
+//!        "effective_quota_bytes":0,"charged_bytes":0,"admission_closed":false,"over_quota":false,"has_explicit_policy":true}}
+//! PUT    ... {"requested_quota_bytes":0}    400 | {..."error_code":-600,"error_message":"Tenant quota must be in [1, 2^63 - 1] bytes"}
+//! PUT    ... bad                            400 | {..."error_code":-600,"error_message":"Invalid JSON body: ..."}
+//! PUT or DELETE without tenant_id           400 | {..."error_code":-600,"error_message":"Missing or invalid tenant_id"}
+//! GET    /api/v1/tenant_quotas              200 | {"success":true,"data":[{...},{...}]} (by tenant)
+//! DELETE /api/v1/tenant_quotas?tenant_id=t1 200 | {"success":true,"data":null}; again: 404, OBJECT_NOT_FOUND
 //! ```
 //!
-//! Where Crescent differs, on purpose: a route that changes state needs the admin credential as a bearer token
+//! Where Crescent differs, on purpose: a tenant name Crescent refuses (the original took `bad name`) is a 400; a route that changes state needs the admin credential as a bearer token
 //! when the master has a keyring (401, as Crescent's own `/tenants/{t}`), and is answered once its change is
 //! durable in the log (a failover keeps what it was told); the job's `message` is Crescent's words. Job ids are
 //! printed in the original's `HIGH-LOW` form and read in that form or as a UUID. A standby answers 503 as on the
@@ -60,6 +71,7 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/api/v1/segments/status", get(segment_status))
         .route("/query_segment", get(query_segment))
         .route("/api/v1/remove_all", post(remove_all))
+        .route("/api/v1/tenant_quotas", get(tenant_quotas).put(set_tenant_quota).delete(delete_tenant_quota))
 }
 
 /// The original's answer to a service error: its HTTP status for the code, the code's name as the message.
@@ -315,6 +327,112 @@ async fn remove_all(
     Ok(json(StatusCode::OK, &Removed { success: true, removed_count: removed }))
 }
 
+/// The original's tenant quota snapshot (`tenant_quotas`' `data`).
+#[derive(Serialize)]
+struct TenantQuota {
+    tenant_id: String,
+    requested_quota_bytes: u64,
+    effective_quota_bytes: u64,
+    charged_bytes: u64,
+    admission_closed: bool,
+    over_quota: bool,
+    has_explicit_policy: bool,
+}
+
+impl From<crate::service::TenantQuotaSnapshot> for TenantQuota {
+    fn from(t: crate::service::TenantQuotaSnapshot) -> Self {
+        Self {
+            tenant_id: t.tenant_id,
+            requested_quota_bytes: t.requested_quota_bytes,
+            effective_quota_bytes: t.effective_quota_bytes,
+            charged_bytes: t.charged_bytes,
+            admission_closed: t.admission_closed,
+            over_quota: t.over_quota,
+            has_explicit_policy: t.has_explicit_policy,
+        }
+    }
+}
+
+/// `{"success":true,"data":...}`.
+fn data<T: Serialize>(data: T) -> Response {
+    #[derive(Serialize)]
+    struct Data<T> {
+        success: bool,
+        data: T,
+    }
+    json(StatusCode::OK, &Data { success: true, data })
+}
+
+/// One tenant's quota snapshot, `OBJECT_NOT_FOUND` without a policy or objects (as the original).
+fn quota_of(svc: &MasterService, tenant: &str) -> Result<TenantQuota, ErrorCode> {
+    svc.tenant_quota(tenant).map(TenantQuota::from).ok_or(ErrorCode::ObjectNotFound)
+}
+
+/// The `tenant_id` a change names, or the original's 400.
+fn tenant_named(q: Result<Query<super::admin_compat::Params>, QueryRejection>) -> Result<String, Refused> {
+    let q = params(q)?;
+    match param(&q, "tenant_id") {
+        Some(t) if !t.is_empty() => Ok(t.to_owned()),
+        _ => Err(error(StatusCode::BAD_REQUEST, ErrorCode::InvalidParams, "Missing or invalid tenant_id".into())),
+    }
+}
+
+/// `GET /api/v1/tenant_quotas[?tenant_id=]`: every tenant's quota (by tenant), or one.
+async fn tenant_quotas(
+    State(s): State<AdminState>,
+    q: Result<Query<super::admin_compat::Params>, QueryRejection>,
+) -> Result<Response, Refused> {
+    let q = params(q)?;
+    let svc = service(&s)?;
+    let mut all = svc.tenant_quotas().ok_or_else(|| refusal(ErrorCode::UnavailableInCurrentMode))?;
+    match param(&q, "tenant_id").filter(|t| !t.is_empty()) {
+        Some(tenant) => Ok(data(quota_of(&svc, tenant).map_err(refusal)?)),
+        None => {
+            all.sort_by(|a, b| a.tenant_id.cmp(&b.tenant_id));
+            Ok(data(all.into_iter().map(TenantQuota::from).collect::<Vec<_>>()))
+        }
+    }
+}
+
+/// `PUT /api/v1/tenant_quotas?tenant_id=` with `{"requested_quota_bytes": N}` (1 ..= 2^63 − 1): sets a
+/// tenant's requested quota; answers its snapshot after.
+async fn set_tenant_quota(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    q: Result<Query<super::admin_compat::Params>, QueryRejection>,
+    body: Bytes,
+) -> Result<Response, Refused> {
+    #[derive(Deserialize)]
+    struct Quota {
+        requested_quota_bytes: u64,
+    }
+    let tenant = tenant_named(q)?;
+    let quota: Quota = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, ErrorCode::InvalidParams, format!("Invalid JSON body: {e}")))?;
+    if !(1..=i64::MAX as u64).contains(&quota.requested_quota_bytes) {
+        let message = "Tenant quota must be in [1, 2^63 - 1] bytes".to_owned();
+        return Err(error(StatusCode::BAD_REQUEST, ErrorCode::InvalidParams, message));
+    }
+    let bytes = quota.requested_quota_bytes;
+    let after = apply(&s, &headers, move |svc| {
+        svc.upsert_tenant_quota(&tenant, bytes)?;
+        quota_of(svc, &tenant)
+    })
+    .await?;
+    Ok(data(after))
+}
+
+/// `DELETE /api/v1/tenant_quotas?tenant_id=`: drops a tenant's policy (refused while it holds objects).
+async fn delete_tenant_quota(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    q: Result<Query<super::admin_compat::Params>, QueryRejection>,
+) -> Result<Response, Refused> {
+    let tenant = tenant_named(q)?;
+    apply(&s, &headers, move |svc| svc.delete_tenant_quota(&tenant)).await?;
+    Ok(data(()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -542,6 +660,78 @@ mod tests {
         assert_eq!(again["removed_count"].as_u64(), Some(0));
     }
 
+    /// The tenant quota routes answer as the original's: refused without multi-tenancy, then a policy set,
+    /// read (alone and in the list), refused out of range, dropped, and gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tenant_quotas_answer_as_the_originals_routes() {
+        let single = master();
+        let server = admin(single, None).await;
+        let mode = ErrorCode::UnavailableInCurrentMode;
+        refused(
+            call(server.local_addr(), "GET", "/api/v1/tenant_quotas", None, "").await,
+            409,
+            mode,
+            "UNAVAILABLE_IN_CURRENT_MODE",
+        );
+        let config = MasterConfig { enable_multi_tenants: true, ..MasterConfig::default() };
+        let svc = Arc::new(MasterService::new(config, ManualClock::new(Timestamp(1_000))).unwrap());
+        let server = admin(svc.clone(), None).await;
+        let addr = server.local_addr();
+        assert_eq!(
+            call(addr, "GET", "/api/v1/tenant_quotas", None, "").await,
+            (200, r#"{"success":true,"data":[]}"#.into())
+        );
+        let missing = ErrorCode::ObjectNotFound;
+        refused(
+            call(addr, "GET", "/api/v1/tenant_quotas?tenant_id=t1", None, "").await,
+            404,
+            missing,
+            "OBJECT_NOT_FOUND",
+        );
+        let set =
+            call(addr, "PUT", "/api/v1/tenant_quotas?tenant_id=t1", None, r#"{"requested_quota_bytes":1048576}"#).await;
+        let want = r#"{"success":true,"data":{"tenant_id":"t1","requested_quota_bytes":1048576,"effective_quota_bytes":0,"charged_bytes":0,"admission_closed":false,"over_quota":false,"has_explicit_policy":true}}"#;
+        assert_eq!(set, (200, want.to_owned()), "the original's bytes (no capacity mounted: effective 0)");
+        assert_eq!(call(addr, "GET", "/api/v1/tenant_quotas?tenant_id=t1", None, "").await, set);
+        call(addr, "PUT", "/api/v1/tenant_quotas?tenant_id=a0", None, r#"{"requested_quota_bytes":5}"#).await;
+        let list = parsed(&call(addr, "GET", "/api/v1/tenant_quotas", None, "").await);
+        let names: Vec<&str> =
+            list["data"].as_array().unwrap().iter().map(|t| t["tenant_id"].as_str().unwrap()).collect();
+        assert_eq!(names, ["a0", "t1"]);
+        let bad = ErrorCode::InvalidParams;
+        for (body, why) in [
+            (r#"{"requested_quota_bytes":0}"#, "Tenant quota must be in [1, 2^63 - 1] bytes"),
+            (r#"{"requested_quota_bytes":9223372036854775808}"#, "Tenant quota must be in [1, 2^63 - 1] bytes"),
+            ("bad", "Invalid JSON body: "),
+        ] {
+            refused(call(addr, "PUT", "/api/v1/tenant_quotas?tenant_id=t2", None, body).await, 400, bad, why);
+        }
+        refused(
+            call(addr, "PUT", "/api/v1/tenant_quotas", None, r#"{"requested_quota_bytes":5}"#).await,
+            400,
+            bad,
+            "Missing or invalid tenant_id",
+        );
+        refused(
+            call(addr, "DELETE", "/api/v1/tenant_quotas", None, "").await,
+            400,
+            bad,
+            "Missing or invalid tenant_id",
+        );
+        assert_eq!(svc.tenant_quota("t2").map(|t| t.requested_quota_bytes), None, "nothing set by a refusal");
+        assert_eq!(
+            call(addr, "DELETE", "/api/v1/tenant_quotas?tenant_id=t1", None, "").await,
+            (200, r#"{"success":true,"data":null}"#.into())
+        );
+        refused(
+            call(addr, "DELETE", "/api/v1/tenant_quotas?tenant_id=t1", None, "").await,
+            404,
+            missing,
+            "OBJECT_NOT_FOUND",
+        );
+        assert_eq!(svc.tenant_quota("t1").map(|t| t.requested_quota_bytes), None);
+    }
+
     /// With a keyring the routes that act need the admin credential; the reads stay open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn acting_routes_need_the_admin_credential() {
@@ -551,7 +741,13 @@ mod tests {
         let server = admin(svc.clone(), Some(ring)).await;
         let addr = server.local_addr();
         let drain = r#"{"segments":["a"]}"#;
-        for (method, path, body) in [("POST", "/api/v1/drain_jobs", drain), ("POST", "/api/v1/remove_all", "")] {
+        let quota = r#"{"requested_quota_bytes":5}"#;
+        for (method, path, body) in [
+            ("POST", "/api/v1/drain_jobs", drain),
+            ("POST", "/api/v1/remove_all", ""),
+            ("PUT", "/api/v1/tenant_quotas?tenant_id=t", quota),
+            ("DELETE", "/api/v1/tenant_quotas?tenant_id=t", ""),
+        ] {
             assert_eq!(call(addr, method, path, None, body).await.0, 401, "{path}");
             assert_eq!(call(addr, method, path, Some("00"), body).await.0, 401, "{path}");
         }
