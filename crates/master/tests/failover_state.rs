@@ -68,6 +68,37 @@ fn ssd(svc: &MasterService) -> Vec<LocalSsdInfo> {
     svc.local_ssd_status(None).unwrap()
 }
 
+/// Calls `write` (one more object on the leader) until the leader's snapshots let it compact its log.
+async fn until_compacted(etcd: &EtcdServer, mut write: impl FnMut()) {
+    let storage =
+        OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
+    let compacted = crescent_testkit::eventually(WAIT, || {
+        write();
+        let storage = storage.clone();
+        async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
+    })
+    .await;
+    assert!(compacted, "a never compacted its log");
+}
+
+/// B follows the log to `seq` (bootstrapped from A's snapshot when `snapshots` are on), then A dies and B
+/// leads: B and its service.
+async fn take_over(
+    b: CandidateServer,
+    a: CandidateServer,
+    seq: u64,
+    snapshots: Option<&Path>,
+) -> (CandidateServer, Arc<MasterService>) {
+    until(&b, "b follows", |s| s.state == HaState::Following && s.applied_seq >= seq).await;
+    if let Some(dir) = snapshots {
+        assert!(dir.join("latest").is_file(), "b bootstrapped from a's snapshot");
+    }
+    drop(a);
+    until(&b, "b leads", HaStatus::is_leader).await;
+    let svc = b.service().unwrap();
+    (b, svc)
+}
+
 /// A leads with local SSD registrations, a CXL segment and objects on it; B takes over after A dies (by the
 /// log, or from A's snapshot over a compacted log); then B expires the registration whose client never returns.
 async fn registrations_and_cxl_survive(via_snapshot: bool) {
@@ -103,15 +134,7 @@ async fn registrations_and_cxl_survive(via_snapshot: bool) {
         put(&svc_a, &mut n);
     }
     if via_snapshot {
-        let storage =
-            OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
-        let compacted = crescent_testkit::eventually(WAIT, || {
-            put(&svc_a, &mut n);
-            let storage = storage.clone();
-            async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
-        })
-        .await;
-        assert!(compacted, "a never compacted its log");
+        until_compacted(&etcd, || put(&svc_a, &mut n)).await;
     }
     let seq = durable(&svc_a).await;
     let registrations = ssd(&svc_a);
@@ -122,14 +145,8 @@ async fn registrations_and_cxl_survive(via_snapshot: bool) {
 
     let clock_b = ManualClock::new(Timestamp(1));
     let b = candidate(&etcd, clock_b.clone(), snap(&dir_b).as_deref()).await;
-    until(&b, "b follows", |s| s.state == HaState::Following && s.applied_seq >= seq).await;
-    if via_snapshot {
-        assert!(dir_b.path().join("latest").is_file(), "b bootstrapped from a's snapshot");
-    }
     drop(svc_a);
-    drop(a);
-    until(&b, "b leads", HaStatus::is_leader).await;
-    let svc_b = b.service().unwrap();
+    let (b, svc_b) = take_over(b, a, seq, snap(&dir_b).as_deref()).await;
     assert_eq!(ssd(&svc_b), registrations, "the registrations survive, flags and capacities included");
     assert_eq!(without_pins(svc_b.metadata_view()), want, "the CXL segment and its objects survive");
 
@@ -219,33 +236,22 @@ async fn a_drain_survives(via_snapshot: bool) {
     assert_eq!(in_flight.len(), 2);
     svc_a.step_replica_tasks();
     if via_snapshot {
-        let storage =
-            OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
         let mut n = 0;
-        let compacted = crescent_testkit::eventually(WAIT, || {
+        until_compacted(&etcd, || {
             n += 1;
             let key = format!("filler{n}");
             svc_a.put_start(writer, "", &key, 4096, &ReplicateConfig::with_replicas(1)).unwrap();
             svc_a.put_end(writer, "", &key, None).unwrap();
-            let storage = storage.clone();
-            async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
         })
         .await;
-        assert!(compacted, "a never compacted its log");
     }
     let seq = durable(&svc_a).await;
     let want = svc_a.metadata_view().drains;
     assert_eq!(want[&job].succeeded, 2, "{:?}", want[&job]);
 
     let b = candidate_with(config(), &etcd, ManualClock::new(Timestamp(1)), snap(&dir_b).as_deref()).await;
-    until(&b, "b follows", |s| s.state == HaState::Following && s.applied_seq >= seq).await;
-    if via_snapshot {
-        assert!(dir_b.path().join("latest").is_file(), "b bootstrapped from a's snapshot");
-    }
     drop(svc_a);
-    drop(a);
-    until(&b, "b leads", HaStatus::is_leader).await;
-    let svc_b = b.service().unwrap();
+    let (b, svc_b) = take_over(b, a, seq, snap(&dir_b).as_deref()).await;
     assert_eq!(svc_b.metadata_view().drains, want, "the job is as a logged it");
     let info = svc_b.query_drain(job).unwrap();
     assert_eq!((info.status, info.succeeded), (JobStatus::Running, 2), "{info:?}");

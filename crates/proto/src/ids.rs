@@ -45,7 +45,9 @@ macro_rules! uuid_id {
         impl std::str::FromStr for $name {
             type Err = uuid::Error;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                let halves = s.split_once('-').and_then(|(h, l)| Some((h.parse::<u64>().ok()?, l.parse::<u64>().ok()?)));
+                let halves = s
+                    .split_once('-')
+                    .and_then(|(h, l)| Some((h.parse::<u64>().ok()?, l.parse::<u64>().ok()?)));
                 match halves {
                     Some((high, low)) => Ok(Self::from_u64_pair(high, low)),
                     None => Uuid::parse_str(s).map(Self),

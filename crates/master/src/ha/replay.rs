@@ -1,8 +1,9 @@
 //! Replay: the master's [`OpLogApplier`] and the startup rebuild of a restarted master from its own log.
 //!
 //! The applier folds entries, strictly in sequence order, into a [`ReplayState`]: the segments mounted, the
-//! readable objects (full post-states), the tenant policies, the local SSD registrations. It never allocates: a master's allocator cannot
-//! hand out a given offset, so the state becomes a `MasterService` in one step at the end
+//! readable objects (full post-states), the tenant policies, the local SSD registrations, the drain jobs. It never
+//! allocates: a master's allocator cannot hand out a given offset, so the state becomes a `MasterService` in one
+//! step at the end
 //! (`MasterService::restore_replayed`), through the same restore seam a snapshot uses (every region's
 //! allocator rebuilt from the replicas that lie in it, each replica re-bound, the rest freed). A standby
 //! following a primary folds the same way and materialises when it is promoted.

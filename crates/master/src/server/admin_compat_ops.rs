@@ -39,11 +39,11 @@
 //! DELETE /api/v1/tenant_quotas?tenant_id=t1 200 | {"success":true,"data":null}; again: 404, OBJECT_NOT_FOUND
 //! ```
 //!
-//! Where Crescent differs, on purpose: a tenant name Crescent refuses (the original took `bad name`) is a 400; a route that changes state needs the admin credential as a bearer token
-//! when the master has a keyring (401, as Crescent's own `/tenants/{t}`), and is answered once its change is
-//! durable in the log (a failover keeps what it was told); the job's `message` is Crescent's words. Job ids are
-//! printed in the original's `HIGH-LOW` form and read in that form or as a UUID. A standby answers 503 as on the
-//! original's other routes.
+//! Where Crescent differs, on purpose: a tenant name Crescent refuses (the original took `bad name`) is a 400; a route
+//! that changes state needs the admin credential as a bearer token when the master has a keyring (401, as Crescent's
+//! own `/tenants/{t}`), and is answered once its change is durable in the log (a failover keeps what it was told); the
+//! job's `message` is Crescent's words. Job ids are printed in the original's `HIGH-LOW` form and read in that form or
+//! as a UUID. A standby answers 503 as on the original's other routes.
 
 use super::admin::AdminState;
 use super::admin_compat::{Refused, error, json, original_id, param, params, service};

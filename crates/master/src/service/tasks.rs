@@ -16,13 +16,13 @@
 //!
 //! A drain job marks its segments unallocatable, lists what they hold, and keeps at most `max_concurrency` move
 //! tasks under way until nothing is left on them (a last scan catches writes that were in flight); the segments
-//! then stay out of placement until their node unmounts them. A job's durable part (its segments, targets,
-//! status and counts) is logged (DRAIN_SET) under the board's lock whenever it is created, scanned, ends or is
-//! cancelled, and its counts at most once a step while moves end, so a restarted master or a new leader takes a running drain over: its segments stay out of
-//! placement (held by the pool through a disconnection and a remount) and it scans them afresh (the moves already
-//! made are in the log as the objects' new states); an ended job still answers its query. The last
-//! [`crate::ha::replay::MAX_ENDED_DRAINS`] ended jobs are kept, by the board and by every replay alike. Copy and move tasks
-//! themselves are not logged: a failover ends them (their caller asks again).
+//! then stay out of placement until their node unmounts them. A job's durable part (its segments, targets, status and
+//! counts) is logged (DRAIN_SET) under the board's lock whenever it is created, scanned, ends or is cancelled, and its
+//! counts at most once a step while moves end, so a restarted master or a new leader takes a running drain over: its
+//! segments stay out of placement (held by the pool through a disconnection and a remount) and it scans them afresh
+//! (the moves already made are in the log as the objects' new states); an ended job still answers its query. The last
+//! [`crate::ha::replay::MAX_ENDED_DRAINS`] ended jobs are kept, by the board and by every replay alike. Copy and move
+//! tasks themselves are not logged: a failover ends them (their caller asks again).
 //!
 //! Locks: the board's mutex is taken before the pool's (a drain's segments change status under it) and is
 //! never held while an object's lock is taken. Object-side work (starting, ending a task) takes what it needs
@@ -245,7 +245,8 @@ fn unix_ms() -> u64 {
 }
 
 impl Board {
-    /// Forgets the ended drain jobs past [`crate::ha::replay::MAX_ENDED_DRAINS`] (the same ones a replay of the log forgets).
+    /// Forgets the ended drain jobs past [`crate::ha::replay::MAX_ENDED_DRAINS`] (the same ones a replay of the
+    /// log forgets).
     fn prune_drains(&mut self) {
         // By what was logged: the replay decides on the same figures.
         let jobs = self
