@@ -144,10 +144,10 @@ async fn catalog_contract(store: Arc<dyn SnapshotStore>) {
         pieces.extend_from_slice(&catalog.read_chunk(&newest, offset, 7).await.unwrap().unwrap());
     }
     assert_eq!(pieces.len() as u64, newest.data_size, "nothing past the end");
-    let view = crescent_master::snapshot::catalog::verify_payload(&newest, Bytes::from(pieces.clone())).await.unwrap();
-    assert_eq!(view.metadata.unwrap().state.last_seq, 30);
+    let verify = |bytes: Vec<u8>| crescent_master::snapshot::catalog::verify_payload(&newest, Bytes::from(bytes), 30);
+    assert_eq!(verify(pieces.clone()).await.unwrap().metadata.unwrap().state.last_seq, 30);
     pieces.pop();
-    assert!(crescent_master::snapshot::catalog::verify_payload(&newest, Bytes::from(pieces)).await.is_err());
+    assert!(verify(pieces).await.is_err());
     assert_eq!(catalog.manifest(&snapshot_id(9, 90)).await.unwrap(), None);
     assert_eq!(catalog.list().await.unwrap(), vec![id2.clone(), id3.clone()], "retention keeps the newest 2");
     assert_eq!(catalog.latest().await.unwrap().as_deref(), Some(id3.as_str()));

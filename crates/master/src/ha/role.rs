@@ -170,9 +170,10 @@ async fn fetch_baseline(
     let fail = |fetch: String| OpenError::Fetch { why: why.clone(), fetch };
     let Some(source) = source else { return Err(fail("no leader to fetch from".into())) };
     let (manifest, bytes) = source.fetch().await.map_err(|e| fail(e.to_string()))?;
-    let view = verify_payload(&manifest, bytes.clone()).await.map_err(|e| fail(e.to_string()))?;
-    let Some(meta) = view.metadata else { return Err(fail("a snapshot without metadata".into())) };
+    // Read first: the table is decoded with room for the log the standby replays next.
     let prefix = storage.read_durable_prefix().await?.unwrap_or(DurablePrefix { batch_id: 0, last_seq: 0 });
+    let view = verify_payload(&manifest, bytes.clone(), prefix.last_seq).await.map_err(|e| fail(e.to_string()))?;
+    let Some(meta) = view.metadata else { return Err(fail("a snapshot without metadata".into())) };
     if manifest.last_seq > prefix.last_seq || manifest.batch_id > prefix.batch_id {
         return Err(OpenError::SnapshotAhead { id: manifest.id, snapshot_seq: manifest.last_seq, prefix });
     }

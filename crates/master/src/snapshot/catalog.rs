@@ -180,9 +180,17 @@ async fn check_payload(m: &Manifest, data: Bytes, room: usize) -> Result<MasterS
 }
 
 /// A snapshot payload obtained outside a store (a standby fetched it from the leader), checked as a loaded one
-/// is against its manifest: size, crc32c, decode, position. Nothing that fails is used.
-pub async fn verify_payload(m: &Manifest, data: Bytes) -> Result<MasterSnapshotView, CatalogError> {
-    check_payload(m, data, 0).await.map_err(|e| CatalogError::Unusable { id: m.id.clone(), detail: e.to_string() })
+/// is against its manifest: size, crc32c, decode, position. Nothing that fails is used. `log_end` as for
+/// [`Catalog::load_newest`]: the objects' table is made with room for what the log after it may add.
+pub async fn verify_payload(m: &Manifest, data: Bytes, log_end: u64) -> Result<MasterSnapshotView, CatalogError> {
+    check_payload(m, data, room_after(m, log_end))
+        .await
+        .map_err(|e| CatalogError::Unusable { id: m.id.clone(), detail: e.to_string() })
+}
+
+/// How many entries the log holds after `m` up to `log_end` (each may add an object).
+fn room_after(m: &Manifest, log_end: u64) -> usize {
+    usize::try_from(log_end.saturating_sub(m.last_seq)).unwrap_or(usize::MAX)
 }
 
 /// The snapshot catalog over one store.
@@ -362,8 +370,7 @@ impl<'a> Catalog<'a> {
         let started = std::time::Instant::now();
         let data = self.store.get(&m.data_key).await?.ok_or(Unhealthy::NoData)?;
         tracing::info!(id, bytes = data.len(), read_ms = started.elapsed().as_millis() as u64, "snapshot read");
-        let room = usize::try_from(log_end.saturating_sub(m.last_seq)).unwrap_or(usize::MAX);
-        let view = check_payload(&m, data, room).await?;
+        let view = check_payload(&m, data, room_after(&m, log_end)).await?;
         Ok((m, view))
     }
 
@@ -404,5 +411,58 @@ impl<'a> Catalog<'a> {
             tracing::error!(?skipped, "no usable snapshot");
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::ha::{ObjectRecord, ReplayState, ReplicaRecord};
+    use crate::snapshot::{MasterSnapshotView, SnapshotMetadata};
+
+    /// A payload of 100 objects at seq 100, with its manifest.
+    fn payload() -> (Manifest, Bytes) {
+        let mut state = ReplayState { last_seq: 100, ..ReplayState::default() };
+        for i in 0..100u64 {
+            let object = ObjectRecord {
+                size: 10,
+                replicas: vec![ReplicaRecord { id: i, segment: [1; 16], offset: i * 10, length: 10, tier: 0 }],
+                checksum: None,
+                group: None,
+                hard_pinned: false,
+                soft_pin_ms: 0,
+                data_type: 0,
+                no_offload: false,
+                writer: None,
+            };
+            state.objects.insert("default", &format!("k{i:03}"), object);
+        }
+        let meta = SnapshotMetadata { state, batch_id: 1, producer_view: 1 };
+        let data = crate::snapshot::encode(&MasterSnapshotView { metadata: Some(meta), ..Default::default() });
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT,
+            id: snapshot_id(1, 100),
+            batch_id: 1,
+            last_seq: 100,
+            producer_view: 1,
+            data_key: String::new(),
+            data_size: data.len() as u64,
+            data_crc32c: crc32c::crc32c(&data),
+            created_ms: 0,
+        };
+        (manifest, Bytes::from(data))
+    }
+
+    /// A payload fetched from the leader is decoded with room for the log the standby replays after it.
+    #[tokio::test]
+    async fn a_fetched_payload_gets_room_for_the_log_after_it() {
+        let (manifest, data) = payload();
+        let table = |view: MasterSnapshotView| view.metadata.unwrap().state.objects;
+        let plain = table(verify_payload(&manifest, data.clone(), 100).await.unwrap());
+        let roomy = table(verify_payload(&manifest, data, 160).await.unwrap());
+        assert_eq!((plain.len(), roomy.len()), (100, 100));
+        assert!(plain.capacity() < 160, "no log after it: no room ({})", plain.capacity());
+        assert!(roomy.capacity() >= 160, "room for 60 entries: {}", roomy.capacity());
     }
 }
