@@ -509,7 +509,10 @@ fn node_config(
     c.advertise = a.advertise.clone().or_else(|| n.advertise.clone());
     c.segments = g.segments.or(n.segments).unwrap_or(DEFAULT_SEGMENTS);
     c.memfd = g.memfd.or(n.memfd).unwrap_or(DEFAULT_MEMFD);
-    c.prefault = g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT);
+    c.prefault = match g.prefault.or(n.prefault).unwrap_or(DEFAULT_PREFAULT) {
+        true => crescent_node::Prefault::Whole,
+        false => crescent_node::Prefault::Off,
+    };
     c.host_id = g.host_id.clone().or_else(|| n.host_id.clone());
     c.disk = disk_settings(g, n)?;
     c.local_lanes = n.local_lanes.unwrap_or(true);

@@ -45,7 +45,7 @@ async fn writes_keep_succeeding_after_a_node_dies_and_surviving_replicas_stay_re
 async fn writes_during_the_background_prefault_keep_their_bytes() {
     let mut cluster = LocalCluster::start(0, 0).await;
     let mut config = cluster.node_config(512 << 20);
-    config.prefault = true;
+    config.prefault = crescent_node::Prefault::Whole;
     cluster.nodes.push(StorageNode::start(config).await.unwrap());
     let client = cluster.client();
     for i in 0..300u64 {

@@ -35,7 +35,7 @@ async fn tier_with(config: MasterConfig, memory: u64, disk: u64) -> Tier {
     let master = MasterServer::builder(config).start().await.unwrap();
     let dir = tempfile::tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| ".".into())).unwrap();
     let mut config = NodeConfig::new(master.rpc_addr().to_string(), memory);
-    config.prefault = false;
+    config.prefault = crescent_node::Prefault::Off;
     config.disk = Some(DiskSettings { dir: dir.path().to_owned(), size: disk });
     let node = StorageNode::start(config).await.unwrap();
     let client = Client::new(ClientConfig::new(master.rpc_addr().to_string()));
@@ -172,7 +172,7 @@ async fn tier_on(memory: u64, device: std::sync::Arc<dyn crescent_transfer::disk
     let master = MasterServer::builder(config).start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut config = NodeConfig::new(master.rpc_addr().to_string(), memory);
-    config.prefault = false;
+    config.prefault = crescent_node::Prefault::Off;
     config.disk_device = Some(crescent_node::DiskDevice(device));
     let node = StorageNode::start(config).await.unwrap();
     let client = Client::new(ClientConfig::new(master.rpc_addr().to_string()));

@@ -56,8 +56,8 @@ pub struct NodeConfig {
     pub ping_interval: Duration,
     /// Master request timeout.
     pub rpc_timeout: Duration,
-    /// Fault every segment page in at start-up (no page-fault stalls on first writes).
-    pub prefault: bool,
+    /// How the segments' memory is backed ahead of the writes (no page-fault stalls on first writes).
+    pub prefault: Prefault,
     /// How long an idle data-plane connection polls for its next request before parking (default 0 = never;
     /// see `TransferServer::with_poll_window` for why). Polling all connections at once is a runtime hook
     /// instead: `crescent_net::poll::idle_park_hook`, which `crescent node` installs.
@@ -84,6 +84,32 @@ pub struct NodeConfig {
     pub disk: Option<DiskSettings>,
     /// The disk tier's device when not the file in `disk.dir` (tests: an in-memory or fault-injecting device).
     pub disk_device: Option<DiskDevice>,
+}
+
+/// How a node backs its segments' memory ahead of the writes, on a thread of its own after the mount (the
+/// node is ready at once; a write meanwhile faults its own pages, and backing never changes a byte written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefault {
+    /// Pages are backed as they are first written.
+    Off,
+    /// All of it, with transparent huge pages asked for: a storage node, whose host is there to hold it.
+    Whole,
+    /// What the host can spare — until the memory it calls available falls to an eighth of its total —, with
+    /// no huge pages asked for, and only while the segment is hosted: a process contributing memory beside its
+    /// own work (a Python store in an inference engine), where backing all of a large segment could take memory
+    /// the work needs, and where asking for huge pages makes the kernel compact memory at the faults of the
+    /// writes running beside it.
+    Spare,
+}
+
+impl std::fmt::Display for Prefault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Prefault::Off => "off",
+            Prefault::Whole => "whole",
+            Prefault::Spare => "what the host spares",
+        })
+    }
 }
 
 /// Delays between attempts: `initial`, doubling up to `max`.
@@ -116,7 +142,7 @@ impl NodeConfig {
             host_id: None,
             ping_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(10),
-            prefault: true,
+            prefault: Prefault::Whole,
             poll_window: Duration::ZERO,
             master_retry: None,
             max_connections: crescent_net::accept::DEFAULT_MAX_CONNECTIONS,
@@ -225,10 +251,9 @@ impl SegmentControl {
     }
 
     /// Hosts `memory` as one more memory segment of the node (named and placed like its others) and mounts it at
-    /// the master; from then on it is part of what the node remounts on `NEED_REMOUNT`. With `prefault`, its
-    /// pages are faulted in on a thread of their own after the mount. Returns its spec. On a refusal the
-    /// memory is no longer hosted.
-    pub async fn mount(&self, memory: Arc<SegmentMemory>, prefault: bool) -> Result<SegmentSpec, ClientError> {
+    /// the master; from then on it is part of what the node remounts on `NEED_REMOUNT`; its pages are backed
+    /// after the mount as `prefault` says. Returns its spec. On a refusal the memory is no longer hosted.
+    pub async fn mount(&self, memory: Arc<SegmentMemory>, prefault: Prefault) -> Result<SegmentSpec, ClientError> {
         let spec = SegmentSpec {
             id: SegmentId::random(),
             name: self.name.clone(),
@@ -245,9 +270,7 @@ impl SegmentControl {
             return Err(e);
         }
         tracing::info!(segment = %spec.id, "mounted a segment of {} at run time", fmt_bytes(spec.size));
-        if prefault {
-            prefault_in_background(vec![memory]);
-        }
+        prefault_in_background(vec![memory], prefault);
         Ok(spec)
     }
 
@@ -401,11 +424,27 @@ async fn mount_retrying(
 /// Prefaults the segments on a thread of their own, after they are mounted: the node is ready at once
 /// whatever its size (an 8 GiB segment takes ~30 s to back), writes that arrive meanwhile fault their own
 /// pages as they would without prefaulting, and `MADV_POPULATE_WRITE` never changes a byte already written.
-fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>) {
+fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, how: Prefault) {
+    if how == Prefault::Off || memories.is_empty() {
+        return;
+    }
     let count = memories.len();
-    let spawned = std::thread::Builder::new().name("crescent-prefault".into()).spawn(move || {
-        for (i, mem) in memories.iter().enumerate() {
-            prefault(mem, i, count);
+    let spawned = std::thread::Builder::new().name("crescent-prefault".into()).spawn(move || match how {
+        Prefault::Whole => {
+            for (i, mem) in memories.iter().enumerate() {
+                prefault(mem, i, count);
+            }
+        }
+        _ => {
+            // Held weakly: the thread never keeps a segment the node let go of (its memory goes then).
+            let held: Vec<_> = memories.iter().map(Arc::downgrade).collect();
+            drop(memories);
+            let spare = || host_memory().is_some_and(|(available, total)| available > total / 8);
+            for mem in held {
+                if !prefault_spare(mem, spare).1 {
+                    break;
+                }
+            }
         }
     });
     if let Err(e) = spawned {
@@ -431,6 +470,58 @@ fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
         }
         Ok(()) => {}
     }
+}
+
+/// Backs `mem` from its start while `spare()` says the host can spare memory (asked before the first step and
+/// every 64 steps, 128 MiB) and the segment is still hosted. Returns the bytes backed and whether the host could
+/// spare all of it (the next segment is worth a try).
+fn prefault_spare(mem: std::sync::Weak<SegmentMemory>, spare: impl Fn() -> bool) -> (u64, bool) {
+    const STEPS_PER_LOOK: u64 = 64;
+    let Some(held) = mem.upgrade() else { return (0, true) };
+    if !spare() {
+        return (0, false);
+    }
+    let mut steps = 0u64;
+    let mut room = true;
+    let backed = held.prefault_while(|_, _| {
+        steps += 1;
+        // Hosted no more: only this thread still holds it.
+        if Arc::strong_count(&held) == 1 {
+            return false;
+        }
+        if steps.is_multiple_of(STEPS_PER_LOOK) && !spare() {
+            room = false;
+            return false;
+        }
+        true
+    });
+    match backed {
+        Err(e) => {
+            tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use");
+            (0, room)
+        }
+        Ok(n) => {
+            if n < held.len() && !room {
+                tracing::info!(
+                    "prefaulted {} of a {} segment: the host has no more to spare; the rest is backed as it is written",
+                    fmt_bytes(n),
+                    fmt_bytes(held.len())
+                );
+            }
+            (n, room)
+        }
+    }
+}
+
+/// `(MemAvailable, MemTotal)` from `/proc/meminfo`, in bytes; `None` when it cannot be read.
+fn host_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    Some((field("MemAvailable:")?, field("MemTotal:")?))
 }
 
 /// A node's own start-up failure (memory, disk, socket: nothing the master said), with what it was setting up.
@@ -538,9 +629,7 @@ impl StorageNode {
             fmt_bytes(config.segment_size),
             config.master
         );
-        if config.prefault {
-            prefault_in_background(memories);
-        }
+        prefault_in_background(memories, config.prefault);
         let specs: Mounted = Arc::new(Mutex::new(specs));
         let (stop, mut stopped) = watch::channel(false);
         let disk_worker = disk.map(|(disk_id, disk)| {
@@ -713,6 +802,32 @@ impl Drop for StorageNode {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::{Arc, Ordering, SegmentMemory, host_memory, prefault_spare};
+
+    /// Backing for what the host spares: stops once the host has none left (looked at every 64 steps), and once
+    /// nothing but the prefault holds the segment.
+    #[test]
+    fn a_spare_prefault_stops_when_the_host_has_none_left_or_the_segment_is_let_go() {
+        use std::sync::atomic::AtomicUsize;
+        let mem = Arc::new(SegmentMemory::anonymous(512 << 20).unwrap());
+        let looks = AtomicUsize::new(0);
+        // Room at the first two looks (before the first step, after 64 steps), none at the third (after 128).
+        let (backed, room) = prefault_spare(Arc::downgrade(&mem), || looks.fetch_add(1, Ordering::Relaxed) < 2);
+        assert_eq!((backed, room), (256 << 20, false));
+        assert_eq!(prefault_spare(Arc::downgrade(&mem), || false), (0, false), "none to spare: nothing backed");
+        assert_eq!(prefault_spare(Arc::downgrade(&mem), || true), (512 << 20, true), "all of it");
+        let weak = Arc::downgrade(&mem);
+        drop(mem);
+        assert_eq!(prefault_spare(weak, || true), (0, true), "a segment let go is not backed");
+    }
+
+    #[test]
+    fn host_memory_reads_meminfo() {
+        let (available, total) = host_memory().unwrap();
+        assert!(available > 0 && available <= total, "{available} of {total}");
+    }
+
     use super::waits_for_master;
     use crescent_client::ClientError;
     use crescent_proto::ErrorCode;

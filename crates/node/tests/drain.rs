@@ -21,7 +21,7 @@ async fn a_drained_node_stops_and_every_object_reads_back_whole() {
     let mut nodes = Vec::new();
     for _ in 0..3 {
         let mut config = NodeConfig::new(master.rpc_addr().to_string(), 64 * MIB);
-        config.prefault = false;
+        config.prefault = crescent_node::Prefault::Off;
         nodes.push(StorageNode::start(config).await.unwrap());
     }
     let names: Vec<String> = nodes.iter().map(|n| n.segments()[0].name.clone()).collect();

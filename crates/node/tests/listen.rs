@@ -12,7 +12,7 @@ async fn a_port_in_use_is_a_listen_error_of_kind_addr_in_use() {
     let addr = held.local_addr().unwrap();
     // No master is reached: the bind comes first.
     let mut config = NodeConfig::new("127.0.0.1:1".to_owned(), 1 << 20);
-    config.prefault = false;
+    config.prefault = crescent_node::Prefault::Off;
     config.listen = addr;
     let Err(e) = StorageNode::start(config).await else { panic!("a node started on a port in use") };
     match &e {

@@ -29,18 +29,24 @@ async fn restart(master: MasterServer) -> MasterServer {
 async fn an_added_segment_is_remounted_and_an_unmounted_one_is_not() {
     let mut master = MasterServer::builder(MasterConfig::default()).start().await.unwrap();
     let mut config = NodeConfig::new(master.rpc_addr().to_string(), 4 * MIB);
-    config.prefault = false;
+    config.prefault = crescent_node::Prefault::Off;
     config.ping_interval = Duration::from_millis(50);
     let node = StorageNode::start(config).await.unwrap();
     let first = node.segments()[0].id;
     let control = node.control();
 
-    let added = control.mount(Arc::new(SegmentMemory::anonymous(8 * MIB).unwrap()), true).await.unwrap();
+    let added = control
+        .mount(Arc::new(SegmentMemory::anonymous(8 * MIB).unwrap()), crescent_node::Prefault::Whole)
+        .await
+        .unwrap();
     assert_eq!((added.size, added.name.as_str()), (8 * MIB, node.segments()[0].name.as_str()), "named as the node");
     assert_eq!(status(&master, added.id), Ok(SegmentStatus::Ok));
     assert!(node.registry().get(&added.id).is_some(), "served by the node's transfer server");
     assert_eq!(node.segments().iter().map(|s| s.id).collect::<Vec<_>>(), [first, added.id]);
-    let dropped = control.mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), false).await.unwrap();
+    let dropped = control
+        .mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), crescent_node::Prefault::Off)
+        .await
+        .unwrap();
 
     // A master that never heard of the node answers its ping NEED_REMOUNT: the remount brings both back.
     master = restart(master).await;
@@ -78,10 +84,13 @@ async fn an_added_segment_is_remounted_and_an_unmounted_one_is_not() {
 async fn a_graceful_unmount_keeps_serving_until_the_master_drops_the_segment() {
     let master = MasterServer::builder(MasterConfig::default()).start().await.unwrap();
     let mut config = NodeConfig::new(master.rpc_addr().to_string(), 4 * MIB);
-    config.prefault = false;
+    config.prefault = crescent_node::Prefault::Off;
     let node = StorageNode::start(config).await.unwrap();
     let control = node.control();
-    let added = control.mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), false).await.unwrap();
+    let added = control
+        .mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), crescent_node::Prefault::Off)
+        .await
+        .unwrap();
     control.unmount(added.id, Duration::from_millis(200)).await.unwrap();
     assert_eq!(status(&master, added.id), Ok(SegmentStatus::GracefullyUnmounting));
     assert!(node.registry().get(&added.id).is_some(), "still served during the grace");
@@ -103,12 +112,18 @@ async fn a_node_without_segments_mounts_one_later_and_a_stopped_node_refuses() {
     let node = StorageNode::start(config).await.unwrap();
     assert!(node.segments().is_empty());
     let control = node.control();
-    let added = control.mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), false).await.unwrap();
+    let added = control
+        .mount(Arc::new(SegmentMemory::anonymous(4 * MIB).unwrap()), crescent_node::Prefault::Off)
+        .await
+        .unwrap();
     assert_eq!(status(&master, added.id), Ok(SegmentStatus::Ok));
     assert!(!control.drain_disk(Duration::ZERO).await.unwrap(), "no disk tier to drain");
     node.shutdown(Duration::ZERO).await.unwrap();
     assert_eq!(status(&master, added.id), Err(ErrorCode::SegmentNotFound));
-    let refused = control.mount(Arc::new(SegmentMemory::anonymous(MIB).unwrap()), false).await.unwrap_err();
+    let refused = control
+        .mount(Arc::new(SegmentMemory::anonymous(MIB).unwrap()), crescent_node::Prefault::Off)
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), ErrorCode::UnavailableInCurrentStatus, "{refused}");
     master.shutdown().await;
 }

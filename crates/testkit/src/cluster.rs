@@ -45,7 +45,7 @@ impl LocalCluster {
     /// to fault on first use (tests do not pay for memory they never touch).
     pub fn node_config(&self, segment_size: u64) -> NodeConfig {
         let mut config = NodeConfig::new(self.addr(), segment_size);
-        config.prefault = false;
+        config.prefault = crescent_node::Prefault::Off;
         config
     }
 

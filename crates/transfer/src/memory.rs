@@ -154,20 +154,35 @@ impl SegmentMemory {
     }
 
     fn prefault_chunked(&self, chunk: usize, mut progress: impl FnMut(u64, u64)) -> io::Result<()> {
-        let len = self.map.len();
-        if len == 0 {
-            return Ok(());
-        }
         // Huge pages are a hint: 2 MiB pages cut both fault and TLB-miss costs for MiB-sized objects.
         let _ = self.map.advise(memmap2::Advice::HugePage);
+        self.populate(chunk, |done, total| {
+            progress(done, total);
+            true
+        })
+        .map(drop)
+    }
+
+    /// Backs the segment from its start, [`PREFAULT_CHUNK`] at a time, for as long as `go_on(done, total)` says
+    /// so after each step (asking for no huge pages: with the kernel's default `defrag=madvise` it compacts
+    /// memory at every fault of a range that asked, which made a background prefault slow down the writes it ran
+    /// beside, measured 4 MiB writes at 0.5–0.6 GB/s with the hint, 2.7–3.9 without). Returns the bytes backed.
+    pub fn prefault_while(&self, go_on: impl FnMut(u64, u64) -> bool) -> io::Result<u64> {
+        self.populate(PREFAULT_CHUNK, go_on)
+    }
+
+    fn populate(&self, chunk: usize, mut go_on: impl FnMut(u64, u64) -> bool) -> io::Result<u64> {
+        let len = self.map.len();
         let mut done = 0;
         while done < len {
             let n = chunk.min(len - done);
             self.map.advise_range(memmap2::Advice::PopulateWrite, done, n)?;
             done += n;
-            progress(done as u64, len as u64);
+            if !go_on(done as u64, len as u64) {
+                break;
+            }
         }
-        Ok(())
+        Ok(done as u64)
     }
 
     /// Bytes in the segment.
@@ -389,6 +404,21 @@ impl fmt::Debug for SegmentPin {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_prefault_while_stops_when_asked_and_says_how_far_it_got() {
+        let m = SegmentMemory::anonymous(8 << 20).unwrap();
+        let mut seen = Vec::new();
+        let backed = m
+            .prefault_while(|done, total| {
+                seen.push((done >> 20, total >> 20));
+                done < 4 << 20
+            })
+            .unwrap();
+        assert_eq!(backed, 4 << 20);
+        assert_eq!(seen, vec![(2, 8), (4, 8)]);
+        assert_eq!(m.prefault_while(|_, _| true).unwrap(), 8 << 20);
+    }
 
     #[test]
     fn prefault_reports_progress_chunk_by_chunk_up_to_the_whole_segment() {
