@@ -216,7 +216,7 @@ impl Live {
     /// Mounts `memory` as one more segment of the store; its id, or `-1`.
     fn mount(&self, memory: SegmentMemory, kind: Added) -> Result<SegmentId, i64> {
         let (rt, control) = self.segment_control()?;
-        let prefault = if kind == Added::Allocated { Prefault::Spare } else { Prefault::Off };
+        let prefault = if kind == Added::Allocated { store_prefault() } else { Prefault::Off };
         match rt.block_on(control.mount(Arc::new(memory), prefault)) {
             Ok(spec) => {
                 self.added.lock().insert(spec.id, kind);
@@ -350,6 +350,29 @@ struct OffloadArgs {
     enabled: bool,
     path: String,
     size: Option<u64>,
+}
+
+/// How a store backs the memory it hosts ahead of the writes: `spare` (the default: as far as the host can spare,
+/// see [`Prefault::Spare`]), `whole` (all of it, as a storage node) or `off` (as it is first written).
+pub const PREFAULT_ENV: &str = "CRESCENT_STORE_PREFAULT";
+
+/// The backing [`PREFAULT_ENV`] asks for.
+fn store_prefault() -> Prefault {
+    prefault_named(std::env::var(PREFAULT_ENV).ok().as_deref())
+}
+
+/// The backing a [`PREFAULT_ENV`] value names (none or empty: the default; an unknown one is said and the
+/// default kept).
+fn prefault_named(value: Option<&str>) -> Prefault {
+    match value.map(str::trim) {
+        None | Some("" | "spare") => Prefault::Spare,
+        Some("whole") => Prefault::Whole,
+        Some("off") => Prefault::Off,
+        Some(other) => {
+            tracing::warn!("{PREFAULT_ENV}={other:?} is not spare, whole or off: spare");
+            Prefault::Spare
+        }
+    }
 }
 
 /// The original's variable for the offload directory, when `ssd_offload_path` is empty.
@@ -829,7 +852,7 @@ fn start(args: &SetupArgs) -> Result<Live, i64> {
         nc.name = Some(hostname.clone());
         // Backed ahead of the writes as far as the host can spare, without taking what the engine beside it needs
         // (cold writes into pages faulted one by one ran at half the speed).
-        nc.prefault = Prefault::Spare;
+        nc.prefault = store_prefault();
         nc.host_id = Some(hostname.clone());
         nc.keys = keys.clone();
         nc.tls = tls.clone();

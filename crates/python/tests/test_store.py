@@ -178,6 +178,37 @@ def test_a_segment_is_backed_in_the_background_as_far_as_the_host_spares_and_rel
     assert rss_kib() - before <= (64 << 10), f"{rss_kib() - before} KiB still held after close"
 
 
+def mapping_rss_kib(size):
+    """Rss of this process's mappings of exactly `size` bytes, in KiB (from /proc/self/smaps)."""
+    rss, current = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                current = end - start == size
+            elif current and head[0] == "Rss:":
+                rss += int(head[1])
+    return rss
+
+
+def test_crescent_store_prefault_off_backs_the_segment_only_as_it_is_written(master, monkeypatch):
+    """CRESCENT_STORE_PREFAULT=off: the segment is backed as it is first written (as the original's), while a
+    store set up with the default beside it gets its own backed."""
+    lazy_size, spare_size = 320 << 20, 448 << 20
+    monkeypatch.setenv("CRESCENT_STORE_PREFAULT", "off")
+    lazy = new_store(master, segment=lazy_size)
+    monkeypatch.delenv("CRESCENT_STORE_PREFAULT")
+    spare = new_store(master, segment=spare_size)
+    deadline = time.monotonic() + 60
+    while mapping_rss_kib(spare_size) < (spare_size >> 10) - (32 << 10) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mapping_rss_kib(spare_size) >= (spare_size >> 10) - (32 << 10), "the default backs its segment"
+    assert mapping_rss_kib(lazy_size) < 16 << 10, f"{mapping_rss_kib(lazy_size)} KiB backed with prefault off"
+    lazy.close()
+    spare.close()
+
+
 # ---- copying calls ----
 
 
