@@ -68,17 +68,25 @@ fn ssd(svc: &MasterService) -> Vec<LocalSsdInfo> {
     svc.local_ssd_status(None).unwrap()
 }
 
-/// Calls `write` (one more object on the leader) until the leader's snapshots let it compact its log.
-async fn until_compacted(etcd: &EtcdServer, mut write: impl FnMut()) {
+/// Calls `write` (one more object on the leader) until the leader's snapshots let it compact its log past batch
+/// `beyond` (so the newest snapshot includes what that batch holds).
+async fn until_compacted(etcd: &EtcdServer, beyond: u64, mut write: impl FnMut()) {
     let storage =
         OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
     let compacted = crescent_testkit::eventually(WAIT, || {
         write();
         let storage = storage.clone();
-        async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > 1) }
+        async move { storage.first_stored_batch().await.unwrap().is_some_and(|b| b > beyond) }
     })
     .await;
-    assert!(compacted, "a never compacted its log");
+    assert!(compacted, "a never compacted its log past batch {beyond}");
+}
+
+/// The last batch of the log now durable.
+async fn durable_batch(etcd: &EtcdServer) -> u64 {
+    let storage =
+        OpLogBatchStorage::new(Arc::new(etcd.connect().await.unwrap()), CLUSTER, StorageConfig::default()).unwrap();
+    storage.read_durable_prefix().await.unwrap().map_or(0, |p| p.batch_id)
 }
 
 /// B follows the log to `seq` (bootstrapped from A's snapshot when `snapshots` are on), then A dies and B
@@ -134,7 +142,7 @@ async fn registrations_and_cxl_survive(via_snapshot: bool) {
         put(&svc_a, &mut n);
     }
     if via_snapshot {
-        until_compacted(&etcd, || put(&svc_a, &mut n)).await;
+        until_compacted(&etcd, 1, || put(&svc_a, &mut n)).await;
     }
     let seq = durable(&svc_a).await;
     let registrations = ssd(&svc_a);
@@ -236,8 +244,11 @@ async fn a_drain_survives(via_snapshot: bool) {
     assert_eq!(in_flight.len(), 2);
     svc_a.step_replica_tasks();
     if via_snapshot {
+        // Compacted past the drain's entries: b can only have the job from a's snapshot.
+        durable(&svc_a).await;
+        let drain_batch = durable_batch(&etcd).await;
         let mut n = 0;
-        until_compacted(&etcd, || {
+        until_compacted(&etcd, drain_batch, || {
             n += 1;
             let key = format!("filler{n}");
             svc_a.put_start(writer, "", &key, 4096, &ReplicateConfig::with_replicas(1)).unwrap();

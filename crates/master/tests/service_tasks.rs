@@ -526,3 +526,53 @@ async fn a_restarted_master_takes_a_running_drain_over_and_answers_for_ended_one
     assert_eq!(c.svc.segment_status(c.segment("a")), Ok(SegmentStatus::Drained), "still awaiting its unmount");
     log.stop().await;
 }
+
+/// Segment statuses after a restart are those the last drain naming each segment left, as on the leader: a
+/// succeeded then cancelled job's segment drained again by a newer job is held Draining (not Drained), and a job
+/// failed by a segment that left puts its other segment back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_leaves_each_segment_as_the_last_drain_naming_it_did() {
+    use crescent_ha::kv::{HaKvBackend, MemoryKv};
+    use crescent_ha::oplog::WriterConfig;
+    use crescent_master::ha::OpLogOptions;
+
+    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
+    let options = OpLogOptions { kv, cluster: "drain-statuses".into(), writer: WriterConfig::default() };
+    let (a, log) = on_log(&options, None).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        a.put_on(k, 10_000, "a");
+    }
+    let by_offset = offsets(&a, &keys);
+    let first = a.svc.create_drain(&["a".into()], &[], 2).unwrap();
+    assert_eq!(run_drain(&a, first, &by_offset, 2).status, JobStatus::Succeeded);
+    a.svc.cancel_drain(first).unwrap();
+    let second = a.svc.create_drain(&["a".into()], &[], 2).unwrap();
+    let failed = a.svc.create_drain(&["b".into(), "c".into()], &[], 1).unwrap();
+    a.svc.unmount_segment(a.segment("c")).unwrap();
+    // Gone once its unmount is durable.
+    let gone = || async { a.svc.segment_status(a.segment("c")) == Err(ErrorCode::SegmentNotFound) };
+    assert!(crescent_testkit::eventually(Duration::from_secs(20), gone).await, "c never left");
+    a.svc.step_replica_tasks();
+    let live = |c: &Cluster| {
+        let jobs = [first, second, failed].map(|j| c.svc.query_drain(j).unwrap().status);
+        let segments = ["a", "b"].map(|s| c.svc.segment_status(c.segment(s)).unwrap());
+        (jobs, segments)
+    };
+    let want =
+        ([JobStatus::Canceled, JobStatus::Running, JobStatus::Failed], [SegmentStatus::Draining, SegmentStatus::Ok]);
+    let (jobs, segments) = live(&a);
+    assert_eq!(jobs[0], want.0[0]);
+    assert!(matches!(jobs[1], JobStatus::Created | JobStatus::Running), "{jobs:?}");
+    assert_eq!((jobs[2], segments), (want.0[2], want.1), "the failed job's other segment is back in service");
+    log.stop().await;
+
+    let (b, log) = on_log(&options, Some(&a.nodes)).await;
+    for name in ["a", "b"] {
+        b.svc.remount_segments(b.node(name), std::slice::from_ref(&b.nodes[name].1)).unwrap();
+    }
+    let (jobs, segments) = live(&b);
+    assert_eq!((jobs[0], jobs[2], segments), (want.0[0], want.0[2], want.1), "as the leader left them");
+    assert!(matches!(jobs[1], JobStatus::Created | JobStatus::Running), "{jobs:?}");
+    log.stop().await;
+}

@@ -513,15 +513,50 @@ fn prefault_spare(mem: std::sync::Weak<SegmentMemory>, spare: impl Fn() -> bool)
     }
 }
 
-/// `(MemAvailable, MemTotal)` from `/proc/meminfo`, in bytes; `None` when it cannot be read.
+/// The memory this process may still take and its ceiling, in bytes: the host's (`MemAvailable`, `MemTotal` of
+/// `/proc/meminfo`), lowered to what its cgroup and every ancestor allow (cgroup v2 `memory.max` less
+/// `memory.current`, and `memory.max`): in a container `/proc/meminfo` describes the host, and backing memory past
+/// the container's limit would have the engine beside the store killed. `None` when `/proc/meminfo` cannot be read.
 fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let host = meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok();
+    Some(match cgroup.as_deref().and_then(cgroup_v2_path) {
+        Some(path) => within_cgroups(std::path::Path::new("/sys/fs/cgroup"), path, host),
+        None => host,
+    })
+}
+
+/// `(MemAvailable, MemTotal)` of a `/proc/meminfo` text, in bytes.
+fn meminfo(text: &str) -> Option<(u64, u64)> {
     let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        let rest = text.lines().find_map(|l| l.strip_prefix(name))?;
+        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
         kib.checked_mul(1024)
     };
     Some((field("MemAvailable:")?, field("MemTotal:")?))
+}
+
+/// The cgroup v2 path of a `/proc/self/cgroup` text (its `0::PATH` line).
+fn cgroup_v2_path(text: &str) -> Option<&str> {
+    text.lines().find_map(|l| l.strip_prefix("0::")).map(str::trim)
+}
+
+/// `(available, total)` lowered to the limits of the cgroup at `path` under `root` and of its ancestors.
+fn within_cgroups(root: &std::path::Path, path: &str, (mut available, mut total): (u64, u64)) -> (u64, u64) {
+    let read = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    let mut dir = root.join(path.trim_start_matches('/'));
+    loop {
+        let max = read(&dir, "memory.max").and_then(|t| t.trim().parse::<u64>().ok());
+        let current = read(&dir, "memory.current").and_then(|t| t.trim().parse::<u64>().ok());
+        if let (Some(max), Some(current)) = (max, current) {
+            available = available.min(max.saturating_sub(current));
+            total = total.min(max);
+        }
+        if dir.as_path() == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    (available, total)
 }
 
 /// A node's own start-up failure (memory, disk, socket: nothing the master said), with what it was setting up.
@@ -803,7 +838,7 @@ impl Drop for StorageNode {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::{Arc, Ordering, SegmentMemory, host_memory, prefault_spare};
+    use super::{Arc, Ordering, SegmentMemory, cgroup_v2_path, host_memory, meminfo, prefault_spare, within_cgroups};
 
     /// Backing for what the host spares: stops once the host has none left (looked at every 64 steps), and once
     /// nothing but the prefault holds the segment.
@@ -826,6 +861,31 @@ mod tests {
     fn host_memory_reads_meminfo() {
         let (available, total) = host_memory().unwrap();
         assert!(available > 0 && available <= total, "{available} of {total}");
+        let text = "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo(text), Some((20_000_000 * 1024, 24_000_000 * 1024)));
+        assert_eq!(meminfo("MemTotal: 5 kB\n"), None);
+        assert_eq!(cgroup_v2_path("0::/user.slice/app.scope\n"), Some("/user.slice/app.scope"));
+        assert_eq!(cgroup_v2_path("1:memory:/x\n"), None, "v1 only: no v2 limits read");
+    }
+
+    /// In a container the cgroup's limit, and any ancestor's, lowers what the host looks like it can spare.
+    #[test]
+    fn a_cgroup_limit_lowers_the_memory_there_is_to_spare() {
+        let root = tempfile::tempdir().unwrap();
+        let leaf = root.path().join("pod/app");
+        std::fs::create_dir_all(&leaf).unwrap();
+        let write = |dir: &std::path::Path, max: &str, current: &str| {
+            std::fs::write(dir.join("memory.max"), max).unwrap();
+            std::fs::write(dir.join("memory.current"), current).unwrap();
+        };
+        let host = (20 << 30, 24 << 30);
+        write(&leaf, "max\n", "1000\n");
+        assert_eq!(within_cgroups(root.path(), "/pod/app", host), host, "no limit of its own, none above");
+        write(&root.path().join("pod"), "4294967296\n", "1073741824\n");
+        assert_eq!(within_cgroups(root.path(), "/pod/app", host), (3 << 30, 4 << 30), "the pod's limit");
+        write(&leaf, "2147483648\n", "2147483648\n");
+        assert_eq!(within_cgroups(root.path(), "/pod/app", host), (0, 2 << 30), "its own, full");
+        assert_eq!(within_cgroups(root.path(), "/", host), host, "the root has no limit files");
     }
 
     use super::waits_for_master;

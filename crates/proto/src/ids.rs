@@ -45,9 +45,10 @@ macro_rules! uuid_id {
         impl std::str::FromStr for $name {
             type Err = uuid::Error;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                let halves = s
-                    .split_once('-')
-                    .and_then(|(h, l)| Some((h.parse::<u64>().ok()?, l.parse::<u64>().ok()?)));
+                let decimal = |t: &str| {
+                    t.bytes().all(|b| b.is_ascii_digit()).then(|| t.parse::<u64>().ok()).flatten()
+                };
+                let halves = s.split_once('-').and_then(|(h, l)| Some((decimal(h)?, decimal(l)?)));
                 match halves {
                     Some((high, low)) => Ok(Self::from_u64_pair(high, low)),
                     None => Uuid::parse_str(s).map(Self),
@@ -83,7 +84,7 @@ mod tests {
         assert_eq!(SegmentId::from_u64_pair(h, l), id);
         let original: SegmentId = format!("{h}-{l}").parse().unwrap();
         assert_eq!(original, id, "the original's HIGH-LOW form");
-        for bad in ["1-", "-1", "1-2-3", "x-1", "18446744073709551616-1", ""] {
+        for bad in ["1-", "-1", "1-2-3", "x-1", "+1-2", "1-+2", "18446744073709551616-1", ""] {
             assert!(bad.parse::<SegmentId>().is_err(), "{bad}");
         }
         assert_ne!(ClientId::random(), ClientId::random());

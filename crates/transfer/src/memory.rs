@@ -163,7 +163,7 @@ impl SegmentMemory {
         .map(drop)
     }
 
-    /// Backs the segment from its start, [`PREFAULT_CHUNK`] at a time, for as long as `go_on(done, total)` says
+    /// Backs the segment from its start, `PREFAULT_CHUNK` (2 MiB) at a time, for as long as `go_on(done, total)` says
     /// so after each step (asking for no huge pages: with the kernel's default `defrag=madvise` it compacts
     /// memory at every fault of a range that asked, which made a background prefault slow down the writes it ran
     /// beside, measured 4 MiB writes at 0.5–0.6 GB/s with the hint, 2.7–3.9 without). Returns the bytes backed.

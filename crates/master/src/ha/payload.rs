@@ -341,6 +341,9 @@ pub struct ClientRef {
 pub struct DrainRecord {
     /// The job (raw UUID bytes).
     pub id: [u8; 16],
+    /// The master's count of drain changes when this one was logged: orders the jobs' changes across restarts and
+    /// failovers (a new leader counts on from the highest it restored), where wall-clock times may tie or go back.
+    pub order: u64,
     /// `JobStatus` wire number (0..=5).
     pub status: u8,
     /// Unix ms.
@@ -730,18 +733,19 @@ mod tests {
         assert_eq!(hex(&ssd.payload), format!("04{}01ac02", "05".repeat(16)));
         let gone = MasterEntry::LocalSsdRemove(ClientRef { client: [5; 16] }).encode();
         assert_eq!((gone.op, hex(&gone.payload)), (11, format!("04{}", "05".repeat(16))));
-        // Drain jobs (op 12, added later; earlier ops' bytes are unchanged): id 16 × 06, status 02, created 300 =
+        // Drain jobs (op 12, added later; earlier ops' bytes are unchanged): id 16 × 06, order 09, status 02, created 300 =
         // ac02, updated 301 = ad02, one segment 16 × 07, names ["a"], targets [], concurrency 04, succeeded 05,
         // failed 00, bytes 300, message "m".
         let drain = MasterEntry::DrainSet(drain()).encode();
         assert_eq!((drain.op, drain.key.as_str()), (12, "06060606-0606-0606-0606-060606060606"));
         let (id, segment) = ("06".repeat(16), "07".repeat(16));
-        assert_eq!(hex(&drain.payload), format!("04{id}02ac02ad0201{segment}01016100040500ac02016d"));
+        assert_eq!(hex(&drain.payload), format!("04{id}0902ac02ad0201{segment}01016100040500ac02016d"));
     }
 
     fn drain() -> DrainRecord {
         DrainRecord {
             id: [6; 16],
+            order: 9,
             status: 2,
             created_at_ms: 300,
             updated_at_ms: 301,

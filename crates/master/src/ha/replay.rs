@@ -107,14 +107,14 @@ pub const MAX_ENDED_DRAINS: usize = 64;
 
 /// Drops the ended jobs past [`MAX_ENDED_DRAINS`] (see [`ended_drains_past_limit`]).
 pub fn prune_ended_drains(drains: &mut BTreeMap<TaskId, DrainRecord>) {
-    let jobs = drains.iter().map(|(id, r)| (*id, r.updated_at_ms, r.job_status().is_ok_and(|s| s.is_final())));
+    let jobs = drains.iter().map(|(id, r)| (*id, r.order, r.job_status().is_ok_and(|s| s.is_final())));
     for id in ended_drains_past_limit(jobs) {
         drains.remove(&id);
     }
 }
 
-/// Of `jobs` (`(id, updated_at_ms, ended)`), the ended ones past [`MAX_ENDED_DRAINS`]: those updated longest ago
-/// first, then by id, so the leader's board and every replay keep the same ones.
+/// Of `jobs` (`(id, order, ended)`: `order` as [`DrainRecord::order`]), the ended ones past [`MAX_ENDED_DRAINS`],
+/// those changed longest ago first, so the leader's board and every replay keep the same ones.
 pub fn ended_drains_past_limit(jobs: impl Iterator<Item = (TaskId, u64, bool)>) -> Vec<TaskId> {
     let mut ended: Vec<(u64, TaskId)> = jobs.filter(|(_, _, ended)| *ended).map(|(id, at, _)| (at, id)).collect();
     if ended.len() <= MAX_ENDED_DRAINS {
@@ -376,8 +376,8 @@ mod drain_tests {
     fn job(id: u128, status: u8, at: u64) -> DrainRecord {
         DrainRecord {
             id: id.to_be_bytes(),
+            order: at,
             status,
-            updated_at_ms: at,
             segments: vec![[1; 16]],
             max_concurrency: 1,
             ..DrainRecord::default()

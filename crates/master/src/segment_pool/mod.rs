@@ -644,10 +644,14 @@ impl SegmentPool {
             return Err(PoolError::InvalidSpec(format!("status {status:?} cannot be set directly")));
         }
         let mut st = self.state.write();
-        let r = st.catalog.get(&id).ok_or(PoolError::NotFound)?;
-        let cut_off = matches!(r.status, SegmentStatus::Suspect | SegmentStatus::Disconnected);
-        if matches!(r.status, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting) {
-            return Err(PoolError::UnavailableInStatus { id, status: r.status });
+        let now = st.catalog.get(&id).ok_or(PoolError::NotFound)?.status;
+        let cut_off = matches!(now, SegmentStatus::Suspect | SegmentStatus::Disconnected);
+        if matches!(now, SegmentStatus::Unmounting | SegmentStatus::GracefullyUnmounting) {
+            if status == SegmentStatus::Ok {
+                // No drain holds it any more: a reactivation brings it back in service.
+                st.catalog.set_held(&id, None);
+            }
+            return Err(PoolError::UnavailableInStatus { id, status: now });
         }
         st.catalog.set_held(&id, (status != SegmentStatus::Ok).then_some(status));
         if !cut_off {

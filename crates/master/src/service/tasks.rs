@@ -136,6 +136,7 @@ impl Drain {
     fn record(&self) -> DrainRecord {
         DrainRecord {
             id: *self.info.id.0.as_bytes(),
+            order: self.logged.order,
             status: self.info.status as u8,
             created_at_ms: self.info.created_at_ms,
             updated_at_ms: self.info.updated_at_ms,
@@ -150,11 +151,12 @@ impl Drain {
         }
     }
 
-    /// Logs the job as it now stands into `slot` (none: the master keeps no log). Called under the board's lock
-    /// right after the change, so the log holds a job's changes in the order they were made. A refusal (the
-    /// writer stopped for good, its term with it) is returned for the caller to report.
-    fn log(&mut self, slot: Option<Slot<'_>>) -> Result<(), ErrorCode> {
-        self.logged = self.record();
+    /// Logs the job as it now stands into `slot` (none: the master keeps no log), as the board's change `order`
+    /// ([`Board::next_order`]). Called under the board's lock right after the change, so the log holds the jobs'
+    /// changes in the order they were made. A refusal (the writer stopped for good, its term with it) is returned
+    /// for the caller to report.
+    fn log(&mut self, slot: Option<Slot<'_>>, order: u64) -> Result<(), ErrorCode> {
+        self.logged = DrainRecord { order, ..self.record() };
         match slot {
             Some(slot) => slot.commit(MasterEntry::DrainSet(self.logged.clone()), None).map(drop),
             None => Ok(()),
@@ -207,6 +209,8 @@ struct Board {
     finished: VecDeque<TaskId>,
     pending: usize,
     drains: HashMap<TaskId, Drain>,
+    /// Drain changes logged so far (see [`DrainRecord::order`]).
+    drain_order: u64,
 }
 
 /// The master's copy/move tasks and drain jobs (see the module docs).
@@ -245,6 +249,12 @@ fn unix_ms() -> u64 {
 }
 
 impl Board {
+    /// The order of the next drain change logged.
+    fn next_order(&mut self) -> u64 {
+        self.drain_order += 1;
+        self.drain_order
+    }
+
     /// Forgets the ended drain jobs past [`crate::ha::replay::MAX_ENDED_DRAINS`] (the same ones a replay of the
     /// log forgets).
     fn prune_drains(&mut self) {
@@ -296,6 +306,10 @@ impl Board {
         }
         if let Some(job) = drain.and_then(|d| self.drains.get_mut(&d)) {
             job.active.remove(&id);
+            if job.info.status.is_final() {
+                // Counted no more once it ended (cancelled, failed): its counts are what it logged then.
+                return run;
+            }
             job.info.updated_at_ms = unix_ms();
             match (status, unit) {
                 (TaskStatus::Success, _) => {
@@ -921,12 +935,14 @@ impl MasterService {
             scans: 0,
             logged: DrainRecord::default(),
         };
-        // Out of placement first, undone if a segment refuses (it began leaving meanwhile) or the log does.
+        // Out of placement first, undone (to what each was) if a segment refuses (it began leaving meanwhile) or
+        // the log does.
         let mut held = Vec::with_capacity(job.segments.len());
         let mut outcome = Ok(());
         for s in &job.segments {
+            let was = self.pool.segment(*s).map_or(SegmentStatus::Ok, |i| i.status);
             match self.pool.set_status(*s, SegmentStatus::Draining) {
-                Ok(()) => held.push(*s),
+                Ok(()) => held.push((*s, was)),
                 Err(e) => {
                     outcome = Err(e.code());
                     break;
@@ -934,11 +950,11 @@ impl MasterService {
             }
         }
         if outcome.is_ok() {
-            outcome = job.log(slot);
+            outcome = job.log(slot, board.next_order());
         }
         if let Err(e) = outcome {
-            for s in held {
-                let _ = self.pool.set_status(s, SegmentStatus::Ok);
+            for (s, was) in held {
+                let _ = self.pool.set_status(s, was);
             }
             return Err(e);
         }
@@ -971,28 +987,33 @@ impl MasterService {
 
     fn stop_drain(&self, id: TaskId, ended_too: bool) -> Result<DrainInfo, ErrorCode> {
         let slot = self.reserve_oplog()?;
-        let segments = {
-            let mut board = self.tasks.board.lock();
-            let job = board.drains.get_mut(&id).ok_or(ErrorCode::JobNotFound)?;
-            if job.info.status.is_final() && !ended_too {
-                return Err(ErrorCode::UnavailableInCurrentStatus);
-            }
-            if !job.info.status.is_final() || job.info.status == JobStatus::Succeeded {
-                job.info.status = JobStatus::Canceled;
-                job.info.message = "cancelled: the segments take placements again".into();
-                job.info.updated_at_ms = unix_ms();
-                job.log(slot)?;
-            }
-            job.queue.clear();
-            let segments = job.segments.clone();
-            board.prune_drains();
-            segments
-        };
-        for s in segments {
-            // A segment that left meanwhile has no status to restore.
-            let _ = self.pool.set_status(s, SegmentStatus::Ok);
+        let mut board = self.tasks.board.lock();
+        let order = board.next_order();
+        let job = board.drains.get_mut(&id).ok_or(ErrorCode::JobNotFound)?;
+        if job.info.status.is_final() && !ended_too {
+            return Err(ErrorCode::UnavailableInCurrentStatus);
         }
-        self.query_drain(id)
+        if !job.info.status.is_final() || job.info.status == JobStatus::Succeeded {
+            job.info.status = JobStatus::Canceled;
+            job.info.message = "cancelled: the segments take placements again".into();
+            job.info.updated_at_ms = unix_ms();
+            job.log(slot, order)?;
+        }
+        job.queue.clear();
+        let mut info = job.info.clone();
+        (info.active, info.remaining) = (job.active.len() as u64, job.active.len() as u64);
+        // Under the board's lock, as the job's change: a drain started next on these segments holds them after.
+        self.release_segments(&job.segments);
+        board.prune_drains();
+        Ok(info)
+    }
+
+    /// Puts a drain's segments back in service (a segment that left meanwhile has no status to restore). Called
+    /// under the board's lock.
+    fn release_segments(&self, segments: &[SegmentId]) {
+        for s in segments {
+            let _ = self.pool.set_status(*s, SegmentStatus::Ok);
+        }
     }
 
     /// Takes over the drain jobs of a replayed log (before the master serves): running ones hold their
@@ -1000,21 +1021,26 @@ impl MasterService {
     /// afresh at their next step; ended ones answer their queries.
     pub(crate) fn restore_drains(&self, drains: &BTreeMap<TaskId, DrainRecord>) {
         let mut board = self.tasks.board.lock();
-        for r in drains.values() {
+        // In the order they were logged, so a segment ends as the last job that named it left it, as on the leader: a
+        // running job's draining, a finished one's drained (until its node unmounts it), a failed or cancelled
+        // one's in service.
+        let mut records: Vec<&DrainRecord> = drains.values().collect();
+        records.sort_by_key(|r| r.order);
+        for r in records {
+            // Counted on from the highest restored.
+            board.drain_order = board.drain_order.max(r.order);
             let Some(mut job) = Drain::from_record(r) else { continue };
-            // As the leader left them: a running job's segments draining, a finished one's drained (until their
-            // node unmounts them), a failed or cancelled one's in service.
-            let held = match job.info.status {
-                JobStatus::Succeeded => Some(SegmentStatus::Drained),
-                JobStatus::Failed | JobStatus::Canceled => None,
+            let status = match job.info.status {
+                JobStatus::Succeeded => SegmentStatus::Drained,
+                JobStatus::Failed | JobStatus::Canceled => SegmentStatus::Ok,
                 _ => {
                     job.info.message = "taken over after a restart or a failover: scanning its segments again".into();
-                    Some(SegmentStatus::Draining)
+                    SegmentStatus::Draining
                 }
             };
-            for s in held.iter().flat_map(|h| job.segments.iter().map(move |s| (*s, *h))) {
+            for s in &job.segments {
                 // A segment not replayed is gone: a running job's next step says so.
-                let _ = self.pool.set_status(s.0, s.1);
+                let _ = self.pool.set_status(*s, status);
             }
             board.drains.insert(job.info.id, job);
         }
@@ -1047,7 +1073,8 @@ impl MasterService {
                 // A log that takes nothing now: tried again at the next step.
                 let Ok(slot) = self.reserve_oplog() else { continue };
                 let mut board = self.tasks.board.lock();
-                if let Some(job) = board.drains.get_mut(&id) {
+                let order = board.next_order();
+                if let Some(job) = board.drains.get_mut(&id).filter(|j| !j.info.status.is_final()) {
                     let left = job.queue.len() as u64;
                     job.info.failed += left;
                     job.queue.clear();
@@ -1058,29 +1085,37 @@ impl MasterService {
                          replicas not yet moved went with them"
                     );
                     tracing::warn!(job = %id, "{}", job.info.message);
-                    warn_unlogged(id, job.log(slot));
+                    warn_unlogged(id, job.log(slot, order));
+                    // As the original: a failed drain's segments (those still here) take placements again.
+                    self.release_segments(&segments);
                     board.prune_drains();
                 }
                 continue;
             }
-            // Held out of placement by the pool; a segment found in service anyway is taken out again.
-            for (s, st) in segments.iter().zip(&statuses) {
-                if *st == Some(SegmentStatus::Ok) {
-                    let _ = self.pool.set_status(*s, SegmentStatus::Draining);
-                }
-            }
-            if statuses.iter().any(|s| matches!(s, Some(SegmentStatus::Suspect | SegmentStatus::Disconnected))) {
-                // Its replicas cannot be read now; the node may come back (or its segments be dropped: above).
+            let unreachable =
+                statuses.iter().any(|s| matches!(s, Some(SegmentStatus::Suspect | SegmentStatus::Disconnected)));
+            {
                 let mut board = self.tasks.board.lock();
-                if let Some(job) = board.drains.get_mut(&id) {
-                    job.info.message = "waiting: a drained node is unreachable".into();
+                let Some(job) = board.drains.get_mut(&id).filter(|j| !j.info.status.is_final()) else { continue };
+                // Held out of placement by the pool; a segment found in service anyway is taken out again (under
+                // the board's lock: a cancel meanwhile would find it held by no job).
+                for (s, st) in segments.iter().zip(&statuses) {
+                    if *st == Some(SegmentStatus::Ok) {
+                        let _ = self.pool.set_status(*s, SegmentStatus::Draining);
+                    }
                 }
-                continue;
+                if unreachable {
+                    // Its replicas cannot be read now; the node may come back (or its segments be dropped: above).
+                    job.info.message = "waiting: a drained node is unreachable".into();
+                    continue;
+                }
             }
             if idle {
-                let Ok(slot) = self.reserve_oplog() else { continue };
                 let units = self.drain_scan(&segments);
+                // Taken after the scan (a slot held through a long scan would hold up the writer's stop).
+                let Ok(slot) = self.reserve_oplog() else { continue };
                 let mut board = self.tasks.board.lock();
+                let order = board.next_order();
                 let Some(job) = board.drains.get_mut(&id) else { continue };
                 if job.info.status.is_final() {
                     // Cancelled while it scanned.
@@ -1093,12 +1128,11 @@ impl MasterService {
                 if units.is_empty() && job.scans > 1 {
                     job.info.status = JobStatus::Succeeded;
                     job.info.message = "nothing is left on the segments: their node may stop".into();
-                    warn_unlogged(id, job.log(slot));
-                    board.prune_drains();
-                    drop(board);
+                    warn_unlogged(id, job.log(slot, order));
                     for s in &segments {
                         let _ = self.pool.set_status(*s, SegmentStatus::Drained);
                     }
+                    board.prune_drains();
                     tracing::info!(job = %id, "drain done");
                     continue;
                 }
@@ -1108,19 +1142,16 @@ impl MasterService {
                         "{} replicas could not be moved after {DRAIN_RETRIES} rounds and stay on the segments",
                         units.len()
                     );
-                    warn_unlogged(id, job.log(slot));
-                    board.prune_drains();
-                    drop(board);
+                    warn_unlogged(id, job.log(slot, order));
                     // As the original: a failed drain's segments take placements again.
-                    for s in &segments {
-                        let _ = self.pool.set_status(*s, SegmentStatus::Ok);
-                    }
+                    self.release_segments(&segments);
+                    board.prune_drains();
                     continue;
                 }
                 job.info.status = JobStatus::Running;
                 job.info.message.clear();
                 job.queue = units.into();
-                warn_unlogged(id, job.log(slot));
+                warn_unlogged(id, job.log(slot, order));
             }
             self.drain_dispatch(id);
             self.log_drain_progress(id);
@@ -1140,8 +1171,9 @@ impl MasterService {
         }
         let Ok(slot) = self.reserve_oplog() else { return };
         let mut board = self.tasks.board.lock();
+        let order = board.next_order();
         if let Some(job) = board.drains.get_mut(&id).filter(|j| moved(j)) {
-            warn_unlogged(id, job.log(slot));
+            warn_unlogged(id, job.log(slot, order));
         }
     }
 
