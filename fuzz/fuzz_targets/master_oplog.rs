@@ -12,7 +12,7 @@ use crescent_fuzz::{split_first, write_seeds};
 use crescent_ha::oplog::{OpLogApplier, OpLogEntry};
 use crescent_master::clock::{ManualClock, Timestamp};
 use crescent_master::ha::payload::{ClientRef, LocalSsdEntry, SegmentRef, SegmentUpdate, TenantPolicies, TenantQuota};
-use crescent_master::ha::{MasterEntry, ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
+use crescent_master::ha::{DrainRecord, MasterEntry, ObjectRecord, ReplayState, ReplicaRecord, SegmentRecord};
 use crescent_master::service::{MasterConfig, MasterService};
 use libfuzzer_sys::fuzz_target;
 
@@ -51,6 +51,15 @@ fn seeds() -> Vec<Vec<u8>> {
         MasterEntry::GroupRemove { tenant: "default".into(), group: "g".into() },
         MasterEntry::LocalSsdSet(LocalSsdEntry { client: [3; 16], enable_offloading: true, total_capacity: 1 << 30 }),
         MasterEntry::LocalSsdRemove(ClientRef { client: [3; 16] }),
+        MasterEntry::DrainSet(DrainRecord {
+            id: [4; 16],
+            order: 1,
+            status: 2,
+            segments: vec![[2; 16]],
+            names: vec!["n".into()],
+            max_concurrency: 4,
+            ..DrainRecord::default()
+        }),
     ];
     let mut out = Vec::new();
     for e in entries {

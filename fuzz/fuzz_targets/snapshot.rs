@@ -142,6 +142,19 @@ fn directory() -> SnapshotMetadata {
     state.objects.insert("default", "b", object(1, 8192, Some("g")));
     state.objects.insert("t2", "a", object(3, 4096, None));
     state.policies = Some([("t2".to_owned(), 1u64 << 30)].into_iter().collect());
+    // A running drain of segment 1 and a finished one of segment 3.
+    for (id, order, status, seg) in [(7u8, 4u64, 2u8, 1u8), (8, 3, 3, 3)] {
+        let drain = crescent_master::ha::DrainRecord {
+            id: [id; 16],
+            order,
+            status,
+            segments: vec![[seg + 1; 16]],
+            names: vec![format!("s{seg}")],
+            max_concurrency: 2,
+            ..Default::default()
+        };
+        state.drains.insert(drain.job_id(), drain);
+    }
     SnapshotMetadata { state, batch_id: 3, producer_view: 2 }
 }
 
