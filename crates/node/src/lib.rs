@@ -431,7 +431,10 @@ fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, how: Prefault) {
     let count = memories.len();
     let spawned = std::thread::Builder::new().name("crescent-prefault".into()).spawn(move || match how {
         Prefault::Whole => {
-            for (i, mem) in memories.iter().enumerate() {
+            // Held weakly, as below.
+            let held: Vec<_> = memories.iter().map(Arc::downgrade).collect();
+            drop(memories);
+            for (i, mem) in held.into_iter().enumerate() {
                 prefault(mem, i, count);
             }
         }
@@ -452,23 +455,37 @@ fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, how: Prefault) {
     }
 }
 
-/// Prefaults `mem` (segment `i` of `count`), saying how far it got every second so a slow prefault shows
-/// progress.
-fn prefault(mem: &SegmentMemory, i: usize, count: usize) {
+/// Prefaults `mem` (segment `i` of `count`) with huge pages asked for, while it is hosted, saying how far it got
+/// every second so a slow prefault shows progress. Returns the bytes backed.
+fn prefault(mem: std::sync::Weak<SegmentMemory>, i: usize, count: usize) -> u64 {
+    let Some(held) = mem.upgrade() else { return 0 };
     let start = std::time::Instant::now();
     let mut last = start;
-    let r = mem.prefault_with(|done, total| {
+    held.advise_huge_pages();
+    let r = held.prefault_while(|done, total| {
         if last.elapsed() >= Duration::from_secs(1) {
             last = std::time::Instant::now();
             tracing::info!("prefaulting segment {}/{count}: {} of {}", i + 1, fmt_bytes(done), fmt_bytes(total));
         }
+        // Hosted no more: only this thread still holds it.
+        Arc::strong_count(&held) > 1
     });
     match r {
-        Err(e) => tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use"),
-        Ok(()) if last != start => {
-            tracing::info!("prefaulted segment {}/{count} ({}) in {:.1?}", i + 1, fmt_bytes(mem.len()), start.elapsed())
+        Err(e) => {
+            tracing::warn!(error = %e, "segment memory could not be prefaulted; pages fault on first use");
+            0
         }
-        Ok(()) => {}
+        Ok(n) if last != start => {
+            tracing::info!(
+                "prefaulted segment {}/{count} ({} of {}) in {:.1?}",
+                i + 1,
+                fmt_bytes(n),
+                fmt_bytes(held.len()),
+                start.elapsed()
+            );
+            n
+        }
+        Ok(n) => n,
     }
 }
 
@@ -838,7 +855,19 @@ impl Drop for StorageNode {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::{Arc, Ordering, SegmentMemory, cgroup_v2_path, host_memory, meminfo, prefault_spare, within_cgroups};
+    use super::{
+        Arc, Ordering, SegmentMemory, cgroup_v2_path, host_memory, meminfo, prefault, prefault_spare, within_cgroups,
+    };
+
+    /// A node's whole prefault backs all of a hosted segment and nothing of one let go.
+    #[test]
+    fn a_whole_prefault_backs_a_hosted_segment_and_not_one_let_go() {
+        let mem = Arc::new(SegmentMemory::anonymous(64 << 20).unwrap());
+        assert_eq!(prefault(Arc::downgrade(&mem), 0, 1), 64 << 20);
+        let weak = Arc::downgrade(&mem);
+        drop(mem);
+        assert_eq!(prefault(weak, 0, 1), 0);
+    }
 
     /// Backing for what the host spares: stops once the host has none left (looked at every 64 steps), and once
     /// nothing but the prefault holds the segment.
