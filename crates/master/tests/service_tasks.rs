@@ -441,6 +441,13 @@ async fn a_logged_move_frees_its_source_once_durable_and_a_stopped_log_fails_the
     assert_eq!(c.holders("j"), ["a"]);
 }
 
+/// A log in memory, for masters restarted on it.
+fn memory_log() -> crescent_master::ha::OpLogOptions {
+    let kv: Arc<dyn crescent_ha::kv::HaKvBackend> = Arc::new(crescent_ha::kv::MemoryKv::new());
+    let writer = crescent_ha::oplog::WriterConfig::default();
+    crescent_master::ha::OpLogOptions { kv, cluster: "drains".into(), writer }
+}
+
 /// A master on `options`' log (replaying what it holds) with `nodes` (mounted on the first, remounted by their
 /// owners after a restart).
 async fn on_log(
@@ -462,12 +469,7 @@ async fn on_log(
 /// for a cancelled one, whose segment is back in service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_master_takes_a_running_drain_over_and_answers_for_ended_ones() {
-    use crescent_ha::kv::{HaKvBackend, MemoryKv};
-    use crescent_ha::oplog::WriterConfig;
-    use crescent_master::ha::OpLogOptions;
-
-    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
-    let options = OpLogOptions { kv, cluster: "drains".into(), writer: WriterConfig::default() };
+    let options = memory_log();
     let (a, log) = on_log(&options, None).await;
     let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
     for k in &keys {
@@ -532,12 +534,7 @@ async fn a_restarted_master_takes_a_running_drain_over_and_answers_for_ended_one
 /// failed by a segment that left puts its other segment back in service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_leaves_each_segment_as_the_last_drain_naming_it_did() {
-    use crescent_ha::kv::{HaKvBackend, MemoryKv};
-    use crescent_ha::oplog::WriterConfig;
-    use crescent_master::ha::OpLogOptions;
-
-    let kv: Arc<dyn HaKvBackend> = Arc::new(MemoryKv::new());
-    let options = OpLogOptions { kv, cluster: "drain-statuses".into(), writer: WriterConfig::default() };
+    let options = memory_log();
     let (a, log) = on_log(&options, None).await;
     let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
     for k in &keys {

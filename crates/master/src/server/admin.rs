@@ -908,20 +908,30 @@ fn bad_request(message: String) -> Response {
 /// it drains); a candidate answers once what the answer depends on is durable, as its RPCs do.
 async fn run(s: &AdminState, req: MasterRequest) -> Result<MasterResponse, Response> {
     let svc = s.svc().map_err(refused)?;
+    let reply: MasterReply = durably(svc, move |svc| super::rpc::dispatch(svc, &req)).await.map_err(refused)?;
+    reply.map_err(refused)
+}
+
+/// Runs `change` on `svc` off the async workers and, when it succeeded, waits until everything the log holds so
+/// far is durable (a refusal acknowledges nothing: answered at once). Its answer; `Err` when the change may not be
+/// durable (`PERSISTENT_FAIL`) or the task died.
+pub(super) async fn durably<T: Send + 'static, E: Send + 'static>(
+    svc: Arc<MasterService>,
+    change: impl FnOnce(&MasterService) -> Result<T, E> + Send + 'static,
+) -> Result<Result<T, E>, ErrorFrame> {
     let log = svc.oplog().cloned();
-    let reply: MasterReply = tokio::task::spawn_blocking(move || super::rpc::dispatch(&svc, &req))
+    let answer = tokio::task::spawn_blocking(move || change(&svc))
         .await
-        .unwrap_or_else(|e| Err(ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() }));
-    // A refusal acknowledges nothing: answered at once.
-    if let Some(log) = log.filter(|_| reply.is_ok())
+        .map_err(|e| ErrorFrame { code: ErrorCode::InternalError, message: e.to_string() })?;
+    if let Some(log) = log.filter(|_| answer.is_ok())
         && let Err(e) = log.wait_durable(log.last_committed(), std::time::Duration::from_secs(10)).await
     {
-        return Err(refused(ErrorFrame {
+        return Err(ErrorFrame {
             code: ErrorCode::PersistentFail,
             message: format!("the change may not be durable: {e}"),
-        }));
+        });
     }
-    reply.map_err(refused)
+    Ok(answer)
 }
 
 /// An answer of a kind the request never gets.

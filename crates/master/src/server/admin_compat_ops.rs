@@ -57,10 +57,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use crescent_proto::{DrainInfo, ErrorCode, SegmentKind, TaskId};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
-
-/// How long a change may take to become durable before its answer says it may not be.
-const DURABLE_WAIT: Duration = Duration::from_secs(10);
 
 /// The routes, merged into the admin router.
 pub(super) fn routes() -> Router<AdminState> {
@@ -97,19 +93,10 @@ async fn apply<T: Send + 'static>(
     change: impl FnOnce(&MasterService) -> Result<T, ErrorCode> + Send + 'static,
 ) -> Result<T, Refused> {
     s.require_admin(headers).map_err(|u| Refused::from(Response::from(u)))?;
-    let svc = service(s)?;
-    let log = svc.oplog().cloned();
-    let done = tokio::task::spawn_blocking(move || change(&svc))
+    let answer = super::admin::durably(service(s)?, change)
         .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::InternalError, e.to_string()))?
-        .map_err(refusal)?;
-    if let Some(log) = log
-        && let Err(e) = log.wait_durable(log.last_committed(), DURABLE_WAIT).await
-    {
-        let message = format!("the change may not be durable: {e}");
-        return Err(error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::PersistentFail, message));
-    }
-    Ok(done)
+        .map_err(|f| error(StatusCode::INTERNAL_SERVER_ERROR, f.code, f.message))?;
+    answer.map_err(refusal)
 }
 
 /// A job id in the original's `HIGH-LOW` form or as a UUID; anything else (or none) is the original's 400.
