@@ -611,8 +611,7 @@ impl SegmentPool {
     }
 
     /// Returns every SUSPECT segment of `client` to `Ok`, or to the status a drain holds it in (its node just
-    /// proved it is alive); how many. Costs a
-    /// shared-lock look when there are none.
+    /// proved it is alive); how many. Costs a shared-lock look when there are none.
     pub fn clear_suspect(&self, client: ClientId) -> usize {
         let suspects = |st: &PoolState| -> Vec<SegmentId> {
             st.catalog
@@ -627,11 +626,7 @@ impl SegmentPool {
         let mut st = self.state.write();
         let ids = suspects(&st);
         for id in &ids {
-            if let Some(res) = st.catalog.get(id).map(|r| r.spec.clone()).and_then(|spec| st.resource(&spec).cloned()) {
-                res.set_reachable(true);
-            }
-            let back = st.catalog.get(id).and_then(|r| r.held).unwrap_or(SegmentStatus::Ok);
-            st.transition(id, back, None);
+            st.reconnect(id);
         }
         ids.len()
     }
