@@ -429,19 +429,16 @@ fn prefault_in_background(memories: Vec<Arc<SegmentMemory>>, how: Prefault) {
         return;
     }
     let count = memories.len();
+    // Held weakly: the thread never keeps a segment the node let go of (its memory goes then).
+    let held: Vec<_> = memories.iter().map(Arc::downgrade).collect();
+    drop(memories);
     let spawned = std::thread::Builder::new().name("crescent-prefault".into()).spawn(move || match how {
         Prefault::Whole => {
-            // Held weakly, as below.
-            let held: Vec<_> = memories.iter().map(Arc::downgrade).collect();
-            drop(memories);
             for (i, mem) in held.into_iter().enumerate() {
                 prefault(mem, i, count);
             }
         }
         _ => {
-            // Held weakly: the thread never keeps a segment the node let go of (its memory goes then).
-            let held: Vec<_> = memories.iter().map(Arc::downgrade).collect();
-            drop(memories);
             let spare = || host_memory().is_some_and(|(available, total)| available > total / 8);
             for mem in held {
                 if !prefault_spare(mem, spare).1 {

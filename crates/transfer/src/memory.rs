@@ -54,7 +54,7 @@ impl Lease {
     }
 }
 
-/// Bytes [`SegmentMemory::prefault_with`] backs per step (a multiple of the 2 MiB huge page). Small, because
+/// Bytes [`SegmentMemory::prefault_while`] backs per step (a multiple of the 2 MiB huge page). Small, because
 /// `MADV_POPULATE_WRITE` holds the process's mmap lock for its whole range: every `mmap`/`mprotect` of the
 /// process (a thread's stack, a malloc arena, a large buffer) waits for the step in progress. With 256 MiB steps
 /// (~1 s each on a busy host) a master beside a prefaulting node took seconds to start a thread; one huge page
@@ -140,38 +140,17 @@ impl SegmentMemory {
         Ok(Self { map, leases: Mutex::new(Vec::new()), file: None, owner: None })
     }
 
-    /// Backs the whole segment with memory now (transparent huge pages where the kernel allows), so the
-    /// first write into a range does not stall on page faults. A storage node does this once at start-up;
-    /// errors (an old kernel without `MADV_POPULATE_WRITE`) leave the segment faulting lazily as before.
-    pub fn prefault(&self) -> io::Result<()> {
-        self.prefault_with(|_, _| {})
-    }
-
-    /// [`SegmentMemory::prefault`] in chunks of `PREFAULT_CHUNK`, calling `progress(done, total)` after each,
-    /// so a caller can report a slow start-up (a large segment takes seconds).
-    pub fn prefault_with(&self, progress: impl FnMut(u64, u64)) -> io::Result<()> {
-        self.prefault_chunked(PREFAULT_CHUNK, progress)
-    }
-
-    fn prefault_chunked(&self, chunk: usize, mut progress: impl FnMut(u64, u64)) -> io::Result<()> {
-        self.advise_huge_pages();
-        self.populate(chunk, |done, total| {
-            progress(done, total);
-            true
-        })
-        .map(drop)
-    }
-
     /// Asks for transparent huge pages for the whole segment (a hint: 2 MiB pages cut both fault and TLB-miss
-    /// costs for MiB-sized objects; what [`SegmentMemory::prefault`] asks before it backs the segment).
+    /// costs for MiB-sized objects; what a storage node asks before it backs its segments).
     pub fn advise_huge_pages(&self) {
         let _ = self.map.advise(memmap2::Advice::HugePage);
     }
 
-    /// Backs the segment from its start, `PREFAULT_CHUNK` (2 MiB) at a time, for as long as `go_on(done, total)` says
-    /// so after each step (asking for no huge pages itself: with the kernel's default `defrag=madvise` it compacts
-    /// memory at every fault of a range that asked, which made a background prefault slow down the writes it ran
-    /// beside, measured 4 MiB writes at 0.5–0.6 GB/s with the hint, 2.7–3.9 without). Returns the bytes backed.
+    /// Backs the segment from its start, `PREFAULT_CHUNK` (2 MiB) at a time, for as long as `go_on(done, total)`
+    /// says so after each step (asking for no huge pages itself: with the kernel's default `defrag=madvise` it
+    /// compacts memory at every fault of a range that asked, which made a background prefault slow down the writes
+    /// it ran beside, measured 4 MiB writes at 0.5–0.6 GB/s with the hint, 2.7–3.9 without). Returns the bytes
+    /// backed.
     pub fn prefault_while(&self, go_on: impl FnMut(u64, u64) -> bool) -> io::Result<u64> {
         self.populate(PREFAULT_CHUNK, go_on)
     }
@@ -429,12 +408,20 @@ mod tests {
     fn prefault_reports_progress_chunk_by_chunk_up_to_the_whole_segment() {
         let m = SegmentMemory::anonymous(PREFAULT_CHUNK as u64 + (1 << 20)).unwrap();
         let mut seen = Vec::new();
-        m.prefault_chunked(2 << 20, |done, total| seen.push((done >> 20, total >> 20))).unwrap();
+        m.populate(2 << 20, |done, total| {
+            seen.push((done >> 20, total >> 20));
+            true
+        })
+        .unwrap();
         let mb = (PREFAULT_CHUNK >> 20) as u64 + 1;
         assert_eq!(seen.last(), Some(&(mb, mb)));
         assert_eq!(seen.len() as u64, mb.div_ceil(2));
         let mut calls = 0;
-        m.prefault_with(|_, _| calls += 1).unwrap();
+        m.prefault_while(|_, _| {
+            calls += 1;
+            true
+        })
+        .unwrap();
         assert_eq!(calls, 2, "{PREFAULT_CHUNK} bytes and 1 MiB more take two steps");
     }
 
