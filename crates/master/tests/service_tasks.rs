@@ -573,3 +573,18 @@ async fn a_restart_leaves_each_segment_as_the_last_drain_naming_it_did() {
     assert!(matches!(jobs[1], JobStatus::Created | JobStatus::Running), "{jobs:?}");
     log.stop().await;
 }
+
+/// A drain the log cannot take is neither started nor cancelled: the caller is told (`PERSISTENT_FAIL`) and
+/// nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_change_the_log_refuses_changes_nothing() {
+    let options = memory_log();
+    let (a, log) = on_log(&options, None).await;
+    let job = a.svc.create_drain(&["a".into()], &[], 1).unwrap();
+    log.stop().await;
+    assert_eq!(a.svc.cancel_drain(job).unwrap_err(), ErrorCode::PersistentFail);
+    assert_eq!(a.svc.query_drain(job).unwrap().status, JobStatus::Created);
+    assert_eq!(a.svc.segment_status(a.segment("a")), Ok(SegmentStatus::Draining));
+    assert_eq!(a.svc.create_drain(&["b".into()], &[], 1).unwrap_err(), ErrorCode::PersistentFail);
+    assert_eq!(a.svc.segment_status(a.segment("b")), Ok(SegmentStatus::Ok));
+}

@@ -156,11 +156,12 @@ impl Drain {
     /// changes in the order they were made. A refusal (the writer stopped for good, its term with it) is returned
     /// for the caller to report.
     fn log(&mut self, slot: Option<Slot<'_>>, order: u64) -> Result<(), ErrorCode> {
-        self.logged = DrainRecord { order, ..self.record() };
-        match slot {
-            Some(slot) => slot.commit(MasterEntry::DrainSet(self.logged.clone()), None).map(drop),
-            None => Ok(()),
+        let record = DrainRecord { order, ..self.record() };
+        if let Some(slot) = slot {
+            slot.commit(MasterEntry::DrainSet(record.clone()), None)?;
         }
+        self.logged = record;
+        Ok(())
     }
 
     /// A job taken over from the log (a restart, a promotion): it scans its segments afresh.
@@ -994,10 +995,15 @@ impl MasterService {
             return Err(ErrorCode::UnavailableInCurrentStatus);
         }
         if !job.info.status.is_final() || job.info.status == JobStatus::Succeeded {
+            let before = job.info.clone();
             job.info.status = JobStatus::Canceled;
             job.info.message = "cancelled: the segments take placements again".into();
             job.info.updated_at_ms = unix_ms();
-            job.log(slot, order)?;
+            if let Err(e) = job.log(slot, order) {
+                // Not in the log: not cancelled (the caller is told).
+                job.info = before;
+                return Err(e);
+            }
         }
         job.queue.clear();
         let mut info = job.info.clone();
