@@ -38,6 +38,7 @@ snapshot_retain = 3
 kv_events = "tcp://127.0.0.1:5557"
 kv_events_backend_id = "pool-a"
 kv_events_queue_capacity = 1024
+kv_events_subscriber_buffer = "8MiB"
 cxl_window = 68719476736
 [node]
 listen = "0.0.0.0:0"
@@ -125,6 +126,8 @@ pub struct ServerSection {
     pub kv_events_backend_id: Option<String>,
     /// KV events queued at most before the oldest are dropped (0: unbounded).
     pub kv_events_queue_capacity: Option<usize>,
+    /// Bytes of KV event messages a subscriber may have waiting before its messages are skipped.
+    pub kv_events_subscriber_buffer: Option<String>,
     /// Master behaviour (lease, TTLs, eviction, tenants, placement).
     #[serde(flatten)]
     pub master: MasterConfig,
@@ -228,6 +231,7 @@ impl FileConfig {
             ("[client] stripe_size", &file.client.stripe_size),
             ("[client] write_stripe_size", &file.client.write_stripe_size),
             ("[server] frame_budget", &file.server.frame_budget),
+            ("[server] kv_events_subscriber_buffer", &file.server.kv_events_subscriber_buffer),
         ] {
             if let Some(s) = size {
                 crate::parse_size(s).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;

@@ -112,6 +112,14 @@ pub struct MasterArgs {
         crescent_master::events::DEFAULT_QUEUE_CAPACITY,
     ))]
     kv_events_queue_capacity: Option<usize>,
+    /// Bytes a subscriber may have waiting before its messages are skipped.
+    #[arg(long, value_name = "SIZE", value_parser = crate::parse_size, help = dflt(
+        "Bytes of KV event messages a subscriber may have waiting for it; past that its messages are skipped \
+         (counted per subscriber on /metrics) until half has drained, so a stalled subscriber costs the master \
+         no more memory",
+        "8MiB",
+    ))]
+    kv_events_subscriber_buffer: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
     /// etcd endpoints of the oplog and of leader election (with --cluster-id).
@@ -430,6 +438,11 @@ fn events_config(a: &MasterArgs, file: &FileConfig) -> Option<EventsConfig> {
     }
     if let Some(n) = a.kv_events_queue_capacity.or(f.kv_events_queue_capacity) {
         c.queue_capacity = n;
+    }
+    // The file's size was checked when the file was read.
+    let from_file = f.kv_events_subscriber_buffer.as_deref().and_then(|s| crate::parse_size(s).ok());
+    if let Some(n) = a.kv_events_subscriber_buffer.or(from_file) {
+        c.subscriber_buffer = usize::try_from(n).unwrap_or(usize::MAX);
     }
     Some(c)
 }
@@ -805,18 +818,24 @@ mod tests {
     fn the_event_stream_comes_from_the_flags_then_the_file() {
         let none = FileConfig::default();
         assert!(events_config(&MasterArgs::default(), &none).is_none(), "off unless an endpoint is given");
-        let file = FileConfig::parse("[server]\nkv_events = \"tcp://127.0.0.1:1\"\nkv_events_backend_id = \"f\"\n")
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let file = FileConfig::parse(
+            "[server]\nkv_events = \"tcp://127.0.0.1:1\"\nkv_events_backend_id = \"f\"\nkv_events_subscriber_buffer = \"1MiB\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
         let c = events_config(&MasterArgs::default(), &file).unwrap_or_else(|| panic!("on"));
         assert_eq!((c.endpoint.as_str(), c.backend_id.as_str()), ("tcp://127.0.0.1:1", "f"));
         assert_eq!(c.queue_capacity, crescent_master::events::DEFAULT_QUEUE_CAPACITY);
+        assert_eq!(c.subscriber_buffer, 1 << 20);
+        assert!(FileConfig::parse("[server]\nkv_events_subscriber_buffer = \"lots\"\n").is_err());
         let flags = MasterArgs {
             kv_events: Some("tcp://0.0.0.0:2".into()),
             kv_events_queue_capacity: Some(5),
+            kv_events_subscriber_buffer: Some(4096),
             ..MasterArgs::default()
         };
         let c = events_config(&flags, &file).unwrap_or_else(|| panic!("on"));
         assert_eq!((c.endpoint.as_str(), c.backend_id.as_str(), c.queue_capacity), ("tcp://0.0.0.0:2", "f", 5));
+        assert_eq!(c.subscriber_buffer, 4096);
     }
 
     async fn err(a: MasterArgs, f: &FileConfig) -> String {

@@ -249,3 +249,210 @@ async fn after_a_failover_the_new_leaders_event_ids_continue_from_the_log() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+/// A TCP proxy in front of a subscriber that stops passing the master's bytes on when told to: the subscriber
+/// behind it stalls as one that stopped reading does, as far as the master can tell.
+struct StallingProxy {
+    endpoint: String,
+    stalled: tokio::sync::watch::Sender<bool>,
+}
+
+impl StallingProxy {
+    async fn start(upstream: &str) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upstream = upstream.strip_prefix("tcp://").unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+        let (stalled, stall) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let (client, _) = listener.accept().await.unwrap();
+            let master = tokio::net::TcpStream::connect(upstream).await.unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut master_read, mut master_write) = master.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut master_write).await });
+            let mut stall = stall;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                // While stalled nothing is read from the master: its bytes back up to it.
+                let _ = stall.wait_for(|s| !*s).await;
+                match master_read.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if client_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Self { endpoint, stalled }
+    }
+
+    fn stall(&self, on: bool) {
+        self.stalled.send_replace(on);
+    }
+}
+
+/// Events of `n` stored objects with keys of about 200 bytes (each about 600 bytes on the wire).
+fn bulky_events(from: usize, n: usize) -> Vec<crescent_master::events::KvEvent> {
+    use crescent_master::events::{EventKind, KvEvent, Replicas};
+    (from..from + n)
+        .map(|i| KvEvent {
+            kind: EventKind::Stored,
+            id: 0,
+            tenant: "default".into(),
+            key: format!("{i:0>200}").into(),
+            group: None,
+            medium: "cpu",
+            size: 1,
+            replicas: Replicas::new(),
+            cause: None,
+        })
+        .collect()
+}
+
+/// Receives messages on `sub` in the background: the sequences seen and the events counted.
+fn receive(mut sub: zeromq::SubSocket) -> Arc<parking_lot::Mutex<(Vec<u64>, usize)>> {
+    let seen = Arc::new(parking_lot::Mutex::new((Vec::new(), 0)));
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while let Ok(m) = sub.recv().await {
+            let frames = m.into_vec();
+            let seq = u64::from_be_bytes(frames[1].as_ref().try_into().unwrap());
+            let root = rmpv::decode::read_value(&mut frames[2].as_ref()).unwrap();
+            let n = root.as_array().unwrap()[1].as_array().unwrap().len();
+            let mut s = out.lock();
+            s.0.push(seq);
+            s.1 += n;
+        }
+    });
+    seen
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_loses_only_its_own_messages_counted_and_costs_no_more_than_its_buffer() {
+    const LIMIT: usize = 256 << 10;
+    let hub = Arc::new(EventHub::new(EventsConfig {
+        queue_capacity: 0,
+        subscriber_buffer: LIMIT,
+        ..EventsConfig::new("tcp://127.0.0.1:0")
+    }));
+    let publisher = Publisher::start(hub.clone()).await.unwrap();
+    let proxy = StallingProxy::start(publisher.endpoint()).await;
+    let mut subs = Vec::new();
+    for endpoint in [publisher.endpoint(), proxy.endpoint.as_str()] {
+        let mut sub = zeromq::SubSocket::new();
+        sub.connect(endpoint).await.unwrap();
+        sub.subscribe("").await.unwrap();
+        subs.push(receive(sub));
+    }
+    let (fast, slow) = (subs[0].clone(), subs[1].clone());
+    // Both are served once an event reaches each (a PUB sends nothing to a subscription it has not seen yet).
+    let mut next = 0;
+    assert!(
+        eventually(WAIT, || {
+            hub.publish_now(bulky_events(next, 1));
+            next += 1;
+            let ready = fast.lock().1 > 0 && slow.lock().1 > 0;
+            async move { ready }
+        })
+        .await
+    );
+    assert_eq!(hub.stats().subscribers, 2);
+    // Both have taken every message sent so far.
+    assert!(
+        eventually(WAIT, || async {
+            let last = hub.stats().published_batches;
+            hub.stats().queued == 0 && fast.lock().0.last() == Some(&last) && slow.lock().0.last() == Some(&last)
+        })
+        .await
+    );
+    let last_before = fast.lock().0.last().copied().unwrap();
+    let fast_events_before = fast.lock().1;
+    let slow_before = hub.subscriber_stats()[1];
+    let published_before = hub.stats().published_events;
+
+    // The slow one stops taking bytes; about 120 MB of events follow, in steps the fast one keeps up with.
+    proxy.stall(true);
+    let rss_before = rss_bytes();
+    let mut sent = fast_events_before;
+    for _ in 0..40 {
+        hub.publish_now(bulky_events(next, 5_000));
+        next += 5_000;
+        sent += 5_000;
+        assert!(eventually(WAIT, || async { fast.lock().1 == sent }).await, "the fast subscriber keeps up");
+    }
+    let grown = rss_bytes().saturating_sub(rss_before);
+    let s = hub.stats();
+    let slow_stat = hub.subscriber_stats()[1];
+    assert!(slow_stat.dropped_events > 100_000, "most of the stalled one's events were skipped: {slow_stat:?}");
+    assert_eq!((slow_before.dropped_events, s.subscriber_dropped_events), (0, slow_stat.dropped_events));
+    assert_eq!(hub.subscriber_stats()[0].dropped_events, 0, "the fast one lost nothing");
+    assert_eq!(
+        slow_stat.sent_events + slow_stat.dropped_events - slow_before.sent_events,
+        s.published_events - published_before,
+        "every event sent to it or counted as its drop"
+    );
+    assert!(slow_stat.buffered_bytes as usize <= LIMIT + (64 << 10), "the relay held no more than its limit");
+    assert!(grown < 60 << 20, "the stalled subscriber cost {grown} bytes of memory for ~120 MB published");
+    let seqs = fast.lock().0.clone();
+    let after: Vec<u64> = seqs.into_iter().filter(|&q| q > last_before).collect();
+    assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "the fast one's sequence has no gap");
+    assert_eq!(s.dropped_events, 0, "the master's queue dropped nothing");
+
+    // Once it reads again it catches up with what waited for it, then gets new messages after a gap.
+    proxy.stall(false);
+    let final_seq = loop {
+        hub.publish_now(bulky_events(next, 64));
+        next += 64;
+        let last = hub.stats().published_batches;
+        if eventually(Duration::from_millis(500), || async { slow.lock().0.last() == Some(&last) }).await {
+            break last;
+        }
+        assert!(next < 10_000_000, "the slow subscriber never caught up");
+    };
+    let got = slow.lock().0.clone();
+    assert_eq!(got.last(), Some(&final_seq));
+    assert!(got.windows(2).any(|w| w[1] > w[0] + 1), "it sees the messages it missed as a gap");
+    assert!(got.windows(2).all(|w| w[1] > w[0]), "in order");
+    publisher.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_does_not_speak_zmtp_is_closed_and_subscribers_go_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub = Arc::new(EventHub::new(EventsConfig::new("tcp://127.0.0.1:0")));
+    let publisher = Publisher::start(hub.clone()).await.unwrap();
+    let mut bad = tokio::net::TcpStream::connect(publisher.endpoint().strip_prefix("tcp://").unwrap()).await.unwrap();
+    // More than a ZMTP greeting's 64 bytes, none of them one.
+    bad.write_all(b"GET /kv_events/status HTTP/1.1\r\nHost: master.example\r\nUser-Agent: curl/8.0\r\n\r\n")
+        .await
+        .unwrap();
+    // The master closes it: reading ends (after the greeting bytes the socket may have sent).
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(WAIT, bad.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "the connection was not closed");
+    assert_eq!(hub.stats().subscribers, 0);
+
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(publisher.endpoint()).await.unwrap();
+    sub.subscribe("").await.unwrap();
+    let got = receive(sub);
+    assert!(
+        eventually(WAIT, || {
+            hub.publish_now(bulky_events(0, 1));
+            let n = got.lock().1;
+            async move { n > 0 }
+        })
+        .await,
+        "a subscriber after it is served"
+    );
+    assert_eq!(hub.stats().subscribers, 1);
+    publisher.stop().await;
+}

@@ -5,8 +5,9 @@
 //! its node lost, its memory copy offloaded), with the cause. [`EventHub`] owns the events between the metadata
 //! change and the socket: a bounded queue that never blocks the master (when full the oldest event is dropped
 //! and counted, and the message sequence skips a number so consumers see the loss), and the counters
-//! `/kv_events/status` and `/metrics` show. The publisher ([`publisher`]) drains it onto a ZMQ PUB socket in
-//! the original's wire format ([`wire`]).
+//! `/kv_events/status` and `/metrics` show, per subscriber too. The publisher ([`publisher`]) drains it onto
+//! ZMQ PUB sockets in the original's wire format ([`wire`]), a subscriber that falls behind losing messages of its
+//! own (counted) without holding up the others or growing the master's memory.
 //!
 //! Every event carries an id: the oplog sequence of the change it reports on a master with an oplog (a change
 //! is published only once it is durable, so an id never names a change a failover could lose, and the next
@@ -20,13 +21,21 @@ pub mod wire;
 use compact_str::CompactString;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Most events one ZMQ message carries (the original's batch size).
 pub const MAX_BATCH_EVENTS: usize = 64;
 
 /// Events queued at most by default before the oldest are dropped (the original's `kv_events_queue_capacity`).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 65_536;
+
+/// Bytes a subscriber may have waiting for it by default before its messages are skipped.
+pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 8 << 20;
+
+/// Subscribers served at once at most; further connections are closed.
+pub const MAX_SUBSCRIBERS: usize = 64;
 
 /// What a master's event stream is configured with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,12 +46,21 @@ pub struct EventsConfig {
     pub backend_id: String,
     /// Events queued at most before the oldest are dropped (0: unbounded).
     pub queue_capacity: usize,
+    /// Bytes of messages a subscriber may have waiting for it (sent by the master, not yet taken by its
+    /// connection): past it, its messages are skipped and counted until it has taken half of them. What bounds
+    /// the memory a stalled subscriber costs the master.
+    pub subscriber_buffer: usize,
 }
 
 impl EventsConfig {
     /// Events on `endpoint` with the other settings at their defaults.
     pub fn new(endpoint: impl Into<String>) -> Self {
-        Self { endpoint: endpoint.into(), backend_id: String::new(), queue_capacity: DEFAULT_QUEUE_CAPACITY }
+        Self {
+            endpoint: endpoint.into(),
+            backend_id: String::new(),
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            subscriber_buffer: DEFAULT_SUBSCRIBER_BUFFER,
+        }
     }
 }
 
@@ -145,6 +163,8 @@ pub struct EventStats {
     pub published_events: u64,
     /// Events dropped because the queue was full (a slow socket, a burst).
     pub dropped_events: u64,
+    /// Events not sent to a subscriber because it had fallen behind, summed over every subscriber so far.
+    pub subscriber_dropped_events: u64,
     /// Events whose key is not a block hash (decimal or `0x` hex): sent with the key and no `seq_hashes`.
     pub skipped_unparsed_keys: u64,
     /// Events queued now.
@@ -153,6 +173,81 @@ pub struct EventStats {
     pub subscribers: u64,
     /// The id of the last event queued (0: none yet).
     pub last_event_id: u64,
+}
+
+/// One subscriber's figures (`/kv_events/status`, `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberStat {
+    /// Where it connected from.
+    pub peer: SocketAddr,
+    /// Events sent to it.
+    pub sent_events: u64,
+    /// Events not sent to it because it had fallen behind (it sees a gap in the message sequence).
+    pub dropped_events: u64,
+    /// Bytes waiting for its connection to take them now.
+    pub buffered_bytes: u64,
+}
+
+/// What the publisher and a subscriber's relay share about that subscriber: its counters, and whether it has
+/// fallen behind (its messages are skipped) or gone.
+#[derive(Debug)]
+pub(crate) struct SubscriberState {
+    peer: SocketAddr,
+    sent_events: AtomicU64,
+    dropped_events: AtomicU64,
+    buffered_bytes: AtomicU64,
+    behind: AtomicBool,
+    ended: AtomicBool,
+}
+
+impl SubscriberState {
+    pub(crate) fn new(peer: SocketAddr) -> Self {
+        Self {
+            peer,
+            sent_events: AtomicU64::new(0),
+            dropped_events: AtomicU64::new(0),
+            buffered_bytes: AtomicU64::new(0),
+            behind: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    /// Records the bytes waiting for it: at `limit` or more it is behind, and stays so until they are half.
+    pub(crate) fn set_buffered(&self, bytes: usize, limit: usize) {
+        self.buffered_bytes.store(bytes as u64, Ordering::Relaxed);
+        if bytes >= limit {
+            self.behind.store(true, Ordering::Relaxed);
+        } else if bytes <= limit / 2 {
+            self.behind.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Where it connected from.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Whether its messages are skipped now.
+    pub(crate) fn is_behind(&self) -> bool {
+        self.behind.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_sent(&self, events: usize) {
+        self.sent_events.fetch_add(events as u64, Ordering::Relaxed);
+    }
+
+    fn stat(&self) -> SubscriberStat {
+        SubscriberStat {
+            peer: self.peer,
+            sent_events: self.sent_events.load(Ordering::Relaxed),
+            dropped_events: self.dropped_events.load(Ordering::Relaxed),
+            buffered_bytes: self.buffered_bytes.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The owner of the events between a metadata change and the socket (see the module).
@@ -171,7 +266,10 @@ pub struct EventHub {
     published_events: AtomicU64,
     dropped_events: AtomicU64,
     skipped_unparsed_keys: AtomicU64,
-    subscribers: AtomicU64,
+    /// Subscribers connected now, in the order they came.
+    subscribers: Mutex<Vec<Arc<SubscriberState>>>,
+    /// Events skipped for subscribers behind, over every subscriber so far (those gone included).
+    subscriber_dropped_events: AtomicU64,
     /// The endpoint the publisher bound (the port chosen when 0 was asked for), once it has.
     bound: std::sync::OnceLock<String>,
 }
@@ -190,7 +288,8 @@ impl EventHub {
             published_events: AtomicU64::new(0),
             dropped_events: AtomicU64::new(0),
             skipped_unparsed_keys: AtomicU64::new(0),
-            subscribers: AtomicU64::new(0),
+            subscribers: Mutex::new(Vec::new()),
+            subscriber_dropped_events: AtomicU64::new(0),
             bound: std::sync::OnceLock::new(),
         }
     }
@@ -275,12 +374,30 @@ impl EventHub {
         self.skipped_unparsed_keys.fetch_add(unparsed as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn subscriber_joined(&self) {
-        self.subscribers.fetch_add(1, Ordering::Relaxed);
+    /// Lists `sub` among the connected, unless it has gone already (its relay ended first).
+    pub(crate) fn subscriber_joined(&self, sub: &Arc<SubscriberState>) {
+        let mut subs = self.subscribers.lock();
+        if !sub.is_ended() {
+            subs.push(Arc::clone(sub));
+        }
     }
 
-    pub(crate) fn subscriber_left(&self) {
-        let _ = self.subscribers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    /// Marks `sub` gone and takes it off the list; under the list's lock, so a join never lists it after.
+    pub(crate) fn subscriber_left(&self, sub: &Arc<SubscriberState>) {
+        let mut subs = self.subscribers.lock();
+        sub.ended.store(true, Ordering::Relaxed);
+        subs.retain(|s| !Arc::ptr_eq(s, sub));
+    }
+
+    /// Counts `events` not sent to `sub` because it is behind.
+    pub(crate) fn count_subscriber_dropped(&self, sub: &SubscriberState, events: usize) {
+        sub.dropped_events.fetch_add(events as u64, Ordering::Relaxed);
+        self.subscriber_dropped_events.fetch_add(events as u64, Ordering::Relaxed);
+    }
+
+    /// The connected subscribers' figures, in the order they came.
+    pub fn subscriber_stats(&self) -> Vec<SubscriberStat> {
+        self.subscribers.lock().iter().map(|s| s.stat()).collect()
     }
 
     /// The counters now.
@@ -289,9 +406,10 @@ impl EventHub {
             published_batches: self.published_batches.load(Ordering::Relaxed),
             published_events: self.published_events.load(Ordering::Relaxed),
             dropped_events: self.dropped_events.load(Ordering::Relaxed),
+            subscriber_dropped_events: self.subscriber_dropped_events.load(Ordering::Relaxed),
             skipped_unparsed_keys: self.skipped_unparsed_keys.load(Ordering::Relaxed),
             queued: self.queue.lock().len() as u64,
-            subscribers: self.subscribers.load(Ordering::Relaxed),
+            subscribers: self.subscribers.lock().len() as u64,
             last_event_id: self.last_event_id.load(Ordering::Relaxed),
         }
     }
@@ -303,6 +421,30 @@ mod tests {
 
     fn stored(key: &str) -> KvEvent {
         KvEvent::for_test(EventKind::Stored, key, None)
+    }
+
+    #[test]
+    fn a_subscriber_is_behind_from_a_full_buffer_until_half_has_drained_and_once_gone_is_never_listed() {
+        let hub = EventHub::new(EventsConfig::new("tcp://127.0.0.1:0"));
+        let sub = Arc::new(SubscriberState::new("127.0.0.1:9".parse().unwrap()));
+        hub.subscriber_joined(&sub);
+        for (held, behind) in [(0, false), (99, false), (100, true), (75, true), (51, true), (50, false), (99, false)] {
+            sub.set_buffered(held, 100);
+            assert_eq!(sub.is_behind(), behind, "holding {held} of 100");
+        }
+        hub.count_subscriber_dropped(&sub, 3);
+        sub.count_sent(2);
+        let listed = hub.subscriber_stats();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].sent_events, listed[0].dropped_events, listed[0].buffered_bytes), (2, 3, 99));
+        hub.subscriber_left(&sub);
+        assert!(hub.subscriber_stats().is_empty() && sub.is_ended());
+        assert_eq!((hub.stats().subscribers, hub.stats().subscriber_dropped_events), (0, 3), "the total stays");
+        // A relay that ended before its subscriber's handshake was done: the late join lists nothing.
+        let early = Arc::new(SubscriberState::new("127.0.0.1:10".parse().unwrap()));
+        hub.subscriber_left(&early);
+        hub.subscriber_joined(&early);
+        assert!(hub.subscriber_stats().is_empty());
     }
 
     #[test]

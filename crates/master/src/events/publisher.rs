@@ -1,11 +1,23 @@
-//! The ZMQ side of the event stream: a PUB socket (the `zeromq` crate) bound where the configuration says, fed
-//! from the [`EventHub`] by one task. PUB never waits on a subscriber: one that cannot keep up loses messages
-//! inside the socket, and sees it as a gap in the message sequence.
+//! The ZMQ side of the event stream. Subscribers connect to a listener of the publisher's own; each is served
+//! by a PUB socket of its own (the `zeromq` crate, which speaks ZMTP to it) bound on loopback, through a relay
+//! that forwards the socket's bytes to the subscriber's connection and the subscriber's (its subscriptions) back.
+//!
+//! Why the relay: the crate's PUB socket queues up to 100 000 messages per peer and drops past that without
+//! saying so, so a subscriber that stops reading would hold gigabytes of the master's memory, uncounted. The
+//! relay holds at most [`super::EventsConfig::subscriber_buffer`] bytes for its subscriber and says when it is
+//! full; the publisher then skips that subscriber's messages (counted as its drops: it sees a gap in the message
+//! sequence) until half has drained, while every other subscriber gets every message. Nothing here ever waits on
+//! a subscriber, and the master's put path only ever touches the [`EventHub`].
 
-use super::{EventHub, wire};
-use bytes::Bytes;
+use super::{EventHub, SubscriberState, wire};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use zeromq::{Socket, SocketEvent, SocketSend, ZmqMessage};
 
 /// Why the stream could not start.
@@ -37,9 +49,6 @@ impl Publisher {
     pub async fn start(hub: Arc<EventHub>) -> Result<Self, PublishError> {
         let asked = hub.config().endpoint.clone();
         let bind_error = |reason: String| PublishError::Bind { endpoint: asked.clone(), reason };
-        if !asked.starts_with("tcp://") {
-            return Err(bind_error("only tcp:// endpoints are served".into()));
-        }
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -56,18 +65,23 @@ impl Publisher {
                     }
                 };
                 rt.block_on(async move {
-                    let mut socket = zeromq::PubSocket::new();
-                    let monitor = socket.monitor();
-                    match socket.bind(&thread_asked).await {
-                        Ok(bound) => {
-                            let _ = bound_tx.send(Ok(bound.to_string()));
+                    let listener = match bind(&thread_asked).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    match listener.local_addr() {
+                        Ok(addr) => {
+                            let _ = bound_tx.send(Ok(format!("tcp://{addr}")));
                         }
                         Err(e) => {
                             let _ = bound_tx.send(Err(e.to_string()));
                             return;
                         }
                     }
-                    run(thread_hub, socket, monitor, stopped).await;
+                    run(thread_hub, listener, stopped).await;
                 });
                 let _ = done_tx.send(());
             })
@@ -106,23 +120,46 @@ impl Drop for Publisher {
 }
 
 /// How long the publisher lets a batch gather after its first event: the most an event waits for its message.
-const LINGER: std::time::Duration = std::time::Duration::from_micros(200);
+const LINGER: Duration = Duration::from_micros(200);
 
-async fn run(
-    hub: Arc<EventHub>,
-    mut socket: zeromq::PubSocket,
-    mut monitor: impl futures_util::Stream<Item = SocketEvent> + Unpin,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
+/// How long a new subscriber has to complete the ZMTP handshake before its connection is closed.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Bytes a relay reads from its socket at a time.
+const RELAY_CHUNK: usize = 64 << 10;
+
+/// Binds the listener subscribers connect to: `tcp://HOST:PORT`, `*` for every interface.
+async fn bind(endpoint: &str) -> Result<TcpListener, String> {
+    let Some(addr) = endpoint.strip_prefix("tcp://") else {
+        return Err("only tcp:// endpoints are served".into());
+    };
+    let addr = match addr.strip_prefix("*:") {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
+    };
+    TcpListener::bind(&addr).await.map_err(|e| e.to_string())
+}
+
+/// A subscriber being served: the PUB socket whose one peer is its relay, and what the relay shares.
+struct Subscriber {
+    socket: zeromq::PubSocket,
+    state: Arc<SubscriberState>,
+}
+
+async fn run(hub: Arc<EventHub>, listener: TcpListener, mut stopped: tokio::sync::watch::Receiver<bool>) {
     let mut buffers = Buffers::default();
+    let mut subscribers: Vec<Subscriber> = Vec::new();
+    // New subscribers, once their handshake is done (each is set up on a task of its own, so a peer slow to
+    // handshake holds up nothing).
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<Subscriber>();
     loop {
-        drain(&hub, &mut socket, &mut buffers).await;
+        drain(&hub, &mut subscribers, &mut buffers).await;
         tokio::select! {
             () = hub.ready() => {
                 // Woken by the first event after the queue emptied: let a batch gather before sending. A message
                 // costs the socket and the kernel about as much as its events' encoding; under load messages of
                 // a few events each would cost the master several times what full ones do. This thread is the
-                // stream's own (its runtime runs only the socket), so it may sleep.
+                // stream's own (its runtime runs only the sockets), so it may sleep.
                 if hub.queued() < super::MAX_BATCH_EVENTS {
                     std::thread::sleep(LINGER);
                 }
@@ -132,22 +169,159 @@ async fn run(
                     break;
                 }
             }
-            event = monitor.next() => match event {
-                Some(SocketEvent::Accepted(..)) => hub.subscriber_joined(),
-                Some(SocketEvent::Disconnected(..)) => hub.subscriber_left(),
-                Some(_) => {}
-                // The socket's monitor is gone with the socket; nothing else reports subscribers.
-                None => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    if subscribers.len() + pending(&ready_tx) >= super::MAX_SUBSCRIBERS {
+                        tracing::warn!(%peer, limit = super::MAX_SUBSCRIBERS, "kv events: too many subscribers; connection closed");
+                    } else {
+                        let hub = Arc::clone(&hub);
+                        let ready = ready_tx.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = subscribe(stream, peer, hub, ready).await {
+                                tracing::warn!(%peer, error = %e, "kv events: subscriber not served");
+                            }
+                        });
+                    }
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: try again shortly rather than spin.
+                    tracing::warn!(error = %e, "kv events: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             },
+            Some(sub) = ready_rx.recv() => subscribers.push(sub),
         }
     }
-    drain(&hub, &mut socket, &mut buffers).await;
+    drain(&hub, &mut subscribers, &mut buffers).await;
 }
 
-/// Sends every queued event, a message of at most [`super::MAX_BATCH_EVENTS`] at a time. `buffers` are the
-/// publisher's, kept from message to message: the batch's vector, and the payload's bytes, whose allocation the
-/// next message takes back once the socket has let go of this one.
-async fn drain(hub: &EventHub, socket: &mut zeromq::PubSocket, buffers: &mut Buffers) {
+/// Subscribers being set up now (each setup task holds a sender).
+fn pending(ready: &tokio::sync::mpsc::UnboundedSender<Subscriber>) -> usize {
+    ready.strong_count().saturating_sub(1)
+}
+
+/// Serves the subscriber connected on `external`: a PUB socket of its own on loopback, its relay, and once the
+/// handshake through the relay is done the socket's listener closed (it has its one peer) and the subscriber
+/// handed to the publisher.
+async fn subscribe(
+    external: TcpStream,
+    peer: SocketAddr,
+    hub: Arc<EventHub>,
+    ready: tokio::sync::mpsc::UnboundedSender<Subscriber>,
+) -> Result<(), String> {
+    let mut socket = zeromq::PubSocket::new();
+    let mut monitor = socket.monitor();
+    let bound = socket.bind("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let addr: SocketAddr = bound
+        .to_string()
+        .strip_prefix("tcp://")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("unexpected loopback endpoint {bound}"))?;
+    let internal = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    // Messages are whole batches: send each at once.
+    let _ = internal.set_nodelay(true);
+    let _ = external.set_nodelay(true);
+    let state = Arc::new(SubscriberState::new(peer));
+    let limit = hub.config().subscriber_buffer.max(1);
+    let relaying = tokio::spawn(relay(external, internal, Arc::clone(&state), limit, Arc::clone(&hub)));
+    let accepted = async {
+        while let Some(event) = monitor.next().await {
+            match event {
+                SocketEvent::Accepted(..) => return true,
+                // Not a ZMTP peer (a port scan, a browser, a bad greeting).
+                SocketEvent::AcceptFailed(_) => return false,
+                _ => {}
+            }
+        }
+        false
+    };
+    if !matches!(tokio::time::timeout(HANDSHAKE, accepted).await, Ok(true)) {
+        // Ending the relay closes both connections: the peer's, and the socket's half-made one (the crate waits
+        // on a greeting for as long as its connection stays open).
+        relaying.abort();
+        return Err("no ZMTP handshake".into());
+    }
+    let _ = socket.unbind(bound).await;
+    hub.subscriber_joined(&state);
+    tracing::info!(%peer, "kv events: subscriber connected");
+    let _ = ready.send(Subscriber { socket, state });
+    Ok(())
+}
+
+/// Forwards the PUB socket's bytes (`internal`) to the subscriber (`external`) and the subscriber's back,
+/// holding at most `limit` bytes for the subscriber (then it reads no more from the socket; the publisher has
+/// stopped sending it messages by then). Ends, and takes the subscriber off the hub's list, when either side
+/// closes.
+async fn relay(
+    external: TcpStream,
+    internal: TcpStream,
+    state: Arc<SubscriberState>,
+    limit: usize,
+    hub: Arc<EventHub>,
+) {
+    let (mut ext_read, mut ext_write) = external.into_split();
+    let (mut int_read, mut int_write) = internal.into_split();
+    let mut chunk = BytesMut::new();
+    let mut waiting: VecDeque<Bytes> = VecDeque::new();
+    let mut held = 0usize;
+    let mut up = [0u8; 4096];
+    loop {
+        let room = held < limit;
+        if room && chunk.capacity() - chunk.len() < RELAY_CHUNK / 4 {
+            chunk.reserve(RELAY_CHUNK);
+        }
+        let front = waiting.front().cloned();
+        tokio::select! {
+            read = int_read.read_buf(&mut chunk), if room => match read {
+                Ok(n) if n > 0 => {
+                    held += n;
+                    waiting.push_back(chunk.split().freeze());
+                }
+                _ => break,
+            },
+            written = write_some(&mut ext_write, front) => match written {
+                Ok(n) if n > 0 => {
+                    held -= n;
+                    if let Some(f) = waiting.front_mut() {
+                        f.advance(n);
+                        if f.is_empty() {
+                            waiting.pop_front();
+                        }
+                    }
+                }
+                _ => break,
+            },
+            // The subscriber's side: its subscriptions (and the handshake), a few bytes.
+            read = ext_read.read(&mut up) => match read {
+                Ok(n) if n > 0 => {
+                    if int_write.write_all(&up[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                _ => break,
+            },
+        }
+        state.set_buffered(held, limit);
+    }
+    hub.subscriber_left(&state);
+    tracing::info!(peer = %state.peer(), "kv events: subscriber gone");
+}
+
+/// Writes some of `bytes` to `out` (waits forever when there is nothing to write, so the caller's select waits
+/// on its other branches).
+async fn write_some(out: &mut tokio::net::tcp::OwnedWriteHalf, bytes: Option<Bytes>) -> std::io::Result<usize> {
+    match bytes {
+        Some(b) => out.write(&b).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends every queued event, a message of at most [`super::MAX_BATCH_EVENTS`] at a time, to every subscriber
+/// not behind (one behind has it counted as dropped). `buffers` are the publisher's, kept from message to
+/// message: the batch's vector, and the payload's bytes, whose allocation the next message takes back once the
+/// sockets have let go of this one.
+async fn drain(hub: &EventHub, subscribers: &mut Vec<Subscriber>, buffers: &mut Buffers) {
+    subscribers.retain(|s| !s.state.is_ended());
     while let Some(seq) = hub.take_batch(&mut buffers.batch) {
         // Room for a full message without growing (an event encodes to about 400 bytes).
         buffers.payload.reserve(64 + buffers.batch.len() * 512);
@@ -155,16 +329,35 @@ async fn drain(hub: &EventHub, socket: &mut zeromq::PubSocket, buffers: &mut Buf
             wire::encode_payload_into(&mut buffers.payload, &buffers.batch, &hub.config().backend_id, unix_ms());
         let payload = buffers.payload.split().freeze();
         let frames = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
-        let sent = match ZmqMessage::try_from(frames) {
-            Ok(message) => socket.send(message).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = sent {
-            tracing::warn!(error = %e, events = buffers.batch.len(), "kv events: a message could not be sent");
+        let events = buffers.batch.len();
+        match ZmqMessage::try_from(frames) {
+            Ok(message) => {
+                for sub in subscribers.iter_mut() {
+                    if sub.state.is_ended() {
+                        continue;
+                    }
+                    if sub.state.is_behind() {
+                        hub.count_subscriber_dropped(&sub.state, events);
+                        continue;
+                    }
+                    // The crate's PUB send only queues the message (it never waits on the peer).
+                    match sub.socket.send(message.clone()).await {
+                        Ok(()) => sub.state.count_sent(events),
+                        Err(e) => tracing::warn!(error = %e, events, "kv events: a message could not be sent"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, events, "kv events: a message could not be built"),
         }
-        hub.count_published(buffers.batch.len(), unparsed);
+        hub.count_published(events, unparsed);
         // The events are encoded: their strings are freed here, on the publisher's thread.
         buffers.batch.clear();
+        if !subscribers.is_empty() {
+            // Let the sockets' writers and the relays (tasks of this thread) move this message on before the
+            // next, so a relay's "behind" is current when the next message is offered, and a backlog drained
+            // here never piles up in the sockets' queues.
+            tokio::task::yield_now().await;
+        }
     }
 }
 

@@ -268,16 +268,33 @@ fn per_op(
 
 /// The exposition of what there is: the servers' counters always, the service's while it serves, a
 /// candidate's HA status.
-/// The KV event stream's figures (a master that publishes one).
-fn event_figures(r: &mut Registry, s: &crate::events::EventStats) {
+/// The KV event stream's figures (a master that publishes one), and each connected subscriber's, labelled by
+/// where it connected from.
+fn event_figures(r: &mut Registry, hub: &crate::events::EventHub) {
+    let s = hub.stats();
     counter(r, "kv_events_published_batches", "KV event messages sent", s.published_batches);
     counter(r, "kv_events_published_events", "KV events sent", s.published_events);
     let dropped = "KV events dropped because the queue was full (subscribers see a gap in the message sequence)";
     counter(r, "kv_events_dropped_events", dropped, s.dropped_events);
+    let behind = "KV events not sent to a subscriber because it had fallen behind, over every subscriber so far";
+    counter(r, "kv_events_subscriber_dropped_events", behind, s.subscriber_dropped_events);
     counter(r, "kv_events_unparsed_keys", "KV events whose key is not a block hash", s.skipped_unparsed_keys);
     gauge(r, "kv_events_queued", "KV events waiting to be sent", s.queued);
     gauge(r, "kv_events_subscribers", "Subscribers connected to the KV event stream", s.subscribers);
     gauge(r, "kv_events_last_event_id", "The id (log sequence) of the last KV event queued", s.last_event_id);
+    let sent = Family::<Labels, Counter>::default();
+    let dropped = Family::<Labels, Counter>::default();
+    let buffered = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+    for sub in hub.subscriber_stats() {
+        let l = vec![("peer".to_string(), sub.peer.to_string())];
+        sent.get_or_create(&l).inc_by(sub.sent_events);
+        dropped.get_or_create(&l).inc_by(sub.dropped_events);
+        buffered.get_or_create(&l).set(sub.buffered_bytes);
+    }
+    r.register("kv_events_peer_sent_events", "KV events sent to a connected subscriber", sent);
+    let help = "KV events not sent to a connected subscriber because it had fallen behind (it sees a gap)";
+    r.register("kv_events_peer_dropped_events", help, dropped);
+    r.register("kv_events_peer_buffered_bytes", "Bytes waiting for a connected subscriber to take them", buffered);
 }
 
 fn render(
@@ -312,7 +329,7 @@ fn render(
     if let Some(svc) = svc {
         service_figures(&mut r, svc);
         if let Some(hub) = svc.events() {
-            event_figures(&mut r, &hub.stats());
+            event_figures(&mut r, hub);
         }
     }
     let mut out = String::new();

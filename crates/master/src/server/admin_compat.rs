@@ -165,7 +165,8 @@ async fn get_all_segments(State(s): State<AdminState>) -> Result<Response, Refus
 
 /// The KV event stream's counters, in the original's shape (`enabled`, `published_batches`, `published_events`,
 /// `dropped_events`, `skipped_unparsed_keys`) with Crescent's after them: the endpoint, events queued,
-/// subscribers connected and the id of the last event queued.
+/// subscribers connected, the id of the last event queued, events skipped for subscribers behind, and each
+/// connected subscriber's figures.
 async fn kv_events_status(State(s): State<AdminState>) -> Result<Response, Refused> {
     #[derive(Serialize)]
     struct Status {
@@ -178,6 +179,15 @@ async fn kv_events_status(State(s): State<AdminState>) -> Result<Response, Refus
         queued: u64,
         subscribers: u64,
         last_event_id: u64,
+        subscriber_dropped_events: u64,
+        subscriber_stats: Vec<Subscriber>,
+    }
+    #[derive(Serialize)]
+    struct Subscriber {
+        peer: String,
+        sent_events: u64,
+        dropped_events: u64,
+        buffered_bytes: u64,
     }
     let svc = service(&s)?;
     let hub = svc.events();
@@ -192,6 +202,18 @@ async fn kv_events_status(State(s): State<AdminState>) -> Result<Response, Refus
         queued: st.queued,
         subscribers: st.subscribers,
         last_event_id: st.last_event_id,
+        subscriber_dropped_events: st.subscriber_dropped_events,
+        subscriber_stats: hub
+            .map(|h| h.subscriber_stats())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| Subscriber {
+                peer: s.peer.to_string(),
+                sent_events: s.sent_events,
+                dropped_events: s.dropped_events,
+                buffered_bytes: s.buffered_bytes,
+            })
+            .collect(),
     };
     Ok(json(StatusCode::OK, &body))
 }
