@@ -2,7 +2,8 @@
 //! master sealing data-plane grants runs, issue 17), resident memory per object, and GetReplicaList latency
 //! while a million-object eviction runs.
 //!
-//! `cargo bench -p crescent-master --bench master [-- --objects N]`. Prints one line per measurement.
+//! `cargo bench -p crescent-master --bench master [-- --objects N] [--only throughput|memory|eviction|events]`.
+//! Prints one line per measurement. `events`: what encoding the KV event stream's messages costs per event.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 /// The allocator the `crescent` binary runs the master with: memory and time are measured as a user meets them.
@@ -189,4 +190,53 @@ fn main() {
     if run("eviction") {
         eviction_latency(objects + objects / 5);
     }
+    if run("events") {
+        event_encoding(objects);
+    }
+}
+
+/// Encodes `n` events (half stored with two replicas, half removed; block-hash keys) in messages of 64, as the
+/// publisher does, and prints the time per event and the bytes per event.
+fn event_encoding(n: u64) {
+    use crescent_master::events::{EventKind, KvEvent, Location, RemoveCause, Replicas, wire};
+    let batch: Vec<KvEvent> = (0..64u64)
+        .map(|i| {
+            let stored = i % 2 == 0;
+            KvEvent {
+                kind: if stored { EventKind::Stored } else { EventKind::Removed },
+                id: 1_000_000 + i,
+                tenant: "default".into(),
+                key: format!("{}", 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1)).into(),
+                group: None,
+                medium: "cpu",
+                size: 1 << 20,
+                replicas: if stored {
+                    ["10.0.0.1:7000", "10.0.0.2:7000"]
+                        .iter()
+                        .map(|s| Location { segment: (*s).into(), tier: "memory" })
+                        .collect()
+                } else {
+                    Replicas::new()
+                },
+                cause: (!stored).then_some(RemoveCause::Evicted),
+            }
+        })
+        .collect();
+    let messages = n.div_ceil(64).max(1);
+    let mut out = bytes::BytesMut::new();
+    let mut bytes = 0usize;
+    let start = Instant::now();
+    for m in 0..messages {
+        out.reserve(64 + batch.len() * 512);
+        wire::encode_payload_into(&mut out, &batch, "pool-a", 1_700_000_000_000 + m as i64);
+        bytes += out.len();
+        out.clear();
+    }
+    let took = start.elapsed();
+    let events = messages * 64;
+    println!(
+        "events: encoded {events} events in messages of 64: {:.1} ns per event, {} bytes per event",
+        took.as_nanos() as f64 / events as f64,
+        bytes / events as usize
+    );
 }
