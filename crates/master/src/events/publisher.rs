@@ -10,7 +10,7 @@
 //! a subscriber, and the master's put path only ever touches the [`EventHub`].
 
 use super::{EventHub, SubscriberState, wire};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -119,14 +119,23 @@ impl Drop for Publisher {
     }
 }
 
-/// How long the publisher lets a batch gather after its first event: the most an event waits for its message.
-const LINGER: Duration = Duration::from_micros(200);
+/// How long the publisher lets events gather after the first one: the most an event waits for its message.
+const LINGER: Duration = Duration::from_millis(1);
+
+/// Events the publisher lets gather before it sends: several full messages, which the sockets write to the
+/// kernel in one call each (a loopback send costs about as much as encoding a whole message, twice per
+/// subscriber with its relay).
+const GATHER_EVENTS: usize = 8 * super::MAX_BATCH_EVENTS;
+
+/// Messages offered between two turns of the sockets' writers and relays: they write these together, and a
+/// relay's "behind" is at most this many messages stale.
+const MESSAGES_PER_TURN: usize = 8;
 
 /// How long a new subscriber has to complete the ZMTP handshake before its connection is closed.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// Bytes a relay reads from its socket at a time.
-const RELAY_CHUNK: usize = 64 << 10;
+/// Bytes a relay reads from its socket at a time (a turn's messages, about 200 KB, in one read).
+const RELAY_CHUNK: usize = 256 << 10;
 
 /// Binds the listener subscribers connect to: `tcp://HOST:PORT`, `*` for every interface.
 async fn bind(endpoint: &str) -> Result<TcpListener, String> {
@@ -156,11 +165,11 @@ async fn run(hub: Arc<EventHub>, listener: TcpListener, mut stopped: tokio::sync
         drain(&hub, &mut subscribers, &mut buffers).await;
         tokio::select! {
             () = hub.ready() => {
-                // Woken by the first event after the queue emptied: let a batch gather before sending. A message
-                // costs the socket and the kernel about as much as its events' encoding; under load messages of
-                // a few events each would cost the master several times what full ones do. This thread is the
-                // stream's own (its runtime runs only the sockets), so it may sleep.
-                if hub.queued() < super::MAX_BATCH_EVENTS {
+                // Woken by the first event after the queue emptied: let events gather before sending. Sends cost
+                // the master more than encoding does: under load, full messages written several to a call cost
+                // it a fraction of what a call per message of a few events would. This thread is the stream's
+                // own (its runtime runs only the sockets), so it may sleep.
+                if hub.queued() < GATHER_EVENTS {
                     std::thread::sleep(LINGER);
                 }
             }
@@ -266,45 +275,54 @@ async fn relay(
     let mut held = 0usize;
     let mut up = [0u8; 4096];
     loop {
-        let room = held < limit;
-        if room && chunk.capacity() - chunk.len() < RELAY_CHUNK / 4 {
+        // Never more than the limit held: a read takes at most the room left.
+        let room = limit.saturating_sub(held).min(RELAY_CHUNK);
+        if room > 0 && chunk.capacity() - chunk.len() < room {
             chunk.reserve(RELAY_CHUNK);
         }
         let front = waiting.front().cloned();
-        tokio::select! {
-            read = int_read.read_buf(&mut chunk), if room => match read {
-                Ok(n) if n > 0 => {
-                    held += n;
-                    waiting.push_back(chunk.split().freeze());
-                }
-                _ => break,
-            },
-            written = write_some(&mut ext_write, front) => match written {
-                Ok(n) if n > 0 => {
-                    held -= n;
-                    if let Some(f) = waiting.front_mut() {
-                        f.advance(n);
-                        if f.is_empty() {
-                            waiting.pop_front();
-                        }
+        let step = {
+            let mut into = (&mut chunk).limit(room);
+            tokio::select! {
+                read = int_read.read_buf(&mut into), if room > 0 => Step::Read(read),
+                written = write_some(&mut ext_write, front) => Step::Wrote(written),
+                // The subscriber's side: its subscriptions (and the handshake), a few bytes.
+                read = ext_read.read(&mut up) => Step::Up(read),
+            }
+        };
+        match step {
+            Step::Read(Ok(n)) if n > 0 => {
+                held += n;
+                waiting.push_back(chunk.split().freeze());
+            }
+            Step::Wrote(Ok(n)) if n > 0 => {
+                held -= n;
+                if let Some(f) = waiting.front_mut() {
+                    f.advance(n);
+                    if f.is_empty() {
+                        waiting.pop_front();
                     }
                 }
-                _ => break,
-            },
-            // The subscriber's side: its subscriptions (and the handshake), a few bytes.
-            read = ext_read.read(&mut up) => match read {
-                Ok(n) if n > 0 => {
-                    if int_write.write_all(&up[..n]).await.is_err() {
-                        break;
-                    }
+            }
+            Step::Up(Ok(n)) if n > 0 => {
+                if int_write.write_all(&up[..n]).await.is_err() {
+                    break;
                 }
-                _ => break,
-            },
+            }
+            // Either side closed or failed.
+            _ => break,
         }
         state.set_buffered(held, limit);
     }
     hub.subscriber_left(&state);
     tracing::info!(peer = %state.peer(), "kv events: subscriber gone");
+}
+
+/// What one turn of a relay did: read from the socket, wrote to the subscriber, or read from the subscriber.
+enum Step {
+    Read(std::io::Result<usize>),
+    Wrote(std::io::Result<usize>),
+    Up(std::io::Result<usize>),
 }
 
 /// Writes some of `bytes` to `out` (waits forever when there is nothing to write, so the caller's select waits
@@ -322,6 +340,7 @@ async fn write_some(out: &mut tokio::net::tcp::OwnedWriteHalf, bytes: Option<Byt
 /// sockets have let go of this one.
 async fn drain(hub: &EventHub, subscribers: &mut Vec<Subscriber>, buffers: &mut Buffers) {
     subscribers.retain(|s| !s.state.is_ended());
+    let mut offered = 0usize;
     while let Some(seq) = hub.take_batch(&mut buffers.batch) {
         // Room for a full message without growing (an event encodes to about 400 bytes).
         buffers.payload.reserve(64 + buffers.batch.len() * 512);
@@ -352,10 +371,11 @@ async fn drain(hub: &EventHub, subscribers: &mut Vec<Subscriber>, buffers: &mut 
         hub.count_published(events, unparsed);
         // The events are encoded: their strings are freed here, on the publisher's thread.
         buffers.batch.clear();
-        if !subscribers.is_empty() {
-            // Let the sockets' writers and the relays (tasks of this thread) move this message on before the
-            // next, so a relay's "behind" is current when the next message is offered, and a backlog drained
-            // here never piles up in the sockets' queues.
+        offered += 1;
+        if offered.is_multiple_of(MESSAGES_PER_TURN) && !subscribers.is_empty() {
+            // Let the sockets' writers and the relays (tasks of this thread) move these messages on, so a relay's
+            // "behind" is current within a few messages, and a backlog drained here never piles up in the
+            // sockets' queues.
             tokio::task::yield_now().await;
         }
     }
