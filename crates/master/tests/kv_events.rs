@@ -456,3 +456,21 @@ async fn a_peer_that_does_not_speak_zmtp_is_closed_and_subscribers_go_on() {
     assert_eq!(hub.stats().subscribers, 1);
     publisher.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_subscriber_messages_are_counted_as_published() {
+    let hub = Arc::new(EventHub::new(EventsConfig::new("tcp://127.0.0.1:0")));
+    let publisher = Publisher::start(hub.clone()).await.unwrap();
+    let mut events = bulky_events(7, 1);
+    events.extend(bulky_events(0, 2).into_iter().map(|mut e| {
+        e.key = format!("not-a-hash-{}", e.key).into();
+        e
+    }));
+    hub.publish_now(events);
+    // A batch taken is counted once handled: await the count, not the queue.
+    assert!(eventually(WAIT, || async { hub.stats().published_events == 3 }).await);
+    let s = hub.stats();
+    assert_eq!((s.published_batches, s.queued, s.skipped_unparsed_keys), (1, 0, 2));
+    assert_eq!((s.subscribers, s.subscriber_dropped_events), (0, 0));
+    publisher.stop().await;
+}

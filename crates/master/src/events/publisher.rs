@@ -202,6 +202,10 @@ async fn run(hub: Arc<EventHub>, listener: TcpListener, mut stopped: tokio::sync
         }
     }
     drain(&hub, &mut subscribers, &mut buffers).await;
+    // The relays end with this thread's runtime: none is served any more.
+    for sub in &subscribers {
+        hub.subscriber_left(&sub.state);
+    }
 }
 
 /// Subscribers being set up now (each setup task holds a sender).
@@ -335,39 +339,52 @@ async fn write_some(out: &mut tokio::net::tcp::OwnedWriteHalf, bytes: Option<Byt
 }
 
 /// Sends every queued event, a message of at most [`super::MAX_BATCH_EVENTS`] at a time, to every subscriber
-/// not behind (one behind has it counted as dropped). `buffers` are the publisher's, kept from message to
+/// not behind (one behind has it counted as dropped; with no subscriber to take it the message is counted as
+/// published and not encoded). `buffers` are the publisher's, kept from message to
 /// message: the batch's vector, and the payload's bytes, whose allocation the next message takes back once the
 /// sockets have let go of this one.
 async fn drain(hub: &EventHub, subscribers: &mut Vec<Subscriber>, buffers: &mut Buffers) {
     subscribers.retain(|s| !s.state.is_ended());
     let mut offered = 0usize;
     while let Some(seq) = hub.take_batch(&mut buffers.batch) {
-        // Room for a full message without growing (an event encodes to about 400 bytes).
-        buffers.payload.reserve(64 + buffers.batch.len() * 512);
-        let unparsed =
-            wire::encode_payload_into(&mut buffers.payload, &buffers.batch, &hub.config().backend_id, unix_ms());
-        let payload = buffers.payload.split().freeze();
-        let frames = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
         let events = buffers.batch.len();
-        match ZmqMessage::try_from(frames) {
-            Ok(message) => {
-                for sub in subscribers.iter_mut() {
-                    if sub.state.is_ended() {
-                        continue;
-                    }
-                    if sub.state.is_behind() {
-                        hub.count_subscriber_dropped(&sub.state, events);
-                        continue;
-                    }
-                    // The crate's PUB send only queues the message (it never waits on the peer).
-                    match sub.socket.send(message.clone()).await {
-                        Ok(()) => sub.state.count_sent(events),
-                        Err(e) => tracing::warn!(error = %e, events, "kv events: a message could not be sent"),
+        // Encoded when the first subscriber that takes it comes: with none (no subscriber yet, or all behind) the
+        // message is counted, not encoded. Each subscriber is judged once, at its turn.
+        let mut message: Option<ZmqMessage> = None;
+        let mut unparsed = None;
+        for sub in subscribers.iter_mut() {
+            if sub.state.is_ended() {
+                continue;
+            }
+            if sub.state.is_behind() {
+                hub.count_subscriber_dropped(&sub.state, events);
+                continue;
+            }
+            if message.is_none() {
+                // Room for a full message without growing (an event encodes to about 400 bytes).
+                buffers.payload.reserve(64 + events * 512);
+                let backend = &hub.config().backend_id;
+                unparsed = Some(wire::encode_payload_into(&mut buffers.payload, &buffers.batch, backend, unix_ms()));
+                let payload = buffers.payload.split().freeze();
+                let frames = vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+                match ZmqMessage::try_from(frames) {
+                    Ok(m) => message = Some(m),
+                    Err(e) => {
+                        tracing::warn!(error = %e, events, "kv events: a message could not be built");
+                        break;
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, events, "kv events: a message could not be built"),
+            if let Some(m) = &message {
+                // The crate's PUB send only queues the message (it never waits on the peer).
+                match sub.socket.send(m.clone()).await {
+                    Ok(()) => sub.state.count_sent(events),
+                    Err(e) => tracing::warn!(error = %e, events, "kv events: a message could not be sent"),
+                }
+            }
         }
+        let unparsed =
+            unparsed.unwrap_or_else(|| buffers.batch.iter().filter(|e| wire::parse_seq_hash(&e.key).is_none()).count());
         hub.count_published(events, unparsed);
         // The events are encoded: their strings are freed here, on the publisher's thread.
         buffers.batch.clear();
