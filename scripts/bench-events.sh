@@ -3,7 +3,7 @@
 # (`--kv-events`, with a `crescent events tail --stats` subscriber receiving every message) and one not, and `crescent bench
 # --phases master-put` (PutStart + PutEnd, no bytes moved: the master's own work, where an event per write
 # weighs most) against each in turn, ROUNDS times on fresh clusters; the table shows each mode's median keys/s, its
-# ratio to `off`, and the master's CPU per key. Release build.
+# ratio to `off`, and the master's CPU per key, then the publisher thread's own CPU per event. Release build.
 #   scripts/bench-events.sh [SECONDS] [ROUNDS] [CONCURRENCY] [BATCH] [VALUE_SIZE]
 # Values of VALUE_SIZE (default 1KiB) on a 1 GiB segment: a run fills it and evicts, so removed events flow
 # too.
@@ -82,6 +82,13 @@ for r in $(seq 1 "$rounds"); do
     done
     admin=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["admin"])' <"$work/on.out")
     status=$(curl -s "http://$admin/kv_events/status")
+    # The publisher thread's own CPU (steadier than the throughput ratio on a shared machine): its ticks over the
+    # events it published, all in this round's `on` run (the cluster is fresh).
+    pid=$(cat "$work/on.pid")
+    for t in /proc/"$pid"/task/*; do
+        [ "$(cat "$t/comm")" = kv-events ] && awk '{print $14 + $15}' "$t/stat" >"$work/publisher-$r.ticks"
+    done
+    echo "$status" >"$work/status-$r.json"
     stop
     echo "$(tail -1 "$work/tail-$r.out"); master: $status" >"$work/events-$r"
 done
@@ -104,6 +111,12 @@ for m in ["off", "on"]:
     med = statistics.median(rate[m])
     paired = statistics.median(ratios) if m == "on" else 1.0
     print(f"{m:>4} {med:>10.0f} {med / statistics.median(rate['off']):>6.3f} {paired:>7.3f} {statistics.median(cpu[m]):>11.2f}")
+pub = []
+for r in range(1, rounds + 1):
+    published = json.load(open(f"{work}/status-{r}.json"))["published_events"]
+    ticks = int(open(f"{work}/publisher-{r}.ticks").read())
+    pub.append(ticks / hz * 1e9 / max(1, published))
+print(f"publisher thread: {statistics.median(pub):.0f} ns per event (median; rounds: {', '.join(f'{p:.0f}' for p in pub)})")
 print("per round, what the subscriber counted, and the master's /kv_events/status:")
 for e in events:
     print("  " + e)
