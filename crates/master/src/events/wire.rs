@@ -107,11 +107,7 @@ impl BatchRuns {
         field(&mut after_tenant, "group_id")?;
         let after_group = |medium: &str| -> std::io::Result<Vec<u8>> {
             let mut run = Vec::with_capacity(48);
-            field(&mut run, "medium")?;
-            optional_str(&mut run, Some(medium))?;
-            field(&mut run, "dp_rank")?;
-            encode::write_nil(&mut run)?;
-            field(&mut run, "object_key")?;
+            write_after_group(&mut run, medium)?;
             Ok(run)
         };
         Ok(Self {
@@ -120,6 +116,15 @@ impl BatchRuns {
             after_group: [after_group("cpu")?, after_group("disk")?],
         })
     }
+}
+
+/// `medium` and its value, `dp_rank` nil, the `object_key` key: what follows an event's group.
+fn write_after_group<W: std::io::Write>(out: &mut W, medium: &str) -> std::io::Result<()> {
+    field(out, "medium")?;
+    optional_str(out, Some(medium))?;
+    field(out, "dp_rank")?;
+    encode::write_nil(out)?;
+    field(out, "object_key")
 }
 
 fn write_event<W: std::io::Write>(
@@ -142,13 +147,7 @@ fn write_event<W: std::io::Write>(
     match e.medium {
         "cpu" => out.write_all(&runs.after_group[0])?,
         "disk" => out.write_all(&runs.after_group[1])?,
-        other => {
-            field(out, "medium")?;
-            optional_str(out, Some(other))?;
-            field(out, "dp_rank")?;
-            encode::write_nil(out)?;
-            field(out, "object_key")?;
-        }
+        other => write_after_group(out, other)?,
     }
     encode::write_str(out, &e.key)?;
     out.write_all(&c.seq_hashes)?;

@@ -266,8 +266,6 @@ fn per_op(
     registry.register(names[1], help[1], failures);
 }
 
-/// The exposition of what there is: the servers' counters always, the service's while it serves, a
-/// candidate's HA status.
 /// The KV event stream's figures (a master that publishes one), and each connected subscriber's, labelled by
 /// where it connected from.
 fn event_figures(r: &mut Registry, hub: &crate::events::EventHub) {
@@ -297,6 +295,8 @@ fn event_figures(r: &mut Registry, hub: &crate::events::EventHub) {
     r.register("kv_events_peer_buffered_bytes", "Bytes waiting for a connected subscriber to take them", buffered);
 }
 
+/// The exposition of what there is: the servers' counters always, the service's while it serves, a
+/// candidate's HA status.
 fn render(
     svc: Option<&MasterService>,
     rpc: &RpcMetrics,
